@@ -1,0 +1,127 @@
+"""Paged KV blocks with a prefix cache keyed by chained block hashes (vLLM v1 semantics).
+
+A block's hash covers its own tokens *and* every token before it::
+
+    h0 = hash((ROOT, tokens[0:16]))   h1 = hash((h0, tokens[16:32]))   h2 = hash((h1, tokens[32:48]))
+
+so a changed history changes every later hash. Freed blocks keep their hash and stay findable until
+they are reused: the free queue is LRU, and a request frees its blocks tail first so that the
+prefix it shares with others is evicted last.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from actors.engine.request import Request
+
+_ROOT_HASH = 0x5EED
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._ref_cnt = [0] * num_blocks
+        self._hash_of: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}
+        """block hash -> block id, for full blocks whose KV is computed."""
+        self.num_prefix_cache_queries = 0
+        """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
+        self.num_prefix_cache_hits = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _extend_hashes(self, req: Request, num_tokens: int) -> None:
+        """Hash the full blocks among the first `num_tokens` tokens not hashed yet."""
+        bs = self.block_size
+        hashes = req.block_hashes
+        parent = hashes[-1] if hashes else _ROOT_HASH
+        for i in range(len(hashes), num_tokens // bs):
+            parent = hash((parent, tuple(req.token_ids(i * bs, (i + 1) * bs))))
+            hashes.append(parent)
+
+    def get_computed_blocks(self, req: Request) -> int:
+        """Attach the longest cached prefix of `req`'s tokens to it; returns the tokens it covers.
+
+        At least one token is always left to compute, since the next token needs logits.
+        """
+        if not self.enable_prefix_caching:
+            return 0
+        max_hit_tokens = req.num_tokens - 1
+        self._extend_hashes(req, max_hit_tokens)
+        hits: list[int] = []
+        for h in req.block_hashes[: max_hit_tokens // self.block_size]:
+            block = self._cached.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        self.num_prefix_cache_queries += req.num_tokens
+        self.num_prefix_cache_hits += len(hits) * self.block_size
+        for block in hits:
+            self._touch(block)
+        req.block_ids = hits
+        req.num_published_blocks = len(hits)
+        return len(hits) * self.block_size
+
+    def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
+        """Give `req` blocks for num_computed_tokens + num_new_tokens; False (nothing changed) if short."""
+        need = self.blocks_needed(req.num_computed_tokens + num_new_tokens) - len(req.block_ids)
+        if need <= 0:
+            return True
+        if need > len(self._free):
+            return False
+        for _ in range(need):
+            block, _ = self._free.popitem(last=False)
+            h = self._hash_of[block]
+            if h is not None:
+                if self._cached.get(h) == block:
+                    del self._cached[h]
+                self._hash_of[block] = None
+            self._ref_cnt[block] = 1
+            req.block_ids.append(block)
+        return True
+
+    def cache_full_blocks(self, req: Request) -> None:
+        """Publish the full blocks of `req` whose KV is now computed."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = req.num_computed_tokens // self.block_size
+        if num_full <= req.num_published_blocks:
+            return
+        self._extend_hashes(req, req.num_computed_tokens)
+        for i in range(req.num_published_blocks, num_full):
+            block, h = req.block_ids[i], req.block_hashes[i]
+            if self._hash_of[block] is None:
+                self._hash_of[block] = h
+                self._cached.setdefault(h, block)
+        req.num_published_blocks = num_full
+
+    def free(self, req: Request) -> None:
+        for block in reversed(req.block_ids):
+            self._ref_cnt[block] -= 1
+            if self._ref_cnt[block] == 0:
+                self._free[block] = None
+        req.block_ids = []
+        req.num_published_blocks = 0
+
+    def _touch(self, block: int) -> None:
+        if self._ref_cnt[block] == 0:
+            del self._free[block]
+        self._ref_cnt[block] += 1
+
+    def assert_empty(self) -> None:
+        held = [b for b, n in enumerate(self._ref_cnt) if n]
+        assert not held, f"blocks still referenced: {held[:10]} ({len(held)} in all)"
+        assert len(self._free) == self.num_blocks, "free queue lost blocks"

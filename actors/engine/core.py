@@ -1,0 +1,319 @@
+"""The engine: one step loop for every role (`mixed`, `prefill`, `decode`).
+
+Who calls what:
+  - the composition root builds an `EngineCore`, injects peers (other engines, by id) and starts
+    `run()` as a task on the loop that owns the engine's clock;
+  - the proxy calls `generate(request)` and iterates its outputs;
+  - a decode engine calls a prefill engine's `get_kv` and `free_kv` during a handoff.
+
+One step::
+
+    start ── schedule ── real compute (runner) ── sleep until start + t_step ── outputs stamped at end
+                                                   (t_step from the roofline)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from actors.engine.block_manager import BlockManager
+from actors.engine.clock import Clock
+from actors.engine.kv_transfer import KVReceiver
+from actors.engine.request import Request, RequestStatus
+from actors.engine.runner import ModelRunner, RunnerInput
+from actors.engine.scheduler import ScheduledBatch, Scheduler
+from actors.messages import EngineOutput, EngineRequest, FinishedReason, KVPayload
+from cluster.config import PoolConfig, TestbedConfig
+from cluster.profiles import GPUS, LINKS, MODELS
+from cluster.roofline import Roofline
+
+Role = Literal["mixed", "prefill", "decode"]
+
+
+class KVSource(Protocol):
+    """What a decode engine needs of a prefill engine (the engine itself, or a handle to its actor)."""
+
+    async def get_kv(self, request_id: str) -> KVPayload: ...
+
+    async def free_kv(self, request_id: str) -> None: ...
+
+
+@dataclass
+class EngineStats:
+    num_steps: int = 0
+    num_scheduled_tokens: int = 0
+    max_num_scheduled_tokens: int = 0
+    busy_s: float = 0.0
+    """Emulated seconds spent in steps."""
+    num_finished: int = 0
+
+
+class _Stream:
+    """Tokens produced for one request and not yet taken by its consumer."""
+
+    __slots__ = ("event", "final", "times", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.times: list[float] = []
+        self.event = asyncio.Event()
+        self.final: EngineOutput | None = None
+
+
+class EngineCore:
+    def __init__(
+        self,
+        engine_id: str,
+        role: Role,
+        cfg: TestbedConfig,
+        pool: PoolConfig,
+        clock: Clock,
+        runner: ModelRunner | None,
+        peers: Mapping[str, KVSource] | None = None,
+    ) -> None:
+        self.engine_id = engine_id
+        self.role = role
+        self.cfg = cfg
+        self.clock = clock
+        self.runner = runner
+        self.peers: Mapping[str, KVSource] = peers if peers is not None else {}
+        target = MODELS[cfg.target.model]
+        self.roofline = Roofline(
+            target, GPUS[pool.gpu], tp=pool.tp, eta_compute=cfg.target.eta_compute,
+            eta_bandwidth=cfg.target.eta_bandwidth, overhead_s=cfg.target.step_overhead_s,
+        )
+        s = cfg.scheduler
+        self.num_gpu_blocks = s.num_gpu_blocks_override or (
+            self.roofline.kv_capacity_tokens(cfg.target.gpu_memory_utilization) // s.block_size
+        )
+        self.blocks = BlockManager(self.num_gpu_blocks, s.block_size, s.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, s.max_num_batched_tokens, s.max_num_seqs)
+        self.kv_receiver = KVReceiver(cfg.kv_transfer, LINKS[cfg.kv_transfer.link], target, s.block_size)
+        self.stats = EngineStats()
+        self._streams: dict[str, _Stream] = {}
+        self._requests: dict[str, Request] = {}
+        self._kv_arrived: set[str] = set()
+        self._transfers: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._stopped = False
+
+    # ---- client side -------------------------------------------------------------------------------
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """Stream a request's outputs; closing the iterator early aborts the request."""
+        if request.request_id in self._requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in engine {self.engine_id}")
+        req = Request(request, self.clock.now())
+        stream = _Stream()
+        self._requests[req.request_id] = req
+        self._streams[req.request_id] = stream
+        self.scheduler.add(req)
+        self._wake.set()
+        try:
+            while True:
+                await stream.event.wait()
+                stream.event.clear()
+                out = stream.final or EngineOutput(req.request_id, [], [])
+                out.new_token_ids, out.token_times_s = stream.tokens, stream.times
+                stream.tokens, stream.times = [], []
+                yield out
+                if stream.final is not None:
+                    return
+        finally:
+            if stream.final is None:
+                self.abort(req.request_id)
+            self._streams.pop(req.request_id, None)
+
+    def abort(self, request_id: str, reason: FinishedReason = "abort", error: str | None = None) -> None:
+        req = self._requests.get(request_id)
+        if req is not None and req.status is not RequestStatus.FINISHED:
+            self._finish(req, reason, self.clock.now(), error)
+
+    # ---- KV source side (prefill role) --------------------------------------------------------------
+
+    async def get_kv(self, request_id: str) -> KVPayload:
+        req = self.scheduler.held.get(request_id)
+        if req is None:
+            raise KeyError(f"engine {self.engine_id} holds no KV for request {request_id!r}")
+        kv = self.runner.read_kv(req.block_ids, req.num_prompt_tokens) if self.runner else None
+        return KVPayload(request_id, req.num_prompt_tokens, kv)
+
+    async def free_kv(self, request_id: str) -> None:
+        self.scheduler.release_held(request_id)
+        self._wake.set()  # freed blocks may admit a waiting request
+
+    # ---- the step loop -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """The step loop, until `stop()`. If it breaks, every request in it fails visibly."""
+        try:
+            await self._step_loop()
+        except Exception as e:
+            for rid in list(self._requests):
+                self.abort(rid, "error", f"engine {self.engine_id} crashed: {e!r}")
+            raise
+
+    async def _step_loop(self) -> None:
+        while not self._stopped:
+            now = self.clock.now()
+            self._notice_transfers(now)
+            batch = self.scheduler.schedule() if self.scheduler.has_schedulable_work() else None
+            if batch is not None:
+                for req in batch.preempted:
+                    if self.runner:
+                        self.runner.release(req.request_id)
+                for req in batch.new_remote_requests:
+                    self._start_transfer(req, now)
+            if batch is None or batch.num_scheduled_tokens == 0:
+                if batch is None or not batch.new_remote_requests:
+                    await self._idle(now)
+                continue
+            sampled = self._execute(batch)
+            step = self.roofline.step_time_totals(
+                batch.num_scheduled_tokens, batch.keys_attended, batch.num_logits, batch.num_context_tokens
+            )
+            end = now + step.total_s
+            await self.clock.sleep_until(end)
+            self._update(batch, sampled, now, end)
+            st = self.stats
+            st.num_steps += 1
+            st.num_scheduled_tokens += batch.num_scheduled_tokens
+            st.max_num_scheduled_tokens = max(st.max_num_scheduled_tokens, batch.num_scheduled_tokens)
+            st.busy_s += step.total_s
+
+    async def _idle(self, now: float) -> None:
+        """Sleep until a request arrives, a stream closes, or the next received KV can be noticed."""
+        if self._wake.is_set():
+            self._wake.clear()
+            return
+        pending = [
+            self._requests[rid].times.kv_transfer_done_s or 0.0
+            for rid in self._kv_arrived
+            if rid in self.scheduler.recving
+        ]
+        timeout = None if not pending else max(0.0, min(pending) - now) * self.clock.time_scale
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+    def _execute(self, batch: ScheduledBatch) -> list[int | None]:
+        if self.runner is None:
+            return [None] * len(batch.requests)
+        items = [
+            RunnerInput(
+                request_id=req.request_id,
+                token_ids=req.token_ids(req.num_computed_tokens, req.num_computed_tokens + n),
+                start_pos=req.num_computed_tokens,
+                block_ids=req.block_ids,
+                capacity=req.num_prompt_tokens + req.max_tokens,
+                needs_logits=req.num_computed_tokens + n == req.num_tokens,
+            )
+            for req, n in zip(batch.requests, batch.num_new_tokens, strict=True)
+        ]
+        return self.runner.execute(items)
+
+    def _update(self, batch: ScheduledBatch, sampled: list[int | None], start: float, end: float) -> None:
+        for req, n, token in zip(batch.requests, batch.num_new_tokens, sampled, strict=True):
+            if req.status is not RequestStatus.RUNNING:  # aborted while the step ran
+                continue
+            if req.times.first_scheduled_s is None:
+                req.times.first_scheduled_s = start
+            req.num_computed_tokens += n
+            self.blocks.cache_full_blocks(req)
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk short of the end: no token yet
+            forced = req.forced_output_token_ids
+            if forced is not None:
+                token = forced[len(req.output_token_ids) % len(forced)]
+            assert token is not None, "greedy output needs real compute"
+            req.output_token_ids.append(token)
+            stream = self._streams.get(req.request_id)
+            if stream is not None:
+                stream.tokens.append(token)
+                stream.times.append(end)
+                stream.event.set()
+            if len(req.output_token_ids) >= req.max_tokens:
+                self._finish(req, "length", end)
+
+    def _finish(self, req: Request, reason: FinishedReason, now: float, error: str | None = None) -> None:
+        params = None
+        if reason == "length" and req.is_remote_decode:
+            params = {
+                "do_remote_prefill": True,
+                "remote_engine_id": self.engine_id,
+                "remote_request_id": req.request_id,
+                "remote_block_ids": list(req.block_ids),
+                "remote_num_tokens": req.num_prompt_tokens,
+                "kv_sent_s": now,
+                "prefill_compute_s": now - (req.times.first_scheduled_s or now),
+            }
+        self.scheduler.finish(req, reason)
+        if self.runner:
+            self.runner.release(req.request_id)
+        del self._requests[req.request_id]
+        self._kv_arrived.discard(req.request_id)
+        req.times.finished_s = now
+        self.stats.num_finished += 1
+        stream = self._streams.get(req.request_id)
+        if stream is not None:
+            stream.final = EngineOutput(req.request_id, [], [], reason, params, req.times, error)
+            stream.event.set()
+
+    # ---- KV handoff, receiving side (decode role) --------------------------------------------------
+
+    def _start_transfer(self, req: Request, now: float) -> None:
+        assert req.kv_transfer_params is not None
+        plan = self.kv_receiver.plan(req.kv_transfer_params, now)
+        req.times.kv_transfer_start_s = plan.start_s
+        req.times.kv_transfer_done_s = plan.done_s
+        req.times.kv_bytes = plan.kv_bytes
+        task = asyncio.ensure_future(self._pull_kv(req))
+        self._transfers.add(task)
+        task.add_done_callback(self._transfers.discard)
+
+    async def _pull_kv(self, req: Request) -> None:
+        """Move the real KV from the prefill engine into this engine's blocks, then release it there."""
+        params = req.kv_transfer_params
+        assert params is not None
+        remote_id, remote_req = str(params["remote_engine_id"]), str(params["remote_request_id"])
+        try:
+            peer = self.peers[remote_id]
+            payload = await peer.get_kv(remote_req)
+            await peer.free_kv(remote_req)
+        except Exception as e:  # the prefill side died or lost the KV: the request fails, visibly
+            self.abort(req.request_id, "error", f"KV pull from {remote_id} failed: {e!r}")
+            self._wake.set()
+            return
+        if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return  # aborted meanwhile
+        if self.runner is not None and payload.kv is not None:
+            self.runner.write_kv(req.block_ids, payload.kv)
+        self._kv_arrived.add(req.request_id)
+        self._wake.set()
+
+    def _notice_transfers(self, now: float) -> None:
+        for rid in sorted(self._kv_arrived):
+            req = self._requests[rid]
+            if (req.times.kv_transfer_done_s or 0.0) <= now + 1e-12:
+                self._kv_arrived.discard(rid)
+                req.times.kv_noticed_s = now
+                self.scheduler.kv_received(req)
+
+    # ---- invariants --------------------------------------------------------------------------------
+
+    def assert_empty(self) -> None:
+        """No request, block, stream or working KV left (call after a run has drained)."""
+        assert not self._requests, f"{self.engine_id}: requests left: {list(self._requests)[:10]}"
+        assert not self._streams, f"{self.engine_id}: streams left: {list(self._streams)[:10]}"
+        self.scheduler.assert_empty()
+        if self.runner:
+            self.runner.assert_empty()

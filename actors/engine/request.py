@@ -1,0 +1,86 @@
+"""The engine's view of one request: token IDs, how many are computed, and its KV blocks.
+
+No prefill or decode phase: a request has `num_tokens` (prompt + output so far) and
+`num_computed_tokens`, and each step schedules tokens so that computed catches up::
+
+    prompt (8 tokens)          outputs
+    [p0 p1 p2 p3 p4 p5 p6 p7 | o0 o1]      num_tokens = 10
+    [=========== computed ==========]      num_computed_tokens = 9 -> next step computes o1 (1 token)
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from actors.messages import EngineRequest, FinishedReason, RequestTimes
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class Request:
+    __slots__ = (
+        "block_hashes",
+        "block_ids",
+        "finished_reason",
+        "forced_output_token_ids",
+        "kv_transfer_params",
+        "max_tokens",
+        "num_computed_tokens",
+        "num_published_blocks",
+        "output_token_ids",
+        "prompt_token_ids",
+        "request_id",
+        "status",
+        "times",
+    )
+
+    def __init__(self, req: EngineRequest, now_s: float) -> None:
+        self.request_id = req.request_id
+        self.prompt_token_ids = req.prompt_token_ids
+        self.max_tokens = req.max_tokens
+        self.forced_output_token_ids = req.forced_output_token_ids
+        self.kv_transfer_params: dict[str, Any] | None = req.kv_transfer_params
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []
+        """Chained hashes of the full blocks of tokens, extended as they are needed."""
+        self.num_published_blocks = 0
+        """Leading blocks of `block_ids` already in the prefix cache."""
+        self.status = RequestStatus.WAITING
+        self.finished_reason: FinishedReason | None = None
+        self.times = RequestTimes(queued_s=now_s)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Token IDs in [start, end) over prompt followed by outputs."""
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+
+    @property
+    def is_remote_decode(self) -> bool:
+        """A prefill-engine request whose KV a decode engine will pull (blocks held after finishing)."""
+        return bool(self.kv_transfer_params and self.kv_transfer_params.get("do_remote_decode"))
+
+    @property
+    def is_remote_prefill(self) -> bool:
+        """A decode-engine request whose prompt KV comes from a prefill engine."""
+        return bool(self.kv_transfer_params and self.kv_transfer_params.get("do_remote_prefill"))

@@ -1,0 +1,149 @@
+"""The model runner: real forward passes of the runner model over paged KV.
+
+All tokens of a step (prefill chunks and decodes of many requests) go through the projections and MLPs
+as one packed batch; attention runs per request against that request's KV. The HF modules (norms,
+projections, rotary embedding, MLP) do the math; only the attention plumbing is ours, because
+transformers has no CPU path for a varlen batch over a paged cache. `tests/test_runner.py` pins the
+result to the model's own `forward` (allclose).
+
+KV storage, two layouts of the same values::
+
+    pool     [num_blocks * block_size, L, 2, H_kv, D]   token slots addressed through block ids; what the
+                                                        prefix cache and the KV handoff read and write
+    working  [L, 2, H_kv, capacity, D] per request      contiguous, so attention reads views, not gathers
+
+A request's working copy is filled from the pool when it is first scheduled (prefix hits, received KV)
+and every step writes new KV to both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+from transformers import PreTrainedModel
+from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+
+@dataclass
+class RunnerInput:
+    """One request's share of a step."""
+
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    """Position of token_ids[0]; tokens before it are in the KV cache."""
+    block_ids: list[int]
+    capacity: int
+    """Most tokens this request can reach (prompt + max_tokens): sizes its working copy once."""
+    needs_logits: bool
+
+
+class ModelRunner:
+    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int, num_threads: int = 1) -> None:
+        torch.set_num_threads(num_threads)
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # np.zeros maps lazily: only slots ever written take memory.
+        self._pool_np = np.zeros(
+            (num_blocks * block_size, self.num_layers, 2, self.num_kv_heads, self.head_dim), np.float32
+        )
+        self._pool = torch.from_numpy(self._pool_np)
+        self._working: dict[str, torch.Tensor] = {}
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
+
+    def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
+        pos = torch.arange(start, end)
+        blocks = torch.tensor(block_ids, dtype=torch.long)[pos // self.block_size]
+        return blocks * self.block_size + pos % self.block_size
+
+    def _working_copy(self, item: RunnerInput) -> torch.Tensor:
+        w = self._working.get(item.request_id)
+        if w is None:
+            w = torch.zeros(self.num_layers, 2, self.num_kv_heads, item.capacity, self.head_dim)
+            if item.start_pos:
+                w[:, :, :, : item.start_pos] = self._read(item.block_ids, item.start_pos)
+            self._working[item.request_id] = w
+        return w
+
+    def _read(self, block_ids: list[int], num_tokens: int) -> torch.Tensor:
+        """[L, 2, H, num_tokens, D] gathered from the pool."""
+        return self._pool[self._slots(block_ids, 0, num_tokens)].permute(1, 2, 3, 0, 4)
+
+    @torch.inference_mode()
+    def execute(self, items: list[RunnerInput]) -> list[int | None]:
+        """Compute every item's new tokens; returns the argmax next token where logits were asked for."""
+        m = self.model.model
+        ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long)
+        pos = torch.tensor(
+            [p for it in items for p in range(it.start_pos, it.start_pos + len(it.token_ids))], dtype=torch.long
+        )
+        works = [self._working_copy(it) for it in items]
+        x = m.embed_tokens(ids)
+        cos, sin = m.rotary_emb(x[None], pos[None])
+        num_tokens, hq, hkv, d = len(ids), self.num_heads, self.num_kv_heads, self.head_dim
+        for li, layer in enumerate(m.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(num_tokens, hq, d).transpose(0, 1)[None]
+            k = attn.k_proj(h).view(num_tokens, hkv, d).transpose(0, 1)[None]
+            v = attn.v_proj(h).view(num_tokens, hkv, d).transpose(0, 1)[None]
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            outs = []
+            offset = 0
+            for it, w in zip(items, works, strict=True):
+                n, p = len(it.token_ids), it.start_pos
+                w[li, 0, :, p : p + n] = k[0, :, offset : offset + n]
+                w[li, 1, :, p : p + n] = v[0, :, offset : offset + n]
+                mask = None
+                if n > 1:  # causal, aligned to the end: query i sees keys 0 .. p+i
+                    mask = torch.arange(p + n)[None, :] <= (p + torch.arange(n))[:, None]
+                o = scaled_dot_product_attention(
+                    q[:, :, offset : offset + n], w[li, 0, None, :, : p + n], w[li, 1, None, :, : p + n],
+                    attn_mask=mask, scale=attn.scaling, enable_gqa=hq != hkv,
+                )
+                outs.append(o[0].transpose(0, 1).reshape(n, hq * d))
+                offset += n
+            x = x + attn.o_proj(torch.cat(outs))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        last = []
+        offset = 0
+        for it, w in zip(items, works, strict=True):
+            n, p = len(it.token_ids), it.start_pos
+            self._pool[self._slots(it.block_ids, p, p + n)] = w[:, :, :, p : p + n].permute(3, 0, 1, 2, 4)
+            offset += n
+            if it.needs_logits:
+                last.append(offset - 1)
+        sampled: list[int | None] = [None] * len(items)
+        if last:
+            logits = self.model.lm_head(m.norm(x[last]))
+            tokens = logits.argmax(dim=-1).tolist()
+            for i, tok in zip((i for i, it in enumerate(items) if it.needs_logits), tokens, strict=True):
+                sampled[i] = tok
+        return sampled
+
+    def release(self, request_id: str) -> None:
+        """Drop a request's working copy (finished, preempted or aborted); its pool slots stay as cached."""
+        self._working.pop(request_id, None)
+
+    def read_kv(self, block_ids: list[int], num_tokens: int) -> np.ndarray:
+        """A request's KV as [L, 2, H_kv, num_tokens, D] numpy (what a handoff sends)."""
+        return self._read(block_ids, num_tokens).contiguous().numpy()
+
+    def write_kv(self, block_ids: list[int], kv: np.ndarray) -> None:
+        """Store received KV ([L, 2, H_kv, n, D]) into this engine's blocks."""
+        n = kv.shape[3]
+        self._pool[self._slots(block_ids, 0, n)] = torch.from_numpy(kv).permute(3, 0, 1, 2, 4)
+
+    def assert_empty(self) -> None:
+        assert not self._working, f"runner still holds working KV of {list(self._working)}"

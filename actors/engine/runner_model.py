@@ -1,0 +1,71 @@
+"""The runner model: a tiny Qwen2-architecture causal LM with seeded weights, on local disk.
+
+Built once from a config, written with `save_pretrained`, and always loaded back with
+`from_pretrained(local_files_only=True)`, the same path a real checkpoint takes. Nothing downloads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
+
+from cluster.config import RunnerConfig
+
+_LOADED: dict[str, PreTrainedModel] = {}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TESTBED_CACHE", Path.home() / ".cache" / "disagg-testbed"))
+
+
+def tiny_qwen2_config(cfg: RunnerConfig) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=65536,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        torch_dtype="float32",
+    )
+
+
+def model_dir(cfg: RunnerConfig) -> Path:
+    """Where the runner's weights live: the user's directory, or the cache entry for this tiny config."""
+    if cfg.model_path:
+        return Path(cfg.model_path)
+    key = json.dumps(
+        [cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,
+         cfg.vocab_size, cfg.weights_seed]
+    )
+    return cache_dir() / f"tiny-qwen2-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+
+
+def ensure_model(cfg: RunnerConfig) -> Path:
+    path = model_dir(cfg)
+    if (path / "config.json").exists() or cfg.model_path:
+        return path
+    torch.manual_seed(cfg.weights_seed)
+    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(cfg), dtype=torch.float32)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    os.replace(tmp, path) if not path.exists() else None
+    return path
+
+
+def load_model(cfg: RunnerConfig) -> PreTrainedModel:
+    """The runner model, loaded once per process and shared read-only by every engine in it."""
+    path = str(ensure_model(cfg))
+    if path not in _LOADED:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model.eval()
+        _LOADED[path] = model
+    return _LOADED[path]

@@ -1,0 +1,192 @@
+"""One scheduler for every role (vLLM v1 semantics): computed tokens catch up with known tokens.
+
+Each step shares `max_num_batched_tokens` among, in order:
+  1. running requests one token behind (decodes),
+  2. running requests further behind (partial prefills, chunked),
+  3. waiting requests, oldest first, up to `max_num_seqs` running, after a prefix-cache lookup.
+When blocks run out for a running request, the newest running request is preempted (its blocks freed,
+to be recomputed from scratch). Roles differ only at the edges: a prefill request (`do_remote_decode`)
+keeps its blocks after finishing until the decode side has pulled them; a decode request
+(`do_remote_prefill`) gets blocks for its whole prompt and waits for the remote KV before joining.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from actors.engine.block_manager import BlockManager
+from actors.engine.request import Request, RequestStatus
+from actors.messages import FinishedReason
+
+
+@dataclass
+class ScheduledBatch:
+    """What one step computes, with the batch totals the roofline needs."""
+
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_scheduled_tokens: int = 0
+    keys_attended: int = 0
+    num_logits: int = 0
+    num_context_tokens: int = 0
+    new_remote_requests: list[Request] = field(default_factory=list)
+    """Decode side: requests that got their blocks this step and now wait for the remote KV."""
+    preempted: list[Request] = field(default_factory=list)
+    """Requests preempted while scheduling this step (their KV is gone; they will recompute)."""
+
+    def add(self, req: Request, n: int) -> None:
+        c = req.num_computed_tokens
+        self.requests.append(req)
+        self.num_new_tokens.append(n)
+        self.num_scheduled_tokens += n
+        self.keys_attended += n * c + n * (n + 1) // 2
+        self.num_logits += c + n == req.num_tokens
+        self.num_context_tokens += c
+
+    def remove(self, req: Request) -> None:
+        i = self.requests.index(req)
+        n = self.num_new_tokens.pop(i)
+        self.requests.pop(i)
+        c = req.num_computed_tokens
+        self.num_scheduled_tokens -= n
+        self.keys_attended -= n * c + n * (n + 1) // 2
+        self.num_logits -= c + n == req.num_tokens
+        self.num_context_tokens -= c
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+        self.blocks = blocks
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.recving: dict[str, Request] = {}
+        """Decode side: requests whose blocks are allocated and whose remote KV is in flight."""
+        self.held: dict[str, Request] = {}
+        """Prefill side: finished requests whose blocks wait for the decode side's pull."""
+        self.num_preemptions = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.recving)
+
+    def has_schedulable_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        preempted = False
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        partials = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for req in decodes + partials:
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.blocks.allocate_slots(req, n):
+                victim = next((r for r in reversed(self.running) if r not in batch.requests), req)
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req.status is RequestStatus.RUNNING:
+                batch.add(req, n)
+                budget -= n
+        if not preempted:
+            budget = self._schedule_waiting(batch, budget)
+        return batch
+
+    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> int:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            if req.is_remote_prefill and req.status is RequestStatus.WAITING and req.num_computed_tokens == 0:
+                if not self.blocks.allocate_slots(req, req.num_prompt_tokens):
+                    break
+                self.waiting.popleft()
+                req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                self.recving[req.request_id] = req
+                batch.new_remote_requests.append(req)
+                continue
+            if budget == 0:
+                break
+            fresh = req.num_computed_tokens == 0
+            if fresh:
+                req.num_computed_tokens = self.blocks.get_computed_blocks(req)
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.blocks.allocate_slots(req, n):
+                if fresh:
+                    self.blocks.free(req)
+                    req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            if fresh and req.times.first_scheduled_s is None:
+                req.times.num_cached_tokens = req.num_computed_tokens
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            batch.add(req, n)
+            budget -= n
+        return budget
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.blocks.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.times.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def kv_received(self, req: Request) -> None:
+        """The remote prompt KV is in this engine's blocks: all but the last prompt token are computed.
+
+        The last one is recomputed here, which yields the logits for the first output token.
+        """
+        del self.recving[req.request_id]
+        req.num_computed_tokens = req.num_prompt_tokens - 1
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+
+    def finish(self, req: Request, reason: FinishedReason) -> None:
+        """End `req`: free its blocks, or hold them for a decode engine's pull."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+            del self.recving[req.request_id]
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = RequestStatus.FINISHED
+        req.finished_reason = reason
+        if reason == "length" and req.is_remote_decode:
+            self.held[req.request_id] = req
+        else:
+            self.blocks.free(req)
+
+    def release_held(self, request_id: str) -> Request | None:
+        req = self.held.pop(request_id, None)
+        if req is not None:
+            self.blocks.free(req)
+        return req
+
+    def find(self, request_id: str) -> Request | None:
+        for req in self.running:
+            if req.request_id == request_id:
+                return req
+        for req in self.waiting:
+            if req.request_id == request_id:
+                return req
+        return self.recving.get(request_id)
+
+    def assert_empty(self) -> None:
+        assert not self.waiting, f"waiting: {[r.request_id for r in self.waiting]}"
+        assert not self.running, f"running: {[r.request_id for r in self.running]}"
+        assert not self.recving, f"waiting for remote KV: {list(self.recving)}"
+        assert not self.held, f"held for pickup: {list(self.held)}"
+        self.blocks.assert_empty()

@@ -1,0 +1,123 @@
+"""Everything that crosses an actor boundary: small dataclasses of ids, token IDs and descriptors.
+
+Tensors cross only in `KVPayload`, where moving the KV is the point. Times are emulated seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+FinishedReason = Literal["length", "stop", "abort", "error"]
+
+
+@dataclass
+class EngineRequest:
+    """proxy -> engine: one request in token IDs (engines never see text)."""
+
+    request_id: str
+    """Correlates outputs, KV handoff and results across actors."""
+    prompt_token_ids: list[int]
+    """The prompt the engine computes; in P/D decode receives it so it never re-renders."""
+    max_tokens: int
+    """Output tokens to produce (1 on a prefill engine)."""
+    arrival_time_s: float
+    """When the client sent the request: queue and TTFT accounting start here."""
+    forced_output_token_ids: list[int] | None = None
+    """The forced output policy's answer; None means greedy (argmax of the runner's logits)."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """vLLM's P/D contract: `{"do_remote_decode": True}` to prefill; the prefill's answer to decode."""
+
+
+@dataclass
+class RequestTimes:
+    """engine -> proxy with the final output: the engine-side life of a request, for results."""
+
+    queued_s: float
+    """Entered the engine's queue."""
+    first_scheduled_s: float | None = None
+    """First step that computed one of its tokens."""
+    finished_s: float | None = None
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the local prefix cache."""
+    num_preemptions: int = 0
+    kv_transfer_start_s: float | None = None
+    """Decode side: the handoff began (pull) or was pushed."""
+    kv_transfer_done_s: float | None = None
+    """Decode side: the emulated transfer completed."""
+    kv_noticed_s: float | None = None
+    """Decode side: the engine noticed the completed transfer (a step boundary or push notification)."""
+    kv_bytes: int = 0
+    """Target-model KV bytes moved by the handoff."""
+
+
+@dataclass
+class EngineOutput:
+    """engine -> proxy: new tokens of one request since the last output, stamped in emulated time.
+
+    Streams are coalesced: one output may carry several steps' tokens when the consumer is behind.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    token_times_s: list[float]
+    """Emulated time each token was emitted (its step's end)."""
+    finished_reason: FinishedReason | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    """From a prefill engine on finish: where the KV is, for the decode engine to pull."""
+    times: RequestTimes | None = None
+    """On the final output only."""
+    error: str | None = None
+    """Why a request ended with finished_reason 'error'."""
+
+
+@dataclass
+class KVPayload:
+    """prefill -> decode: the runner's real KV of a request's prompt (numpy moves zero-copy in Ray)."""
+
+    request_id: str
+    num_tokens: int
+    kv: np.ndarray | None = field(repr=False)
+    """[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim] of the runner model; None with compute skip."""
+
+
+@dataclass
+class ClientRequest:
+    """workload -> proxy: what a client sends, in token IDs until the render tier exists."""
+
+    request_id: str
+    arrival_s: float
+    """Emulated send time from the trace or generator."""
+    prompt_token_ids: list[int]
+    max_tokens: int
+    forced_output_token_ids: list[int] | None = None
+    """The workload's answer, emitted under the forced output policy; None for greedy."""
+
+
+@dataclass
+class RequestResult:
+    """proxy -> driver: one request's whole story as the client saw it (a row of the results table)."""
+
+    request_id: str
+    arrival_s: float
+    num_prompt_tokens: int
+    max_tokens: int
+    finished_reason: FinishedReason | None = None
+    error: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    token_times_s: list[float] = field(default_factory=list)
+    """Emulated time each output token reached the client."""
+    engine: str | None = None
+    """The engine that produced the output (the decode engine in P/D)."""
+    prefill_engine: str | None = None
+    prefill_done_s: float | None = None
+    """P/D: the prefill engine emitted its token (its KV is ready to move)."""
+    first_scheduled_s: float | None = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    kv_transfer_start_s: float | None = None
+    kv_transfer_done_s: float | None = None
+    kv_noticed_s: float | None = None
+    kv_bytes: int = 0

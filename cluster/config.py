@@ -1,0 +1,155 @@
+"""The run configuration: frozen dataclasses, one per concern.
+
+Built only through `cluster.config_load` (which validates YAML, presets and `--set` overrides at the
+edge); everything inside the testbed takes these objects as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import ConfigDict
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    __pydantic_config__ = _STRICT
+
+    model: str = "qwen2.5-7b"
+    """Emulated model, a name from cluster.profiles.MODELS."""
+    eta_compute: float = 0.47
+    """Fraction of peak FLOP/s a step achieves (fitted to the guide's L40S medians)."""
+    eta_bandwidth: float = 0.75
+    """Fraction of peak memory bandwidth a step achieves."""
+    step_overhead_s: float = 0.002
+    """Fixed per-step cost: scheduling, launch, sampling."""
+    gpu_memory_utilization: float = 0.9
+    """Share of GPU memory the engine may use for weights + KV (vLLM's flag)."""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    __pydantic_config__ = _STRICT
+
+    replicas: int = 0
+    """Number of engine replicas in this pool (data parallel)."""
+    gpu: str = "l40s"
+    """GPU of each replica, a name from cluster.profiles.GPUS."""
+    tp: int = 1
+    """Tensor-parallel degree: GPUs per replica."""
+
+
+@dataclass(frozen=True)
+class PoolsConfig:
+    """Either `mixed` replicas (collocated) or `prefill` + `decode` replicas (P/D), not both."""
+
+    __pydantic_config__ = _STRICT
+
+    mixed: PoolConfig = field(default_factory=lambda: PoolConfig(replicas=1))
+    prefill: PoolConfig = field(default_factory=PoolConfig)
+    decode: PoolConfig = field(default_factory=PoolConfig)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill.replicas > 0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    __pydantic_config__ = _STRICT
+
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step, shared by decodes and prefill chunks."""
+    max_num_seqs: int = 256
+    """Most requests running in one engine at once."""
+    block_size: int = 16
+    """Tokens per KV block."""
+    enable_prefix_caching: bool = True
+    """Reuse cached KV blocks keyed by chained block hashes."""
+    num_gpu_blocks_override: int | None = None
+    """Fix the KV capacity in blocks instead of deriving it from GPU memory (for tests of KV pressure)."""
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    __pydantic_config__ = _STRICT
+
+    link: str = "pcie4-x16"
+    """Link between prefill and decode engines, a name from cluster.profiles.LINKS."""
+    mode: Literal["pull", "push"] = "pull"
+    """pull: decode reads the KV once it has the request and notices completion at its next step
+    boundary (vLLM's NIXL connector); push: prefill sends as it finishes and decode is notified."""
+    layerwise: bool = False
+    """push only: stream each layer's KV while the next computes, hiding the transfer under compute."""
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    __pydantic_config__ = _STRICT
+
+    compute: Literal["real", "skip"] = "real"
+    """real: the runner model computes every scheduled token; skip: timing only."""
+    model_path: str | None = None
+    """Local Hugging Face model directory; None builds (once) the seeded tiny Qwen2 model in the cache."""
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    vocab_size: int = 8192
+    weights_seed: int = 0
+    """Seed of the tiny model's weights (part of its cache key)."""
+    num_threads: int = 1
+    """torch threads per engine; one keeps co-located engines from stealing each other's cores."""
+
+
+@dataclass(frozen=True)
+class ClockConfig:
+    __pydantic_config__ = _STRICT
+
+    mode: Literal["virtual", "live"] = "virtual"
+    """virtual: one process, time jumps to the next event; live: Ray actors sleeping in wall time."""
+    time_scale: float = 1.0
+    """live only: wall seconds per emulated second."""
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    __pydantic_config__ = _STRICT
+
+    kind: Literal["synthetic"] = "synthetic"
+    """synthetic: random prompts of fixed lengths (the guide's `vllm bench serve --dataset random`)."""
+    rate: float = 0.2
+    """Offered load, requests per emulated second (Poisson arrivals)."""
+    num_requests: int = 100
+    prompt_len: int = 8192
+    """Prompt tokens per request."""
+    output_len: int = 256
+    """Output tokens per request (max_tokens, EOS ignored)."""
+    output_policy: Literal["forced", "greedy"] = "forced"
+    """forced: emit the workload's answer tokens; greedy: argmax of the runner's real logits."""
+
+
+@dataclass(frozen=True)
+class TestbedConfig:
+    """One design under one workload: everything a run needs."""
+
+    __pydantic_config__ = _STRICT
+    __test__ = False  # not a pytest class
+
+    design: str = "default"
+    """Name of the design (a preset's key), carried into results."""
+    target: TargetConfig = field(default_factory=TargetConfig)
+    pools: PoolsConfig = field(default_factory=PoolsConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    slos: tuple[str, ...] = ("ttft<=2s,tpot<=30ms", "ttft<=2s,gap<=100ms")
+    """SLO sets: comma-joined `metric<=value` terms over ttft, tpot, itl (per-request p99), gap, e2el."""
+    seed: int = 0
+    """Seeds arrivals, prompts and forced answers."""

@@ -1,0 +1,253 @@
+"""The configuration edge: presets, YAML files and `--set` overrides become validated `TestbedConfig`s.
+
+Every problem ends as one `ConfigError` line naming the field, the value given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from cluster.config import PoolConfig, TestbedConfig
+from cluster.profiles import GPUS, LINKS, MODELS
+from cluster.roofline import Roofline
+from workloads.slo import SloError, parse_slo
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+_ADAPTER = TypeAdapter(TestbedConfig)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded for the user in one line."""
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def load_designs(
+    source: str, designs: list[str] | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> list[TestbedConfig]:
+    """Resolve a preset name or YAML path into one validated config per design.
+
+    A source is either `{base: {...}, designs: {name: {...}}}` or one flat config. `overrides` are
+    `dotted.key=value` strings applied to every design after its own settings.
+    """
+    raw = _read_source(source)
+    if "designs" in raw:
+        base = raw.get("base") or {}
+        all_designs = raw["designs"] or {}
+        if not isinstance(all_designs, dict) or not all_designs:
+            raise ConfigError(f"designs: {source} must map design names to settings")
+    else:
+        base, all_designs = raw, {str(raw.get("design", "default")): {}}
+    names = designs or list(all_designs)
+    for name in names:
+        if name not in all_designs:
+            raise ConfigError(f"design: {name!r} is not in {source}; allowed: {', '.join(all_designs)}")
+    configs = []
+    for name in names:
+        merged = _deep_merge(copy.deepcopy(base), all_designs[name] or {})
+        merged["design"] = name
+        for text in overrides:
+            apply_override(merged, text)
+        configs.append(build_config(merged))
+    return configs
+
+
+def apply_override(raw: dict[str, Any], text: str) -> None:
+    """Apply `a.b.c=value` to a raw config dict; the value is parsed as YAML (`512`, `true`, `[1, 2]`)."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set: {text!r} is malformed; expected dotted.key=value, e.g. workload.rate=0.4")
+    parts = key.split(".")
+    _check_path(parts, text)
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set: {key} goes through a value that is not a section")
+    try:
+        node[parts[-1]] = yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set: value {value!r} of {key} is not valid YAML ({e.__class__.__name__})") from e
+
+
+def build_config(raw: dict[str, Any]) -> TestbedConfig:
+    try:
+        cfg = _ADAPTER.validate_python(raw)
+    except ValidationError as e:
+        raise ConfigError(_describe(e)) from None
+    _check_semantics(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: TestbedConfig) -> dict[str, Any]:
+    d = dataclasses.asdict(cfg)
+    d["slos"] = list(cfg.slos)
+    return d
+
+
+def dump_config(cfg: TestbedConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def _read_source(source: str) -> dict[str, Any]:
+    path = Path(source)
+    if not path.suffix and not path.exists():
+        path = PRESETS_DIR / f"{source}.yaml"
+        if not path.exists():
+            raise ConfigError(
+                f"preset: {source!r} is unknown; allowed: {', '.join(available_presets())} or a YAML path"
+            )
+    elif not path.exists():
+        raise ConfigError(f"config: file {source!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config: {source} is not valid YAML: {str(e).splitlines()[0]}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: {source} must hold a mapping, not {type(raw).__name__}")
+    return raw
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_merge(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def _fields_at(parts: list[str]) -> list[str] | None:
+    """Field names of the section reached by `parts`, or None when `parts` ends at a leaf."""
+    cls: Any = TestbedConfig
+    for part in parts:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if part not in fields:
+            raise KeyError(part)
+        cls = fields[part].type
+        cls = _resolve(cls)
+        if not dataclasses.is_dataclass(cls):
+            return None
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _resolve(annotation: Any) -> Any:
+    if isinstance(annotation, str):
+        from cluster import config as module
+
+        return getattr(module, annotation, annotation)
+    return annotation
+
+
+def _check_path(parts: list[str], text: str) -> None:
+    for i in range(len(parts)):
+        try:
+            _fields_at(parts[: i + 1])
+        except KeyError:
+            allowed = _fields_at(parts[:i]) or []
+            where = ".".join(parts[:i]) or "the top level"
+            raise ConfigError(
+                f"--set: {'.'.join(parts[: i + 1])!r} in {text!r} is not a field; "
+                f"allowed at {where}: {', '.join(allowed)}"
+            ) from None
+
+
+def _describe(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = [str(p) for p in err["loc"]]
+    key = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        try:
+            allowed = _fields_at(loc[:-1]) or []
+        except KeyError:
+            allowed = []
+        return f"config: {key!r} is not a field; allowed: {', '.join(allowed)}"
+    return f"config: {key}={err.get('input')!r}: {err['msg']}"
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _check_named(kind: str, key: str, value: str, table: dict[str, Any]) -> None:
+    _require(value in table, f"{key}={value!r}: unknown {kind}; allowed: {', '.join(table)}")
+
+
+def _check_semantics(cfg: TestbedConfig) -> None:
+    t, s, w, r, p = cfg.target, cfg.scheduler, cfg.workload, cfg.runner, cfg.pools
+    _check_named("model", "target.model", t.model, MODELS)
+    _check_named("link", "kv_transfer.link", cfg.kv_transfer.link, LINKS)
+    for key, value in (("eta_compute", t.eta_compute), ("eta_bandwidth", t.eta_bandwidth),
+                       ("gpu_memory_utilization", t.gpu_memory_utilization)):
+        _require(0 < value <= 1, f"target.{key}={value}: must be in (0, 1]")
+    _require(t.step_overhead_s >= 0, f"target.step_overhead_s={t.step_overhead_s}: must be >= 0")
+    pools: dict[str, PoolConfig] = {"mixed": p.mixed, "prefill": p.prefill, "decode": p.decode}
+    for name, pool in pools.items():
+        _require(pool.replicas >= 0, f"pools.{name}.replicas={pool.replicas}: must be >= 0")
+        _require(pool.tp >= 1, f"pools.{name}.tp={pool.tp}: must be >= 1")
+        if pool.replicas:
+            _check_named("GPU", f"pools.{name}.gpu", pool.gpu, GPUS)
+            roof = Roofline(MODELS[t.model], GPUS[pool.gpu], tp=pool.tp)
+            need = -(-(w.prompt_len + w.output_len) // max(1, s.block_size))
+            have = (
+                s.num_gpu_blocks_override
+                if s.num_gpu_blocks_override is not None
+                else roof.kv_capacity_tokens(t.gpu_memory_utilization) // s.block_size
+            )
+            _require(
+                have >= need,
+                f"pools.{name}: {t.model} on {pool.tp} x {pool.gpu} leaves KV room for {have} blocks, "
+                f"a request needs {need}; allowed: a larger tp or GPU, or shorter requests",
+            )
+    collocated = p.mixed.replicas > 0 and p.prefill.replicas == 0 and p.decode.replicas == 0
+    disagg = p.mixed.replicas == 0 and p.prefill.replicas > 0 and p.decode.replicas > 0
+    _require(
+        collocated or disagg,
+        f"pools: mixed={p.mixed.replicas}, prefill={p.prefill.replicas}, decode={p.decode.replicas}; "
+        "allowed: mixed > 0 alone (collocated) or prefill > 0 and decode > 0 with mixed = 0 (P/D)",
+    )
+    _require(s.block_size > 0, f"scheduler.block_size={s.block_size}: must be > 0")
+    _require(
+        s.max_num_batched_tokens >= s.block_size,
+        f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens}: must be >= block_size ({s.block_size})",
+    )
+    _require(s.max_num_seqs >= 1, f"scheduler.max_num_seqs={s.max_num_seqs}: must be >= 1")
+    _require(
+        s.num_gpu_blocks_override is None or s.num_gpu_blocks_override > 0,
+        f"scheduler.num_gpu_blocks_override={s.num_gpu_blocks_override}: must be > 0",
+    )
+    _require(w.rate > 0, f"workload.rate={w.rate}: must be > 0 requests/s")
+    _require(w.num_requests >= 1, f"workload.num_requests={w.num_requests}: must be >= 1")
+    _require(w.prompt_len >= 1, f"workload.prompt_len={w.prompt_len}: must be >= 1")
+    _require(w.output_len >= 1, f"workload.output_len={w.output_len}: must be >= 1")
+    _require(
+        not (w.output_policy == "greedy" and r.compute == "skip"),
+        "workload.output_policy='greedy': needs real logits; allowed with runner.compute='real' only",
+    )
+    _require(cfg.clock.time_scale > 0, f"clock.time_scale={cfg.clock.time_scale}: must be > 0")
+    _require(cfg.clock.mode == "virtual", f"clock.mode={cfg.clock.mode!r}: allowed in this build: virtual")
+    for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                "vocab_size", "num_threads"):
+        value = getattr(r, key)
+        _require(value >= 1, f"runner.{key}={value}: must be >= 1")
+    _require(r.hidden_size % r.num_heads == 0,
+             f"runner.hidden_size={r.hidden_size}: must be a multiple of num_heads ({r.num_heads})")
+    _require(r.num_heads % r.num_kv_heads == 0,
+             f"runner.num_kv_heads={r.num_kv_heads}: must divide num_heads ({r.num_heads})")
+    _require(cfg.kv_transfer.mode == "push" or not cfg.kv_transfer.layerwise,
+             "kv_transfer.layerwise=True: allowed with kv_transfer.mode='push' only")
+    for text in cfg.slos:
+        try:
+            parse_slo(text)
+        except SloError as e:
+            raise ConfigError(str(e)) from None

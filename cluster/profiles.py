@@ -1,0 +1,137 @@
+"""Hardware and model profiles: the *sizes* of what the testbed emulates, as data.
+
+Only sizes matter to the time model: a target model is its parameter and KV geometry, a GPU is its peak
+compute, memory bandwidth and capacity, a link is its bandwidth and fixed costs. Figures are public specs
+(DESIGN.md, "Reference facts"); the `guide-testbox` link is fitted to the guide's measured 1.3 s for a
+470 MB KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    peak_tflops: float
+    """Dense BF16 tensor-core peak, TFLOP/s."""
+    memory_bw_gbs: float
+    """HBM/GDDR bandwidth, GB/s (1e9 bytes)."""
+    memory_gb: float
+    """Device memory, GB (1e9 bytes)."""
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A target model's geometry, from its Hugging Face config values."""
+
+    name: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    dtype_bytes: int = 2
+    """Bytes per weight and per KV element (bf16)."""
+
+    @property
+    def params_per_layer(self) -> int:
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        attention = self.hidden_size * (q + 2 * kv) + q * self.hidden_size
+        mlp = 3 * self.hidden_size * self.intermediate_size  # gate, up, down
+        return attention + mlp
+
+    @property
+    def num_layer_params(self) -> int:
+        return self.num_layers * self.params_per_layer
+
+    @property
+    def num_head_params(self) -> int:
+        """LM-head parameters: read every step, multiplied only for tokens that need logits."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        embeddings = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.num_layer_params + self.num_head_params + embeddings
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes resident on the GPU(s): every parameter, embeddings included."""
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def step_weight_bytes(self) -> int:
+        """Bytes of weights a forward pass streams: layers + LM head (an embedding lookup reads a few rows)."""
+        return (self.num_layer_params + self.num_head_params) * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """A KV-handoff path between two engines.
+
+    Transfer time = bytes / bandwidth + latency + per-transfer overhead + per-block overhead x blocks.
+    """
+
+    name: str
+    link_gbps: float
+    """Usable bandwidth in gigabits per second."""
+    latency_s: float
+    """One-way latency."""
+    per_transfer_overhead_s: float
+    """Fixed cost of one transfer (registration, handshake, notification)."""
+    per_block_overhead_s: float = 0.0
+    """Cost per KV block moved (descriptor handling, host staging without peer-to-peer)."""
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.link_gbps * 1e9 / 8
+
+
+GPUS: dict[str, GpuProfile] = {
+    g.name: g
+    for g in (
+        GpuProfile("l40s", peak_tflops=362.0, memory_bw_gbs=864.0, memory_gb=48.0),
+        GpuProfile("h100-sxm", peak_tflops=989.0, memory_bw_gbs=3350.0, memory_gb=80.0),
+        GpuProfile("h200", peak_tflops=989.0, memory_bw_gbs=4800.0, memory_gb=141.0),
+        GpuProfile("a100-80gb", peak_tflops=312.0, memory_bw_gbs=2039.0, memory_gb=80.0),
+    )
+}
+
+MODELS: dict[str, ModelProfile] = {
+    m.name: m
+    for m in (
+        ModelProfile("qwen2.5-7b", num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128,
+                     hidden_size=3584, intermediate_size=18944, vocab_size=152064),
+        ModelProfile("llama-3.1-8b", num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
+                     hidden_size=4096, intermediate_size=14336, vocab_size=128256),
+        ModelProfile("llama-3.1-70b", num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
+                     hidden_size=8192, intermediate_size=28672, vocab_size=128256),
+    )
+}
+
+# The guide's box moved 512 blocks (8,192 tokens, 470 MB) in ~1.3 s without peer-to-peer: the cost is
+# per-block staging through the host, not bandwidth, so the fit puts it in per_block_overhead_s.
+_TESTBOX_BLOCKS = 8192 // 16
+_TESTBOX_WIRE_S = 512 * 16 * 57344 / (200e9 / 8)
+
+LINKS: dict[str, LinkProfile] = {
+    link.name: link
+    for link in (
+        LinkProfile("pcie4-x16", link_gbps=200.0, latency_s=5e-6, per_transfer_overhead_s=1e-3),
+        # 400 Gb/s RDMA with NIXL-class fixed costs: an 8k-token Qwen2.5-7B KV moves in ~20 ms.
+        LinkProfile("rdma-400g", link_gbps=400.0, latency_s=5e-6, per_transfer_overhead_s=10e-3),
+        LinkProfile("nvlink", link_gbps=3200.0, latency_s=2e-6, per_transfer_overhead_s=0.5e-3),
+        LinkProfile("guide-testbox", link_gbps=200.0, latency_s=5e-6, per_transfer_overhead_s=0.0,
+                    per_block_overhead_s=(1.3 - _TESTBOX_WIRE_S - 5e-6) / _TESTBOX_BLOCKS),
+    )
+}
