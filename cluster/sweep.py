@@ -1,0 +1,69 @@
+"""Sweeps: designs × rates × seeds, each point a fresh virtual deployment, run in parallel processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from typing import Any
+
+import pandas as pd
+
+from cluster.config import TestbedConfig
+from cluster.virtual import run_virtual
+from workloads.summary import mean_records
+
+
+@dataclasses.dataclass
+class SweepOutput:
+    runs: list[dict[str, Any]]
+    """One record per design × rate × seed."""
+    records: list[dict[str, Any]]
+    """One record per design × rate: means over seeds."""
+    results: pd.DataFrame
+
+
+def sweep_points(
+    configs: Sequence[TestbedConfig], rates: Sequence[float], seeds: Sequence[int]
+) -> list[TestbedConfig]:
+    return [
+        dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, rate=rate), seed=seed)
+        for cfg in configs
+        for rate in rates
+        for seed in seeds
+    ]
+
+
+def _run_point(cfg: TestbedConfig) -> tuple[dict[str, Any], pd.DataFrame]:
+    out = run_virtual(cfg)
+    return {**out.summary, "seed": cfg.seed}, out.results
+
+
+def run_sweep(
+    points: Sequence[TestbedConfig], jobs: int | None = None, on_done: Callable[[], None] | None = None
+) -> SweepOutput:
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(points)))
+    outputs: list[tuple[dict[str, Any], pd.DataFrame]] = []
+    if jobs == 1:
+        for p in points:
+            outputs.append(_run_point(p))
+            if on_done:
+                on_done()
+    else:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            for result in pool.map(_run_point, points):
+                outputs.append(result)
+                if on_done:
+                    on_done()
+    runs = [r for r, _ in outputs]
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["design"], r["rate"]), []).append(r)
+    records = []
+    for (design, rate), group in groups.items():
+        rec = mean_records([{k: v for k, v in g.items() if k != "seed"} for g in group])
+        rec.update(design=design, rate=rate, num_seeds=len(group))
+        records.append(rec)
+    return SweepOutput(runs, records, pd.concat([df for _, df in outputs], ignore_index=True))
