@@ -247,6 +247,7 @@ class EngineCore:
     def _finish(self, req: Request, reason: FinishedReason, now: float, error: str | None = None) -> None:
         params = None
         if reason == "length" and req.is_remote_decode:
+            first = req.times.first_scheduled_s
             params = {
                 "do_remote_prefill": True,
                 "remote_engine_id": self.engine_id,
@@ -254,7 +255,7 @@ class EngineCore:
                 "remote_block_ids": list(req.block_ids),
                 "remote_num_tokens": req.num_prompt_tokens,
                 "kv_sent_s": now,
-                "prefill_compute_s": now - (req.times.first_scheduled_s or now),
+                "prefill_compute_s": now - (now if first is None else first),
             }
         self.scheduler.finish(req, reason)
         if self.runner:

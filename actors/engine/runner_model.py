@@ -13,10 +13,12 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
+from transformers.utils import logging as hf_logging
 
 from cluster.config import RunnerConfig
 
 _LOADED: dict[str, PreTrainedModel] = {}
+hf_logging.disable_progress_bar()
 
 
 def cache_dir() -> Path:

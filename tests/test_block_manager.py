@@ -1,0 +1,91 @@
+"""KV blocks and the prefix cache: chained hashes, hits, LRU eviction, nothing leaked."""
+
+from actors.engine.block_manager import BlockManager
+from actors.engine.request import Request
+from actors.messages import EngineRequest
+
+
+def req(tokens, rid="a", max_tokens=4):
+    return Request(EngineRequest(rid, list(tokens), max_tokens, 0.0), 0.0)
+
+
+def compute_all(bm: BlockManager, r: Request) -> None:
+    """Allocate and 'compute' every prompt token, publishing full blocks."""
+    assert bm.allocate_slots(r, r.num_tokens - r.num_computed_tokens)
+    r.num_computed_tokens = r.num_tokens
+    bm.cache_full_blocks(r)
+
+
+def test_repeated_prompt_hits_all_but_the_last_token():
+    bm = BlockManager(64, 16, True)
+    a = req(range(64), "a")
+    assert bm.get_computed_blocks(a) == 0
+    compute_all(bm, a)
+    bm.free(a)
+    b = req(range(64), "b")
+    # 64 tokens = 4 full blocks, but one token must be computed for logits: 3 blocks hit
+    assert bm.get_computed_blocks(b) == 48
+    assert bm.num_prefix_cache_hits == 48
+    assert bm.num_prefix_cache_queries == 128
+    compute_all(bm, b)
+    bm.free(b)
+    bm.assert_empty()
+
+
+def test_changed_history_changes_every_later_hash():
+    bm = BlockManager(64, 16, True)
+    a = req(range(80), "a")
+    compute_all(bm, a)
+    bm.free(a)
+    changed = list(range(80))
+    changed[20] = 999  # inside block 1
+    b = req(changed, "b")
+    assert bm.get_computed_blocks(b) == 16  # block 0 only; blocks 2.. share tokens but not history
+    bm.free(b)
+    assert a.block_hashes[0] == b.block_hashes[0]
+    assert all(a.block_hashes[i] != b.block_hashes[i] for i in range(1, 4))
+    bm.assert_empty()
+
+
+def test_shared_prefix_is_referenced_not_copied():
+    bm = BlockManager(64, 16, True)
+    a = req(range(40), "a")
+    compute_all(bm, a)
+    b = req([*range(32), 7, 7, 7, 7], "b")
+    assert bm.get_computed_blocks(b) == 32
+    assert b.block_ids[:2] == a.block_ids[:2]
+    free_before = bm.num_free_blocks
+    bm.free(a)
+    assert bm.num_free_blocks == free_before + 1  # the shared two stay referenced by b
+    bm.free(b)
+    bm.assert_empty()
+
+
+def test_lru_eviction_reuses_oldest_free_block_and_forgets_its_hash():
+    bm = BlockManager(4, 16, True)
+    a = req(range(33), "a")  # 3 blocks, 2 full
+    compute_all(bm, a)
+    bm.free(a)
+    big = req(range(1000, 1064), "big")  # needs all 4 blocks: evicts a's cached blocks
+    assert bm.get_computed_blocks(big) == 0
+    assert bm.allocate_slots(big, 64)
+    bm.free(big)
+    again = req(range(33), "again")
+    assert bm.get_computed_blocks(again) == 0
+    bm.free(again)
+    bm.assert_empty()
+
+
+def test_allocation_fails_cleanly_when_short():
+    bm = BlockManager(2, 16, False)
+    r = req(range(40))
+    assert not bm.allocate_slots(r, 40)
+    assert r.block_ids == [] and bm.num_free_blocks == 2
+
+
+def test_prefix_caching_off_never_hits():
+    bm = BlockManager(16, 16, False)
+    a = req(range(64))
+    compute_all(bm, a)
+    bm.free(a)
+    assert bm.get_computed_blocks(req(range(64), "b")) == 0

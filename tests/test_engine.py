@@ -1,0 +1,91 @@
+"""The engine on a virtual-time loop: invariants, prefix cache, preemption, determinism, aborts."""
+
+import asyncio
+
+import pytest
+
+from actors.engine.clock import Clock, DeadlockError, VirtualTimeLoop
+from actors.messages import EngineRequest
+from cluster.virtual import build_deployment, run_virtual
+from tests.factories import COLLOCATED, make_config, make_requests, run_async, run_requests
+
+SKIP = {"runner": {"compute": "skip"}}
+REAL_GREEDY = {"runner": {"compute": "real"}, "workload": {"output_policy": "greedy"}}
+
+
+def test_forced_outputs_and_nothing_left_behind():
+    cfg = make_config(COLLOCATED, SKIP, scheduler={"max_num_batched_tokens": 256})
+    reqs = make_requests(12, [100 + 37 * i for i in range(12)], 20, gap_s=0.05, forced=True)
+    results, dep = run_requests(cfg, reqs)  # serve() asserts every engine empty
+    for r, q in zip(results, reqs, strict=True):
+        assert r.finished_reason == "length"
+        assert r.output_token_ids == q.forced_output_token_ids
+        assert r.token_times_s == sorted(r.token_times_s)
+    (engine,) = dep.engines
+    assert engine.stats.max_num_scheduled_tokens <= 256
+    assert engine.stats.num_scheduled_tokens == sum(len(q.prompt_token_ids) + 19 for q in reqs)
+
+
+def test_repeated_prompt_hits_prefix_cache_and_is_faster():
+    cfg = make_config(COLLOCATED, SKIP)
+    (a, b) = make_requests(2, 1024, 4, gap_s=5.0, forced=True)
+    b.prompt_token_ids = list(a.prompt_token_ids)
+    results, dep = run_requests(cfg, [a, b])
+    assert results[0].num_cached_tokens == 0
+    assert results[1].num_cached_tokens == 1008  # 63 of 64 blocks: the last token is recomputed
+    ttft = [r.token_times_s[0] - r.arrival_s for r in results]
+    assert ttft[1] < ttft[0] / 3  # one memory-bound step instead of a compute-bound prefill
+    assert dep.engines[0].blocks.num_prefix_cache_hits == 1008
+
+
+def test_preemption_under_kv_pressure_keeps_greedy_tokens_exact():
+    reqs = make_requests(6, 60, 40, gap_s=0.0)
+    roomy, _ = run_requests(make_config(COLLOCATED, REAL_GREEDY), reqs)
+    tight_cfg = make_config(COLLOCATED, REAL_GREEDY, scheduler={"num_gpu_blocks_override": 16},
+                            workload={"prompt_len": 60, "output_len": 40})
+    tight, dep = run_requests(tight_cfg, reqs)
+    assert dep.engines[0].scheduler.num_preemptions > 0
+    assert sum(r.num_preemptions for r in tight) == dep.engines[0].scheduler.num_preemptions
+    assert [r.output_token_ids for r in tight] == [r.output_token_ids for r in roomy]
+
+
+def test_same_seed_same_run_different_seed_different_run():
+    cfg = make_config(COLLOCATED, SKIP, workload={"num_requests": 20, "prompt_len": 500, "output_len": 30,
+                                                   "rate": 4.0})
+    a, b = run_virtual(cfg), run_virtual(cfg)
+    assert a.results["token_times_s"].tolist() == b.results["token_times_s"].tolist()
+    c = run_virtual(make_config(COLLOCATED, SKIP, workload={"num_requests": 20, "prompt_len": 500,
+                                                             "output_len": 30, "rate": 4.0}, seed=1))
+    assert a.results["arrival_s"].tolist() != c.results["arrival_s"].tolist()
+
+
+def test_client_closing_the_stream_aborts_the_request():
+    cfg = make_config(COLLOCATED, SKIP)
+
+    async def main():
+        dep = build_deployment(cfg, Clock())
+        (engine,) = dep.engines
+        task = asyncio.ensure_future(engine.run())
+        req = EngineRequest("x", list(range(300)), 50, 0.0, list(range(50)))
+        stream = engine.generate(req)
+        first = await anext(stream)
+        await stream.aclose()
+        await asyncio.sleep(1.0)
+        engine.stop()
+        await task
+        engine.assert_empty()
+        return first
+
+    first = run_async(main())
+    assert first.new_token_ids and first.finished_reason is None
+
+
+def test_virtual_time_jumps_and_detects_deadlock():
+    loop = VirtualTimeLoop()
+    try:
+        loop.run_until_complete(asyncio.sleep(3600))
+        assert loop.time() == pytest.approx(3600)
+        with pytest.raises(DeadlockError):
+            loop.run_until_complete(asyncio.Event().wait())
+    finally:
+        loop.close()

@@ -1,0 +1,128 @@
+"""P/D against collocated with real compute: same greedy tokens, same KV; handoff timing and modes."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from actors.engine.clock import Clock
+from actors.engine.kv_transfer import KVReceiver
+from cluster.profiles import LINKS, MODELS
+from cluster.transfer import handoff_time
+from cluster.virtual import build_deployment
+from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
+from workloads.replay import replay
+
+REAL_GREEDY = {"runner": {"compute": "real"}, "workload": {"output_policy": "greedy"}}
+PROMPTS = make_requests(20, [40 + 17 * i for i in range(20)], 12, seed=7, gap_s=0.3)
+
+
+def serve_with_spies(cfg, requests, corrupt=False):
+    """Serve, recording the KV each request's engine computed (mixed/prefill) and decode received."""
+    computed, received = {}, {}
+
+    async def main():
+        dep = build_deployment(cfg, Clock())
+        for e in dep.engines:
+            runner = e.runner
+            release = runner.release
+
+            def spy_release(rid, runner=runner, release=release):
+                if rid in runner._working:
+                    computed.setdefault(rid, runner._working[rid].clone().numpy())
+                release(rid)
+
+            runner.release = spy_release
+            if e.role == "decode":
+                write = runner.write_kv
+
+                def spy_write(block_ids, kv, write=write, engine=e):
+                    rid = next(r for r in engine.scheduler.recving.values() if r.block_ids == block_ids).request_id
+                    received[rid] = kv.copy()
+                    write(block_ids, np.zeros_like(kv) if corrupt else kv)
+
+                runner.write_kv = spy_write
+        tasks = [asyncio.ensure_future(e.run()) for e in dep.engines]
+        results = await replay(dep.proxy.submit, requests, Clock())
+        for e in dep.engines:
+            e.stop()
+        await asyncio.gather(*tasks)
+        for e in dep.engines:
+            e.assert_empty()
+        return results
+
+    return run_async(main()), computed, received
+
+
+@pytest.fixture(scope="module")
+def collocated_run():
+    return serve_with_spies(make_config(COLLOCATED, REAL_GREEDY), PROMPTS)
+
+
+def test_pd_emits_the_same_greedy_tokens_and_moves_the_same_kv(collocated_run):
+    colo, colo_kv, _ = collocated_run
+    pd, _, received = serve_with_spies(make_config(PD, REAL_GREEDY), PROMPTS)
+    assert all(r.finished_reason == "length" for r in colo + pd)
+    assert [r.output_token_ids for r in pd] == [r.output_token_ids for r in colo]
+    assert sorted(received) == sorted(r.request_id for r in PROMPTS)
+    for q in PROMPTS:
+        n = len(q.prompt_token_ids)
+        kv = received[q.request_id]
+        assert kv.shape[3] == n
+        np.testing.assert_allclose(kv, colo_kv[q.request_id][:, :, :, :n], rtol=1e-5, atol=1e-6)
+
+
+def test_corrupted_handoff_changes_tokens(collocated_run):
+    """The check above can fail: decode computing on zeroed KV emits different tokens."""
+    colo, _, _ = collocated_run
+    bad, _, _ = serve_with_spies(make_config(PD, REAL_GREEDY), PROMPTS, corrupt=True)
+    differ = sum(a.output_token_ids != b.output_token_ids for a, b in zip(colo, bad, strict=True))
+    assert differ >= 15
+
+
+def test_pull_handoff_timing_follows_the_link():
+    cfg = make_config(PD, runner={"compute": "skip"}, kv_transfer={"link": "guide-testbox"})
+    (r,), _ = run_requests(cfg, make_requests(1, 8192, 8, forced=True))
+    expected = handoff_time(8192 * MODELS["qwen2.5-7b"].kv_bytes_per_token, 512, LINKS["guide-testbox"])
+    assert r.kv_transfer_done_s - r.kv_transfer_start_s == pytest.approx(expected.total_s)
+    assert r.kv_transfer_start_s == pytest.approx(r.prefill_done_s)  # idle decode admits at once
+    assert r.kv_noticed_s >= r.kv_transfer_done_s
+    first_step = r.token_times_s[0] - r.kv_noticed_s
+    assert 0.02 < first_step < 0.03  # one memory-bound decode step computes the last prompt token
+    assert r.kv_bytes == 8192 * 57344
+
+
+def test_busy_decode_notices_only_at_a_step_boundary():
+    cfg = make_config(PD, runner={"compute": "skip"}, kv_transfer={"link": "rdma-400g"})
+    reqs = make_requests(2, 2048, 200, forced=True, gap_s=1.0)
+    results, _ = run_requests(cfg, reqs)
+    second = results[1]
+    boundaries = set(results[0].token_times_s)
+    assert second.kv_noticed_s in boundaries
+    assert second.kv_noticed_s > second.kv_transfer_done_s
+
+
+def test_push_starts_at_prefill_end_and_layerwise_hides_transfer():
+    reqs = make_requests(1, 8192, 4, forced=True)
+    base = {"runner": {"compute": "skip"}}
+    (push,), _ = run_requests(make_config(PD, base, kv_transfer={"link": "pcie4-x16", "mode": "push"}), reqs)
+    (lw,), _ = run_requests(
+        make_config(PD, base, kv_transfer={"link": "pcie4-x16", "mode": "push", "layerwise": True}), reqs
+    )
+    assert push.kv_transfer_start_s == pytest.approx(push.prefill_done_s)
+    full = push.kv_transfer_done_s - push.kv_transfer_start_s
+    hidden = lw.kv_transfer_done_s - lw.kv_transfer_start_s
+    assert hidden == pytest.approx(full / 28)  # prefill compute (>0.7 s) covers the whole transfer
+    assert lw.token_times_s[0] < push.token_times_s[0]
+
+
+def test_wire_is_shared_fixed_costs_overlap():
+    cfg = make_config(PD, kv_transfer={"link": "guide-testbox"})
+    rx = KVReceiver(cfg.kv_transfer, LINKS["guide-testbox"], MODELS["qwen2.5-7b"], 16)
+    params = {"remote_block_ids": list(range(512)), "remote_engine_id": "prefill-0"}
+    a = rx.plan(params, 10.0)
+    b = rx.plan(params, 10.0)
+    c = rx.plan({**params, "remote_engine_id": "prefill-1"}, 10.0)
+    assert a.done_s == pytest.approx(10.0 + 1.3, rel=1e-3)
+    assert b.done_s - a.done_s == pytest.approx(a.time.wire_s)  # queued behind a's bytes only
+    assert c.done_s == pytest.approx(a.done_s)  # another link: no queueing

@@ -1,0 +1,89 @@
+"""The time model pinned to DESIGN.md's reference figures (within 1 %)."""
+
+import pytest
+
+from cluster.profiles import GPUS, LINKS, MODELS
+from cluster.roofline import Roofline, StepItem
+from cluster.transfer import handoff_time, layerwise_handoff_time
+
+QWEN = MODELS["qwen2.5-7b"]
+IDEAL = Roofline(QWEN, GPUS["l40s"])  # η = 1, no overhead: the roofline ideal
+
+
+@pytest.mark.parametrize(
+    ("name", "kv_bytes"), [("qwen2.5-7b", 57_344), ("llama-3.1-8b", 131_072), ("llama-3.1-70b", 327_680)]
+)
+def test_kv_bytes_per_token(name, kv_bytes):
+    assert MODELS[name].kv_bytes_per_token == kv_bytes
+
+
+@pytest.mark.parametrize(
+    ("items", "ideal_ms"),
+    [
+        ([StepItem(8192, 0, True)], 332.5),  # 8,192-token prefill
+        ([StepItem(2048, 3072, False)], 83.1),  # a 2,048-token chunk after 3,072 cached tokens
+        ([StepItem(1, 8192, True)], 16.9),  # one decode at 8k context
+        ([StepItem(1, 8192, True)] * 2, 17.5),
+        ([StepItem(1, 1024, True)] * 64, 20.7),
+    ],
+)
+def test_roofline_ideals(items, ideal_ms):
+    assert IDEAL.step_time(items).total_s * 1000 == pytest.approx(ideal_ms, rel=0.01)
+
+
+def test_step_time_is_itemised_and_fitted():
+    fitted = Roofline(QWEN, GPUS["l40s"], eta_compute=0.47, eta_bandwidth=0.75, overhead_s=0.002)
+    prefill = fitted.step_time([StepItem(8192, 0, True)])
+    assert prefill.bound == "compute"
+    assert prefill.total_s == pytest.approx(prefill.compute_s + 0.002)
+    decode = fitted.step_time([StepItem(1, 8192, True)])
+    assert decode.bound == "memory"
+    assert decode.total_s == pytest.approx(0.0169 / 0.75 + 0.002, rel=0.01)
+
+
+def test_totals_match_items():
+    items = [StepItem(1, 5000, True), StepItem(700, 300, False), StepItem(40, 0, True)]
+    keys = sum(i.num_new_tokens * i.num_context_tokens + i.num_new_tokens * (i.num_new_tokens + 1) // 2
+               for i in items)
+    a = IDEAL.step_time(items)
+    b = IDEAL.step_time_totals(741, keys, 2, 5300)
+    assert a == b
+
+
+def test_tensor_parallel_scales_peaks():
+    tp2 = Roofline(MODELS["llama-3.1-70b"], GPUS["h100-sxm"], tp=2)
+    tp1 = Roofline(MODELS["llama-3.1-70b"], GPUS["h100-sxm"], tp=1)
+    item = [StepItem(4096, 0, True)]
+    assert tp2.step_time(item).compute_s == pytest.approx(tp1.step_time(item).compute_s / 2)
+
+
+def test_kv_capacity():
+    # 48 GB × 0.9 − 15.23 GB of weights over 56 KiB per token
+    tokens = Roofline(QWEN, GPUS["l40s"]).kv_capacity_tokens(0.9)
+    assert tokens == pytest.approx((48e9 * 0.9 - QWEN.weight_bytes) / 57_344, rel=1e-6)
+    assert Roofline(MODELS["llama-3.1-70b"], GPUS["l40s"]).kv_capacity_tokens(0.9) == 0
+
+
+def test_guide_testbox_handoff():
+    kv = 8192 * QWEN.kv_bytes_per_token  # 470 MB
+    assert kv == pytest.approx(470e6, rel=0.01)
+    t = handoff_time(kv, 512, LINKS["guide-testbox"])
+    assert t.total_s == pytest.approx(1.3, rel=0.01)
+    assert t.overhead_s > 10 * t.wire_s  # overhead, not bandwidth
+
+
+def test_fast_links():
+    kv = 8192 * QWEN.kv_bytes_per_token
+    assert handoff_time(kv, 512, LINKS["rdma-400g"]).total_s == pytest.approx(0.020, rel=0.05)
+    assert handoff_time(kv, 512, LINKS["nvlink"]).total_s < 0.005
+
+
+def test_layerwise_hides_transfer_under_compute():
+    link = LINKS["pcie4-x16"]
+    full = handoff_time(470_000_000, 512, link)
+    hidden = layerwise_handoff_time(470_000_000, 512, link, compute_s=1.0, num_layers=28)
+    assert hidden.total_s == pytest.approx(full.total_s / 28)
+    exposed = layerwise_handoff_time(470_000_000, 512, link, compute_s=0.005, num_layers=28)
+    assert exposed.total_s == pytest.approx(full.total_s - 0.005 + full.total_s / 28)
+    none = layerwise_handoff_time(470_000_000, 512, link, compute_s=0.0, num_layers=1)
+    assert none.total_s == pytest.approx(full.total_s)

@@ -1,0 +1,57 @@
+"""The runner's paged, packed forward equals the transformers model's own forward."""
+
+import numpy as np
+import pytest
+import torch
+
+from actors.engine.runner import ModelRunner, RunnerInput
+from actors.engine.runner_model import load_model, model_dir
+from cluster.config import RunnerConfig
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(RunnerConfig())
+
+
+def prompt(n, seed=0):
+    return torch.randint(0, 8192, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_model_is_loaded_from_a_local_directory():
+    d = model_dir(RunnerConfig())
+    assert (d / "config.json").exists() and (d / "model.safetensors").exists()
+
+
+def test_chunked_batched_forward_matches_hf_forward(model):
+    p = prompt(300)
+    with torch.inference_mode():
+        out = model(torch.tensor([p]), use_cache=True)
+    ref_token = int(out.logits[0, -1].argmax())
+    runner = ModelRunner(model, num_blocks=64, block_size=16)
+    blocks = list(range(19))
+    other = list(range(30, 34))
+    # three chunks, the middle one batched with another request's prefill
+    runner.execute([RunnerInput("a", p[:100], 0, blocks, 310, False)])
+    runner.execute([RunnerInput("a", p[100:250], 100, blocks, 310, False),
+                    RunnerInput("b", prompt(50, 1), 0, other, 60, True)])
+    (token,) = runner.execute([RunnerInput("a", p[250:], 250, blocks, 310, True)])
+    assert token == ref_token
+    kv = runner.read_kv(blocks, 300)
+    for layer in range(model.config.num_hidden_layers):
+        np.testing.assert_allclose(kv[layer, 0], out.past_key_values.layers[layer].keys[0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(kv[layer, 1], out.past_key_values.layers[layer].values[0].numpy(), atol=1e-5)
+    runner.release("a")
+    runner.release("b")
+    runner.assert_empty()
+
+
+def test_kv_written_to_other_blocks_continues_identically(model):
+    p = prompt(80, 3)
+    src = ModelRunner(model, num_blocks=32, block_size=16)
+    src.execute([RunnerInput("a", p, 0, [0, 1, 2, 3, 4], 90, True)])
+    dst = ModelRunner(model, num_blocks=32, block_size=16)
+    dst.write_kv([9, 8, 7, 6, 5], src.read_kv([0, 1, 2, 3, 4], 80))
+    a = src.execute([RunnerInput("a", [5], 80, [0, 1, 2, 3, 4, 10], 90, True)])
+    b = dst.execute([RunnerInput("x", [5], 80, [9, 8, 7, 6, 5, 10], 90, True)])
+    assert a == b

@@ -1,0 +1,93 @@
+"""The one scheduler: budget, order, max_num_seqs, preemption, roles at the edges."""
+
+from actors.engine.block_manager import BlockManager
+from actors.engine.request import Request, RequestStatus
+from actors.engine.scheduler import Scheduler
+from actors.messages import EngineRequest
+
+
+def make(num_blocks=1000, budget=64, max_seqs=8, caching=True):
+    return Scheduler(BlockManager(num_blocks, 16, caching), budget, max_seqs)
+
+
+def add(s, n_prompt, rid, max_tokens=4, params=None, base=0):
+    r = Request(EngineRequest(rid, list(range(base, base + n_prompt)), max_tokens, 0.0, None, params), 0.0)
+    s.add(r)
+    return r
+
+
+def step(s, token=1):
+    """Schedule and apply one step the way the engine does (every caught-up request emits `token`)."""
+    batch = s.schedule()
+    for r, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+        r.num_computed_tokens += n
+        s.blocks.cache_full_blocks(r)
+        if r.num_computed_tokens == r.num_tokens:
+            r.output_token_ids.append(token)
+            if len(r.output_token_ids) >= r.max_tokens:
+                s.finish(r, "length")
+    return batch
+
+
+def test_chunked_prefill_respects_budget_and_decodes_go_first():
+    s = make(budget=64)
+    a = add(s, 40, "a")
+    b1 = step(s)
+    assert b1.num_new_tokens == [40] and a.output_token_ids == [1]
+    b = add(s, 200, "b", base=1000)
+    b2 = step(s)
+    assert b2.requests == [a, b] and b2.num_new_tokens == [1, 63]
+    for _ in range(10):
+        batch = step(s)
+        assert batch.num_scheduled_tokens <= 64
+    while s.num_unfinished:
+        step(s)
+    s.assert_empty()
+
+
+def test_max_num_seqs_caps_running():
+    s = make(budget=1000, max_seqs=2)
+    for i in range(4):
+        add(s, 10, f"r{i}", base=100 * i)
+    batch = step(s)
+    assert len(batch.requests) == 2 and len(s.waiting) == 2
+
+
+def test_preemption_under_kv_pressure_recomputes_and_is_counted():
+    s = make(num_blocks=6, budget=256, max_seqs=8, caching=False)
+    a = add(s, 40, "a", max_tokens=30)  # 3 blocks now, grows to 5
+    b = add(s, 40, "b", max_tokens=30, base=500)
+    step(s)
+    assert a.status is RequestStatus.RUNNING and b.status is RequestStatus.RUNNING
+    while s.num_unfinished:
+        step(s)
+    assert s.num_preemptions >= 1
+    assert b.times.num_preemptions >= 1  # the newest is the victim
+    assert len(a.output_token_ids) == 30 and len(b.output_token_ids) == 30
+    s.assert_empty()
+
+
+def test_prefill_role_holds_blocks_until_pulled():
+    s = make()
+    r = add(s, 40, "p", max_tokens=1, params={"do_remote_decode": True})
+    step(s)
+    assert r.status is RequestStatus.FINISHED and "p" in s.held
+    assert s.blocks.num_free_blocks == 1000 - 3
+    s.release_held("p")
+    s.assert_empty()
+
+
+def test_decode_role_waits_for_remote_kv_then_recomputes_last_token():
+    s = make()
+    params = {"do_remote_prefill": True, "remote_block_ids": [0, 1, 2]}
+    r = add(s, 40, "d", max_tokens=3, params=params)
+    batch = step(s)
+    assert batch.new_remote_requests == [r] and batch.num_scheduled_tokens == 0
+    assert r.status is RequestStatus.WAITING_FOR_REMOTE_KVS and len(r.block_ids) == 3
+    assert step(s).num_scheduled_tokens == 0  # nothing until the KV is in
+    s.kv_received(r)
+    batch = step(s)
+    assert batch.num_new_tokens == [1] and r.num_computed_tokens == 40 and r.output_token_ids == [1]
+    while s.num_unfinished:
+        step(s)
+    s.assert_empty()
