@@ -80,7 +80,7 @@ class KVPayload:
     request_id: str
     num_tokens: int
     kv: np.ndarray | None = field(repr=False)
-    """[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim] of the runner model; None with compute skip."""
+    """[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim] of the runner; None with compute skip."""
 
 
 @dataclass

@@ -41,7 +41,9 @@ class Proxy:
         result = RequestResult(creq.request_id, creq.arrival_s, len(creq.prompt_token_ids), creq.max_tokens)
         try:
             if self._mixed is not None:
-                await self._stream(next(self._mixed), self._engine_request(creq, creq.max_tokens, None), result)
+                await self._stream(
+                    next(self._mixed), self._engine_request(creq, creq.max_tokens, None), result
+                )
             else:
                 await self._disaggregated(creq, result)
         except Exception as e:
@@ -61,8 +63,9 @@ class Proxy:
             result.finished_reason = final.finished_reason if final else "error"
             result.error = (final.error if final else None) or "prefill ended without KV to hand off"
             return
-        await self._stream(next(self._decode), self._engine_request(creq, creq.max_tokens,
-                                                                   final.kv_transfer_params), result)
+        await self._stream(
+            next(self._decode), self._engine_request(creq, creq.max_tokens, final.kv_transfer_params), result
+        )
 
     @staticmethod
     def _engine_request(creq: ClientRequest, max_tokens: int, params: dict | None) -> EngineRequest:

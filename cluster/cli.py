@@ -1,7 +1,7 @@
 """`testbed`: run one design or sweep designs × rates × seeds, writing a reproducible run directory.
 
-    testbed run   --preset guide-l40s [--design collocated] [--rate 0.4] [--set key=value ...] [--out DIR]
-    testbed sweep --preset guide-l40s --rates 0.2,0.4 --seeds 5 --num-requests 100 [--out DIR]
+testbed run   --preset guide-l40s [--design collocated] [--rate 0.4] [--set key=value ...] [--out DIR]
+testbed sweep --preset guide-l40s --rates 0.2,0.4 --seeds 5 --num-requests 100 [--out DIR]
 """
 
 from __future__ import annotations
@@ -32,9 +32,14 @@ def _parse_rates(text: str) -> list[float]:
 def _overrides(args: argparse.Namespace) -> list[str]:
     """CLI shortcuts become `--set` overrides, so every path goes through one validation."""
     out = []
-    for flag, key in (("compute", "runner.compute"), ("mode", "clock.mode"), ("rate", "workload.rate"),
-                      ("num_requests", "workload.num_requests"), ("seed", "seed"),
-                      ("output_policy", "workload.output_policy")):
+    for flag, key in (
+        ("compute", "runner.compute"),
+        ("mode", "clock.mode"),
+        ("rate", "workload.rate"),
+        ("num_requests", "workload.num_requests"),
+        ("seed", "seed"),
+        ("output_policy", "workload.output_policy"),
+    ):
         value = getattr(args, flag, None)
         if value is not None:
             out.append(f"{key}={value}")
@@ -125,8 +130,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _write_json(out / "summary.json", records)
     _write_json(out / "goodput.json", goodput)
     num_requests = sum(r["completed"] + r["failed"] for r in result.runs)
-    _write_json(out / "timing.json", {"wall_s": wall_s, "num_runs": len(points), "num_requests": num_requests,
-                                      "requests_per_wall_s": num_requests / wall_s})
+    _write_json(
+        out / "timing.json",
+        {
+            "wall_s": wall_s,
+            "num_runs": len(points),
+            "num_requests": num_requests,
+            "requests_per_wall_s": num_requests / wall_s,
+        },
+    )
     title = f"{configs[0].target.model}: {len(configs)} designs x {len(rates)} rates x {args.seeds} seeds"
     show(sweep_table(records, title), goodput_table(goodput))
     print(f"{len(points)} runs, {num_requests} requests in {wall_s:.1f} s wall; run directory: {out}")

@@ -76,7 +76,9 @@ def apply_override(raw: dict[str, Any], text: str) -> None:
     try:
         node[parts[-1]] = yaml.safe_load(value)
     except yaml.YAMLError as e:
-        raise ConfigError(f"--set: value {value!r} of {key} is not valid YAML ({e.__class__.__name__})") from e
+        raise ConfigError(
+            f"--set: value {value!r} of {key} is not valid YAML ({e.__class__.__name__})"
+        ) from e
 
 
 def build_config(raw: dict[str, Any]) -> TestbedConfig:
@@ -187,8 +189,11 @@ def _check_semantics(cfg: TestbedConfig) -> None:
     t, s, w, r, p = cfg.target, cfg.scheduler, cfg.workload, cfg.runner, cfg.pools
     _check_named("model", "target.model", t.model, MODELS)
     _check_named("link", "kv_transfer.link", cfg.kv_transfer.link, LINKS)
-    for key, value in (("eta_compute", t.eta_compute), ("eta_bandwidth", t.eta_bandwidth),
-                       ("gpu_memory_utilization", t.gpu_memory_utilization)):
+    for key, value in (
+        ("eta_compute", t.eta_compute),
+        ("eta_bandwidth", t.eta_bandwidth),
+        ("gpu_memory_utilization", t.gpu_memory_utilization),
+    ):
         _require(0 < value <= 1, f"target.{key}={value}: must be in (0, 1]")
     _require(t.step_overhead_s >= 0, f"target.step_overhead_s={t.step_overhead_s}: must be >= 0")
     pools: dict[str, PoolConfig] = {"mixed": p.mixed, "prefill": p.prefill, "decode": p.decode}
@@ -219,7 +224,8 @@ def _check_semantics(cfg: TestbedConfig) -> None:
     _require(s.block_size > 0, f"scheduler.block_size={s.block_size}: must be > 0")
     _require(
         s.max_num_batched_tokens >= s.block_size,
-        f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens}: must be >= block_size ({s.block_size})",
+        f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens}: "
+        f"must be >= block_size ({s.block_size})",
     )
     _require(s.max_num_seqs >= 1, f"scheduler.max_num_seqs={s.max_num_seqs}: must be >= 1")
     _require(
@@ -236,16 +242,29 @@ def _check_semantics(cfg: TestbedConfig) -> None:
     )
     _require(cfg.clock.time_scale > 0, f"clock.time_scale={cfg.clock.time_scale}: must be > 0")
     _require(cfg.clock.mode == "virtual", f"clock.mode={cfg.clock.mode!r}: allowed in this build: virtual")
-    for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                "vocab_size", "num_threads"):
+    for key in (
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "intermediate_size",
+        "vocab_size",
+        "num_threads",
+    ):
         value = getattr(r, key)
         _require(value >= 1, f"runner.{key}={value}: must be >= 1")
-    _require(r.hidden_size % r.num_heads == 0,
-             f"runner.hidden_size={r.hidden_size}: must be a multiple of num_heads ({r.num_heads})")
-    _require(r.num_heads % r.num_kv_heads == 0,
-             f"runner.num_kv_heads={r.num_kv_heads}: must divide num_heads ({r.num_heads})")
-    _require(cfg.kv_transfer.mode == "push" or not cfg.kv_transfer.layerwise,
-             "kv_transfer.layerwise=True: allowed with kv_transfer.mode='push' only")
+    _require(
+        r.hidden_size % r.num_heads == 0,
+        f"runner.hidden_size={r.hidden_size}: must be a multiple of num_heads ({r.num_heads})",
+    )
+    _require(
+        r.num_heads % r.num_kv_heads == 0,
+        f"runner.num_kv_heads={r.num_kv_heads}: must divide num_heads ({r.num_heads})",
+    )
+    _require(
+        cfg.kv_transfer.mode == "push" or not cfg.kv_transfer.layerwise,
+        "kv_transfer.layerwise=True: allowed with kv_transfer.mode='push' only",
+    )
     for text in cfg.slos:
         try:
             parse_slo(text)

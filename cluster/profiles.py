@@ -67,7 +67,7 @@ class ModelProfile:
 
     @property
     def step_weight_bytes(self) -> int:
-        """Bytes of weights a forward pass streams: layers + LM head (an embedding lookup reads a few rows)."""
+        """Weight bytes a forward pass streams: layers + LM head (an embedding lookup reads a few rows)."""
         return (self.num_layer_params + self.num_head_params) * self.dtype_bytes
 
     @property
@@ -110,12 +110,36 @@ GPUS: dict[str, GpuProfile] = {
 MODELS: dict[str, ModelProfile] = {
     m.name: m
     for m in (
-        ModelProfile("qwen2.5-7b", num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128,
-                     hidden_size=3584, intermediate_size=18944, vocab_size=152064),
-        ModelProfile("llama-3.1-8b", num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
-                     hidden_size=4096, intermediate_size=14336, vocab_size=128256),
-        ModelProfile("llama-3.1-70b", num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
-                     hidden_size=8192, intermediate_size=28672, vocab_size=128256),
+        ModelProfile(
+            "qwen2.5-7b",
+            num_layers=28,
+            num_heads=28,
+            num_kv_heads=4,
+            head_dim=128,
+            hidden_size=3584,
+            intermediate_size=18944,
+            vocab_size=152064,
+        ),
+        ModelProfile(
+            "llama-3.1-8b",
+            num_layers=32,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            hidden_size=4096,
+            intermediate_size=14336,
+            vocab_size=128256,
+        ),
+        ModelProfile(
+            "llama-3.1-70b",
+            num_layers=80,
+            num_heads=64,
+            num_kv_heads=8,
+            head_dim=128,
+            hidden_size=8192,
+            intermediate_size=28672,
+            vocab_size=128256,
+        ),
     )
 }
 
@@ -131,7 +155,12 @@ LINKS: dict[str, LinkProfile] = {
         # 400 Gb/s RDMA with NIXL-class fixed costs: an 8k-token Qwen2.5-7B KV moves in ~20 ms.
         LinkProfile("rdma-400g", link_gbps=400.0, latency_s=5e-6, per_transfer_overhead_s=10e-3),
         LinkProfile("nvlink", link_gbps=3200.0, latency_s=2e-6, per_transfer_overhead_s=0.5e-3),
-        LinkProfile("guide-testbox", link_gbps=200.0, latency_s=5e-6, per_transfer_overhead_s=0.0,
-                    per_block_overhead_s=(1.3 - _TESTBOX_WIRE_S - 5e-6) / _TESTBOX_BLOCKS),
+        LinkProfile(
+            "guide-testbox",
+            link_gbps=200.0,
+            latency_s=5e-6,
+            per_transfer_overhead_s=0.0,
+            per_block_overhead_s=(1.3 - _TESTBOX_WIRE_S - 5e-6) / _TESTBOX_BLOCKS,
+        ),
     )
 }

@@ -47,12 +47,17 @@ def build_deployment(cfg: TestbedConfig, clock: Clock) -> Deployment:
         model = load_model(cfg.runner)
     peers: dict[str, KVSource] = {}
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
-    for role, pool in (("mixed", cfg.pools.mixed), ("prefill", cfg.pools.prefill), ("decode", cfg.pools.decode)):
+    for role, pool in (
+        ("mixed", cfg.pools.mixed),
+        ("prefill", cfg.pools.prefill),
+        ("decode", cfg.pools.decode),
+    ):
         for i in range(pool.replicas):
             engine = EngineCore(f"{role}-{i}", role, cfg, pool, clock, None, peers)  # type: ignore[arg-type]
             if model is not None:
-                engine.runner = ModelRunner(model, engine.num_gpu_blocks, cfg.scheduler.block_size,
-                                            cfg.runner.num_threads)
+                engine.runner = ModelRunner(
+                    model, engine.num_gpu_blocks, cfg.scheduler.block_size, cfg.runner.num_threads
+                )
             pools[role].append(engine)  # type: ignore[index]
     peers.update({e.engine_id: e for e in pools["prefill"]})
     proxy = Proxy(mixed=pools["mixed"], prefill=pools["prefill"], decode=pools["decode"])

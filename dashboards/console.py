@@ -26,21 +26,44 @@ def sweep_table(records: list[dict[str, Any]], title: str) -> Table:
         row = [f"{rate:g}"]
         for d in designs:
             r = by_key.get((d, rate), {})
-            row += [_fmt(r.get("median_ttft_ms"), 1e-3, 2), _fmt(r.get("median_itl_ms")), _fmt(r.get("p99_itl_ms"))]
+            row += [
+                _fmt(r.get("median_ttft_ms"), 1e-3, 2),
+                _fmt(r.get("median_itl_ms")),
+                _fmt(r.get("p99_itl_ms")),
+            ]
         table.add_row(*row)
     return table
 
 
 def run_table(records: list[dict[str, Any]]) -> Table:
     table = Table(title="run summary (emulated time)")
-    for col in ("design", "rate", "done", "failed", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
-                "max gap ms", "handoff p50 ms", "req/s"):
+    for col in (
+        "design",
+        "rate",
+        "done",
+        "failed",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "ITL p50 ms",
+        "ITL p99 ms",
+        "max gap ms",
+        "handoff p50 ms",
+        "req/s",
+    ):
         table.add_column(col, justify="right")
     for r in records:
         table.add_row(
-            r["design"], f"{r['rate']:g}", str(r["completed"]), str(r["failed"]), _fmt(r["median_ttft_ms"]),
-            _fmt(r["p99_ttft_ms"]), _fmt(r["median_itl_ms"]), _fmt(r["p99_itl_ms"]), _fmt(r["max_gap_ms"]),
-            _fmt(r["median_handoff_ms"]), _fmt(r["request_throughput"], digits=3),
+            r["design"],
+            f"{r['rate']:g}",
+            str(r["completed"]),
+            str(r["failed"]),
+            _fmt(r["median_ttft_ms"]),
+            _fmt(r["p99_ttft_ms"]),
+            _fmt(r["median_itl_ms"]),
+            _fmt(r["p99_itl_ms"]),
+            _fmt(r["max_gap_ms"]),
+            _fmt(r["median_handoff_ms"]),
+            _fmt(r["request_throughput"], digits=3),
         )
     return table
 

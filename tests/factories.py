@@ -15,7 +15,9 @@ from cluster.config_load import build_config
 from cluster.virtual import Deployment, serve
 
 COLLOCATED: dict[str, Any] = {"pools": {"mixed": {"replicas": 1}}}
-PD: dict[str, Any] = {"pools": {"mixed": {"replicas": 0}, "prefill": {"replicas": 1}, "decode": {"replicas": 1}}}
+PD: dict[str, Any] = {
+    "pools": {"mixed": {"replicas": 0}, "prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+}
 
 
 def make_config(*layers: dict[str, Any], **sections: Any) -> TestbedConfig:
@@ -35,8 +37,13 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> None:
 
 
 def make_requests(
-    num: int, prompt_len: int | Sequence[int], max_tokens: int, vocab: int = 8192, seed: int = 0,
-    gap_s: float = 0.5, forced: bool = False,
+    num: int,
+    prompt_len: int | Sequence[int],
+    max_tokens: int,
+    vocab: int = 8192,
+    seed: int = 0,
+    gap_s: float = 0.5,
+    forced: bool = False,
 ) -> list[ClientRequest]:
     rng = np.random.default_rng(seed)
     lens = [prompt_len] * num if isinstance(prompt_len, int) else list(prompt_len)
@@ -52,7 +59,9 @@ def make_requests(
     ]
 
 
-def run_requests(cfg: TestbedConfig, requests: Sequence[ClientRequest]) -> tuple[list[RequestResult], Deployment]:
+def run_requests(
+    cfg: TestbedConfig, requests: Sequence[ClientRequest]
+) -> tuple[list[RequestResult], Deployment]:
     """Serve `requests` on a fresh virtual deployment; engines are checked empty afterwards."""
     loop = VirtualTimeLoop()
     try:

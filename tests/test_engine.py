@@ -41,8 +41,12 @@ def test_repeated_prompt_hits_prefix_cache_and_is_faster():
 def test_preemption_under_kv_pressure_keeps_greedy_tokens_exact():
     reqs = make_requests(6, 60, 40, gap_s=0.0)
     roomy, _ = run_requests(make_config(COLLOCATED, REAL_GREEDY), reqs)
-    tight_cfg = make_config(COLLOCATED, REAL_GREEDY, scheduler={"num_gpu_blocks_override": 16},
-                            workload={"prompt_len": 60, "output_len": 40})
+    tight_cfg = make_config(
+        COLLOCATED,
+        REAL_GREEDY,
+        scheduler={"num_gpu_blocks_override": 16},
+        workload={"prompt_len": 60, "output_len": 40},
+    )
     tight, dep = run_requests(tight_cfg, reqs)
     assert dep.engines[0].scheduler.num_preemptions > 0
     assert sum(r.num_preemptions for r in tight) == dep.engines[0].scheduler.num_preemptions
@@ -50,12 +54,19 @@ def test_preemption_under_kv_pressure_keeps_greedy_tokens_exact():
 
 
 def test_same_seed_same_run_different_seed_different_run():
-    cfg = make_config(COLLOCATED, SKIP, workload={"num_requests": 20, "prompt_len": 500, "output_len": 30,
-                                                   "rate": 4.0})
+    cfg = make_config(
+        COLLOCATED, SKIP, workload={"num_requests": 20, "prompt_len": 500, "output_len": 30, "rate": 4.0}
+    )
     a, b = run_virtual(cfg), run_virtual(cfg)
     assert a.results["token_times_s"].tolist() == b.results["token_times_s"].tolist()
-    c = run_virtual(make_config(COLLOCATED, SKIP, workload={"num_requests": 20, "prompt_len": 500,
-                                                             "output_len": 30, "rate": 4.0}, seed=1))
+    c = run_virtual(
+        make_config(
+            COLLOCATED,
+            SKIP,
+            workload={"num_requests": 20, "prompt_len": 500, "output_len": 30, "rate": 4.0},
+            seed=1,
+        )
+    )
     assert a.results["arrival_s"].tolist() != c.results["arrival_s"].tolist()
 
 

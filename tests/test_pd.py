@@ -37,7 +37,9 @@ def serve_with_spies(cfg, requests, corrupt=False):
                 write = runner.write_kv
 
                 def spy_write(block_ids, kv, write=write, engine=e):
-                    rid = next(r for r in engine.scheduler.recving.values() if r.block_ids == block_ids).request_id
+                    rid = next(
+                        r for r in engine.scheduler.recving.values() if r.block_ids == block_ids
+                    ).request_id
                     received[rid] = kv.copy()
                     write(block_ids, np.zeros_like(kv) if corrupt else kv)
 

@@ -43,8 +43,10 @@ def test_step_time_is_itemised_and_fitted():
 
 def test_totals_match_items():
     items = [StepItem(1, 5000, True), StepItem(700, 300, False), StepItem(40, 0, True)]
-    keys = sum(i.num_new_tokens * i.num_context_tokens + i.num_new_tokens * (i.num_new_tokens + 1) // 2
-               for i in items)
+    keys = sum(
+        i.num_new_tokens * i.num_context_tokens + i.num_new_tokens * (i.num_new_tokens + 1) // 2
+        for i in items
+    )
     a = IDEAL.step_time(items)
     b = IDEAL.step_time_totals(741, keys, 2, 5300)
     assert a == b

@@ -33,14 +33,20 @@ def test_chunked_batched_forward_matches_hf_forward(model):
     other = list(range(30, 34))
     # three chunks, the middle one batched with another request's prefill
     runner.execute([RunnerInput("a", p[:100], 0, blocks, 310, False)])
-    runner.execute([RunnerInput("a", p[100:250], 100, blocks, 310, False),
-                    RunnerInput("b", prompt(50, 1), 0, other, 60, True)])
+    runner.execute(
+        [
+            RunnerInput("a", p[100:250], 100, blocks, 310, False),
+            RunnerInput("b", prompt(50, 1), 0, other, 60, True),
+        ]
+    )
     (token,) = runner.execute([RunnerInput("a", p[250:], 250, blocks, 310, True)])
     assert token == ref_token
     kv = runner.read_kv(blocks, 300)
     for layer in range(model.config.num_hidden_layers):
         np.testing.assert_allclose(kv[layer, 0], out.past_key_values.layers[layer].keys[0].numpy(), atol=1e-5)
-        np.testing.assert_allclose(kv[layer, 1], out.past_key_values.layers[layer].values[0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(
+            kv[layer, 1], out.past_key_values.layers[layer].values[0].numpy(), atol=1e-5
+        )
     runner.release("a")
     runner.release("b")
     runner.assert_empty()

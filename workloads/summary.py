@@ -82,7 +82,9 @@ def mean_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def sweep_goodput(records: list[dict[str, Any]], threshold: float = 0.9) -> dict[str, dict[str, float | None]]:
+def sweep_goodput(
+    records: list[dict[str, Any]], threshold: float = 0.9
+) -> dict[str, dict[str, float | None]]:
     """Per design and SLO set: the highest offered rate whose attainment is >= threshold."""
     out: dict[str, dict[str, float | None]] = {}
     for r in records:

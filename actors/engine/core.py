@@ -15,6 +15,7 @@ One step::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -82,8 +83,12 @@ class EngineCore:
         self.peers: Mapping[str, KVSource] = peers if peers is not None else {}
         target = MODELS[cfg.target.model]
         self.roofline = Roofline(
-            target, GPUS[pool.gpu], tp=pool.tp, eta_compute=cfg.target.eta_compute,
-            eta_bandwidth=cfg.target.eta_bandwidth, overhead_s=cfg.target.step_overhead_s,
+            target,
+            GPUS[pool.gpu],
+            tp=pool.tp,
+            eta_compute=cfg.target.eta_compute,
+            eta_bandwidth=cfg.target.eta_bandwidth,
+            overhead_s=cfg.target.step_overhead_s,
         )
         s = cfg.scheduler
         self.num_gpu_blocks = s.num_gpu_blocks_override or (
@@ -199,10 +204,8 @@ class EngineCore:
             if rid in self.scheduler.recving
         ]
         timeout = None if not pending else max(0.0, min(pending) - now) * self.clock.time_scale
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
-        except TimeoutError:
-            pass
         self._wake.clear()
 
     def _execute(self, batch: ScheduledBatch) -> list[int | None]:

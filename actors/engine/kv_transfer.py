@@ -32,7 +32,9 @@ class TransferPlan:
 
 
 class KVReceiver:
-    def __init__(self, cfg: KVTransferConfig, link: LinkProfile, target: ModelProfile, block_size: int) -> None:
+    def __init__(
+        self, cfg: KVTransferConfig, link: LinkProfile, target: ModelProfile, block_size: int
+    ) -> None:
         self.cfg = cfg
         self.link = link
         self.target = target
@@ -48,7 +50,11 @@ class KVReceiver:
             start = float(params["kv_sent_s"])
             if self.cfg.layerwise:
                 t = layerwise_handoff_time(
-                    kv_bytes, num_blocks, self.link, float(params["prefill_compute_s"]), self.target.num_layers
+                    kv_bytes,
+                    num_blocks,
+                    self.link,
+                    float(params["prefill_compute_s"]),
+                    self.target.num_layers,
                 )
             else:
                 t = handoff_time(kv_bytes, num_blocks, self.link)

@@ -42,7 +42,9 @@ class RunnerInput:
 
 
 class ModelRunner:
-    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int, num_threads: int = 1) -> None:
+    def __init__(
+        self, model: PreTrainedModel, num_blocks: int, block_size: int, num_threads: int = 1
+    ) -> None:
         torch.set_num_threads(num_threads)
         cfg = model.config
         self.model = model
@@ -86,7 +88,8 @@ class ModelRunner:
         m = self.model.model
         ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long)
         pos = torch.tensor(
-            [p for it in items for p in range(it.start_pos, it.start_pos + len(it.token_ids))], dtype=torch.long
+            [p for it in items for p in range(it.start_pos, it.start_pos + len(it.token_ids))],
+            dtype=torch.long,
         )
         works = [self._working_copy(it) for it in items]
         x = m.embed_tokens(ids)
@@ -109,8 +112,12 @@ class ModelRunner:
                 if n > 1:  # causal, aligned to the end: query i sees keys 0 .. p+i
                     mask = torch.arange(p + n)[None, :] <= (p + torch.arange(n))[:, None]
                 o = scaled_dot_product_attention(
-                    q[:, :, offset : offset + n], w[li, 0, None, :, : p + n], w[li, 1, None, :, : p + n],
-                    attn_mask=mask, scale=attn.scaling, enable_gqa=hq != hkv,
+                    q[:, :, offset : offset + n],
+                    w[li, 0, None, :, : p + n],
+                    w[li, 1, None, :, : p + n],
+                    attn_mask=mask,
+                    scale=attn.scaling,
+                    enable_gqa=hq != hkv,
                 )
                 outs.append(o[0].transpose(0, 1).reshape(n, hq * d))
                 offset += n

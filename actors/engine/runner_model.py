@@ -36,7 +36,6 @@ def tiny_qwen2_config(cfg: RunnerConfig) -> Qwen2Config:
         max_position_embeddings=65536,
         tie_word_embeddings=False,
         use_sliding_window=False,
-        torch_dtype="float32",
     )
 
 
@@ -45,8 +44,15 @@ def model_dir(cfg: RunnerConfig) -> Path:
     if cfg.model_path:
         return Path(cfg.model_path)
     key = json.dumps(
-        [cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,
-         cfg.vocab_size, cfg.weights_seed]
+        [
+            cfg.hidden_size,
+            cfg.num_layers,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+            cfg.weights_seed,
+        ]
     )
     return cache_dir() / f"tiny-qwen2-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 

@@ -1,0 +1,131 @@
+"""The CLI as a user meets it: run directories, record shapes, and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from cluster.cli import main
+
+BENCH_KEYS = {
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "median_tpot_ms",
+    "median_e2el_ms",
+    "request_throughput",
+    "completed",
+}
+OUR_KEYS = {
+    "design",
+    "rate",
+    "max_gap_ms",
+    "median_handoff_ms",
+    "p99_handoff_ms",
+    "slo_attainment",
+    "goodput",
+}
+SMALL = [
+    "--compute",
+    "skip",
+    "--num-requests",
+    "6",
+    "--set",
+    "workload.prompt_len=512",
+    "--set",
+    "workload.output_len=16",
+]
+
+
+def test_run_writes_a_reproducible_run_directory(tmp_path, capsys):
+    assert main(["run", "--preset", "guide-l40s", "--rate", "2", *SMALL, "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["design"] for r in records] == ["collocated", "pd-testbox", "pd-fast"]
+    for r in records:
+        assert set(r) >= BENCH_KEYS | OUR_KEYS
+        assert r["completed"] == 6
+        assert set(r["slo_attainment"]) == {"ttft<=2s,tpot<=30ms", "ttft<=2s,gap<=100ms"}
+    cfg = yaml.safe_load((tmp_path / "configs" / "pd-fast.yaml").read_text())
+    assert cfg["kv_transfer"]["link"] == "rdma-400g" and cfg["workload"]["prompt_len"] == 512
+    df = pd.read_parquet(tmp_path / "results.parquet")
+    assert len(df) == 18 and {"ttft_s", "token_times_s", "finished_reason", "engine"} <= set(df.columns)
+    assert "pd-testbox" in capsys.readouterr().out
+
+
+def test_sweep_writes_means_over_seeds_and_goodput(tmp_path):
+    args = [
+        "sweep",
+        "--design",
+        "collocated,pd-fast",
+        "--rates",
+        "1,4",
+        "--seeds",
+        "2",
+        "--jobs",
+        "1",
+        *SMALL,
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(args) == 0
+    records = json.loads((tmp_path / "summary.json").read_text())
+    assert {(r["design"], r["rate"]) for r in records} == {
+        (d, x) for d in ("collocated", "pd-fast") for x in (1, 4)
+    }
+    assert all(r["num_seeds"] == 2 and set(r) >= BENCH_KEYS | OUR_KEYS for r in records)
+    assert len(json.loads((tmp_path / "runs.json").read_text())) == 8
+    goodput = json.loads((tmp_path / "goodput.json").read_text())
+    assert set(goodput) == {"collocated", "pd-fast"}
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["run", "--preset", "nope"], ["preset", "'nope'", "guide-l40s"]),
+        (["run", "--set", "pools.mixed.gpu=v100"], ["pools.mixed.gpu", "'v100'", "l40s"]),
+        (["run", "--set", "target.model=gpt-5"], ["target.model", "'gpt-5'", "qwen2.5-7b"]),
+        (
+            ["run", "--set", "kv_transfer.link=carrier-pigeon"],
+            ["kv_transfer.link", "carrier-pigeon", "nvlink"],
+        ),
+        (["run", "--rate", "0"], ["workload.rate", "0", "> 0"]),
+        (["run", "--rate", "-1"], ["workload.rate", "-1"]),
+        (["sweep", "--rates", "0.2,-1"], ["--rates", "0.2,-1", "> 0"]),
+        (["sweep", "--rates", "fast"], ["--rates", "fast"]),
+        (
+            ["run", "--set", "scheduler.max_num_batched_tokens=8"],
+            ["max_num_batched_tokens", "8", "block_size"],
+        ),
+        (["run", "--set", "scheduler.max_num_batched_tokens"], ["--set", "malformed", "dotted.key=value"]),
+        (["run", "--set", "scheduler.budget=5"], ["scheduler.budget", "max_num_batched_tokens"]),
+        (["run", "--set", "workload.rate=fast"], ["workload.rate", "'fast'"]),
+        (["run", "--set", "runner.compute=maybe"], ["runner.compute", "'maybe'", "real"]),
+        (["run", "--design", "pd-slow"], ["design", "pd-slow", "pd-fast"]),
+        (["run", "--set", "pools.mixed.replicas=1", "--design", "pd-fast"], ["pools", "mixed=1"]),
+        (["run", "--set", "target.model=llama-3.1-70b"], ["pools.mixed", "llama-3.1-70b", "tp"]),
+        (["run", "--set", "slos=[ttft<=fast]"], ["slos", "ttft<=fast"]),
+        (["run", "--compute", "skip", "--output-policy", "greedy"], ["greedy", "compute"]),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, needles, capsys, tmp_path):
+    assert main([*args, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def test_console_script_reports_errors_without_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "cluster.cli", "run", "--preset", "missing"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "preset" in proc.stderr
