@@ -81,6 +81,8 @@ def _clean(obj: Any) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import pandas as pd
+    from rich.progress import Progress
     from cluster.virtual import run_virtual
     from dashboards.console import run_table, show
 
@@ -89,12 +91,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     records, frames, engines = [], [], {}
     for cfg in configs:
         dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
-        result = run_virtual(cfg)
+        with Progress(transient=True) as progress:
+            task = progress.add_task(f"{cfg.design}: requests", total=cfg.workload.num_requests)
+            result = run_virtual(cfg, on_result=lambda _: progress.advance(task))  # noqa: B023 (used in-loop)
         records.append(_clean(result.summary))
         frames.append(result.results)
         engines[cfg.design] = result.engine_stats
-    import pandas as pd
-
     pd.concat(frames, ignore_index=True).to_parquet(out / "results.parquet", index=False)
     _write_json(out / "summary.json", records)
     _write_json(out / "engines.json", _clean(engines))

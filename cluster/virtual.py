@@ -7,7 +7,7 @@ jumps from event to event, so a run costs only its real work and is deterministi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ import pandas as pd
 from actors.engine.clock import Clock, VirtualTimeLoop
 from actors.engine.core import EngineCore, KVSource, Role
 from actors.engine.runner import ModelRunner
-from actors.messages import ClientRequest
+from actors.messages import ClientRequest, RequestResult
 from actors.proxy import Proxy
 from cluster.config import TestbedConfig
 from workloads.replay import replay
@@ -64,12 +64,16 @@ def build_deployment(cfg: TestbedConfig, clock: Clock) -> Deployment:
     return Deployment(proxy, [e for engines in pools.values() for e in engines])
 
 
-async def serve(cfg: TestbedConfig, requests: Sequence[ClientRequest]) -> tuple[list, Deployment]:
+async def serve(
+    cfg: TestbedConfig,
+    requests: Sequence[ClientRequest],
+    on_result: Callable[[RequestResult], None] | None = None,
+) -> tuple[list[RequestResult], Deployment]:
     """Run the requests through a fresh deployment on the current loop; engines are empty afterwards."""
     clock = Clock(1.0)
     dep = build_deployment(cfg, clock)
     tasks = [asyncio.ensure_future(e.run()) for e in dep.engines]
-    results = await replay(dep.proxy.submit, requests, clock)
+    results = await replay(dep.proxy.submit, requests, clock, on_result)
     for e in dep.engines:
         e.stop()
     await asyncio.gather(*tasks)
@@ -78,12 +82,16 @@ async def serve(cfg: TestbedConfig, requests: Sequence[ClientRequest]) -> tuple[
     return results, dep
 
 
-def run_virtual(cfg: TestbedConfig, requests: Sequence[ClientRequest] | None = None) -> RunOutput:
+def run_virtual(
+    cfg: TestbedConfig,
+    requests: Sequence[ClientRequest] | None = None,
+    on_result: Callable[[RequestResult], None] | None = None,
+) -> RunOutput:
     if requests is None:
         requests = synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed)
     loop = VirtualTimeLoop()
     try:
-        results, dep = loop.run_until_complete(serve(cfg, requests))
+        results, dep = loop.run_until_complete(serve(cfg, requests, on_result))
     finally:
         loop.close()
     df = results_frame(results, cfg.design, cfg.workload.rate, cfg.seed)

@@ -13,12 +13,20 @@ async def replay(
     submit: Callable[[ClientRequest], Awaitable[RequestResult]],
     requests: Sequence[ClientRequest],
     clock: Clock,
+    on_result: Callable[[RequestResult], None] | None = None,
 ) -> list[RequestResult]:
     """Submit requests on schedule (never waiting on earlier ones); results in request order."""
+
+    async def one(creq: ClientRequest) -> RequestResult:
+        result = await submit(creq)
+        if on_result is not None:
+            on_result(result)
+        return result
+
     tasks = []
     for creq in sorted(requests, key=lambda r: r.arrival_s):
         await clock.sleep_until(creq.arrival_s)
-        tasks.append(asyncio.ensure_future(submit(creq)))
+        tasks.append(asyncio.ensure_future(one(creq)))
     results = await asyncio.gather(*tasks)
     order = {r.request_id: i for i, r in enumerate(requests)}
     return sorted(results, key=lambda r: order[r.request_id])

@@ -1,0 +1,39 @@
+# Two commands do everything on a fresh machine: `make demo` (the main job) and `make test`.
+# Both create the virtual environment first: CPU torch 2.13.0 before anything that depends on torch,
+# so pip never reaches for a CUDA build.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+OUT ?= runs/demo
+
+.PHONY: setup demo test bench lint clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# The guide's benchmark emulated in virtual time (three designs, six rates, three seeds), then one
+# real-compute run of every design with the tiny runner model (greedy tokens from its real logits).
+demo: $(STAMP)
+	$(VENV)/bin/testbed sweep --preset guide-l40s --compute skip --seeds 3 --num-requests 100 --out $(OUT)/sweep
+	$(VENV)/bin/testbed run --preset guide-l40s --compute real --output-policy greedy --rate 0.4 \
+		--num-requests 8 --set workload.prompt_len=2048 --set workload.output_len=64 --out $(OUT)/real
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) bench/guide_sweep.py
+	$(PY) bench/runner_speed.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache
