@@ -83,6 +83,7 @@ def _clean(obj: Any) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     import pandas as pd
     from rich.progress import Progress
+
     from cluster.virtual import run_virtual
     from dashboards.console import run_table, show
 
