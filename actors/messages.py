@@ -23,8 +23,6 @@ class EngineRequest:
     """The prompt the engine computes; in P/D decode receives it so it never re-renders."""
     max_tokens: int
     """Output tokens to produce (1 on a prefill engine)."""
-    arrival_time_s: float
-    """When the client sent the request: queue and TTFT accounting start here."""
     forced_output_token_ids: list[int] | None = None
     """The forced output policy's answer; None means greedy (argmax of the runner's logits)."""
     kv_transfer_params: dict[str, Any] | None = None

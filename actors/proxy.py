@@ -73,7 +73,6 @@ class Proxy:
             request_id=creq.request_id,
             prompt_token_ids=creq.prompt_token_ids,
             max_tokens=max_tokens,
-            arrival_time_s=creq.arrival_s,
             forced_output_token_ids=creq.forced_output_token_ids,
             kv_transfer_params=params,
         )

@@ -6,7 +6,7 @@ from actors.messages import EngineRequest
 
 
 def req(tokens, rid="a", max_tokens=4):
-    return Request(EngineRequest(rid, list(tokens), max_tokens, 0.0), 0.0)
+    return Request(EngineRequest(rid, list(tokens), max_tokens), 0.0)
 
 
 def compute_all(bm: BlockManager, r: Request) -> None:

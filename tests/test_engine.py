@@ -77,7 +77,7 @@ def test_client_closing_the_stream_aborts_the_request():
         dep = build_deployment(cfg, Clock())
         (engine,) = dep.engines
         task = asyncio.ensure_future(engine.run())
-        req = EngineRequest("x", list(range(300)), 50, 0.0, list(range(50)))
+        req = EngineRequest("x", list(range(300)), 50, list(range(50)))
         stream = engine.generate(req)
         first = await anext(stream)
         await stream.aclose()
@@ -100,3 +100,11 @@ def test_virtual_time_jumps_and_detects_deadlock():
             loop.run_until_complete(asyncio.Event().wait())
     finally:
         loop.close()
+
+
+def test_a_forced_answer_shorter_than_max_tokens_stops():
+    cfg = make_config(COLLOCATED, SKIP)
+    (q,) = make_requests(1, 100, 10, forced=True)
+    q.forced_output_token_ids = q.forced_output_token_ids[:4]
+    (r,), _ = run_requests(cfg, [q])
+    assert r.finished_reason == "stop" and r.output_token_ids == q.forced_output_token_ids

@@ -11,7 +11,7 @@ def make(num_blocks=1000, budget=64, max_seqs=8, caching=True):
 
 
 def add(s, n_prompt, rid, max_tokens=4, params=None, base=0):
-    r = Request(EngineRequest(rid, list(range(base, base + n_prompt)), max_tokens, 0.0, None, params), 0.0)
+    r = Request(EngineRequest(rid, list(range(base, base + n_prompt)), max_tokens, None, params), 0.0)
     s.add(r)
     return r
 

@@ -236,7 +236,7 @@ class EngineCore:
                 continue  # a prefill chunk short of the end: no token yet
             forced = req.forced_output_token_ids
             if forced is not None:
-                token = forced[len(req.output_token_ids) % len(forced)]
+                token = forced[len(req.output_token_ids)]
             assert token is not None, "greedy output needs real compute"
             req.output_token_ids.append(token)
             stream = self._streams.get(req.request_id)
@@ -246,6 +246,8 @@ class EngineCore:
                 stream.event.set()
             if len(req.output_token_ids) >= req.max_tokens:
                 self._finish(req, "length", end)
+            elif forced is not None and len(req.output_token_ids) >= len(forced):
+                self._finish(req, "stop", end)  # the forced answer is complete
 
     def _finish(self, req: Request, reason: FinishedReason, now: float, error: str | None = None) -> None:
         params = None

@@ -8,7 +8,8 @@ overheads overlap between transfers::
     B        start (queued)   ----------------- overhead ----> done B
 
 pull: the decode engine starts reading at the step boundary that admits the request, and sees the
-      completed transfer at its first step boundary at or after `done`.
+      completed transfer at its first step boundary at or after `done` (at `done` itself when it has
+      nothing to run: an idle engine keeps polling).
 push: the prefill engine starts sending when it finishes the prompt (or, layer-wise, while it computes),
       and the decode engine is notified at `done`; it can still only join at a step boundary.
 """
