@@ -112,10 +112,5 @@ class RequestResult:
     prefill_engine: str | None = None
     prefill_done_s: float | None = None
     """P/D: the prefill engine emitted its token (its KV is ready to move)."""
-    first_scheduled_s: float | None = None
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
-    kv_transfer_start_s: float | None = None
-    kv_transfer_done_s: float | None = None
-    kv_noticed_s: float | None = None
-    kv_bytes: int = 0
+    times: RequestTimes | None = None
+    """The producing engine's record of the request (None if it never finished there)."""

@@ -85,13 +85,4 @@ class Proxy:
             result.token_times_s.extend(out.token_times_s)
             if out.finished_reason is None:
                 continue
-            result.finished_reason, result.error = out.finished_reason, out.error
-            if out.times is not None:
-                t = out.times
-                result.first_scheduled_s = t.first_scheduled_s
-                result.num_cached_tokens = t.num_cached_tokens
-                result.num_preemptions = t.num_preemptions
-                result.kv_transfer_start_s = t.kv_transfer_start_s
-                result.kv_transfer_done_s = t.kv_transfer_done_s
-                result.kv_noticed_s = t.kv_noticed_s
-                result.kv_bytes = t.kv_bytes
+            result.finished_reason, result.error, result.times = out.finished_reason, out.error, out.times

@@ -31,8 +31,8 @@ def test_repeated_prompt_hits_prefix_cache_and_is_faster():
     (a, b) = make_requests(2, 1024, 4, gap_s=5.0, forced=True)
     b.prompt_token_ids = list(a.prompt_token_ids)
     results, dep = run_requests(cfg, [a, b])
-    assert results[0].num_cached_tokens == 0
-    assert results[1].num_cached_tokens == 1008  # 63 of 64 blocks: the last token is recomputed
+    assert results[0].times.num_cached_tokens == 0
+    assert results[1].times.num_cached_tokens == 1008  # 63 of 64 blocks: the last token is recomputed
     ttft = [r.token_times_s[0] - r.arrival_s for r in results]
     assert ttft[1] < ttft[0] / 3  # one memory-bound step instead of a compute-bound prefill
     assert dep.engines[0].blocks.num_prefix_cache_hits == 1008
@@ -49,7 +49,7 @@ def test_preemption_under_kv_pressure_keeps_greedy_tokens_exact():
     )
     tight, dep = run_requests(tight_cfg, reqs)
     assert dep.engines[0].scheduler.num_preemptions > 0
-    assert sum(r.num_preemptions for r in tight) == dep.engines[0].scheduler.num_preemptions
+    assert sum(r.times.num_preemptions for r in tight) == dep.engines[0].scheduler.num_preemptions
     assert [r.output_token_ids for r in tight] == [r.output_token_ids for r in roomy]
 
 

@@ -86,12 +86,12 @@ def test_pull_handoff_timing_follows_the_link():
     cfg = make_config(PD, runner={"compute": "skip"}, kv_transfer={"link": "guide-testbox"})
     (r,), _ = run_requests(cfg, make_requests(1, 8192, 8, forced=True))
     expected = handoff_time(8192 * MODELS["qwen2.5-7b"].kv_bytes_per_token, 512, LINKS["guide-testbox"])
-    assert r.kv_transfer_done_s - r.kv_transfer_start_s == pytest.approx(expected.total_s)
-    assert r.kv_transfer_start_s == pytest.approx(r.prefill_done_s)  # idle decode admits at once
-    assert r.kv_noticed_s >= r.kv_transfer_done_s
-    first_step = r.token_times_s[0] - r.kv_noticed_s
+    assert r.times.kv_transfer_done_s - r.times.kv_transfer_start_s == pytest.approx(expected.total_s)
+    assert r.times.kv_transfer_start_s == pytest.approx(r.prefill_done_s)  # idle decode admits at once
+    assert r.times.kv_noticed_s >= r.times.kv_transfer_done_s
+    first_step = r.token_times_s[0] - r.times.kv_noticed_s
     assert 0.02 < first_step < 0.03  # one memory-bound decode step computes the last prompt token
-    assert r.kv_bytes == 8192 * 57344
+    assert r.times.kv_bytes == 8192 * 57344
 
 
 def test_busy_decode_notices_only_at_a_step_boundary():
@@ -100,8 +100,8 @@ def test_busy_decode_notices_only_at_a_step_boundary():
     results, _ = run_requests(cfg, reqs)
     second = results[1]
     boundaries = set(results[0].token_times_s)
-    assert second.kv_noticed_s in boundaries
-    assert second.kv_noticed_s > second.kv_transfer_done_s
+    assert second.times.kv_noticed_s in boundaries
+    assert second.times.kv_noticed_s > second.times.kv_transfer_done_s
 
 
 def test_push_starts_at_prefill_end_and_layerwise_hides_transfer():
@@ -111,9 +111,9 @@ def test_push_starts_at_prefill_end_and_layerwise_hides_transfer():
     (lw,), _ = run_requests(
         make_config(PD, base, kv_transfer={"link": "pcie4-x16", "mode": "push", "layerwise": True}), reqs
     )
-    assert push.kv_transfer_start_s == pytest.approx(push.prefill_done_s)
-    full = push.kv_transfer_done_s - push.kv_transfer_start_s
-    hidden = lw.kv_transfer_done_s - lw.kv_transfer_start_s
+    assert push.times.kv_transfer_start_s == pytest.approx(push.prefill_done_s)
+    full = push.times.kv_transfer_done_s - push.times.kv_transfer_start_s
+    hidden = lw.times.kv_transfer_done_s - lw.times.kv_transfer_start_s
     assert hidden == pytest.approx(full / 28)  # prefill compute (>0.7 s) covers the whole transfer
     assert lw.token_times_s[0] < push.token_times_s[0]
 

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from actors.messages import RequestResult
+from actors.messages import RequestResult, RequestTimes
+
+_TIMES_FIELDS = [f.name for f in dataclasses.fields(RequestTimes)]
+
+
+def _row(r: RequestResult) -> dict:
+    """A result with the engine's times flattened into columns of their own."""
+    row = {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "times"}
+    times = dataclasses.asdict(r.times) if r.times is not None else dict.fromkeys(_TIMES_FIELDS)
+    return {**row, **times}
 
 
 def results_frame(results: list[RequestResult], design: str, rate: float, seed: int) -> pd.DataFrame:
-    df = pd.DataFrame([dataclasses.asdict(r) for r in results])
+    df = pd.DataFrame([_row(r) for r in results], columns=[*_row(results[0])] if results else None)
     df.insert(0, "design", design)
     df.insert(1, "rate", rate)
     df.insert(2, "seed", seed)
@@ -29,7 +37,3 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     df["handoff_s"] = df["kv_transfer_done_s"] - df["kv_transfer_start_s"]
     df["ok"] = df["finished_reason"].isin(["length", "stop"])
     return df
-
-
-def write_results(df: pd.DataFrame, path: Path) -> None:
-    df.to_parquet(path, index=False)
