@@ -84,6 +84,8 @@ class KVTransferConfig:
     boundary (vLLM's NIXL connector); push: prefill sends as it finishes and decode is notified."""
     layerwise: bool = False
     """push only: stream each layer's KV while the next computes, hiding the transfer under compute."""
+    hold_timeout_s: float = 120.0
+    """Prefill side: release a finished request's KV if no decode engine pulled it within this time."""
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,10 @@ def _check_semantics(cfg: TestbedConfig) -> None:
         not (w.output_policy == "greedy" and r.compute == "skip"),
         "workload.output_policy='greedy': needs real logits; allowed with runner.compute='real' only",
     )
+    _require(
+        cfg.kv_transfer.hold_timeout_s > 0,
+        f"kv_transfer.hold_timeout_s={cfg.kv_transfer.hold_timeout_s}: must be > 0",
+    )
     _require(cfg.clock.time_scale > 0, f"clock.time_scale={cfg.clock.time_scale}: must be > 0")
     _require(cfg.clock.mode == "virtual", f"clock.mode={cfg.clock.mode!r}: allowed in this build: virtual")
     for key in (

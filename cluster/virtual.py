@@ -36,6 +36,7 @@ class RunOutput:
 class Deployment:
     proxy: Proxy
     engines: list[EngineCore]
+    clock: Clock
 
 
 def build_deployment(cfg: TestbedConfig, clock: Clock) -> Deployment:
@@ -61,7 +62,7 @@ def build_deployment(cfg: TestbedConfig, clock: Clock) -> Deployment:
             pools[role].append(engine)  # type: ignore[index]
     peers.update({e.engine_id: e for e in pools["prefill"]})
     proxy = Proxy(mixed=pools["mixed"], prefill=pools["prefill"], decode=pools["decode"])
-    return Deployment(proxy, [e for engines in pools.values() for e in engines])
+    return Deployment(proxy, [e for engines in pools.values() for e in engines], clock)
 
 
 async def serve(

@@ -45,7 +45,7 @@ def serve_with_spies(cfg, requests, corrupt=False):
 
                 runner.write_kv = spy_write
         tasks = [asyncio.ensure_future(e.run()) for e in dep.engines]
-        results = await replay(dep.proxy.submit, requests, Clock())
+        results = await replay(dep.proxy.submit, requests, dep.clock)
         for e in dep.engines:
             e.stop()
         await asyncio.gather(*tasks)

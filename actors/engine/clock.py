@@ -1,39 +1,47 @@
 """The one clock: it turns emulated durations into waiting.
 
 Roles compute emulated durations with pure functions and call `sleep_until(sim_t)`; nothing else
-waits. The clock maps emulated time onto the asyncio loop's time, `loop = origin + sim × time_scale`:
-on a `VirtualTimeLoop` the loop's time jumps to the next event, so a run takes as long as its real
-work; on an ordinary loop it is wall time (live mode), and a wake-up later than planned is lag.
+waits. Emulated time maps onto a time source as `source = origin + sim × time_scale`:
+  - virtual: the loop's time on a `VirtualTimeLoop`, which jumps to the next event, so a run takes as
+    long as its real work;
+  - live: wall time (`time.time()`) from an epoch shared by every actor of a run, so all of them, on
+    any node, agree on emulated time; a deadline that has already passed when it is awaited is lag.
 """
 
 from __future__ import annotations
 
 import asyncio
 import selectors
+import time
+from collections.abc import Callable
 from typing import Any
 
 
 class Clock:
-    def __init__(self, time_scale: float = 1.0, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self._loop = loop or asyncio.get_running_loop()
+    def __init__(self, time_scale: float = 1.0, epoch_s: float | None = None) -> None:
+        """Virtual (loop time from now) when `epoch_s` is None; live (wall time from `epoch_s`) otherwise."""
         self.time_scale = time_scale
-        self._origin = self._loop.time()
-        self.num_late_wakeups = 0
-        self.max_overrun_s = 0.0
-        """Worst lateness of a wake-up against its emulated schedule, in emulated seconds."""
+        self._source: Callable[[], float]
+        if epoch_s is None:
+            self._source = asyncio.get_running_loop().time
+            self._origin = self._source()
+        else:
+            self._source, self._origin = time.time, epoch_s
 
     def now(self) -> float:
-        """Emulated seconds since the clock started."""
-        return (self._loop.time() - self._origin) / self.time_scale
+        """Emulated seconds since the origin."""
+        return (self._source() - self._origin) / self.time_scale
 
-    async def sleep_until(self, sim_t: float) -> None:
-        """Wait until emulated time `sim_t`; callers stamp events with `sim_t`, not with `now()` after."""
+    async def sleep_until(self, sim_t: float) -> float:
+        """Wait until emulated time `sim_t`; returns how late the call already was (0 if on time).
+
+        Callers stamp events with `sim_t`, not with `now()` afterwards.
+        """
         delay = sim_t - self.now()
         if delay > 0:
             await asyncio.sleep(delay * self.time_scale)
-        elif delay < -1e-9:
-            self.num_late_wakeups += 1
-            self.max_overrun_s = max(self.max_overrun_s, -delay)
+            return 0.0
+        return -delay
 
 
 class DeadlockError(RuntimeError):

@@ -50,6 +50,15 @@ class EngineStats:
     busy_s: float = 0.0
     """Emulated seconds spent in steps."""
     num_finished: int = 0
+    num_lagged_steps: int = 0
+    """Steps whose real work (plus the wake-up before it) overran the emulated budget."""
+    num_transfers: int = 0
+    num_lagged_transfers: int = 0
+    """KV pulls whose real move finished after the emulated transfer did."""
+    max_overrun_s: float = 0.0
+    """Worst overrun of a step or transfer, in emulated seconds."""
+    num_expired_handoffs: int = 0
+    """Prefill side: held KV released because no decode engine pulled it in time."""
 
 
 class _Stream:
@@ -146,6 +155,30 @@ class EngineCore:
         kv = self.runner.read_kv(req.block_ids, req.num_prompt_tokens) if self.runner else None
         return KVPayload(request_id, req.num_prompt_tokens, kv)
 
+    def _expire_held(self, now: float) -> None:
+        """Release KV that no decode engine pulled within kv_transfer.hold_timeout_s (its decode died)."""
+        timeout = self.cfg.kv_transfer.hold_timeout_s
+        held = self.scheduler.held
+        for rid in [
+            r
+            for r, req in held.items()
+            if req.times.finished_s is not None and now - req.times.finished_s > timeout
+        ]:
+            self.scheduler.release_held(rid)
+            self.stats.num_expired_handoffs += 1
+
+    def _expire_held(self, now: float) -> None:
+        """Release KV that no decode engine pulled within kv_transfer.hold_timeout_s (its decode died)."""
+        timeout = self.cfg.kv_transfer.hold_timeout_s
+        held = self.scheduler.held
+        for rid in [
+            r
+            for r, req in held.items()
+            if req.times.finished_s is not None and now - req.times.finished_s > timeout
+        ]:
+            self.scheduler.release_held(rid)
+            self.stats.num_expired_handoffs += 1
+
     async def free_kv(self, request_id: str) -> None:
         self.scheduler.release_held(request_id)
         self._wake.set()  # freed blocks may admit a waiting request
@@ -166,8 +199,13 @@ class EngineCore:
             raise
 
     async def _step_loop(self) -> None:
+        # Back-to-back steps start at the previous step's scheduled end, not when the sleep returned:
+        # wake-up jitter must not accumulate into emulated time. After idling, start from the clock.
+        scheduled: float | None = None
         while not self._stopped:
-            now = self.clock.now()
+            now = self.clock.now() if scheduled is None else scheduled
+            scheduled = None
+            self._expire_held(now)
             self._notice_transfers(now)
             batch = self.scheduler.schedule() if self.scheduler.has_schedulable_work() else None
             if batch is not None:
@@ -185,9 +223,13 @@ class EngineCore:
                 batch.num_scheduled_tokens, batch.keys_attended, batch.num_logits, batch.num_context_tokens
             )
             end = now + step.total_s
-            await self.clock.sleep_until(end)
+            overrun = await self.clock.sleep_until(end)
             self._update(batch, sampled, now, end)
+            scheduled = end
             st = self.stats
+            if overrun > 0:
+                st.num_lagged_steps += 1
+                st.max_overrun_s = max(st.max_overrun_s, overrun)
             st.num_steps += 1
             st.num_scheduled_tokens += batch.num_scheduled_tokens
             st.max_num_scheduled_tokens = max(st.max_num_scheduled_tokens, batch.num_scheduled_tokens)
@@ -303,6 +345,12 @@ class EngineCore:
             return  # aborted meanwhile
         if self.runner is not None and payload.kv is not None:
             self.runner.write_kv(req.block_ids, payload.kv)
+        st = self.stats
+        st.num_transfers += 1
+        overrun = self.clock.now() - (req.times.kv_transfer_done_s or 0.0)
+        if overrun > 0:
+            st.num_lagged_transfers += 1
+            st.max_overrun_s = max(st.max_overrun_s, overrun)
         self._kv_arrived.add(req.request_id)
         self._wake.set()
 

@@ -149,8 +149,8 @@ class ModelRunner:
 
     def write_kv(self, block_ids: list[int], kv: np.ndarray) -> None:
         """Store received KV ([L, 2, H_kv, n, D]) into this engine's blocks."""
-        n = kv.shape[3]
-        self._pool[self._slots(block_ids, 0, n)] = torch.from_numpy(kv).permute(3, 0, 1, 2, 4)
+        n = kv.shape[3]  # kv may be a read-only view into Ray's object store: copy it with numpy
+        self._pool_np[self._slots(block_ids, 0, n).numpy()] = kv.transpose(3, 0, 1, 2, 4)
 
     def assert_empty(self) -> None:
         assert not self._working, f"runner still holds working KV of {list(self._working)}"
