@@ -167,18 +167,6 @@ class EngineCore:
             self.scheduler.release_held(rid)
             self.stats.num_expired_handoffs += 1
 
-    def _expire_held(self, now: float) -> None:
-        """Release KV that no decode engine pulled within kv_transfer.hold_timeout_s (its decode died)."""
-        timeout = self.cfg.kv_transfer.hold_timeout_s
-        held = self.scheduler.held
-        for rid in [
-            r
-            for r, req in held.items()
-            if req.times.finished_s is not None and now - req.times.finished_s > timeout
-        ]:
-            self.scheduler.release_held(rid)
-            self.stats.num_expired_handoffs += 1
-
     async def free_kv(self, request_id: str) -> None:
         self.scheduler.release_held(request_id)
         self._wake.set()  # freed blocks may admit a waiting request
