@@ -97,7 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = run_virtual(cfg, on_result=lambda _: progress.advance(task))  # noqa: B023 (used in-loop)
         records.append(_clean(result.summary))
         frames.append(result.results)
-        engines[cfg.design] = result.engine_stats
+        engines[cfg.design] = result.engine_reports
     pd.concat(frames, ignore_index=True).to_parquet(out / "results.parquet", index=False)
     _write_json(out / "summary.json", records)
     _write_json(out / "engines.json", _clean(engines))

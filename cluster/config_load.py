@@ -245,7 +245,6 @@ def _check_semantics(cfg: TestbedConfig) -> None:
         f"kv_transfer.hold_timeout_s={cfg.kv_transfer.hold_timeout_s}: must be > 0",
     )
     _require(cfg.clock.time_scale > 0, f"clock.time_scale={cfg.clock.time_scale}: must be > 0")
-    _require(cfg.clock.mode == "virtual", f"clock.mode={cfg.clock.mode!r}: allowed in this build: virtual")
     for key in (
         "hidden_size",
         "num_layers",

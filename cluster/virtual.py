@@ -9,27 +9,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
 
 from actors.engine.clock import Clock, VirtualTimeLoop
 from actors.engine.core import EngineCore, KVSource, Role
-from actors.engine.runner import ModelRunner
 from actors.messages import ClientRequest, RequestResult
 from actors.proxy import Proxy
 from cluster.config import TestbedConfig
+from cluster.outcome import RunOutput, run_output
 from workloads.replay import replay
-from workloads.results import results_frame
-from workloads.summary import summarize
 from workloads.synthetic import synthetic_requests
-
-
-@dataclass
-class RunOutput:
-    results: pd.DataFrame
-    summary: dict[str, Any]
-    engine_stats: dict[str, dict[str, Any]]
 
 
 @dataclass
@@ -41,25 +29,15 @@ class Deployment:
 
 def build_deployment(cfg: TestbedConfig, clock: Clock) -> Deployment:
     """Engines for every pool replica, wired to their peers, and a proxy in front of them."""
-    model = None
-    if cfg.runner.compute == "real":
-        from actors.engine.runner_model import load_model
+    from actors.engine.runner_model import runner_for
 
-        model = load_model(cfg.runner)
     peers: dict[str, KVSource] = {}
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
-    for role, pool in (
-        ("mixed", cfg.pools.mixed),
-        ("prefill", cfg.pools.prefill),
-        ("decode", cfg.pools.decode),
-    ):
+    for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
-            engine = EngineCore(f"{role}-{i}", role, cfg, pool, clock, None, peers)  # type: ignore[arg-type]
-            if model is not None:
-                engine.runner = ModelRunner(
-                    model, engine.num_gpu_blocks, cfg.scheduler.block_size, cfg.runner.num_threads
-                )
-            pools[role].append(engine)  # type: ignore[index]
+            pools[role].append(
+                EngineCore(f"{role}-{i}", role, cfg, pool, clock, runner_for(cfg, pool), peers)
+            )
     peers.update({e.engine_id: e for e in pools["prefill"]})
     proxy = Proxy(mixed=pools["mixed"], prefill=pools["prefill"], decode=pools["decode"])
     return Deployment(proxy, [e for engines in pools.values() for e in engines], clock)
@@ -95,16 +73,4 @@ def run_virtual(
         results, dep = loop.run_until_complete(serve(cfg, requests, on_result))
     finally:
         loop.close()
-    df = results_frame(results, cfg.design, cfg.workload.rate, cfg.seed)
-    stats = {
-        e.engine_id: {
-            **vars(e.stats),
-            "num_preemptions": e.scheduler.num_preemptions,
-            "prefix_cache_queries": e.blocks.num_prefix_cache_queries,
-            "prefix_cache_hits": e.blocks.num_prefix_cache_hits,
-            "num_gpu_blocks": e.num_gpu_blocks,
-        }
-        for e in dep.engines
-    }
-    summary = {"design": cfg.design, "rate": cfg.workload.rate, **summarize(df, cfg.slos)}
-    return RunOutput(df, summary, stats)
+    return run_output(cfg, results, {e.engine_id: e.report() for e in dep.engines})

@@ -108,3 +108,24 @@ def test_a_forced_answer_shorter_than_max_tokens_stops():
     q.forced_output_token_ids = q.forced_output_token_ids[:4]
     (r,), _ = run_requests(cfg, [q])
     assert r.finished_reason == "stop" and r.output_token_ids == q.forced_output_token_ids
+
+
+def test_a_slow_consumer_gets_coalesced_outputs_and_the_final_one():
+    cfg = make_config(COLLOCATED, SKIP)
+
+    async def main():
+        dep = build_deployment(cfg, Clock())
+        (engine,) = dep.engines
+        task = asyncio.ensure_future(engine.run())
+        outs = []
+        async for out in engine.generate(EngineRequest("x", list(range(300)), 40, list(range(40)))):
+            outs.append(out)
+            await asyncio.sleep(0.2)  # slower than the ~25 ms steps: tokens pile up, even the last ones
+        engine.stop()
+        await task
+        return outs
+
+    outs = run_async(main())
+    assert outs[-1].finished_reason == "length"
+    assert [t for o in outs for t in o.new_token_ids] == list(range(40))
+    assert len(outs) < 40

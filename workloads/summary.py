@@ -96,3 +96,15 @@ def sweep_goodput(
             else:
                 per_slo.setdefault(slo, None)
     return out
+
+
+def lag_summary(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Lag over all engines: the share of steps and handoffs whose real work overran its budget."""
+    live = [r for r in reports.values() if "num_steps" in r]
+    events = sum(r["num_steps"] + r["num_transfers"] for r in live)
+    lagged = sum(r["num_lagged_steps"] + r["num_lagged_transfers"] for r in live)
+    return {
+        "lag_fraction": lagged / events if events else 0.0,
+        "max_overrun_ms": max((r["max_overrun_s"] for r in live), default=0.0) * 1000.0,
+        "num_engines_lost": len(reports) - len(live),
+    }

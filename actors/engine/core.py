@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.clock import Clock
@@ -32,6 +32,15 @@ from cluster.profiles import GPUS, LINKS, MODELS
 from cluster.roofline import Roofline
 
 Role = Literal["mixed", "prefill", "decode"]
+
+
+def num_gpu_blocks(cfg: TestbedConfig, pool: PoolConfig) -> int:
+    """KV blocks of one replica: the target GPUs' memory minus weights, unless overridden."""
+    s = cfg.scheduler
+    if s.num_gpu_blocks_override:
+        return s.num_gpu_blocks_override
+    roof = Roofline(MODELS[cfg.target.model], GPUS[pool.gpu], tp=pool.tp)
+    return roof.kv_capacity_tokens(cfg.target.gpu_memory_utilization) // s.block_size
 
 
 class KVSource(Protocol):
@@ -100,9 +109,7 @@ class EngineCore:
             overhead_s=cfg.target.step_overhead_s,
         )
         s = cfg.scheduler
-        self.num_gpu_blocks = s.num_gpu_blocks_override or (
-            self.roofline.kv_capacity_tokens(cfg.target.gpu_memory_utilization) // s.block_size
-        )
+        self.num_gpu_blocks = num_gpu_blocks(cfg, pool)
         self.blocks = BlockManager(self.num_gpu_blocks, s.block_size, s.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, s.max_num_batched_tokens, s.max_num_seqs)
         self.kv_receiver = KVReceiver(cfg.kv_transfer, LINKS[cfg.kv_transfer.link], target, s.block_size)
@@ -134,7 +141,7 @@ class EngineCore:
                 out.new_token_ids, out.token_times_s = stream.tokens, stream.times
                 stream.tokens, stream.times = [], []
                 yield out
-                if stream.final is not None:
+                if out.finished_reason is not None:
                     return
         finally:
             if stream.final is None:
@@ -155,7 +162,7 @@ class EngineCore:
         kv = self.runner.read_kv(req.block_ids, req.num_prompt_tokens) if self.runner else None
         return KVPayload(request_id, req.num_prompt_tokens, kv)
 
-    def _expire_held(self, now: float) -> None:
+    def expire_held(self, now: float) -> None:
         """Release KV that no decode engine pulled within kv_transfer.hold_timeout_s (its decode died)."""
         timeout = self.cfg.kv_transfer.hold_timeout_s
         held = self.scheduler.held
@@ -193,7 +200,7 @@ class EngineCore:
         while not self._stopped:
             now = self.clock.now() if scheduled is None else scheduled
             scheduled = None
-            self._expire_held(now)
+            self.expire_held(now)
             self._notice_transfers(now)
             batch = self.scheduler.schedule() if self.scheduler.has_schedulable_work() else None
             if batch is not None:
@@ -349,6 +356,17 @@ class EngineCore:
                 self._kv_arrived.discard(rid)
                 req.times.kv_noticed_s = now
                 self.scheduler.kv_received(req)
+
+    def report(self) -> dict[str, Any]:
+        """Counters of this engine's life so far (steps, lag, preemptions, prefix cache, handoffs)."""
+        return {
+            "role": self.role,
+            **vars(self.stats),
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": self.blocks.num_prefix_cache_queries,
+            "prefix_cache_hits": self.blocks.num_prefix_cache_hits,
+            "num_gpu_blocks": self.num_gpu_blocks,
+        }
 
     # ---- invariants --------------------------------------------------------------------------------
 

@@ -1,0 +1,272 @@
+"""Composition root for live mode: every role a Ray actor, built from the same plain classes.
+
+    driver (replay, live clock) ──submit──► proxy actor ──generate (streamed batches)──► engine actors
+                                                                   decode ──get_kv / free_kv──► prefill
+
+Engines run their own step loop inside their actor on a clock shared through a wall-clock epoch; tokens
+come back as streamed batches (a request's stream yields at most every `_FLUSH_WALL_S`), so nothing
+crosses an actor boundary per token or per step. Prefill KV moves as numpy arrays through Ray's object
+store. Pools are placed by custom resources named after them (`mixed`, `prefill`, `decode`): a local
+Ray started here defines them; a joined cluster must offer them (`ray start --resources`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from actors.engine.clock import Clock
+from actors.engine.core import EngineCore, KVSource, Role
+from actors.messages import ClientRequest, EngineOutput, EngineRequest, KVPayload, RequestResult
+from actors.proxy import Proxy
+from cluster.config import PoolConfig, TestbedConfig
+from cluster.config_load import ConfigError
+from cluster.outcome import RunOutput, run_output
+from workloads.replay import replay
+from workloads.summary import lag_summary
+from workloads.synthetic import synthetic_requests
+
+_FLUSH_WALL_S = 0.05
+"""Wall seconds between a stream's batches: delivery only, every token keeps its emulated stamp."""
+_LOCAL_NODE_IP = "127.0.0.2"
+"""A local Ray binds a loopback address of its own (Ray rewrites 127.0.0.1 to the host's address)."""
+_START_SLACK_S = 0.5
+"""Wall seconds between the last actor being ready and emulated time zero."""
+_TICK_WALL_S = 2.0
+"""Wall seconds between progress reports of a live run."""
+
+
+class RemoteEngine:
+    """An engine actor seen as a plain engine: the proxy's EngineClient and a decode's KVSource."""
+
+    def __init__(self, engine_id: str, handle: Any) -> None:
+        self.engine_id = engine_id
+        self._handle = handle
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        async for ref in self._handle.generate.options(num_returns="streaming").remote(request):
+            yield await ref
+
+    async def get_kv(self, request_id: str) -> KVPayload:
+        payload: KVPayload = await self._handle.get_kv.remote(request_id)
+        return payload
+
+    async def free_kv(self, request_id: str) -> None:
+        await self._handle.free_kv.remote(request_id)
+
+
+class EngineHost:
+    """The body of an engine actor: builds the runner at construction, the engine on the actor's loop."""
+
+    def __init__(
+        self, engine_id: str, role: Role, cfg: TestbedConfig, pool: PoolConfig, prefill: dict[str, Any]
+    ) -> None:
+        self._args = (engine_id, role, cfg, pool)
+        self._prefill = prefill
+        from actors.engine.runner_model import runner_for
+
+        self._runner = runner_for(cfg, pool)
+        self.engine: EngineCore | None = None
+        self._task: asyncio.Future[None] | None = None
+
+    def node_id(self) -> str:
+        return str(ray.get_runtime_context().get_node_id())
+
+    async def start(self, epoch_s: float) -> None:
+        engine_id, role, cfg, pool = self._args
+        peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
+        clock = Clock(cfg.clock.time_scale, epoch_s=epoch_s)
+        self.engine = EngineCore(engine_id, role, cfg, pool, clock, self._runner, peers)
+        self._task = asyncio.ensure_future(self.engine.run())
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        assert self.engine is not None
+        async for out in self.engine.generate(request):
+            yield out
+            if out.finished_reason is None:
+                await asyncio.sleep(_FLUSH_WALL_S)
+
+    async def get_kv(self, request_id: str) -> KVPayload:
+        assert self.engine is not None
+        return await self.engine.get_kv(request_id)
+
+    async def free_kv(self, request_id: str) -> None:
+        assert self.engine is not None
+        await self.engine.free_kv(request_id)
+
+    async def report(self) -> dict[str, Any]:
+        assert self.engine is not None
+        return self.engine.report()
+
+    async def drain(self) -> dict[str, Any]:
+        """Stop the step loop, release KV nobody will pull, check nothing is left; the final report."""
+        assert self.engine is not None and self._task is not None
+        self.engine.stop()
+        await self._task
+        self.engine.expire_held(math.inf)
+        self.engine.assert_empty()
+        return self.engine.report()
+
+
+class ProxyHost:
+    """The body of the proxy actor."""
+
+    def __init__(self, pools: dict[str, dict[str, Any]]) -> None:
+        remote = {
+            role: [RemoteEngine(eid, h) for eid, h in engines.items()] for role, engines in pools.items()
+        }
+        self._proxy = Proxy(remote["mixed"], remote["prefill"], remote["decode"])
+
+    async def submit(self, creq: ClientRequest) -> RequestResult:
+        return await self._proxy.submit(creq)
+
+    def ready(self) -> bool:
+        return True
+
+
+@dataclass
+class LiveDeployment:
+    engines: dict[str, Any]
+    """engine id -> actor handle"""
+    nodes: dict[str, str]
+    """engine id -> Ray node id"""
+    proxy: Any
+    clock_epoch_s: float
+
+
+def connect(cfg: TestbedConfig, address: str | None) -> bool:
+    """Join Ray (`address`, or the one this process already joined) or start a local one; True if started."""
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING)
+        return False
+    p = cfg.pools
+    ray.init(
+        _node_ip_address=_LOCAL_NODE_IP,
+        num_cpus=os.cpu_count(),
+        resources={"mixed": p.mixed.replicas, "prefill": p.prefill.replicas, "decode": p.decode.replicas},
+        object_store_memory=512 * 1024**2,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+    )
+    return True
+
+
+def _check_resources(cfg: TestbedConfig) -> None:
+    offered = ray.cluster_resources()
+    for role, pool in cfg.pools.by_role():
+        if pool.replicas and offered.get(role, 0) < pool.replicas:
+            raise ConfigError(
+                f"pools.{role}.replicas={pool.replicas}: the Ray cluster offers {offered.get(role, 0):g} "
+                f"'{role}' resources; allowed: at most that many, or start nodes with "
+                f"--resources='{{\"{role}\": N}}'"
+            )
+
+
+def deploy(cfg: TestbedConfig) -> LiveDeployment:
+    """Create and start every actor; emulated time zero is shortly after the last one is ready."""
+    _check_resources(cfg)
+    if cfg.runner.compute == "real":
+        from actors.engine.runner_model import ensure_model
+
+        ensure_model(cfg.runner)  # build once here, so actors on this node only load it
+    host = ray.remote(EngineHost)
+    pools: dict[str, dict[str, Any]] = {"mixed": {}, "prefill": {}, "decode": {}}
+    for role, pool in cfg.pools.by_role():
+        for i in range(pool.replicas):
+            eid = f"{role}-{i}"
+            pools[role][eid] = host.options(num_cpus=0, resources={role: 1}, name=None).remote(
+                eid, role, cfg, pool, dict(pools["prefill"]) if role == "decode" else {}
+            )
+    engines = {eid: h for per in pools.values() for eid, h in per.items()}
+    nodes = dict(zip(engines, ray.get([h.node_id.remote() for h in engines.values()]), strict=True))
+    proxy = ray.remote(ProxyHost).options(num_cpus=0).remote(pools)
+    ray.get(proxy.ready.remote())
+    epoch = time.time() + _START_SLACK_S
+    ray.get([h.start.remote(epoch) for h in engines.values()])
+    return LiveDeployment(engines, nodes, proxy, epoch)
+
+
+async def drive(
+    dep: LiveDeployment,
+    cfg: TestbedConfig,
+    requests: Sequence[ClientRequest],
+    on_result: Callable[[RequestResult], None] | None = None,
+    on_tick: Callable[[float, dict[str, Any]], None] | None = None,
+) -> list[RequestResult]:
+    """Send each request at its emulated arrival time through the proxy actor; collect every result.
+
+    `on_tick(sim_now_s, lag)` is called about every `_TICK_WALL_S` with the engines' lag so far.
+    """
+    clock = Clock(cfg.clock.time_scale, epoch_s=dep.clock_epoch_s)
+
+    async def submit(creq: ClientRequest) -> RequestResult:
+        result: RequestResult = await dep.proxy.submit.remote(creq)
+        return result
+
+    async def ticks() -> None:
+        while on_tick is not None:
+            await asyncio.sleep(_TICK_WALL_S)
+            alive = {}
+            for eid, h in dep.engines.items():
+                with contextlib.suppress(ray.exceptions.RayActorError):
+                    alive[eid] = await h.report.remote()
+            on_tick(clock.now(), lag_summary(alive))
+
+    ticker = asyncio.ensure_future(ticks())
+    try:
+        return await replay(submit, requests, clock, on_result)
+    finally:
+        ticker.cancel()
+
+
+def run_live(
+    cfg: TestbedConfig,
+    address: str | None = None,
+    requests: Sequence[ClientRequest] | None = None,
+    on_result: Callable[[RequestResult], None] | None = None,
+    on_tick: Callable[[float, dict[str, Any]], None] | None = None,
+    on_deployed: Callable[[LiveDeployment], None] | None = None,
+) -> RunOutput:
+    """One live run: join or start Ray, deploy, replay, drain; a Ray started here is stopped again."""
+    started = connect(cfg, address)
+    dep = None
+    try:
+        dep = deploy(cfg)
+        if on_deployed is not None:
+            on_deployed(dep)
+        if requests is None:
+            requests = synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed)
+        results = asyncio.run(drive(dep, cfg, requests, on_result, on_tick))
+        reports = shutdown(dep)
+        dep = None
+        return run_output(cfg, results, reports)
+    finally:
+        if dep is not None:
+            for handle in [*dep.engines.values(), dep.proxy]:
+                ray.kill(handle)
+        if started:
+            ray.shutdown()
+
+
+def shutdown(dep: LiveDeployment) -> dict[str, dict[str, Any]]:
+    """Drain every live engine (dead ones are skipped), then kill all actors; engine reports by id."""
+    reports: dict[str, dict[str, Any]] = {}
+    for eid, handle in dep.engines.items():
+        try:
+            reports[eid] = ray.get(handle.drain.remote(), timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            reports[eid] = {"error": f"{type(e).__name__}: not drained"}
+    for handle in [*dep.engines.values(), dep.proxy]:
+        ray.kill(handle)
+    return reports

@@ -1,0 +1,37 @@
+"""What a run leaves behind, assembled the same way in virtual and live mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from actors.messages import RequestResult
+from cluster.config import TestbedConfig
+from workloads.results import results_frame
+from workloads.summary import lag_summary, summarize
+
+
+@dataclass
+class RunOutput:
+    results: pd.DataFrame
+    """One row per request (workloads.results)."""
+    summary: dict[str, Any]
+    """The run's record: bench-serve keys, ours, lag."""
+    engine_reports: dict[str, dict[str, Any]]
+    """engine id -> its counters (EngineCore.report)."""
+
+
+def run_output(
+    cfg: TestbedConfig, results: list[RequestResult], reports: dict[str, dict[str, Any]]
+) -> RunOutput:
+    df = results_frame(results, cfg.design, cfg.workload.rate, cfg.seed)
+    summary = {
+        "design": cfg.design,
+        "rate": cfg.workload.rate,
+        **summarize(df, cfg.slos),
+        "time_scale": cfg.clock.time_scale,
+        **lag_summary(reports),
+    }
+    return RunOutput(df, summary, reports)
