@@ -42,7 +42,9 @@ class Proxy:
         try:
             if self._mixed is not None:
                 await self._stream(
-                    next(self._mixed), self._engine_request(creq, creq.max_tokens, None), result
+                    next(self._mixed),
+                    self._engine_request(creq, creq.max_tokens, creq.arrival_s, None),
+                    result,
                 )
             else:
                 await self._disaggregated(creq, result)
@@ -55,7 +57,9 @@ class Proxy:
         prefill = next(self._prefill)
         result.prefill_engine = prefill.engine_id
         final = None
-        async for out in prefill.generate(self._engine_request(creq, 1, {"do_remote_decode": True})):
+        async for out in prefill.generate(
+            self._engine_request(creq, 1, creq.arrival_s, {"do_remote_decode": True})
+        ):
             if out.token_times_s:
                 result.prefill_done_s = out.token_times_s[-1]
             final = out
@@ -64,15 +68,20 @@ class Proxy:
             result.error = (final.error if final else None) or "prefill ended without KV to hand off"
             return
         await self._stream(
-            next(self._decode), self._engine_request(creq, creq.max_tokens, final.kv_transfer_params), result
+            next(self._decode),
+            self._engine_request(creq, creq.max_tokens, result.prefill_done_s, final.kv_transfer_params),
+            result,
         )
 
     @staticmethod
-    def _engine_request(creq: ClientRequest, max_tokens: int, params: dict | None) -> EngineRequest:
+    def _engine_request(
+        creq: ClientRequest, max_tokens: int, sent_s: float | None, params: dict | None
+    ) -> EngineRequest:
         return EngineRequest(
             request_id=creq.request_id,
             prompt_token_ids=creq.prompt_token_ids,
             max_tokens=max_tokens,
+            arrival_time_s=sent_s,
             forced_output_token_ids=creq.forced_output_token_ids,
             kv_transfer_params=params,
         )

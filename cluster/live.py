@@ -190,7 +190,7 @@ def deploy(cfg: TestbedConfig) -> LiveDeployment:
             )
     engines = {eid: h for per in pools.values() for eid, h in per.items()}
     nodes = dict(zip(engines, ray.get([h.node_id.remote() for h in engines.values()]), strict=True))
-    proxy = ray.remote(ProxyHost).options(num_cpus=0).remote(pools)
+    proxy: Any = ray.remote(ProxyHost).options(num_cpus=0).remote(pools)
     ray.get(proxy.ready.remote())
     epoch = time.time() + _START_SLACK_S
     ray.get([h.start.remote(epoch) for h in engines.values()])

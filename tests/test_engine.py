@@ -77,7 +77,7 @@ def test_client_closing_the_stream_aborts_the_request():
         dep = build_deployment(cfg, Clock())
         (engine,) = dep.engines
         task = asyncio.ensure_future(engine.run())
-        req = EngineRequest("x", list(range(300)), 50, list(range(50)))
+        req = EngineRequest("x", list(range(300)), 50, forced_output_token_ids=list(range(50)))
         stream = engine.generate(req)
         first = await anext(stream)
         await stream.aclose()
@@ -118,7 +118,9 @@ def test_a_slow_consumer_gets_coalesced_outputs_and_the_final_one():
         (engine,) = dep.engines
         task = asyncio.ensure_future(engine.run())
         outs = []
-        async for out in engine.generate(EngineRequest("x", list(range(300)), 40, list(range(40)))):
+        async for out in engine.generate(
+            EngineRequest("x", list(range(300)), 40, forced_output_token_ids=list(range(40)))
+        ):
             outs.append(out)
             await asyncio.sleep(0.2)  # slower than the ~25 ms steps: tokens pile up, even the last ones
         engine.stop()

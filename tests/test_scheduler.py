@@ -11,14 +11,16 @@ def make(num_blocks=1000, budget=64, max_seqs=8, caching=True):
 
 
 def add(s, n_prompt, rid, max_tokens=4, params=None, base=0):
-    r = Request(EngineRequest(rid, list(range(base, base + n_prompt)), max_tokens, None, params), 0.0)
+    r = Request(
+        EngineRequest(rid, list(range(base, base + n_prompt)), max_tokens, kv_transfer_params=params), 0.0
+    )
     s.add(r)
     return r
 
 
 def step(s, token=1):
     """Schedule and apply one step the way the engine does (every caught-up request emits `token`)."""
-    batch = s.schedule()
+    batch = s.schedule(now=0.0)
     for r, n in zip(batch.requests, batch.num_new_tokens, strict=True):
         r.num_computed_tokens += n
         s.blocks.cache_full_blocks(r)

@@ -127,7 +127,8 @@ class EngineCore:
         """Stream a request's outputs; closing the iterator early aborts the request."""
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in engine {self.engine_id}")
-        req = Request(request, self.clock.now())
+        now = self.clock.now()
+        req = Request(request, now if request.arrival_time_s is None else min(now, request.arrival_time_s))
         stream = _Stream()
         self._requests[req.request_id] = req
         self._streams[req.request_id] = stream
@@ -202,7 +203,7 @@ class EngineCore:
             scheduled = None
             self.expire_held(now)
             self._notice_transfers(now)
-            batch = self.scheduler.schedule() if self.scheduler.has_schedulable_work() else None
+            batch = self.scheduler.schedule(now) if self.scheduler.has_schedulable_work() else None
             if batch is not None:
                 for req in batch.preempted:
                     if self.runner:
@@ -211,7 +212,7 @@ class EngineCore:
                     self._start_transfer(req, now)
             if batch is None or batch.num_scheduled_tokens == 0:
                 if batch is None or not batch.new_remote_requests:
-                    await self._idle(now)
+                    scheduled = await self._idle(now)
                 continue
             sampled = self._execute(batch)
             step = self.roofline.step_time_totals(
@@ -230,20 +231,32 @@ class EngineCore:
             st.max_num_scheduled_tokens = max(st.max_num_scheduled_tokens, batch.num_scheduled_tokens)
             st.busy_s += step.total_s
 
-    async def _idle(self, now: float) -> None:
-        """Sleep until a request arrives, a stream closes, or the next received KV can be noticed."""
-        if self._wake.is_set():
-            self._wake.clear()
-            return
-        pending = [
-            self._requests[rid].times.kv_transfer_done_s or 0.0
-            for rid in self._kv_arrived
-            if rid in self.scheduler.recving
-        ]
-        timeout = None if not pending else max(0.0, min(pending) - now) * self.clock.time_scale
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+    async def _idle(self, idle_since: float) -> float:
+        """Sleep until there is work; return the emulated time of the event that brought it.
+
+        That is a request's send time or a transfer's completion, not the moment the wake-up ran: in
+        live mode the hops between actors must not shift emulated time (late real work is lag).
+        """
+        if not self._wake.is_set():
+            upcoming = self._upcoming(idle_since)
+            timeout = None
+            if upcoming:
+                timeout = max(0.0, min(upcoming) - self.clock.now()) * self.clock.time_scale
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
         self._wake.clear()
+        now = self.clock.now()
+        due = [t for t in self._upcoming(idle_since) if t <= now]
+        return max(idle_since, min(due)) if due else now
+
+    def _upcoming(self, since: float) -> list[float]:
+        """Emulated times of known future events: queued requests and transfers already moved."""
+        times = [r.times.queued_s for r in self.scheduler.waiting if r.times.queued_s >= since]
+        for rid in self._kv_arrived:
+            done = self._requests[rid].times.kv_transfer_done_s
+            if done is not None and done >= since:
+                times.append(done)
+        return times
 
     def _execute(self, batch: ScheduledBatch) -> list[int | None]:
         if self.runner is None:

@@ -78,7 +78,8 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, now: float) -> ScheduledBatch:
+        """The next step's batch; requests queued after `now` (emulated) are not seen yet."""
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         preempted = False
@@ -101,12 +102,14 @@ class Scheduler:
                 batch.add(req, n)
                 budget -= n
         if not preempted:
-            budget = self._schedule_waiting(batch, budget)
+            budget = self._schedule_waiting(batch, budget, now)
         return batch
 
-    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> int:
+    def _schedule_waiting(self, batch: ScheduledBatch, budget: int, now: float) -> int:
         while self.waiting and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if req.times.queued_s > now:
+                break
             if req.is_remote_prefill and req.status is RequestStatus.WAITING and req.num_computed_tokens == 0:
                 if not self.blocks.allocate_slots(req, req.num_prompt_tokens):
                     break
