@@ -24,8 +24,8 @@ class EngineRequest:
     max_tokens: int
     """Output tokens to produce (1 on a prefill engine)."""
     arrival_time_s: float | None = None
-    """Emulated time the sender sent it; an idle engine starts from here, so the real delay of the hop
-    between actors does not shift emulated time. None: when it arrives."""
+    """Emulated time the request reaches the engine (None: when it does). The engine neither schedules
+    it earlier nor counts the real hop between actors, so senders may send ahead of time."""
     forced_output_token_ids: list[int] | None = None
     """The forced output policy's answer; None means greedy (argmax of the runner's logits)."""
     kv_transfer_params: dict[str, Any] | None = None

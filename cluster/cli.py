@@ -7,10 +7,12 @@ testbed sweep --preset guide-l40s --rates 0.2,0.4 --seeds 5 --num-requests 100 [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         ("num_requests", "workload.num_requests"),
         ("seed", "seed"),
         ("output_policy", "workload.output_policy"),
+        ("time_scale", "clock.time_scale"),
     ):
         value = getattr(args, flag, None)
         if value is not None:
@@ -80,30 +83,70 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    import pandas as pd
+def _run_one(cfg: TestbedConfig, address: str | None) -> Any:
+    """One design, virtual or live, under a progress display (requests, emulated time, lag)."""
     from rich.progress import Progress
 
-    from cluster.virtual import run_virtual
-    from dashboards.console import run_table, show
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"{cfg.design}: requests", total=cfg.workload.num_requests)
 
-    configs = _configs(args)
+        def on_result(_: Any) -> None:
+            progress.advance(task)
+
+        if cfg.clock.mode == "virtual":
+            from cluster.virtual import run_virtual
+
+            return run_virtual(cfg, on_result=on_result)
+        from cluster.live import run_live
+
+        def on_tick(sim_s: float, lag: dict[str, Any]) -> None:
+            progress.update(
+                task, description=f"{cfg.design}: t={sim_s:.1f} s emulated, lag {lag['lag_fraction']:.1%}"
+            )
+
+        return run_live(cfg, address, on_result=on_result, on_tick=on_tick)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from cluster.calibrate import resolve_time_scale
+    from dashboards.console import lag_warning, run_table, show
+
+    configs = [resolve_time_scale(c) if c.clock.mode == "live" else c for c in _configs(args)]
     out = _out_dir(args, "run")
     records, frames, engines = [], [], {}
-    for cfg in configs:
-        dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
-        with Progress(transient=True) as progress:
-            task = progress.add_task(f"{cfg.design}: requests", total=cfg.workload.num_requests)
-            result = run_virtual(cfg, on_result=lambda _: progress.advance(task))  # noqa: B023 (used in-loop)
-        records.append(_clean(result.summary))
-        frames.append(result.results)
-        engines[cfg.design] = result.engine_reports
+    with _ray_session(configs, args.address):
+        for cfg in configs:
+            dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
+            result = _run_one(cfg, args.address)
+            records.append(_clean(result.summary))
+            frames.append(result.results)
+            engines[cfg.design] = result.engine_reports
+            if cfg.clock.mode == "live" and result.summary["lag_fraction"] > 0.01:
+                lag_warning(result.summary)
     pd.concat(frames, ignore_index=True).to_parquet(out / "results.parquet", index=False)
     _write_json(out / "summary.json", records)
     _write_json(out / "engines.json", _clean(engines))
     show(run_table(records))
     print(f"run directory: {out}")
     return 0
+
+
+@contextlib.contextmanager
+def _ray_session(configs: list[TestbedConfig], address: str | None) -> Iterator[None]:
+    """One Ray for all live runs of a command: joined at `address`, or started here and stopped after."""
+    if not any(c.clock.mode == "live" for c in configs):
+        yield
+        return
+    from cluster.live import connect, disconnect
+
+    started = connect(configs, address)
+    try:
+        yield
+    finally:
+        if started:
+            disconnect()
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -114,6 +157,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from workloads.summary import sweep_goodput
 
     rates = _parse_rates(args.rates)
+    if args.mode not in (None, "virtual"):
+        raise ConfigError(f"--mode={args.mode}: testbed sweep runs virtual mode; use testbed run --mode live")
     if args.seeds < 1:
         raise ConfigError(f"--seeds={args.seeds}: must be >= 1 (the number of seeds per point)")
     configs = _configs(args)
@@ -157,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         src.add_argument("--preset", default="guide-l40s", help=f"one of: {', '.join(available_presets())}")
         src.add_argument("--config", help="a YAML config file (flat, or base + designs)")
         s.add_argument("--design", help="comma-separated designs of the preset (default: all)")
-        s.add_argument("--mode", help="clock mode: virtual")
+        s.add_argument("--mode", help="virtual | live (run only)")
         s.add_argument("--compute", help="real | skip")
         s.add_argument("--output-policy", help="forced | greedy")
         s.add_argument("--num-requests", type=int)
@@ -166,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--out", help="run directory (default: runs/<time>-<command>)")
         if name == "run":
             s.add_argument("--rate", type=float, help="requests per emulated second")
+            s.add_argument("--time-scale", help="live: wall seconds per emulated second, or auto")
+            s.add_argument(
+                "--address", help="live: join this Ray cluster (e.g. auto) instead of starting one"
+            )
         else:
             s.add_argument("--rates", default="0.2,0.4,0.6,1.0,1.5,2.0", help="comma-separated req/s")
             s.add_argument("--seeds", type=int, default=1, help="seeds per point (base seed, base+1, ...)")

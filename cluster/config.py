@@ -118,8 +118,16 @@ class ClockConfig:
 
     mode: Literal["virtual", "live"] = "virtual"
     """virtual: one process, time jumps to the next event; live: Ray actors sleeping in wall time."""
-    time_scale: float = 1.0
-    """live only: wall seconds per emulated second."""
+    time_scale: float | Literal["auto"] = 1.0
+    """live only: wall seconds per emulated second; `auto` measures this host's real work per step
+    and picks the smallest scale at which every step fits its budget."""
+
+    @property
+    def scale(self) -> float:
+        """The resolved time_scale (cluster.calibrate replaces `auto` before anything runs)."""
+        if self.time_scale == "auto":
+            raise ValueError("clock.time_scale='auto' must be resolved by cluster.calibrate first")
+        return self.time_scale
 
 
 @dataclass(frozen=True)

@@ -244,7 +244,8 @@ def _check_semantics(cfg: TestbedConfig) -> None:
         cfg.kv_transfer.hold_timeout_s > 0,
         f"kv_transfer.hold_timeout_s={cfg.kv_transfer.hold_timeout_s}: must be > 0",
     )
-    _require(cfg.clock.time_scale > 0, f"clock.time_scale={cfg.clock.time_scale}: must be > 0")
+    ts = cfg.clock.time_scale
+    _require(ts == "auto" or ts > 0, f"clock.time_scale={ts}: must be > 0 or 'auto'")
     for key in (
         "hidden_size",
         "num_layers",

@@ -41,6 +41,8 @@ _LOCAL_NODE_IP = "127.0.0.2"
 """A local Ray binds a loopback address of its own (Ray rewrites 127.0.0.1 to the host's address)."""
 _START_SLACK_S = 0.5
 """Wall seconds between the last actor being ready and emulated time zero."""
+_SEND_LEAD_WALL_S = 0.05
+"""Requests leave the driver this much ahead of their arrival time: more than driver -> proxy -> engine."""
 _TICK_WALL_S = 2.0
 """Wall seconds between progress reports of a live run."""
 
@@ -84,7 +86,7 @@ class EngineHost:
     async def start(self, epoch_s: float) -> None:
         engine_id, role, cfg, pool = self._args
         peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
-        clock = Clock(cfg.clock.time_scale, epoch_s=epoch_s)
+        clock = Clock(cfg.clock.scale, epoch_s=epoch_s)
         self.engine = EngineCore(engine_id, role, cfg, pool, clock, self._runner, peers)
         self._task = asyncio.ensure_future(self.engine.run())
 
@@ -143,23 +145,36 @@ class LiveDeployment:
     clock_epoch_s: float
 
 
-def connect(cfg: TestbedConfig, address: str | None) -> bool:
-    """Join Ray (`address`, or the one this process already joined) or start a local one; True if started."""
+def connect(configs: Sequence[TestbedConfig], address: str | None) -> bool:
+    """Join Ray (`address`, or the one this process already joined) or start a local one offering
+    enough of each pool's resource for every config; True if started here."""
     if ray.is_initialized():
         return False
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
         return False
-    p = cfg.pools
     ray.init(
         _node_ip_address=_LOCAL_NODE_IP,
         num_cpus=os.cpu_count(),
-        resources={"mixed": p.mixed.replicas, "prefill": p.prefill.replicas, "decode": p.decode.replicas},
+        resources=_resources_needed(configs),
         object_store_memory=512 * 1024**2,
         include_dashboard=False,
         logging_level=logging.WARNING,
     )
     return True
+
+
+def _resources_needed(configs: Sequence[TestbedConfig]) -> dict[str, float]:
+    needed: dict[str, float] = {}
+    for cfg in configs:
+        for role, pool in cfg.pools.by_role():
+            needed[role] = max(needed.get(role, 0), pool.replicas)
+    return needed
+
+
+def disconnect() -> None:
+    """Stop the Ray this process started (all its processes) or leave the one it joined."""
+    ray.shutdown()
 
 
 def _check_resources(cfg: TestbedConfig) -> None:
@@ -208,7 +223,7 @@ async def drive(
 
     `on_tick(sim_now_s, lag)` is called about every `_TICK_WALL_S` with the engines' lag so far.
     """
-    clock = Clock(cfg.clock.time_scale, epoch_s=dep.clock_epoch_s)
+    clock = Clock(cfg.clock.scale, epoch_s=dep.clock_epoch_s)
 
     async def submit(creq: ClientRequest) -> RequestResult:
         result: RequestResult = await dep.proxy.submit.remote(creq)
@@ -225,7 +240,7 @@ async def drive(
 
     ticker = asyncio.ensure_future(ticks())
     try:
-        return await replay(submit, requests, clock, on_result)
+        return await replay(submit, requests, clock, on_result, lead_s=_SEND_LEAD_WALL_S / cfg.clock.scale)
     finally:
         ticker.cancel()
 
@@ -239,7 +254,7 @@ def run_live(
     on_deployed: Callable[[LiveDeployment], None] | None = None,
 ) -> RunOutput:
     """One live run: join or start Ray, deploy, replay, drain; a Ray started here is stopped again."""
-    started = connect(cfg, address)
+    started = connect([cfg], address)
     dep = None
     try:
         dep = deploy(cfg)
@@ -256,7 +271,7 @@ def run_live(
             for handle in [*dep.engines.values(), dep.proxy]:
                 ray.kill(handle)
         if started:
-            ray.shutdown()
+            disconnect()
 
 
 def shutdown(dep: LiveDeployment) -> dict[str, dict[str, Any]]:

@@ -83,3 +83,16 @@ def show(*tables: Table) -> None:
     console = Console(width=max(Console().width, 130))
     for t in tables:
         console.print(t)
+
+
+def lag_warning(summary: dict[str, Any]) -> None:
+    """Say loudly that a live run's timing figures are invalid: its host could not keep up."""
+    from rich.panel import Panel
+
+    text = (
+        f"{summary['design']}: {summary['lag_fraction']:.1%} of steps and handoffs overran their emulated "
+        f"budget (worst by {summary['max_overrun_ms']:.1f} ms) at time_scale {summary['time_scale']}.\n"
+        "Latency figures of this run are NOT valid. Use a larger --time-scale (or auto), "
+        "fewer engines per host, or --compute skip."
+    )
+    Console(stderr=True).print(Panel(text, title="LAG", style="bold red"))

@@ -14,8 +14,13 @@ async def replay(
     requests: Sequence[ClientRequest],
     clock: Clock,
     on_result: Callable[[RequestResult], None] | None = None,
+    lead_s: float = 0.0,
 ) -> list[RequestResult]:
-    """Submit requests on schedule (never waiting on earlier ones); results in request order."""
+    """Submit requests on schedule (never waiting on earlier ones); results in request order.
+
+    `lead_s` (emulated) sends each request that much ahead of its arrival time, to cover the real
+    hops to the engine; engines hold a request until its arrival time.
+    """
 
     async def one(creq: ClientRequest) -> RequestResult:
         result = await submit(creq)
@@ -25,7 +30,7 @@ async def replay(
 
     tasks = []
     for creq in sorted(requests, key=lambda r: r.arrival_s):
-        await clock.sleep_until(creq.arrival_s)
+        await clock.sleep_until(creq.arrival_s - lead_s)
         tasks.append(asyncio.ensure_future(one(creq)))
     results = await asyncio.gather(*tasks)
     order = {r.request_id: i for i, r in enumerate(requests)}

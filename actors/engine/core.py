@@ -18,18 +18,20 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import KVReceiver
 from actors.engine.request import Request, RequestStatus
-from actors.engine.runner import ModelRunner, RunnerInput
 from actors.engine.scheduler import ScheduledBatch, Scheduler
 from actors.messages import EngineOutput, EngineRequest, FinishedReason, KVPayload
 from cluster.config import PoolConfig, TestbedConfig
 from cluster.profiles import GPUS, LINKS, MODELS
 from cluster.roofline import Roofline
+
+if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
+    from actors.engine.runner import ModelRunner
 
 Role = Literal["mixed", "prefill", "decode"]
 
@@ -127,8 +129,8 @@ class EngineCore:
         """Stream a request's outputs; closing the iterator early aborts the request."""
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in engine {self.engine_id}")
-        now = self.clock.now()
-        req = Request(request, now if request.arrival_time_s is None else min(now, request.arrival_time_s))
+        sent = request.arrival_time_s
+        req = Request(request, self.clock.now() if sent is None else sent)
         stream = _Stream()
         self._requests[req.request_id] = req
         self._streams[req.request_id] = stream
@@ -219,8 +221,10 @@ class EngineCore:
                 batch.num_scheduled_tokens, batch.keys_attended, batch.num_logits, batch.num_context_tokens
             )
             end = now + step.total_s
-            overrun = await self.clock.sleep_until(end)
+            # Outputs leave as soon as they are computed, stamped with the step's end: consumers read
+            # the stamps, and a peer on another actor gets the request early enough not to miss a step.
             self._update(batch, sampled, now, end)
+            overrun = await self.clock.sleep_until(end)
             scheduled = end
             st = self.stats
             if overrun > 0:
@@ -261,6 +265,8 @@ class EngineCore:
     def _execute(self, batch: ScheduledBatch) -> list[int | None]:
         if self.runner is None:
             return [None] * len(batch.requests)
+        from actors.engine.runner import RunnerInput
+
         items = [
             RunnerInput(
                 request_id=req.request_id,

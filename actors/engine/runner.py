@@ -108,16 +108,12 @@ class ModelRunner:
                 n, p = len(it.token_ids), it.start_pos
                 w[li, 0, :, p : p + n] = k[0, :, offset : offset + n]
                 w[li, 1, :, p : p + n] = v[0, :, offset : offset + n]
-                mask = None
-                if n > 1:  # causal, aligned to the end: query i sees keys 0 .. p+i
-                    mask = torch.arange(p + n)[None, :] <= (p + torch.arange(n))[:, None]
-                o = scaled_dot_product_attention(
+                o = _attend(
                     q[:, :, offset : offset + n],
                     w[li, 0, None, :, : p + n],
                     w[li, 1, None, :, : p + n],
-                    attn_mask=mask,
-                    scale=attn.scaling,
-                    enable_gqa=hq != hkv,
+                    p,
+                    attn.scaling,
                 )
                 outs.append(o[0].transpose(0, 1).reshape(n, hq * d))
                 offset += n
@@ -154,3 +150,32 @@ class ModelRunner:
 
     def assert_empty(self) -> None:
         assert not self._working, f"runner still holds working KV of {list(self._working)}"
+
+
+_FLASH_WITH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int, scale: float) -> torch.Tensor:
+    """Attention of n new queries at positions p.. over keys 0..p+n-1, causal at the end::
+
+        keys   [0 ............ p)[p ......... p+n)
+        query i  sees all of these   and these up to p+i
+
+    A cached prefix plus a chunk runs as two flash calls (prefix unmasked, chunk causal) merged by their
+    log-sum-exp: exact, and about twice as fast on CPU as one call with an explicit mask, which falls
+    back to materialising the scores. sdpa returns no log-sum-exp, so this uses the CPU flash kernel.
+    """
+    n, gqa = q.shape[2], q.shape[1] != k.shape[1]
+    if n == 1 or p == 0:
+        return scaled_dot_product_attention(q, k, v, is_causal=n > 1, scale=scale, enable_gqa=gqa)
+    if _FLASH_WITH_LSE is None:  # another torch: one masked call
+        mask = torch.arange(p + n)[None, :] <= (p + torch.arange(n))[:, None]
+        return scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if gqa:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    o1, lse1 = _FLASH_WITH_LSE(q, k[:, :, :p], v[:, :, :p], 0.0, False, scale=scale)[:2]
+    o2, lse2 = _FLASH_WITH_LSE(q, k[:, :, p:], v[:, :, p:], 0.0, True, scale=scale)[:2]
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m).unsqueeze(-1), torch.exp(lse2 - m).unsqueeze(-1)
+    return (o1 * w1 + o2 * w2) / (w1 + w2)

@@ -1,0 +1,106 @@
+"""`time_scale: auto`: the smallest scale at which this host's real work fits every step's budget.
+
+A step must finish its real work and wake up within its emulated time × time_scale::
+
+    time_scale >= (real_s + wake_allowance_s) / emulated_s      for every probe step, × headroom
+
+Probes are the steps that cost the host most relative to the target: with real compute, the
+longest-context prefill chunk, a decode batch at full context, and both in one step; with compute skip,
+only the engine's own bookkeeping against the shortest step. Measured here, in one process, with the
+runner's thread count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+from cluster.config import TestbedConfig
+from cluster.profiles import GPUS, MODELS
+from cluster.roofline import Roofline, StepItem
+
+WAKE_ALLOWANCE_WALL_S = 0.005
+"""p99 overshoot of a short sleep with both cores busy on a 2-core host (DESIGN.md)."""
+HEADROOM = 1.25
+BOOKKEEPING_WALL_S = 0.0005
+"""Scheduler, roofline and stream work of one step, generously (virtual runs measure ~60 µs)."""
+DECODE_PROBE_BATCH = 8
+
+
+def _roofline(cfg: TestbedConfig) -> Roofline:
+    pool = next(p for _, p in cfg.pools.by_role() if p.replicas)
+    t = cfg.target
+    return Roofline(
+        MODELS[t.model],
+        GPUS[pool.gpu],
+        tp=pool.tp,
+        eta_compute=t.eta_compute,
+        eta_bandwidth=t.eta_bandwidth,
+        overhead_s=t.step_overhead_s,
+    )
+
+
+def _probes(cfg: TestbedConfig) -> dict[str, list[tuple[int, int, bool]]]:
+    """name -> [(num_new_tokens, num_context_tokens, needs_logits)] of one representative step."""
+    w, s = cfg.workload, cfg.scheduler
+    chunk = min(s.max_num_batched_tokens, w.prompt_len)
+    chunk_ctx = w.prompt_len - chunk
+    decodes = [(1, w.prompt_len, True)] * min(DECODE_PROBE_BATCH, s.max_num_seqs)
+    return {
+        "prefill chunk": [(chunk, chunk_ctx, True)],
+        "decode batch": decodes,
+        "mixed step": [*decodes, (max(1, chunk - len(decodes)), chunk_ctx, False)],
+        "short decode": [(1, 1, True)],
+    }
+
+
+def _measure(cfg: TestbedConfig, step: list[tuple[int, int, bool]]) -> float:
+    """Real seconds of the runner's forward pass for `step` (p50 of 3 after a warm-up that builds the
+    requests' working KV, as a running engine has it); contexts are zeros."""
+
+    from actors.engine.runner import ModelRunner, RunnerInput
+    from actors.engine.runner_model import load_model
+
+    bs = cfg.scheduler.block_size
+    need = sum(-(-(n + c) // bs) for n, c, _ in step)
+    runner = ModelRunner(load_model(cfg.runner), need, bs, cfg.runner.num_threads)
+    items, first = [], 0
+    for i, (n, c, logits) in enumerate(step):
+        blocks = list(range(first, first + -(-(n + c) // bs)))
+        first += len(blocks)
+        items.append(RunnerInput(f"probe-{i}", [1] * n, c, blocks, n + c, logits))
+    runner.execute(items)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        runner.execute(items)  # recomputes the same positions: same cost as the step it stands for
+        times.append(time.perf_counter() - t)
+    return sorted(times)[1]
+
+
+def calibrate(cfg: TestbedConfig) -> tuple[float, dict[str, Any]]:
+    """The smallest safe time_scale for `cfg` on this host, with the probe figures behind it."""
+    roof = _roofline(cfg)
+    details: dict[str, Any] = {}
+    scale = 0.0
+    for name, step in _probes(cfg).items():
+        emulated = roof.step_time([StepItem(n, c, lg) for n, c, lg in step]).total_s
+        real = BOOKKEEPING_WALL_S + (_measure(cfg, step) if cfg.runner.compute == "real" else 0.0)
+        need = (real + WAKE_ALLOWANCE_WALL_S) / emulated * HEADROOM
+        details[name] = {
+            "real_ms": round(real * 1e3, 2),
+            "emulated_ms": round(emulated * 1e3, 2),
+            "scale": round(need, 3),
+        }
+        scale = max(scale, need)
+    return math.ceil(scale * 20) / 20, details
+
+
+def resolve_time_scale(cfg: TestbedConfig) -> TestbedConfig:
+    """`cfg` with `clock.time_scale: auto` replaced by its calibrated value (unchanged otherwise)."""
+    if cfg.clock.time_scale != "auto":
+        return cfg
+    scale, _ = calibrate(cfg)
+    return dataclasses.replace(cfg, clock=dataclasses.replace(cfg.clock, time_scale=scale))
