@@ -77,6 +77,8 @@ class EngineHost:
         from actors.engine.runner_model import runner_for
 
         self._runner = runner_for(cfg, pool)
+        if self._runner is not None:
+            self._runner.warm_up()
         self.engine: EngineCore | None = None
         self._task: asyncio.Future[None] | None = None
 

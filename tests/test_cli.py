@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -129,3 +130,39 @@ def test_console_script_reports_errors_without_traceback():
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "preset" in proc.stderr
+
+
+def _ray_processes() -> list[str]:
+    proc = subprocess.run(["pgrep", "-fa", "raylet|gcs_server|plasma_store"], capture_output=True, text=True)
+    return [line for line in proc.stdout.splitlines() if "pgrep" not in line]
+
+
+def test_live_run_starts_ray_and_leaves_nothing_behind(tmp_path):
+    assert _ray_processes() == [], "another Ray is running; this test needs the host to itself"
+    args = [
+        "run",
+        "--mode",
+        "live",
+        "--design",
+        "collocated",
+        "--compute",
+        "skip",
+        "--num-requests",
+        "4",
+        "--rate",
+        "2",
+        "--set",
+        "workload.prompt_len=1024",
+        "--set",
+        "workload.output_len=16",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "cluster.cli", *args], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (record,) = json.loads((tmp_path / "summary.json").read_text())
+    assert record["completed"] == 4 and record["time_scale"] == 1.0 and "lag_fraction" in record
+    time.sleep(1.0)
+    assert _ray_processes() == []

@@ -135,6 +135,14 @@ class ModelRunner:
                 sampled[i] = tok
         return sampled
 
+    def warm_up(self) -> None:
+        """One short prefill and decode, so the first real step does not pay torch's one-time costs."""
+        blocks = list(range(min(4, self._pool_np.shape[0] // self.block_size)))
+        n = len(blocks) * self.block_size - 1
+        self.execute([RunnerInput("warm-up", [0] * n, 0, blocks, n + 1, True)])
+        self.execute([RunnerInput("warm-up", [0], n, blocks, n + 1, True)])
+        self.release("warm-up")
+
     def release(self, request_id: str) -> None:
         """Drop a request's working copy (finished, preempted or aborted); its pool slots stay as cached."""
         self._working.pop(request_id, None)

@@ -1,0 +1,109 @@
+"""Live mode on a real multi-node Ray cluster (three nodes on loopback, one per pool resource)."""
+
+import threading
+import time
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from cluster.config_load import ConfigError, load_designs
+from cluster.live import run_live
+from cluster.virtual import run_virtual
+
+NODE = {"node_ip_address": "127.0.0.2", "num_cpus": 1, "object_store_memory": 200 * 1024**2}
+GREEDY = [
+    "runner.compute=real",
+    "workload.output_policy=greedy",
+    "workload.num_requests=6",
+    "workload.rate=2",
+    "workload.prompt_len=300",
+    "workload.output_len=12",
+    "clock.mode=live",
+    "clock.time_scale=2",
+]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(
+        initialize_head=True, head_node_args={**NODE, "resources": {"mixed": 2}, "include_dashboard": False}
+    )
+    c.add_node(**NODE, resources={"prefill": 2})
+    c.add_node(**NODE, resources={"decode": 2})
+    ray.init(address=c.address, _node_ip_address="127.0.0.2")
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def design(name, *overrides):
+    return load_designs("guide-l40s", [name], list(overrides))[0]
+
+
+def test_pd_across_nodes_emits_the_collocated_greedy_tokens(cluster):
+    nodes = {}
+    pd = run_live(design("pd-fast", *GREEDY), on_deployed=lambda d: nodes.update(d.nodes))
+    assert nodes["prefill-0"] != nodes["decode-0"]
+    colo = run_live(design("collocated", *GREEDY))
+    assert pd.summary["completed"] == colo.summary["completed"] == 6
+    assert (
+        pd.results["output_token_ids"].map(list).tolist()
+        == colo.results["output_token_ids"].map(list).tolist()
+    )
+    assert (pd.results["kv_bytes"] > 0).all()
+
+
+def test_live_timing_matches_virtual(cluster):
+    overrides = [
+        "runner.compute=skip",
+        "workload.num_requests=8",
+        "workload.rate=2",
+        "workload.prompt_len=2048",
+        "workload.output_len=48",
+    ]
+    virtual = run_virtual(design("pd-fast", *overrides)).summary
+    live = run_live(design("pd-fast", *overrides, "clock.mode=live")).summary
+    assert live["completed"] == 8 and live["lag_fraction"] < 0.05
+    assert live["median_ttft_ms"] == pytest.approx(virtual["median_ttft_ms"], rel=0.05)
+    assert live["median_itl_ms"] == pytest.approx(virtual["median_itl_ms"], rel=0.05)
+
+
+def test_lag_is_counted_when_the_host_cannot_keep_up(cluster):
+    cfg = design("collocated", *GREEDY[:-1], "clock.time_scale=0.02", "workload.num_requests=3")
+    out = run_live(cfg)
+    assert out.summary["completed"] == 3
+    assert out.summary["lag_fraction"] > 0.5 and out.summary["max_overrun_ms"] > 0
+
+
+@pytest.mark.parametrize("victim", ["decode-0", "prefill-0"])
+def test_killing_an_engine_fails_its_requests_and_the_run_completes(cluster, victim):
+    cfg = design(
+        "pd-fast",
+        "runner.compute=skip",
+        "workload.num_requests=12",
+        "workload.rate=3",
+        "workload.prompt_len=2048",
+        "workload.output_len=120",
+        "clock.mode=live",
+    )
+
+    def kill_later(dep):
+        threading.Timer(2.0, ray.kill, args=(dep.engines[victim],)).start()
+
+    start = time.monotonic()
+    out = run_live(cfg, on_deployed=kill_later)
+    assert time.monotonic() - start < 120
+    df = out.results
+    assert len(df) == 12  # nothing dropped
+    failed = df[~df["ok"]]
+    assert len(failed) >= 1 and set(failed["finished_reason"]) <= {"error", "abort"}
+    assert failed["error"].notna().all()
+    assert "error" in out.engine_reports[victim]
+    assert out.summary["num_engines_lost"] == 1
+
+
+def test_a_pool_larger_than_the_cluster_offers_is_a_clear_error(cluster):
+    cfg = design("collocated", "pools.mixed.replicas=3", "clock.mode=live")
+    with pytest.raises(ConfigError, match=r"pools.mixed.replicas=3: the Ray cluster offers 2 'mixed'"):
+        run_live(cfg)
