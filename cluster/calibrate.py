@@ -18,8 +18,7 @@ import time
 from typing import Any
 
 from cluster.config import TestbedConfig
-from cluster.profiles import GPUS, MODELS
-from cluster.roofline import Roofline, StepItem
+from cluster.roofline import StepItem, roofline_for
 
 WAKE_ALLOWANCE_WALL_S = 0.005
 """p99 overshoot of a short sleep with both cores busy on a 2-core host (DESIGN.md)."""
@@ -27,19 +26,6 @@ HEADROOM = 1.25
 BOOKKEEPING_WALL_S = 0.0005
 """Scheduler, roofline and stream work of one step, generously (virtual runs measure ~60 µs)."""
 DECODE_PROBE_BATCH = 8
-
-
-def _roofline(cfg: TestbedConfig) -> Roofline:
-    pool = next(p for _, p in cfg.pools.by_role() if p.replicas)
-    t = cfg.target
-    return Roofline(
-        MODELS[t.model],
-        GPUS[pool.gpu],
-        tp=pool.tp,
-        eta_compute=t.eta_compute,
-        eta_bandwidth=t.eta_bandwidth,
-        overhead_s=t.step_overhead_s,
-    )
 
 
 def _probes(cfg: TestbedConfig) -> dict[str, list[tuple[int, int, bool]]]:
@@ -82,7 +68,7 @@ def _measure(cfg: TestbedConfig, step: list[tuple[int, int, bool]]) -> float:
 
 def calibrate(cfg: TestbedConfig) -> tuple[float, dict[str, Any]]:
     """The smallest safe time_scale for `cfg` on this host, with the probe figures behind it."""
-    roof = _roofline(cfg)
+    roof = roofline_for(cfg, next(p for _, p in cfg.pools.by_role() if p.replicas))
     details: dict[str, Any] = {}
     scale = 0.0
     for name, step in _probes(cfg).items():

@@ -15,7 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from cluster.config import PoolConfig, TestbedConfig
 from cluster.profiles import GPUS, LINKS, MODELS
-from cluster.roofline import Roofline
+from cluster.roofline import roofline_for
 from workloads.slo import SloError, parse_slo
 
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -202,7 +202,7 @@ def _check_semantics(cfg: TestbedConfig) -> None:
         _require(pool.tp >= 1, f"pools.{name}.tp={pool.tp}: must be >= 1")
         if pool.replicas:
             _check_named("GPU", f"pools.{name}.gpu", pool.gpu, GPUS)
-            roof = Roofline(MODELS[t.model], GPUS[pool.gpu], tp=pool.tp)
+            roof = roofline_for(cfg, pool)
             need = -(-(w.prompt_len + w.output_len) // max(1, s.block_size))
             have = (
                 s.num_gpu_blocks_override

@@ -20,20 +20,22 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from actors.engine.clock import Clock
-from actors.engine.core import EngineCore, KVSource, Role
+from actors.engine.core import EngineCore, KVSource, Role, runner_for
 from actors.messages import ClientRequest, EngineOutput, EngineRequest, KVPayload, RequestResult
 from actors.proxy import Proxy
 from cluster.config import PoolConfig, TestbedConfig
 from cluster.config_load import ConfigError
-from cluster.outcome import RunOutput, run_output
 from workloads.replay import replay
 from workloads.summary import lag_summary
 from workloads.synthetic import synthetic_requests
+
+if TYPE_CHECKING:
+    from cluster.outcome import RunOutput
 
 _FLUSH_WALL_S = 0.05
 """Wall seconds between a stream's batches: delivery only, every token keeps its emulated stamp."""
@@ -74,8 +76,6 @@ class EngineHost:
     ) -> None:
         self._args = (engine_id, role, cfg, pool)
         self._prefill = prefill
-        from actors.engine.runner_model import runner_for
-
         self._runner = runner_for(cfg, pool)
         if self._runner is not None:
             self._runner.warm_up()
@@ -256,6 +256,8 @@ def run_live(
     on_deployed: Callable[[LiveDeployment], None] | None = None,
 ) -> RunOutput:
     """One live run: join or start Ray, deploy, replay, drain; a Ray started here is stopped again."""
+    from cluster.outcome import run_output  # pandas: the driver's, not every actor's, import
+
     started = connect([cfg], address)
     dep = None
     try:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cluster.profiles import GpuProfile, ModelProfile
+from cluster.config import PoolConfig, TestbedConfig
+from cluster.profiles import GPUS, MODELS, GpuProfile, ModelProfile
 
 
 @dataclass(frozen=True)
@@ -97,3 +98,16 @@ class Roofline:
         """Tokens of KV that fit beside the weights, as vLLM sizes its cache (activations not reserved)."""
         usable = self.gpu.memory_gb * 1e9 * self.tp * gpu_memory_utilization - self.model.weight_bytes
         return max(0, int(usable // self.model.kv_bytes_per_token))
+
+
+def roofline_for(cfg: TestbedConfig, pool: PoolConfig) -> Roofline:
+    """The fitted time model of one replica of `pool` under `cfg`'s target."""
+    t = cfg.target
+    return Roofline(
+        MODELS[t.model],
+        GPUS[pool.gpu],
+        tp=pool.tp,
+        eta_compute=t.eta_compute,
+        eta_bandwidth=t.eta_bandwidth,
+        overhead_s=t.step_overhead_s,
+    )

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from actors.engine.clock import Clock, VirtualTimeLoop
-from actors.engine.core import EngineCore, KVSource, Role
+from actors.engine.core import EngineCore, KVSource, Role, runner_for
 from actors.messages import ClientRequest, RequestResult
 from actors.proxy import Proxy
 from cluster.config import TestbedConfig
@@ -29,8 +29,6 @@ class Deployment:
 
 def build_deployment(cfg: TestbedConfig, clock: Clock) -> Deployment:
     """Engines for every pool replica, wired to their peers, and a proxy in front of them."""
-    from actors.engine.runner_model import runner_for
-
     peers: dict[str, KVSource] = {}
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
     for role, pool in cfg.pools.by_role():

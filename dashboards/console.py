@@ -37,7 +37,7 @@ def sweep_table(records: list[dict[str, Any]], title: str) -> Table:
 
 def run_table(records: list[dict[str, Any]]) -> Table:
     table = Table(title="run summary (emulated time)")
-    for col in (
+    columns = (
         "design",
         "rate",
         "done",
@@ -49,7 +49,10 @@ def run_table(records: list[dict[str, Any]]) -> Table:
         "max gap ms",
         "handoff p50 ms",
         "req/s",
-    ):
+        "time scale",
+        "lag %",
+    )
+    for col in columns:
         table.add_column(col, justify="right")
     for r in records:
         table.add_row(
@@ -64,6 +67,8 @@ def run_table(records: list[dict[str, Any]]) -> Table:
             _fmt(r["max_gap_ms"]),
             _fmt(r["median_handoff_ms"]),
             _fmt(r["request_throughput"], digits=3),
+            f"{r['time_scale']:g}",
+            _fmt(r["lag_fraction"], 100.0, 2),
         )
     return table
 

@@ -27,8 +27,8 @@ from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import ScheduledBatch, Scheduler
 from actors.messages import EngineOutput, EngineRequest, FinishedReason, KVPayload
 from cluster.config import PoolConfig, TestbedConfig
-from cluster.profiles import GPUS, LINKS, MODELS
-from cluster.roofline import Roofline
+from cluster.profiles import LINKS
+from cluster.roofline import roofline_for
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
     from actors.engine.runner import ModelRunner
@@ -41,8 +41,18 @@ def num_gpu_blocks(cfg: TestbedConfig, pool: PoolConfig) -> int:
     s = cfg.scheduler
     if s.num_gpu_blocks_override:
         return s.num_gpu_blocks_override
-    roof = Roofline(MODELS[cfg.target.model], GPUS[pool.gpu], tp=pool.tp)
-    return roof.kv_capacity_tokens(cfg.target.gpu_memory_utilization) // s.block_size
+    return roofline_for(cfg, pool).kv_capacity_tokens(cfg.target.gpu_memory_utilization) // s.block_size
+
+
+def runner_for(cfg: TestbedConfig, pool: PoolConfig) -> ModelRunner | None:
+    """The model runner of one replica of `pool`, or None with compute skip (then torch never loads)."""
+    if cfg.runner.compute != "real":
+        return None
+    from actors.engine.runner import ModelRunner
+    from actors.engine.runner_model import load_model
+
+    r = cfg.runner
+    return ModelRunner(load_model(r), num_gpu_blocks(cfg, pool), cfg.scheduler.block_size, r.num_threads)
 
 
 class KVSource(Protocol):
@@ -101,20 +111,14 @@ class EngineCore:
         self.clock = clock
         self.runner = runner
         self.peers: Mapping[str, KVSource] = peers if peers is not None else {}
-        target = MODELS[cfg.target.model]
-        self.roofline = Roofline(
-            target,
-            GPUS[pool.gpu],
-            tp=pool.tp,
-            eta_compute=cfg.target.eta_compute,
-            eta_bandwidth=cfg.target.eta_bandwidth,
-            overhead_s=cfg.target.step_overhead_s,
-        )
+        self.roofline = roofline_for(cfg, pool)
         s = cfg.scheduler
         self.num_gpu_blocks = num_gpu_blocks(cfg, pool)
         self.blocks = BlockManager(self.num_gpu_blocks, s.block_size, s.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, s.max_num_batched_tokens, s.max_num_seqs)
-        self.kv_receiver = KVReceiver(cfg.kv_transfer, LINKS[cfg.kv_transfer.link], target, s.block_size)
+        self.kv_receiver = KVReceiver(
+            cfg.kv_transfer, LINKS[cfg.kv_transfer.link], self.roofline.model, s.block_size
+        )
         self.stats = EngineStats()
         self._streams: dict[str, _Stream] = {}
         self._requests: dict[str, Request] = {}

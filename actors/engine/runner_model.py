@@ -15,8 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 from transformers.utils import logging as hf_logging
 
-from actors.engine.runner import ModelRunner
-from cluster.config import PoolConfig, RunnerConfig, TestbedConfig
+from cluster.config import RunnerConfig
 
 _LOADED: dict[str, PreTrainedModel] = {}
 hf_logging.disable_progress_bar()
@@ -78,13 +77,3 @@ def load_model(cfg: RunnerConfig) -> PreTrainedModel:
         model.eval()
         _LOADED[path] = model
     return _LOADED[path]
-
-
-def runner_for(cfg: TestbedConfig, pool: PoolConfig) -> ModelRunner | None:
-    """The model runner of one engine replica, or None with compute skip."""
-    if cfg.runner.compute != "real":
-        return None
-    from actors.engine.core import num_gpu_blocks
-
-    blocks = num_gpu_blocks(cfg, pool)
-    return ModelRunner(load_model(cfg.runner), blocks, cfg.scheduler.block_size, cfg.runner.num_threads)
