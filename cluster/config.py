@@ -110,6 +110,10 @@ class RunnerConfig:
     """Seed of the tiny model's weights (part of its cache key)."""
     num_threads: int = 1
     """torch threads per engine; one keeps co-located engines from stealing each other's cores."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the runner computes; auto: a GPU when the process sees one, else the CPU."""
+    num_gpus: float = 0.0
+    """live only: share of a GPU each engine actor asks Ray for (e.g. 0.25 packs four per GPU)."""
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,8 @@ def deploy(cfg: TestbedConfig) -> LiveDeployment:
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
             eid = f"{role}-{i}"
-            pools[role][eid] = host.options(num_cpus=0, resources={role: 1}, name=None).remote(
+            opts = {"num_cpus": 0, "num_gpus": cfg.runner.num_gpus, "resources": {role: 1}}
+            pools[role][eid] = host.options(**opts).remote(
                 eid, role, cfg, pool, dict(pools["prefill"]) if role == "decode" else {}
             )
     engines = {eid: h for per in pools.values() for eid, h in per.items()}

@@ -10,7 +10,7 @@ from cluster.virtual import build_deployment, run_virtual
 from tests.factories import COLLOCATED, make_config, make_requests, run_async, run_requests
 
 SKIP = {"runner": {"compute": "skip"}}
-REAL_GREEDY = {"runner": {"compute": "real"}, "workload": {"output_policy": "greedy"}}
+REAL_GREEDY = {"runner": {"compute": "real", "device": "cpu"}, "workload": {"output_policy": "greedy"}}
 
 
 def test_forced_outputs_and_nothing_left_behind():
@@ -131,3 +131,26 @@ def test_a_slow_consumer_gets_coalesced_outputs_and_the_final_one():
     assert outs[-1].finished_reason == "length"
     assert [t for o in outs for t in o.new_token_ids] == list(range(40))
     assert len(outs) < 40
+
+
+def test_a_crashing_engine_fails_every_request_instead_of_hanging():
+    cfg = make_config(COLLOCATED, SKIP)
+    reqs = make_requests(3, 200, 30, forced=True, gap_s=0.0)
+
+    async def main():
+        dep = build_deployment(cfg, Clock())
+        (engine,) = dep.engines
+
+        def broken(batch):
+            raise RuntimeError("runner fell over")
+
+        engine._execute = broken
+        task = asyncio.ensure_future(engine.run())
+        results = await asyncio.gather(*(dep.proxy.submit(q) for q in reqs))
+        with pytest.raises(RuntimeError, match="fell over"):
+            await task
+        return results
+
+    results = run_async(main())
+    assert [r.finished_reason for r in results] == ["error"] * 3
+    assert all("crashed" in r.error for r in results)

@@ -13,7 +13,7 @@ from cluster.virtual import build_deployment
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
 from workloads.replay import replay
 
-REAL_GREEDY = {"runner": {"compute": "real"}, "workload": {"output_policy": "greedy"}}
+REAL_GREEDY = {"runner": {"compute": "real", "device": "cpu"}, "workload": {"output_policy": "greedy"}}
 PROMPTS = make_requests(20, [40 + 17 * i for i in range(20)], 12, seed=7, gap_s=0.3)
 
 

@@ -11,7 +11,7 @@ from cluster.config import RunnerConfig
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model(RunnerConfig())
+    return load_model(RunnerConfig(device="cpu"))
 
 
 def prompt(n, seed=0):

@@ -197,7 +197,8 @@ class EngineCore:
             await self._step_loop()
         except Exception as e:
             for rid in list(self._requests):
-                self.abort(rid, "error", f"engine {self.engine_id} crashed: {e!r}")
+                with contextlib.suppress(Exception):  # each request must still hear of the crash
+                    self.abort(rid, "error", f"engine {self.engine_id} crashed: {e!r}")
             raise
 
     async def _step_loop(self) -> None:
@@ -322,17 +323,19 @@ class EngineCore:
                 "kv_sent_s": now,
                 "prefill_compute_s": now - (now if first is None else first),
             }
-        self.scheduler.finish(req, reason)
-        if self.runner:
-            self.runner.release(req.request_id)
-        del self._requests[req.request_id]
-        self._kv_arrived.discard(req.request_id)
         req.times.finished_s = now
+        self._requests.pop(req.request_id, None)
+        self._kv_arrived.discard(req.request_id)
         self.stats.num_finished += 1
-        stream = self._streams.get(req.request_id)
-        if stream is not None:
-            stream.final = EngineOutput(req.request_id, [], [], reason, params, req.times, error)
-            stream.event.set()
+        try:
+            self.scheduler.finish(req, reason)
+            if self.runner:
+                self.runner.release(req.request_id)
+        finally:  # whatever broke, the client hears how its request ended
+            stream = self._streams.get(req.request_id)
+            if stream is not None:
+                stream.final = EngineOutput(req.request_id, [], [], reason, params, req.times, error)
+                stream.event.set()
 
     # ---- KV handoff, receiving side (decode role) --------------------------------------------------
 

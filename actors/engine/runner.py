@@ -48,6 +48,7 @@ class ModelRunner:
         torch.set_num_threads(num_threads)
         cfg = model.config
         self.model = model
+        self.device = next(model.parameters()).device
         self.block_size = block_size
         self.num_layers = cfg.num_hidden_layers
         self.num_heads = cfg.num_attention_heads
@@ -72,9 +73,11 @@ class ModelRunner:
     def _working_copy(self, item: RunnerInput) -> torch.Tensor:
         w = self._working.get(item.request_id)
         if w is None:
-            w = torch.zeros(self.num_layers, 2, self.num_kv_heads, item.capacity, self.head_dim)
+            w = torch.zeros(
+                self.num_layers, 2, self.num_kv_heads, item.capacity, self.head_dim, device=self.device
+            )
             if item.start_pos:
-                w[:, :, :, : item.start_pos] = self._read(item.block_ids, item.start_pos)
+                w[:, :, :, : item.start_pos] = self._read(item.block_ids, item.start_pos).to(self.device)
             self._working[item.request_id] = w
         return w
 
@@ -86,10 +89,11 @@ class ModelRunner:
     def execute(self, items: list[RunnerInput]) -> list[int | None]:
         """Compute every item's new tokens; returns the argmax next token where logits were asked for."""
         m = self.model.model
-        ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long)
+        ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long, device=self.device)
         pos = torch.tensor(
             [p for it in items for p in range(it.start_pos, it.start_pos + len(it.token_ids))],
             dtype=torch.long,
+            device=self.device,
         )
         works = [self._working_copy(it) for it in items]
         x = m.embed_tokens(ids)
@@ -123,7 +127,8 @@ class ModelRunner:
         offset = 0
         for it, w in zip(items, works, strict=True):
             n, p = len(it.token_ids), it.start_pos
-            self._pool[self._slots(it.block_ids, p, p + n)] = w[:, :, :, p : p + n].permute(3, 0, 1, 2, 4)
+            new_kv = w[:, :, :, p : p + n].permute(3, 0, 1, 2, 4)
+            self._pool[self._slots(it.block_ids, p, p + n)] = new_kv.cpu()  # the pool is host memory
             offset += n
             if it.needs_logits:
                 last.append(offset - 1)
@@ -176,8 +181,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int, scale: fl
     n, gqa = q.shape[2], q.shape[1] != k.shape[1]
     if n == 1 or p == 0:
         return scaled_dot_product_attention(q, k, v, is_causal=n > 1, scale=scale, enable_gqa=gqa)
-    if _FLASH_WITH_LSE is None:  # another torch: one masked call
-        mask = torch.arange(p + n)[None, :] <= (p + torch.arange(n))[:, None]
+    if _FLASH_WITH_LSE is None or q.is_cuda:  # a GPU (or another torch): one masked call
+        mask = (
+            torch.arange(p + n, device=q.device)[None, :] <= (p + torch.arange(n, device=q.device))[:, None]
+        )
         return scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     if gqa:
         groups = q.shape[1] // k.shape[1]

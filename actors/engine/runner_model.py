@@ -17,7 +17,7 @@ from transformers.utils import logging as hf_logging
 
 from cluster.config import RunnerConfig
 
-_LOADED: dict[str, PreTrainedModel] = {}
+_LOADED: dict[tuple[str, str], PreTrainedModel] = {}
 hf_logging.disable_progress_bar()
 
 
@@ -69,11 +69,21 @@ def ensure_model(cfg: RunnerConfig) -> Path:
     return path
 
 
+def runner_device(cfg: RunnerConfig) -> str:
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "runner.device='cuda': this process sees no GPU (in live mode, set runner.num_gpus)"
+        )
+    return cfg.device
+
+
 def load_model(cfg: RunnerConfig) -> PreTrainedModel:
-    """The runner model, loaded once per process and shared read-only by every engine in it."""
-    path = str(ensure_model(cfg))
-    if path not in _LOADED:
+    """The runner model on its device, loaded once per process and shared read-only by its engines."""
+    path, device = str(ensure_model(cfg)), runner_device(cfg)
+    if (path, device) not in _LOADED:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-        model.eval()
-        _LOADED[path] = model
-    return _LOADED[path]
+        model.requires_grad_(False)
+        _LOADED[path, device] = torch.nn.Module.to(model, device).eval()
+    return _LOADED[path, device]
