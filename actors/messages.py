@@ -79,7 +79,6 @@ class KVPayload:
     """prefill -> decode: the runner's real KV of a request's prompt (numpy moves zero-copy in Ray)."""
 
     request_id: str
-    num_tokens: int
     kv: np.ndarray | None = field(repr=False)
     """[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim] of the runner; None with compute skip."""
 

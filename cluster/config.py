@@ -52,10 +52,6 @@ class PoolsConfig:
     prefill: PoolConfig = field(default_factory=PoolConfig)
     decode: PoolConfig = field(default_factory=PoolConfig)
 
-    @property
-    def disaggregated(self) -> bool:
-        return self.prefill.replicas > 0
-
     def by_role(self) -> tuple[tuple[Literal["prefill", "decode", "mixed"], PoolConfig], ...]:
         """(role, pool) pairs, prefill first: decode engines are wired to the prefill engines."""
         return (("prefill", self.prefill), ("decode", self.decode), ("mixed", self.mixed))

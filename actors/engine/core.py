@@ -167,7 +167,7 @@ class EngineCore:
         if req is None:
             raise KeyError(f"engine {self.engine_id} holds no KV for request {request_id!r}")
         kv = self.runner.read_kv(req.block_ids, req.num_prompt_tokens) if self.runner else None
-        return KVPayload(request_id, req.num_prompt_tokens, kv)
+        return KVPayload(request_id, kv)
 
     def expire_held(self, now: float) -> None:
         """Release KV that no decode engine pulled within kv_transfer.hold_timeout_s (its decode died)."""

@@ -44,16 +44,6 @@ class ScheduledBatch:
         self.num_logits += c + n == req.num_tokens
         self.num_context_tokens += c
 
-    def remove(self, req: Request) -> None:
-        i = self.requests.index(req)
-        n = self.num_new_tokens.pop(i)
-        self.requests.pop(i)
-        c = req.num_computed_tokens
-        self.num_scheduled_tokens -= n
-        self.keys_attended -= n * c + n * (n + 1) // 2
-        self.num_logits -= c + n == req.num_tokens
-        self.num_context_tokens -= c
-
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
