@@ -6,8 +6,9 @@ A step must finish its real work and wake up within its emulated time × time_sc
 
 Probes are the steps that cost the host most relative to the target: with real compute, the
 longest-context prefill chunk, a decode batch at full context, and both in one step; with compute skip,
-only the engine's own bookkeeping against the shortest step. Measured here, in one process, with the
-runner's thread count.
+only the engine's own bookkeeping against the shortest step. In P/D, a prompt's KV handoff is a probe
+too: reading it out of one pool and into another, plus two actor round trips, against the emulated
+transfer. Measured here, in one process, with the runner's thread count.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import time
 from typing import Any
 
 from cluster.config import TestbedConfig
+from cluster.profiles import LINKS
 from cluster.roofline import StepItem, roofline_for
+from cluster.transfer import handoff_time
 
 WAKE_ALLOWANCE_WALL_S = 0.005
 """p99 overshoot of a short sleep with both cores busy on a 2-core host (DESIGN.md)."""
@@ -26,6 +29,8 @@ HEADROOM = 1.25
 BOOKKEEPING_WALL_S = 0.0005
 """Scheduler, roofline and stream work of one step, generously (virtual runs measure ~60 µs)."""
 DECODE_PROBE_BATCH = 8
+ACTOR_CALLS_WALL_S = 0.010
+"""get_kv + free_kv between actors, p99 on this host (DESIGN.md: 3-5 ms each)."""
 
 
 def _probes(cfg: TestbedConfig) -> dict[str, list[tuple[int, int, bool]]]:
@@ -43,7 +48,7 @@ def _probes(cfg: TestbedConfig) -> dict[str, list[tuple[int, int, bool]]]:
 
 
 def _measure(cfg: TestbedConfig, step: list[tuple[int, int, bool]]) -> float:
-    """Real seconds of the runner's forward pass for `step` (p50 of 3 after a warm-up that builds the
+    """Real seconds of the runner's forward pass for `step` (the slowest of 3 after a warm-up that builds the
     requests' working KV, as a running engine has it); contexts are zeros."""
 
     from actors.engine.runner import ModelRunner, RunnerInput
@@ -63,7 +68,38 @@ def _measure(cfg: TestbedConfig, step: list[tuple[int, int, bool]]) -> float:
         t = time.perf_counter()
         runner.execute(items)  # recomputes the same positions: same cost as the step it stands for
         times.append(time.perf_counter() - t)
-    return sorted(times)[1]
+    return max(times)  # the slowest of three: a budget must hold for the unlucky step too
+
+
+def _measure_handoff(cfg: TestbedConfig, num_tokens: int) -> float:
+    """Real seconds to read a prompt's KV out of one runner's pool and write it into another's."""
+    from actors.engine.runner import ModelRunner
+    from actors.engine.runner_model import load_model
+
+    bs = cfg.scheduler.block_size
+    blocks = list(range(-(-num_tokens // bs)))
+    model = load_model(cfg.runner)
+    src, dst = (ModelRunner(model, len(blocks), bs, cfg.runner.num_threads) for _ in range(2))
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        dst.write_kv(blocks, src.read_kv(blocks, num_tokens))
+        times.append(time.perf_counter() - t)
+    return max(times)  # the slowest of three: a budget must hold for the unlucky step too
+
+
+def _handoff_probe(cfg: TestbedConfig) -> tuple[float, float] | None:
+    """(real, emulated) seconds of one prompt's handoff in P/D, None when collocated."""
+    if not cfg.pools.prefill.replicas:
+        return None
+    n, bs = cfg.workload.prompt_len, cfg.scheduler.block_size
+    num_blocks = -(-n // bs)
+    target = roofline_for(cfg, cfg.pools.prefill).model
+    emulated = handoff_time(
+        num_blocks * bs * target.kv_bytes_per_token, num_blocks, LINKS[cfg.kv_transfer.link]
+    )
+    real = ACTOR_CALLS_WALL_S + (_measure_handoff(cfg, n) if cfg.runner.compute == "real" else 0.0)
+    return real, emulated.total_s
 
 
 def calibrate(cfg: TestbedConfig) -> tuple[float, dict[str, Any]]:
@@ -76,6 +112,16 @@ def calibrate(cfg: TestbedConfig) -> tuple[float, dict[str, Any]]:
         real = BOOKKEEPING_WALL_S + (_measure(cfg, step) if cfg.runner.compute == "real" else 0.0)
         need = (real + WAKE_ALLOWANCE_WALL_S) / emulated * HEADROOM
         details[name] = {
+            "real_ms": round(real * 1e3, 2),
+            "emulated_ms": round(emulated * 1e3, 2),
+            "scale": round(need, 3),
+        }
+        scale = max(scale, need)
+    handoff = _handoff_probe(cfg)
+    if handoff is not None:
+        real, emulated = handoff
+        need = real / emulated * HEADROOM  # the real move has no sleep to wake from
+        details["kv handoff"] = {
             "real_ms": round(real * 1e3, 2),
             "emulated_ms": round(emulated * 1e3, 2),
             "scale": round(need, 3),
