@@ -85,7 +85,7 @@ def goodput_table(goodput: dict[str, dict[str, float | None]]) -> Table:
 
 
 def show(*tables: Table) -> None:
-    console = Console(width=max(Console().width, 130))
+    console = Console(width=max(Console().width, 170))
     for t in tables:
         console.print(t)
 
