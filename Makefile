@@ -18,12 +18,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The guide's benchmark emulated in virtual time (three designs, six rates, three seeds), then one
-# real-compute run of every design with the tiny runner model (greedy tokens from its real logits).
+# The guide's benchmark emulated in virtual time (three designs, six rates, three seeds), then every
+# design live on a local Ray with the tiny runner model computing for real (greedy tokens from its
+# logits) at the time_scale calibrated for this host.
 demo: $(STAMP)
 	$(VENV)/bin/testbed sweep --preset guide-l40s --compute skip --seeds 3 --num-requests 100 --out $(OUT)/sweep
-	$(VENV)/bin/testbed run --preset guide-l40s --compute real --output-policy greedy --rate 0.4 \
-		--num-requests 8 --set workload.prompt_len=2048 --set workload.output_len=64 --out $(OUT)/real
+	$(VENV)/bin/testbed run --preset guide-l40s --mode live --time-scale auto --compute real \
+		--output-policy greedy --rate 0.4 --num-requests 8 --set workload.prompt_len=2048 \
+		--set workload.output_len=64 --out $(OUT)/live
 
 test: $(STAMP)
 	$(PY) -m pytest

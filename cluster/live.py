@@ -89,7 +89,9 @@ class EngineHost:
         engine_id, role, cfg, pool = self._args
         peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
         clock = Clock(cfg.clock.scale, epoch_s=epoch_s)
-        self.engine = EngineCore(engine_id, role, cfg, pool, clock, self._runner, peers)
+        self.engine = EngineCore(
+            engine_id, role, cfg, pool, clock, self._runner, peers, compute_in_thread=True
+        )
         self._task = asyncio.ensure_future(self.engine.run())
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -104,8 +104,13 @@ class EngineCore:
         clock: Clock,
         runner: ModelRunner | None,
         peers: Mapping[str, KVSource] | None = None,
+        compute_in_thread: bool = False,
     ) -> None:
+        """`compute_in_thread` (live mode): run the forward pass off the event loop, so a decode engine's
+        KV pull is served while this engine computes (torch releases the GIL). Not on a virtual loop,
+        whose time would jump while the thread works."""
         self.engine_id = engine_id
+        self.compute_in_thread = compute_in_thread
         self.role = role
         self.cfg = cfg
         self.clock = clock
@@ -123,7 +128,7 @@ class EngineCore:
         self._streams: dict[str, _Stream] = {}
         self._requests: dict[str, Request] = {}
         self._kv_arrived: set[str] = set()
-        self._transfers: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Future[None]] = set()
         self._wake = asyncio.Event()
         self._stopped = False
 
@@ -221,7 +226,10 @@ class EngineCore:
                 if batch is None or not batch.new_remote_requests:
                     scheduled = await self._idle(now)
                 continue
-            sampled = self._execute(batch)
+            if self.compute_in_thread and self.runner is not None:
+                sampled = await asyncio.to_thread(self._execute, batch)
+            else:
+                sampled = self._execute(batch)
             step = self.roofline.step_time_totals(
                 batch.num_scheduled_tokens, batch.keys_attended, batch.num_logits, batch.num_context_tokens
             )
@@ -345,9 +353,14 @@ class EngineCore:
         req.times.kv_transfer_start_s = plan.start_s
         req.times.kv_transfer_done_s = plan.done_s
         req.times.kv_bytes = plan.kv_bytes
-        task = asyncio.ensure_future(self._pull_kv(req))
-        self._transfers.add(task)
-        task.add_done_callback(self._transfers.discard)
+        self._background(self._pull_kv(req))
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` as a task this engine keeps a reference to until it ends; its errors are dropped."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _pull_kv(self, req: Request) -> None:
         """Move the real KV from the prefill engine into this engine's blocks, then release it there."""
@@ -357,11 +370,12 @@ class EngineCore:
         try:
             peer = self.peers[remote_id]
             payload = await peer.get_kv(remote_req)
-            await peer.free_kv(remote_req)
         except Exception as e:  # the prefill side died or lost the KV: the request fails, visibly
             self.abort(req.request_id, "error", f"KV pull from {remote_id} failed: {e!r}")
             self._wake.set()
             return
+        # Releasing the prefill side's blocks is off the critical path (a dead peer has nothing to free).
+        self._background(peer.free_kv(remote_req))
         if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return  # aborted meanwhile
         if self.runner is not None and payload.kv is not None:
