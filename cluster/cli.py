@@ -63,13 +63,7 @@ def _out_dir(args: argparse.Namespace, kind: str) -> Path:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, allow_nan=False, default=_json_default) + "\n")
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float):
-        return None
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+    path.write_text(json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
 
 
 def _clean(obj: Any) -> Any:
