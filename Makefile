@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 OUT ?= runs/demo
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench lint clean prometheus
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,8 +27,15 @@ demo: $(STAMP)
 		--output-policy greedy --rate 0.4 --num-requests 8 --set workload.prompt_len=2048 \
 		--set workload.output_len=64 --out $(OUT)/live
 
-test: $(STAMP)
+# The tests scrape a live run with a real Prometheus (Debian's package).
+test: $(STAMP) prometheus
 	$(PY) -m pytest
+
+prometheus:
+	@command -v prometheus >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; \
+		elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; \
+		else echo "prometheus is missing: install Debian's package (apt-get install prometheus)" >&2; exit 1; fi; }
 
 bench: $(STAMP)
 	$(PY) bench/guide_sweep.py

@@ -40,6 +40,11 @@ class RequestTimes:
     """Entered the engine's queue."""
     first_scheduled_s: float | None = None
     """First step that computed one of its tokens."""
+    scheduled_s: float | None = None
+    """Last admitted from the queue (vLLM's SCHEDULED event; a preempted request is admitted again)."""
+    first_token_s: float | None = None
+    """This engine emitted the request's first token (engine-level TTFT counts from `queued_s`)."""
+    last_token_s: float | None = None
     finished_s: float | None = None
     num_cached_tokens: int = 0
     """Prompt tokens served from the local prefix cache."""

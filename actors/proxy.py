@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from actors.messages import ClientRequest, EngineOutput, EngineRequest, RequestResult
+from dashboards.metrics import ProxyMetrics
 
 
 class EngineClient(Protocol):
@@ -29,7 +30,10 @@ class Proxy:
         mixed: Sequence[EngineClient] = (),
         prefill: Sequence[EngineClient] = (),
         decode: Sequence[EngineClient] = (),
+        metrics: ProxyMetrics | None = None,
     ) -> None:
+        """`metrics`: where finished requests are recorded (the client's view); None records nothing."""
+        self.metrics = metrics
         if bool(mixed) == bool(prefill and decode):
             raise ValueError("a proxy needs mixed engines, or prefill and decode engines")
         self._mixed = itertools.cycle(mixed) if mixed else None
@@ -50,6 +54,8 @@ class Proxy:
                 await self._disaggregated(creq, result)
         except Exception as e:
             result.finished_reason, result.error = "error", f"{type(e).__name__}: {e}"
+        if self.metrics is not None:
+            self.metrics.on_request_done(result)
         return result
 
     async def _disaggregated(self, creq: ClientRequest, result: RequestResult) -> None:

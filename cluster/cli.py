@@ -2,6 +2,7 @@
 
 testbed run   --preset guide-l40s [--design collocated] [--rate 0.4] [--set key=value ...] [--out DIR]
 testbed sweep --preset guide-l40s --rates 0.2,0.4 --seeds 5 --num-requests 100 [--out DIR]
+testbed dashboards up [--host 127.0.0.1] [--port 9090] | testbed dashboards down
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
             result = _run_one(cfg, args.address)
             records.append(_clean(result.summary))
+            (out / "metrics" / cfg.design).mkdir(parents=True, exist_ok=True)
+            for actor, text in result.metrics.items():
+                (out / "metrics" / cfg.design / f"{actor}.prom").write_text(text)
             frames.append(result.results)
             engines[cfg.design] = result.engine_reports
             if cfg.clock.mode == "live" and result.summary["lag_fraction"] > 0.01:
@@ -187,9 +191,38 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboards(args: argparse.Namespace) -> int:
+    from dashboards.stack import StackError, down, up
+
+    if args.action == "down":
+        stopped = down()
+        print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+        return 0
+    try:
+        stack = up(args.host, args.port, args.grafana_port, args.scrape_interval)
+    except StackError as e:
+        raise ConfigError(str(e)) from None
+    print(f"Prometheus: {stack.prometheus_url}  (targets: {stack.prometheus_url}/targets)")
+    if stack.grafana_url:
+        print(f"Grafana:    {stack.grafana_url}  (folder disagg-testbed: overview, P/D handoff, roles)")
+    else:
+        print(
+            "Grafana:    not installed; provision yours from dashboards/grafana/provisioning/\n"
+            "            (set TESTBED_PROMETHEUS_URL and TESTBED_DASHBOARDS_DIR), or import its JSON boards"
+        )
+    print(f"state, logs: {stack.state_dir}; stop with: testbed dashboards down")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description="Emulate disaggregated LLM serving.")
     sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("dashboards", help="start/stop a local Prometheus (+ Grafana) for live runs")
+    d.add_argument("action", choices=["up", "down"])
+    d.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes them)")
+    d.add_argument("--port", type=int, default=9090, help="Prometheus port")
+    d.add_argument("--grafana-port", type=int, default=3000)
+    d.add_argument("--scrape-interval", default="5s", help="Prometheus scrape interval, e.g. 1s")
     for name, helptext in (("run", "run each design once"), ("sweep", "designs x rates x seeds")):
         s = sub.add_parser(name, help=helptext)
         src = s.add_mutually_exclusive_group()
@@ -219,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return cmd_run(args) if args.command == "run" else cmd_sweep(args)
+        commands = {"run": cmd_run, "sweep": cmd_sweep, "dashboards": cmd_dashboards}
+        return commands[args.command](args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

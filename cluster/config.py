@@ -20,6 +20,8 @@ class TargetConfig:
 
     model: str = "qwen2.5-7b"
     """Emulated model, a name from cluster.profiles.MODELS."""
+    served_model_name: str | None = None
+    """The `model_name` label of every metric (vLLM's --served-model-name); None: `model`."""
     eta_compute: float = 0.47
     """Fraction of peak FLOP/s a step achieves (fitted to the guide's L40S medians)."""
     eta_bandwidth: float = 0.75
@@ -67,6 +69,8 @@ class SchedulerConfig:
     """Most requests running in one engine at once."""
     block_size: int = 16
     """Tokens per KV block."""
+    max_model_len: int = 32768
+    """Most tokens (prompt + max_tokens) one request may have; longer requests are rejected."""
     enable_prefix_caching: bool = True
     """Reuse cached KV blocks keyed by chained block hashes."""
     num_gpu_blocks_override: int | None = None
@@ -148,6 +152,18 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    __pydantic_config__ = _STRICT
+
+    sd_file: str = "/tmp/disagg-testbed/prometheus-targets.json"
+    """live: where the driver writes the Prometheus file-SD list of every actor's /metrics address
+    (the path `dashboards/prometheus.yml` and `testbed dashboards up` read)."""
+    linger_s: float = 5.0
+    """live: wall seconds the actors keep serving /metrics after the last request, so that Prometheus
+    scrapes the final values (the shipped scrape interval is 5 s)."""
+
+
+@dataclass(frozen=True)
 class TestbedConfig:
     """One design under one workload: everything a run needs."""
 
@@ -163,6 +179,7 @@ class TestbedConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     slos: tuple[str, ...] = ("ttft<=2s,tpot<=30ms", "ttft<=2s,gap<=100ms")
     """SLO sets: comma-joined `metric<=value` terms over ttft, tpot, itl (per-request p99), gap, e2el."""
     seed: int = 0

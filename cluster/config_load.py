@@ -229,6 +229,11 @@ def _check_semantics(cfg: TestbedConfig) -> None:
     )
     _require(s.max_num_seqs >= 1, f"scheduler.max_num_seqs={s.max_num_seqs}: must be >= 1")
     _require(
+        s.max_model_len >= w.prompt_len + w.output_len,
+        f"scheduler.max_model_len={s.max_model_len}: the workload's requests need "
+        f"{w.prompt_len + w.output_len} tokens (prompt_len + output_len); allowed: at least that",
+    )
+    _require(
         s.num_gpu_blocks_override is None or s.num_gpu_blocks_override > 0,
         f"scheduler.num_gpu_blocks_override={s.num_gpu_blocks_override}: must be > 0",
     )
@@ -244,6 +249,7 @@ def _check_semantics(cfg: TestbedConfig) -> None:
         cfg.kv_transfer.hold_timeout_s > 0,
         f"kv_transfer.hold_timeout_s={cfg.kv_transfer.hold_timeout_s}: must be > 0",
     )
+    _require(cfg.metrics.linger_s >= 0, f"metrics.linger_s={cfg.metrics.linger_s}: must be >= 0")
     ts = cfg.clock.time_scale
     _require(ts == "auto" or ts > 0, f"clock.time_scale={ts}: must be > 0 or 'auto'")
     for key in (

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -30,6 +32,7 @@ from actors.messages import ClientRequest, EngineOutput, EngineRequest, KVPayloa
 from actors.proxy import Proxy
 from cluster.config import PoolConfig, TestbedConfig
 from cluster.config_load import ConfigError
+from dashboards.metrics import ProxyMetrics, serve_metrics
 from workloads.replay import replay
 from workloads.summary import lag_summary
 from workloads.synthetic import synthetic_requests
@@ -72,9 +75,15 @@ class EngineHost:
     """The body of an engine actor: builds the runner at construction, the engine on the actor's loop."""
 
     def __init__(
-        self, engine_id: str, role: Role, cfg: TestbedConfig, pool: PoolConfig, prefill: dict[str, Any]
+        self,
+        engine_id: str,
+        role: Role,
+        replica: int,
+        cfg: TestbedConfig,
+        pool: PoolConfig,
+        prefill: dict[str, Any],
     ) -> None:
-        self._args = (engine_id, role, cfg, pool)
+        self._args = (engine_id, role, replica, cfg, pool)
         self._prefill = prefill
         self._runner = runner_for(cfg, pool)
         if self._runner is not None:
@@ -85,14 +94,16 @@ class EngineHost:
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
 
-    async def start(self, epoch_s: float) -> None:
-        engine_id, role, cfg, pool = self._args
+    async def start(self, epoch_s: float) -> str:
+        """Start the engine on the shared clock and its /metrics endpoint; returns `host:port` of it."""
+        engine_id, role, replica, cfg, pool = self._args
         peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
         clock = Clock(cfg.clock.scale, epoch_s=epoch_s)
         self.engine = EngineCore(
-            engine_id, role, cfg, pool, clock, self._runner, peers, compute_in_thread=True
+            engine_id, role, cfg, pool, clock, self._runner, peers, compute_in_thread=True, replica=replica
         )
         self._task = asyncio.ensure_future(self.engine.run())
+        return _serve_metrics(self.engine.metrics.registry)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         assert self.engine is not None
@@ -113,6 +124,10 @@ class EngineHost:
         assert self.engine is not None
         return self.engine.report()
 
+    async def metrics(self) -> str:
+        assert self.engine is not None
+        return self.engine.metrics.exposition()
+
     async def drain(self) -> dict[str, Any]:
         """Stop the step loop, release KV nobody will pull, check nothing is left; the final report."""
         assert self.engine is not None and self._task is not None
@@ -126,17 +141,28 @@ class EngineHost:
 class ProxyHost:
     """The body of the proxy actor."""
 
-    def __init__(self, pools: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, cfg: TestbedConfig, pools: dict[str, dict[str, Any]]) -> None:
         remote = {
             role: [RemoteEngine(eid, h) for eid, h in engines.items()] for role, engines in pools.items()
         }
-        self._proxy = Proxy(remote["mixed"], remote["prefill"], remote["decode"])
+        self._metrics = ProxyMetrics(cfg)
+        self._proxy = Proxy(remote["mixed"], remote["prefill"], remote["decode"], self._metrics)
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         return await self._proxy.submit(creq)
 
-    def ready(self) -> bool:
-        return True
+    def start(self) -> str:
+        """Serve /metrics; returns its `host:port`."""
+        return _serve_metrics(self._metrics.registry)
+
+    def metrics(self) -> str:
+        return self._metrics.exposition()
+
+
+def _serve_metrics(registry: Any) -> str:
+    """Serve `registry` at /metrics on this node's address and a free port (scraped via file SD)."""
+    host = ray.util.get_node_ip_address()
+    return f"{host}:{serve_metrics(registry, host)}"
 
 
 @dataclass
@@ -147,6 +173,8 @@ class LiveDeployment:
     """engine id -> Ray node id"""
     proxy: Any
     clock_epoch_s: float
+    metrics_targets: dict[str, str]
+    """actor id (engine ids, `proxy`) -> `host:port` of its /metrics."""
 
 
 def connect(configs: Sequence[TestbedConfig], address: str | None) -> bool:
@@ -206,15 +234,26 @@ def deploy(cfg: TestbedConfig) -> LiveDeployment:
             eid = f"{role}-{i}"
             opts = {"num_cpus": 0, "num_gpus": cfg.runner.num_gpus, "resources": {role: 1}}
             pools[role][eid] = host.options(**opts).remote(
-                eid, role, cfg, pool, dict(pools["prefill"]) if role == "decode" else {}
+                eid, role, i, cfg, pool, dict(pools["prefill"]) if role == "decode" else {}
             )
     engines = {eid: h for per in pools.values() for eid, h in per.items()}
     nodes = dict(zip(engines, ray.get([h.node_id.remote() for h in engines.values()]), strict=True))
-    proxy: Any = ray.remote(ProxyHost).options(num_cpus=0).remote(pools)
-    ray.get(proxy.ready.remote())
+    proxy: Any = ray.remote(ProxyHost).options(num_cpus=0).remote(cfg, pools)
+    targets = {"proxy": ray.get(proxy.start.remote())}
     epoch = time.time() + _START_SLACK_S
-    ray.get([h.start.remote(epoch) for h in engines.values()])
-    return LiveDeployment(engines, nodes, proxy, epoch)
+    targets.update(zip(engines, ray.get([h.start.remote(epoch) for h in engines.values()]), strict=True))
+    write_sd_file(cfg.metrics.sd_file, cfg.design, targets)
+    return LiveDeployment(engines, nodes, proxy, epoch, targets)
+
+
+def write_sd_file(path: str, design: str, targets: dict[str, str]) -> None:
+    """Prometheus file-based service discovery: one target per actor (Prometheus re-reads the file)."""
+    groups = [{"targets": [t], "labels": {"design": design, "actor": a}} for a, t in targets.items()]
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(groups, indent=1) + "\n")
+    tmp.replace(out)  # atomic: Prometheus never reads half a file
 
 
 async def drive(
@@ -270,9 +309,10 @@ def run_live(
         if requests is None:
             requests = synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed)
         results = asyncio.run(drive(dep, cfg, requests, on_result, on_tick))
-        reports = shutdown(dep)
+        time.sleep(cfg.metrics.linger_s)
+        reports, metrics = shutdown(dep, cfg)
         dep = None
-        return run_output(cfg, results, reports)
+        return run_output(cfg, results, reports, metrics)
     finally:
         if dep is not None:
             for handle in [*dep.engines.values(), dep.proxy]:
@@ -281,14 +321,21 @@ def run_live(
             disconnect()
 
 
-def shutdown(dep: LiveDeployment) -> dict[str, dict[str, Any]]:
-    """Drain every live engine (dead ones are skipped), then kill all actors; engine reports by id."""
+def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Drain every live engine (dead ones are skipped), collect every actor's final metrics, kill all
+    actors and withdraw their scrape targets; engine reports and expositions by actor id."""
     reports: dict[str, dict[str, Any]] = {}
+    metrics: dict[str, str] = {}
+    lost = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
     for eid, handle in dep.engines.items():
         try:
             reports[eid] = ray.get(handle.drain.remote(), timeout=60)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            metrics[eid] = ray.get(handle.metrics.remote(), timeout=60)
+        except lost as e:
             reports[eid] = {"error": f"{type(e).__name__}: not drained"}
+    with contextlib.suppress(*lost):
+        metrics["proxy"] = ray.get(dep.proxy.metrics.remote(), timeout=60)
     for handle in [*dep.engines.values(), dep.proxy]:
         ray.kill(handle)
-    return reports
+    write_sd_file(cfg.metrics.sd_file, cfg.design, {})
+    return reports, metrics

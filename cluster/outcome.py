@@ -21,10 +21,15 @@ class RunOutput:
     """The run's record: bench-serve keys, ours, lag."""
     engine_reports: dict[str, dict[str, Any]]
     """engine id -> its counters (EngineCore.report)."""
+    metrics: dict[str, str]
+    """actor id (engine ids, `proxy`) -> its final Prometheus exposition."""
 
 
 def run_output(
-    cfg: TestbedConfig, results: list[RequestResult], reports: dict[str, dict[str, Any]]
+    cfg: TestbedConfig,
+    results: list[RequestResult],
+    reports: dict[str, dict[str, Any]],
+    metrics: dict[str, str],
 ) -> RunOutput:
     df = results_frame(results, cfg.design, cfg.workload.rate, cfg.seed)
     summary = {
@@ -34,4 +39,4 @@ def run_output(
         "time_scale": cfg.clock.time_scale,
         **lag_summary(reports),
     }
-    return RunOutput(df, summary, reports)
+    return RunOutput(df, summary, reports, metrics)

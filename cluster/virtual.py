@@ -16,6 +16,7 @@ from actors.messages import ClientRequest, RequestResult
 from actors.proxy import Proxy
 from cluster.config import TestbedConfig
 from cluster.outcome import RunOutput, run_output
+from dashboards.metrics import ProxyMetrics
 from workloads.replay import replay
 from workloads.synthetic import synthetic_requests
 
@@ -34,10 +35,10 @@ def build_deployment(cfg: TestbedConfig, clock: Clock) -> Deployment:
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
             pools[role].append(
-                EngineCore(f"{role}-{i}", role, cfg, pool, clock, runner_for(cfg, pool), peers)
+                EngineCore(f"{role}-{i}", role, cfg, pool, clock, runner_for(cfg, pool), peers, replica=i)
             )
     peers.update({e.engine_id: e for e in pools["prefill"]})
-    proxy = Proxy(mixed=pools["mixed"], prefill=pools["prefill"], decode=pools["decode"])
+    proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], ProxyMetrics(cfg))
     return Deployment(proxy, [e for engines in pools.values() for e in engines], clock)
 
 
@@ -71,4 +72,7 @@ def run_virtual(
         results, dep = loop.run_until_complete(serve(cfg, requests, on_result))
     finally:
         loop.close()
-    return run_output(cfg, results, {e.engine_id: e.report() for e in dep.engines})
+    metrics = {e.engine_id: e.metrics.exposition() for e in dep.engines}
+    assert dep.proxy.metrics is not None
+    metrics["proxy"] = dep.proxy.metrics.exposition()
+    return run_output(cfg, results, {e.engine_id: e.report() for e in dep.engines}, metrics)

@@ -155,6 +155,8 @@ def test_live_run_starts_ray_and_leaves_nothing_behind(tmp_path):
         "workload.prompt_len=1024",
         "--set",
         "workload.output_len=16",
+        "--set",
+        f"metrics.sd_file={tmp_path / 'targets.json'}",
         "--out",
         str(tmp_path),
     ]
@@ -164,5 +166,11 @@ def test_live_run_starts_ray_and_leaves_nothing_behind(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (record,) = json.loads((tmp_path / "summary.json").read_text())
     assert record["completed"] == 4 and record["time_scale"] == 1.0 and "lag_fraction" in record
+    proxy = (tmp_path / "metrics" / "collocated" / "proxy.prom").read_text()
+    assert 'testbed:requests_finished_total{engine="0",finished_reason="length"' in proxy
+    assert (
+        "vllm:generation_tokens_total" in (tmp_path / "metrics" / "collocated" / "mixed-0.prom").read_text()
+    )
+    assert json.loads((tmp_path / "targets.json").read_text()) == []  # targets withdrawn at the end
     time.sleep(1.0)
     assert _ray_processes() == []

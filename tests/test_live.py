@@ -38,7 +38,7 @@ def cluster():
 
 
 def design(name, *overrides):
-    return load_designs("guide-l40s", [name], list(overrides))[0]
+    return load_designs("guide-l40s", [name], ["metrics.linger_s=0", *overrides])[0]
 
 
 def test_pd_across_nodes_emits_the_collocated_greedy_tokens(cluster):

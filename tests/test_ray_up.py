@@ -36,7 +36,7 @@ def test_pool_resources_and_token_auth(path):
     for pool in ("mixed", "prefill", "decode"):
         assert pool in text
     assert all("RAY_AUTH_MODE=token" in c for c in cfg["head_start_ray_commands"] if "ray " in c)
-    assert any("prometheus" in c for c in cfg["head_start_ray_commands"])
+    assert any("testbed dashboards up" in c for c in cfg["head_start_ray_commands"])
     assert any("make setup" in c for c in cfg["setup_commands"])
 
 

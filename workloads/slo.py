@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 METRICS = {
@@ -12,6 +13,8 @@ METRICS = {
     "gap": "the request's worst inter-token gap",
     "e2el": "end-to-end latency",
 }
+COLUMNS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "p99_itl_s", "gap": "max_gap_s", "e2el": "e2el_s"}
+"""The results-table column each metric bounds."""
 _TERM = re.compile(r"^\s*(\w+)\s*<=\s*([0-9]*\.?[0-9]+)\s*(ms|s)\s*$")
 
 
@@ -25,6 +28,17 @@ class Slo:
 
     name: str
     bounds_s: tuple[tuple[str, float], ...]
+
+    def met(self, ok: bool, latencies_s: Mapping[str, float]) -> bool:
+        """A finished request (`ok`) within every bound; `latencies_s` has the results table's columns
+        (`ttft_s`, ...). A missing value (NaN, e.g. no TPOT for one token) counts as met."""
+        if not ok:
+            return False
+        for metric, bound in self.bounds_s:
+            value = latencies_s[COLUMNS[metric]]
+            if not (value != value or value <= bound):
+                return False
+        return True
 
 
 def parse_slo(text: str) -> Slo:

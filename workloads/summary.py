@@ -8,9 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workloads.slo import Slo, parse_slo
-
-_SLO_COLUMNS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "p99_itl_s", "gap": "max_gap_s", "e2el": "e2el_s"}
+from workloads.slo import COLUMNS, Slo, parse_slo
 
 
 def _ms(values: Any, q: float | None = None) -> float | None:
@@ -22,12 +20,16 @@ def _ms(values: Any, q: float | None = None) -> float | None:
 
 
 def slo_met(df: pd.DataFrame, slo: Slo) -> pd.Series:
-    """Per request: finished and within every bound (a missing value, e.g. no TPOT, counts as met)."""
-    met = df["ok"].copy()
-    for metric, bound in slo.bounds_s:
-        col = df[_SLO_COLUMNS[metric]]
-        met &= col.isna() | (col <= bound)
-    return met
+    """Per request: finished and within every bound (`Slo.met`, as the proxy's metrics count it)."""
+    cols = list(COLUMNS.values())
+    return pd.Series(
+        [
+            slo.met(bool(ok), dict(zip(cols, v, strict=True)))
+            for ok, *v in df[["ok", *cols]].itertuples(False)
+        ],
+        index=df.index,
+        dtype=bool,
+    )
 
 
 def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, Any]:

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.clock import Clock
-from actors.engine.kv_transfer import KVReceiver
+from actors.engine.kv_transfer import KVReceiver, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import ScheduledBatch, Scheduler
 from actors.messages import EngineOutput, EngineRequest, FinishedReason, KVPayload
 from cluster.config import PoolConfig, TestbedConfig
 from cluster.profiles import LINKS
 from cluster.roofline import roofline_for
+from dashboards.metrics import EngineMetrics
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
     from actors.engine.runner import ModelRunner
@@ -105,10 +106,11 @@ class EngineCore:
         runner: ModelRunner | None,
         peers: Mapping[str, KVSource] | None = None,
         compute_in_thread: bool = False,
+        replica: int = 0,
     ) -> None:
         """`compute_in_thread` (live mode): run the forward pass off the event loop, so a decode engine's
         KV pull is served while this engine computes (torch releases the GIL). Not on a virtual loop,
-        whose time would jump while the thread works."""
+        whose time would jump while the thread works. `replica`: index in its pool (a metrics label)."""
         self.engine_id = engine_id
         self.compute_in_thread = compute_in_thread
         self.role = role
@@ -125,6 +127,7 @@ class EngineCore:
             cfg.kv_transfer, LINKS[cfg.kv_transfer.link], self.roofline.model, s.block_size
         )
         self.stats = EngineStats()
+        self.metrics = EngineMetrics(cfg, role, replica)
         self._streams: dict[str, _Stream] = {}
         self._requests: dict[str, Request] = {}
         self._kv_arrived: set[str] = set()
@@ -138,6 +141,13 @@ class EngineCore:
         """Stream a request's outputs; closing the iterator early aborts the request."""
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in engine {self.engine_id}")
+        n = len(request.prompt_token_ids) + request.max_tokens
+        if n > self.cfg.scheduler.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r}: prompt ({len(request.prompt_token_ids)} tokens) + "
+                f"max_tokens ({request.max_tokens}) = {n} exceeds max_model_len "
+                f"({self.cfg.scheduler.max_model_len})"
+            )
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)
         stream = _Stream()
@@ -185,6 +195,7 @@ class EngineCore:
         ]:
             self.scheduler.release_held(rid)
             self.stats.num_expired_handoffs += 1
+            self.metrics.on_kv_expired(1)
 
     async def free_kv(self, request_id: str) -> None:
         self.scheduler.release_held(request_id)
@@ -223,6 +234,7 @@ class EngineCore:
                 for req in batch.new_remote_requests:
                     self._start_transfer(req, now)
             if batch is None or batch.num_scheduled_tokens == 0:
+                self.metrics.on_state(self.scheduler, self.blocks)
                 if batch is None or not batch.new_remote_requests:
                     scheduled = await self._idle(now)
                 continue
@@ -247,6 +259,9 @@ class EngineCore:
             st.num_scheduled_tokens += batch.num_scheduled_tokens
             st.max_num_scheduled_tokens = max(st.max_num_scheduled_tokens, batch.num_scheduled_tokens)
             st.busy_s += step.total_s
+            self.metrics.on_step(
+                step.total_s, batch.num_scheduled_tokens, overrun, self.scheduler, self.blocks
+            )
 
     async def _idle(self, idle_since: float) -> float:
         """Sleep until there is work; return the emulated time of the event that brought it.
@@ -307,7 +322,11 @@ class EngineCore:
             if forced is not None:
                 token = forced[len(req.output_token_ids)]
             assert token is not None, "greedy output needs real compute"
+            self.metrics.on_new_token(req, end)
             req.output_token_ids.append(token)
+            if req.times.first_token_s is None:
+                req.times.first_token_s = end
+            req.times.last_token_s = end
             stream = self._streams.get(req.request_id)
             if stream is not None:
                 stream.tokens.append(token)
@@ -336,6 +355,7 @@ class EngineCore:
         self._kv_arrived.discard(req.request_id)
         self.stats.num_finished += 1
         try:
+            self.metrics.on_request_finished(req, reason)
             self.scheduler.finish(req, reason)
             if self.runner:
                 self.runner.release(req.request_id)
@@ -353,7 +373,7 @@ class EngineCore:
         req.times.kv_transfer_start_s = plan.start_s
         req.times.kv_transfer_done_s = plan.done_s
         req.times.kv_bytes = plan.kv_bytes
-        self._background(self._pull_kv(req))
+        self._background(self._pull_kv(req, plan))
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run `coro` as a task this engine keeps a reference to until it ends; its errors are dropped."""
@@ -362,7 +382,7 @@ class EngineCore:
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    async def _pull_kv(self, req: Request) -> None:
+    async def _pull_kv(self, req: Request, plan: TransferPlan) -> None:
         """Move the real KV from the prefill engine into this engine's blocks, then release it there."""
         params = req.kv_transfer_params
         assert params is not None
@@ -371,23 +391,32 @@ class EngineCore:
             peer = self.peers[remote_id]
             payload = await peer.get_kv(remote_req)
         except Exception as e:  # the prefill side died or lost the KV: the request fails, visibly
+            self.metrics.on_kv_transfer_failed()
             self.abort(req.request_id, "error", f"KV pull from {remote_id} failed: {e!r}")
             self._wake.set()
             return
-        # Releasing the prefill side's blocks is off the critical path (a dead peer has nothing to free).
-        self._background(peer.free_kv(remote_req))
+        # Releasing the prefill side's blocks is off the critical path.
+        self._background(self._release_remote(peer, remote_req))
         if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return  # aborted meanwhile
         if self.runner is not None and payload.kv is not None:
             self.runner.write_kv(req.block_ids, payload.kv)
         st = self.stats
         st.num_transfers += 1
-        overrun = self.clock.now() - (req.times.kv_transfer_done_s or 0.0)
+        overrun = self.clock.now() - plan.done_s
         if overrun > 0:
             st.num_lagged_transfers += 1
             st.max_overrun_s = max(st.max_overrun_s, overrun)
+        self.metrics.on_kv_transfer_done(plan, len(params["remote_block_ids"]), overrun)
         self._kv_arrived.add(req.request_id)
         self._wake.set()
+
+    async def _release_remote(self, peer: KVSource, remote_request_id: str) -> None:
+        """Tell the prefill side it may free the KV (NIXL's notification); a dead peer has nothing to free."""
+        try:
+            await peer.free_kv(remote_request_id)
+        except Exception:
+            self.metrics.on_kv_notification_failed()
 
     def _notice_transfers(self, now: float) -> None:
         for rid in sorted(self._kv_arrived):

@@ -122,6 +122,7 @@ class Scheduler:
             self.waiting.popleft()
             if fresh and req.times.first_scheduled_s is None:
                 req.times.num_cached_tokens = req.num_computed_tokens
+            req.times.scheduled_s = now
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             batch.add(req, n)

@@ -1,0 +1,354 @@
+"""The Grafana dashboards, generated from code with grafana-foundation-sdk; `python -m dashboards.grafana`
+rewrites the checked-in JSON under `dashboards/grafana/` (a test keeps the two identical).
+
+Three boards: an overview (the client's view and the engines' state), the P/D handoff, and one row per
+role. Every expression names its series through `dashboards.metrics`. Counters are rated per wall second
+by Prometheus; throughput panels multiply by `testbed:time_scale` to show per *emulated* second.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import common, dashboard, prometheus, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import (
+    LegendDisplayMode,
+    LegendPlacement,
+    SortOrder,
+    TooltipDisplayMode,
+)
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
+
+from dashboards import metrics as m
+from dashboards.metrics import MetricSpec
+
+OUT_DIR = Path(__file__).parent / "grafana"
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="testbed-prometheus")
+"""The provisioned datasource (dashboards/grafana/provisioning/datasources/testbed.yaml)."""
+RATE = "$__rate_interval"
+VARIABLES = ("model_name", "design", "role")
+
+
+def sel(**labels: str) -> str:
+    """A selector with the dashboard's filters (`$model_name`, `$design`) and `labels` (values that are
+    variables match as regexes, so `All` = `.*` works)."""
+    terms = [f'{k}=~"{v}"' if v.startswith("$") else f'{k}="{v}"' for k, v in labels.items()]
+    terms += ['model_name=~"$model_name"', 'design=~"$design"']
+    return "{" + ", ".join(terms) + "}"
+
+
+ROLE = {"role": "$role"}
+"""Rows repeat per role; a regex match also works with the variable's `All`."""
+PER_SIM_S = f" * scalar(max({m.TIME_SCALE.name}{sel()}))"
+"""Turns a per-wall-second rate into a per-emulated-second one."""
+
+
+def rate(spec: MetricSpec | str, by: str = "", **labels: str) -> str:
+    name = spec if isinstance(spec, str) else spec.exposed
+    group = f" by ({by})" if by else ""
+    return f"sum{group} (rate({name}{sel(**labels)}[{RATE}]))"
+
+
+def quantile(q: float, spec: MetricSpec, by: str = "", **labels: str) -> str:
+    return f"histogram_quantile({q}, {rate(spec.bucket, ', '.join(['le', *filter(None, [by])]), **labels)})"
+
+
+def mean(spec: MetricSpec, by: str = "", **labels: str) -> str:
+    return f"{rate(spec.sum, by, **labels)} / {rate(spec.count, by, **labels)}"
+
+
+_LEGEND = (
+    common.VizLegendOptions()
+    .display_mode(LegendDisplayMode.LIST)
+    .placement(LegendPlacement.BOTTOM)
+    .show_legend(True)
+)
+_TOOLTIP = common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)
+
+
+def panel(title: str, unit: str, desc: str, *queries: tuple[str, str], w: int = 12) -> timeseries.Panel:
+    p = timeseries.Panel().title(title).description(desc).unit(unit).datasource(DATASOURCE)
+    p = p.height(8).span(w).legend(_LEGEND).tooltip(_TOOLTIP)
+    for i, (expr, legend) in enumerate(queries):
+        p = p.with_target(
+            prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).range()
+        )
+    return p
+
+
+def _variable(name: str, query: str) -> dashboard.QueryVariable:
+    return (
+        dashboard.QueryVariable(name)
+        .label(name)
+        .datasource(DATASOURCE)
+        .query(query)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+    )
+
+
+def _board(uid: str, title: str, desc: str) -> dashboard.Dashboard:
+    return (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .description(desc)
+        .tags(["disagg-testbed", "vllm"])
+        .refresh("5s")
+        .time("now-15m", "now")
+        .with_variable(_variable("model_name", f"label_values({m.NUM_REQUESTS_RUNNING.name}, model_name)"))
+        .with_variable(_variable("design", f"label_values({m.TIME_SCALE.name}, design)"))
+    )
+
+
+def overview() -> dashboard.Dashboard:
+    qs = (0.5, 0.9, 0.99)
+    return (
+        _board("testbed-overview", "disagg-testbed: overview", "The client's view and the engines' state.")
+        .with_row(dashboard.Row("Client (through the proxy, every role)"))
+        .with_panel(
+            panel(
+                "Request rate",
+                "reqps",
+                "Finished requests per emulated second, by how they ended.",
+                (rate(m.REQUESTS_FINISHED, "finished_reason") + PER_SIM_S, "{{finished_reason}}"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Goodput and SLO attainment",
+                "reqps",
+                "Requests per emulated second meeting each SLO set; attainment is the share of all.",
+                (rate(m.SLO_MET, "slo") + PER_SIM_S, "goodput {{slo}}"),
+                (f"{rate(m.SLO_MET, 'slo')} / scalar({rate(m.REQUESTS_FINISHED)})", "attainment {{slo}}"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Time to first token (client)",
+                "s",
+                "From the client's send to its first token, through prefill, handoff and decode.",
+                *[(quantile(q, m.CLIENT_TTFT), f"p{round(q * 100)}") for q in qs],
+                (mean(m.CLIENT_TTFT), "mean"),
+            )
+        )
+        .with_panel(
+            panel(
+                "End-to-end latency (client)",
+                "s",
+                "From the client's send to its last token.",
+                *[(quantile(q, m.CLIENT_E2E), f"p{round(q * 100)}") for q in qs],
+            )
+        )
+        .with_panel(
+            panel(
+                "Inter-token latency and the worst stall",
+                "s",
+                "Engines' ITL quantiles; each request's worst gap (p99); the worst gap so far.",
+                *[(quantile(q, m.ITL, "role"), f"ITL p{round(q * 100)} {{{{role}}}}") for q in (0.5, 0.99)],
+                (quantile(0.99, m.MAX_GAP), "per-request worst gap p99"),
+                (f"max({m.WORST_GAP.name}{sel()})", "worst gap so far"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Time to first token (engines)",
+                "s",
+                "vLLM's engine-level TTFT: from the request reaching the engine (decode: after the handoff).",
+                *[(quantile(q, m.TTFT, "role"), f"p{round(q * 100)} {{{{role}}}}") for q in (0.5, 0.99)],
+            )
+        )
+        .with_row(dashboard.Row("Engines"))
+        .with_panel(
+            panel(
+                "Running and waiting requests",
+                "none",
+                "Requests in batches and in queues (waiting includes those waiting for remote KV).",
+                (f"sum by (role) ({m.NUM_REQUESTS_RUNNING.name}{sel()})", "running {{role}}"),
+                (f"sum by (role) ({m.NUM_REQUESTS_WAITING.name}{sel()})", "waiting {{role}}"),
+            )
+        )
+        .with_panel(
+            panel(
+                "KV cache usage",
+                "percentunit",
+                "Share of KV blocks in use, per engine.",
+                (f"max by (role, replica) ({m.KV_CACHE_USAGE.name}{sel()})", "{{role}}-{{replica}}"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Token throughput",
+                "short",
+                "Prompt and generated tokens per emulated second.",
+                (rate(m.PROMPT_TOKENS, "role") + PER_SIM_S, "prompt {{role}}"),
+                (rate(m.GENERATION_TOKENS, "role") + PER_SIM_S, "generation {{role}}"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Prefix cache hit rate",
+                "percentunit",
+                "Prompt tokens found in the prefix cache over tokens looked up.",
+                (f"{rate(m.PREFIX_CACHE_HITS, 'role')} / {rate(m.PREFIX_CACHE_QUERIES, 'role')}", "{{role}}"),
+            )
+        )
+    )
+
+
+def handoff() -> dashboard.Dashboard:
+    return (
+        _board(
+            "testbed-handoff", "disagg-testbed: P/D handoff", "KV handoff from prefill to decode, and lag."
+        )
+        .with_panel(
+            panel(
+                "KV transfer time",
+                "s",
+                "NIXL transfer duration (decode side); the testbed's handoff time by link.",
+                *[(quantile(q, m.NIXL_XFER_TIME), f"xfer p{round(q * 100)}") for q in (0.5, 0.99)],
+                (quantile(0.99, m.KV_HANDOFF, "link"), "handoff p99 {{link}}"),
+                (mean(m.KV_HANDOFF, "link"), "handoff mean {{link}}"),
+            )
+        )
+        .with_panel(
+            panel(
+                "KV bytes",
+                "bytes",
+                "Bytes per transfer, and bytes moved per emulated second.",
+                (mean(m.NIXL_BYTES), "bytes per transfer"),
+                (rate(m.NIXL_BYTES.sum) + PER_SIM_S, "bytes per second"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Effective bandwidth",
+                "Bps",
+                "Bytes moved over the time spent moving them (queueing on a shared link included).",
+                (f"{rate(m.NIXL_BYTES.sum)} / {rate(m.NIXL_XFER_TIME.sum)}", "effective"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Post time and descriptors",
+                "s",
+                "Fixed costs of posting a transfer; descriptors per transfer (block x layer x K/V).",
+                (quantile(0.99, m.NIXL_POST_TIME), "post p99"),
+                (mean(m.NIXL_DESCRIPTORS), "descriptors per transfer"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Failures",
+                "short",
+                "Failed pulls, failed release notifications, prefill KV expired unpulled (per emulated s).",
+                (rate(m.NIXL_FAILED_TRANSFERS) + PER_SIM_S, "failed transfers"),
+                (rate(m.NIXL_FAILED_NOTIFICATIONS) + PER_SIM_S, "failed notifications"),
+                (rate(m.NIXL_KV_EXPIRED) + PER_SIM_S, "expired KV"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Lag",
+                "percentunit",
+                "Share of steps and KV pulls whose real work overran the emulated time (keep below 1 %).",
+                (f"{rate(m.LAGGED_STEPS, 'role')} / {rate(m.STEPS, 'role')}", "steps {{role}}"),
+                (f"{rate(m.LAGGED_KV_TRANSFERS)} / {rate(m.NIXL_XFER_TIME.count)}", "KV pulls"),
+            )
+        )
+    )
+
+
+def roles() -> dashboard.Dashboard:
+    return (
+        _board("testbed-roles", "disagg-testbed: roles", "One row per role: load, batches, queues, KV.")
+        .with_variable(_variable("role", f"label_values({m.NUM_REQUESTS_RUNNING.name}, role)"))
+        .with_row(dashboard.Row("$role").repeat("role"))
+        .with_panel(
+            panel(
+                "Utilisation",
+                "percentunit",
+                "Emulated busy time per emulated second, per replica.",
+                (rate(m.BUSY, "replica", **ROLE) + PER_SIM_S, "{{replica}}"),
+                w=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Tokens per step",
+                "short",
+                "Scheduled tokens per engine step (vLLM's iteration tokens).",
+                *[(quantile(q, m.ITERATION_TOKENS, **ROLE), f"p{round(q * 100)}") for q in (0.5, 0.99)],
+                w=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Requests",
+                "none",
+                "Running and waiting requests, per replica.",
+                (f"sum by (replica) ({m.NUM_REQUESTS_RUNNING.name}{sel(**ROLE)})", "running {{replica}}"),
+                (f"sum by (replica) ({m.NUM_REQUESTS_WAITING.name}{sel(**ROLE)})", "waiting {{replica}}"),
+                w=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Request phases (p90)",
+                "s",
+                "Queue, prefill and decode time of requests on this role.",
+                (quantile(0.9, m.QUEUE_TIME, **ROLE), "queue"),
+                (quantile(0.9, m.PREFILL_TIME, **ROLE), "prefill"),
+                (quantile(0.9, m.DECODE_TIME, **ROLE), "decode"),
+                w=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Prompt tokens by source",
+                "short",
+                "Computed here, found in the prefix cache, or received by KV transfer (per emulated s).",
+                (rate(m.PROMPT_TOKENS_BY_SOURCE, "source", **ROLE) + PER_SIM_S, "{{source}}"),
+                w=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "KV usage and preemptions",
+                "percentunit",
+                "KV blocks in use; preemptions per emulated second.",
+                (f"max by (replica) ({m.KV_CACHE_USAGE.name}{sel(**ROLE)})", "KV {{replica}}"),
+                (rate(m.NUM_PREEMPTIONS, "replica", **ROLE) + PER_SIM_S, "preemptions {{replica}}"),
+                w=8,
+            )
+        )
+    )
+
+
+BOARDS = {"overview": overview, "handoff": handoff, "roles": roles}
+
+
+def render(name: str) -> str:
+    """A board's JSON as checked in."""
+    return json.dumps(BOARDS[name]().build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+
+
+def expressions(board_json: str) -> list[str]:
+    """Every PromQL expression of a board (panels and variables)."""
+    board = json.loads(board_json)
+    exprs = [t["expr"] for p in board.get("panels", []) for t in p.get("targets", [])]
+    return exprs + [v["query"] for v in board.get("templating", {}).get("list", [])]
+
+
+def main() -> None:
+    OUT_DIR.mkdir(exist_ok=True)
+    for name in BOARDS:
+        (OUT_DIR / f"{name}.json").write_text(render(name))
+        print(f"wrote {OUT_DIR / name}.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Prometheus series: vLLM's names, types and buckets, and values that trace back to the results table."""
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cluster.virtual import run_virtual
+from dashboards import metrics as m
+from dashboards.metrics import sum_series
+from tests.factories import COLLOCATED, PD, make_config
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-metrics.md"
+WORKLOAD = {"num_requests": 12, "rate": 0.6, "prompt_len": 2048, "output_len": 48}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """One virtual run per design kind (compute skip): the results table and every actor's exposition."""
+    out = {}
+    for name, layer in (("collocated", COLLOCATED), ("pd", PD)):
+        cfg = make_config(layer, runner={"compute": "skip"}, workload=WORKLOAD, design=name)
+        out[name] = run_virtual(cfg)
+    return out
+
+
+def families(text):
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_every_reference_series_is_exported_with_its_type_and_labels(runs):
+    rows = [ln for ln in REFERENCE.read_text().splitlines() if ln.startswith("| `vllm:")]
+    names = set(re.findall(r"`(vllm:[a-z0-9_]+)`", "\n".join(rows)))
+    assert len(names) > 30
+    text = runs["pd"].metrics["decode-0"]
+    exposed = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    for name in names:
+        assert name in exposed or f"{name}_count" in exposed, name
+    for removed in ("vllm:time_per_output_token_seconds", "vllm:gpu_cache_usage_perc"):
+        assert removed not in text
+    assert "_created" not in text
+    for f in text_string_to_metric_families(text):
+        if f.type == "counter":
+            assert all(s.name.endswith("_total") for s in f.samples), f.name
+        for s in f.samples:
+            assert {"model_name", "engine", "role", "replica"} <= set(s.labels), s
+    reasons = {
+        s.labels["finished_reason"]
+        for s in families(text)["vllm:request_success"].samples
+        if s.name == "vllm:request_success_total"
+    }
+    assert reasons == {"stop", "length", "abort", "error", "repetition"}
+
+
+def _bucket_line(title):
+    line = next(ln for ln in REFERENCE.read_text().splitlines() if ln.startswith(f"- {title} `"))
+    return tuple(float(x) for x in line.split("`")[1].strip("[]").split(","))
+
+
+def _reference_row(name):
+    row = next(ln for ln in REFERENCE.read_text().splitlines() if ln.startswith(f"| `{name}`"))
+    return tuple(float(x) for x in row.rsplit("`[", 1)[1].split("]")[0].split(","))
+
+
+def test_buckets_are_vllms():
+    assert _bucket_line("TTFT") == m.TTFT_BUCKETS
+    assert _bucket_line("ITL") == m.ITL_BUCKETS
+    assert _bucket_line("REQ") == m.REQ_BUCKETS
+    assert _reference_row("vllm:iteration_tokens_total") == m.ITERATION_BUCKETS
+    assert _reference_row("vllm:nixl_xfer_time_seconds") == m.NIXL_XFER_BUCKETS
+    assert _reference_row("vllm:nixl_post_time_seconds") == m.NIXL_POST_BUCKETS
+    assert _reference_row("vllm:nixl_num_descriptors") == m.NIXL_DESCRIPTOR_BUCKETS
+    assert m.NIXL_BYTES_BUCKETS[0] == 2048 and m.NIXL_BYTES_BUCKETS[-1] == 8 * 1024**3
+    assert m.buckets_125(100) == (1, 2, 5, 10, 20, 50, 100)
+
+
+def test_ttft_histogram_count_and_sum_match_the_results_table(runs):
+    for name, run in runs.items():
+        df, expos = run.results, list(run.metrics.values())
+        ttft = df["ttft_s"].dropna()
+        assert sum_series(expos, m.CLIENT_TTFT.count) == len(ttft) == len(df)
+        assert math.isclose(sum_series(expos, m.CLIENT_TTFT.sum), ttft.sum(), rel_tol=1e-9)
+        if name == "collocated":  # the engine sees the request when the client sends it
+            assert sum_series(expos, m.TTFT.count) == len(ttft)
+            assert math.isclose(sum_series(expos, m.TTFT.sum), ttft.sum(), rel_tol=1e-9)
+        else:  # decode's TTFT starts when the request reaches it: after prefill
+            decode = sum_series(expos, m.TTFT.sum, role="decode")
+            assert sum_series(expos, m.TTFT.count, role="decode") == len(df)
+            assert math.isclose(
+                decode, (df["token_times_s"].map(lambda t: t[0]) - df["prefill_done_s"]).sum()
+            )
+            assert decode < ttft.sum()
+
+
+def test_counters_trace_to_the_results_table(runs):
+    for name, run in runs.items():
+        df, expos = run.results, list(run.metrics.values())
+        n, role = len(df), "mixed" if name == "collocated" else "decode"
+        assert sum_series(expos, m.GENERATION_TOKENS.exposed, role=role) == df["num_output_tokens"].sum()
+        assert sum_series(expos, m.REQUEST_SUCCESS.exposed, role=role, finished_reason="length") == n
+        assert sum_series(expos, m.E2E.count, role=role) == n
+        assert sum_series(expos, m.ITL.count, role=role) == (df["num_output_tokens"] - 1).sum()
+        assert math.isclose(
+            sum_series(expos, m.ITL.sum, role=role),
+            float(sum(np.sum(np.diff(t)) for t in df["token_times_s"])),
+        )
+        assert sum_series(expos, m.REQUESTS_FINISHED.exposed, finished_reason="length") == n
+        for slo, attained in run.summary["slo_attainment"].items():
+            assert sum_series(expos, m.SLO_MET.exposed, slo=slo) == round(attained * n)
+        assert math.isclose(sum_series(expos, m.WORST_GAP.name), df["max_gap_s"].max())
+    pd_df, pd_expos = runs["pd"].results, list(runs["pd"].metrics.values())
+    assert sum_series(pd_expos, m.NIXL_BYTES.sum) == pd_df["kv_bytes"].sum() > 0
+    assert sum_series(pd_expos, m.NIXL_XFER_TIME.count) == len(pd_df)
+    assert math.isclose(sum_series(pd_expos, m.KV_HANDOFF.sum, link="pcie4-x16"), pd_df["handoff_s"].sum())
+    prompt = pd_df["num_prompt_tokens"].sum()
+    assert sum_series(pd_expos, m.PROMPT_TOKENS.exposed, role="prefill") == prompt
+    external = sum_series(pd_expos, m.PROMPT_TOKENS_BY_SOURCE.exposed, source="external_kv_transfer")
+    assert external == prompt - len(pd_df)  # decode recomputes the last prompt token
+    for expo in pd_expos[:-1]:  # engines: idle at the end, every block free
+        fam = families(expo)
+        assert fam["vllm:num_requests_running"].samples[0].value == 0
+        assert fam["vllm:kv_cache_usage_perc"].samples[0].value == 0
+
+
+def test_preemptions_and_prefix_hits_are_counted():
+    cfg = make_config(
+        COLLOCATED,
+        runner={"compute": "skip"},
+        scheduler={"num_gpu_blocks_override": 40},
+        workload={"num_requests": 4, "rate": 50, "prompt_len": 160, "output_len": 200},
+    )
+    run = run_virtual(cfg)
+    expos = list(run.metrics.values())
+    assert sum_series(expos, m.NUM_PREEMPTIONS.exposed) == run.summary["num_preemptions"] > 0
+    assert sum_series(expos, m.PREFIX_CACHE_QUERIES.exposed) >= 4 * 160
+    assert (
+        sum_series(expos, m.PREFIX_CACHE_HITS.exposed) == run.engine_reports["mixed-0"]["prefix_cache_hits"]
+    )

@@ -1,0 +1,168 @@
+"""A real Prometheus scrapes a live run; every shipped dashboard expression, and vLLM's stock dashboard
+queries, must return data through its HTTP API, and its TTFT histogram must match the results table."""
+
+import asyncio
+import json
+import math
+import shutil
+import socket
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from cluster.config_load import load_designs
+from cluster.live import connect, deploy, disconnect, drive, shutdown
+from cluster.outcome import run_output
+from dashboards import grafana
+from dashboards import metrics as m
+from dashboards.stack import down, up
+from workloads.synthetic import synthetic_requests
+
+MODEL = "qwen2.5-7b"
+# vLLM's stock Grafana dashboard (examples/online_serving/prometheus_grafana) queries, in its own shape:
+# exact `model_name` match, `sum by(le)` quantiles, per-engine rates.
+SEL = '{model_name="$model_name"}[$__rate_interval]'
+STOCK_VLLM_QUERIES = [
+    *[
+        f"histogram_quantile({q}, sum by(le) (rate(vllm:{name}_bucket{SEL})))"
+        for name in (
+            "time_to_first_token_seconds",
+            "inter_token_latency_seconds",
+            "e2e_request_latency_seconds",
+            "request_time_per_output_token_seconds",
+            "nixl_xfer_time_seconds",
+            "request_prompt_tokens",
+        )
+        for q in (0.5, 0.99)
+    ],
+    'rate(vllm:e2e_request_latency_seconds_sum{model_name="$model_name"}[$__rate_interval])\n/\n'
+    'rate(vllm:e2e_request_latency_seconds_count{model_name="$model_name"}[$__rate_interval])',
+    'rate(vllm:prompt_tokens_total{model_name="$model_name"}[$__rate_interval])',
+    'rate(vllm:generation_tokens_total{model_name="$model_name"}[$__rate_interval])',
+    'vllm:num_requests_running{model_name="$model_name"}',
+    'vllm:num_requests_waiting{model_name="$model_name"}',
+    'vllm:kv_cache_usage_perc{model_name="$model_name"}',
+    'rate(vllm:prefix_cache_hits_total{model_name="$model_name"}[$__rate_interval]) / '
+    'rate(vllm:prefix_cache_queries_total{model_name="$model_name"}[$__rate_interval])',
+    'rate(vllm:nixl_bytes_transferred_sum{model_name="$model_name"}[$__rate_interval])',
+]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _query(url, expr):
+    qs = urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{qs}", timeout=10) as r:
+        body = json.loads(r.read())
+    assert body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def _values(url, expr):
+    return [float(s["value"][1]) for s in _query(url, expr)]
+
+
+def _substitute(expr):
+    return (
+        expr.replace("$__rate_interval", "1m")
+        .replace("$model_name", MODEL)
+        .replace("$design", ".*")
+        .replace("$role", ".*")
+    )
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    """A live P/D run scraped every second by a real Prometheus; yields its URL and the run's output
+    while the actors still serve their final values."""
+    if shutil.which("prometheus") is None:
+        pytest.fail("prometheus is not installed: `make test` installs it (apt-get install prometheus)")
+    tmp = tmp_path_factory.mktemp("prometheus")
+    sd_file = str(tmp / "targets.json")
+    stack = up(
+        port=_free_port(), grafana_port=_free_port(), scrape_interval="1s", sd_file=sd_file, state_dir=tmp
+    )
+    cfg = load_designs(
+        "guide-l40s",
+        ["pd-fast"],
+        [
+            "clock.mode=live",
+            "runner.compute=skip",
+            "workload.num_requests=16",
+            "workload.rate=1",
+            "workload.prompt_len=2048",
+            "workload.output_len=32",
+            f"metrics.sd_file={sd_file}",
+        ],
+    )[0]
+    started = connect([cfg], None)
+    try:
+        dep = deploy(cfg)
+        results = asyncio.run(
+            drive(dep, cfg, synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed))
+        )
+        deadline = time.monotonic() + 30
+        while sum(_values(stack.prometheus_url, f"sum({m.REQUESTS_FINISHED.exposed})")) < len(results):
+            assert time.monotonic() < deadline, "Prometheus never scraped the final counts"
+            time.sleep(0.5)
+        time.sleep(2.5)  # two more scrapes: every actor's last values are in
+        yield stack.prometheus_url, results, dep, cfg
+        reports, _ = shutdown(dep, cfg)
+        for eid, report in reports.items():
+            assert "error" not in report, eid
+    finally:
+        if started:
+            disconnect()
+        down(tmp)
+
+
+def test_prometheus_scrapes_every_actor(scraped):
+    url, _, dep, _ = scraped
+    up_targets = _query(url, 'up{job="disagg-testbed"}')
+    assert {t["metric"]["actor"] for t in up_targets} == set(dep.metrics_targets)
+    assert all(t["value"][1] == "1" for t in up_targets)
+
+
+@pytest.mark.parametrize("board", list(grafana.BOARDS))
+def test_every_dashboard_expression_returns_data(scraped, board):
+    url = scraped[0]
+    exprs = grafana.expressions((grafana.OUT_DIR / f"{board}.json").read_text())
+    assert len(exprs) >= 8
+    empty = []
+    for expr in exprs:
+        if expr.startswith("label_values("):  # a Grafana variable: the label must have values
+            metric, label = expr[len("label_values(") : -1].split(", ")
+            values = {s["metric"].get(label) for s in _query(url, metric)}
+            if not values - {None}:
+                empty.append(expr)
+            continue
+        if not [v for v in _values(url, _substitute(expr)) if not math.isnan(v)]:
+            empty.append(expr)
+    assert not empty, "no data:\n" + "\n".join(empty)
+
+
+def test_vllm_stock_dashboard_queries_return_data(scraped):
+    url = scraped[0]
+    empty = [
+        q for q in STOCK_VLLM_QUERIES if not [v for v in _values(url, _substitute(q)) if not math.isnan(v)]
+    ]
+    assert not empty, "no data:\n" + "\n".join(empty)
+
+
+def test_ttft_in_prometheus_matches_the_results_table(scraped):
+    url, results, _, cfg = scraped
+    df = run_output(cfg, results, {}, {}).results
+    count = sum(_values(url, f"sum({m.CLIENT_TTFT.count})"))
+    total = sum(_values(url, f"sum({m.CLIENT_TTFT.sum})"))
+    assert count == len(df) == df["ttft_s"].notna().sum()
+    assert math.isclose(total, df["ttft_s"].sum(), rel_tol=1e-9)
+    assert (
+        sum(_values(url, f"sum({m.GENERATION_TOKENS.exposed}{{role='decode'}})"))
+        == df["num_output_tokens"].sum()
+    )
