@@ -19,6 +19,7 @@ from typing import Any
 
 from cluster.config import TestbedConfig
 from cluster.config_load import ConfigError, available_presets, dump_config, load_designs
+from dashboards.report import write_report
 
 
 def _parse_rates(text: str) -> list[float]:
@@ -123,11 +124,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             engines[cfg.design] = result.engine_reports
             if cfg.clock.mode == "live" and result.summary["lag_fraction"] > 0.01:
                 lag_warning(result.summary)
-    pd.concat(frames, ignore_index=True).to_parquet(out / "results.parquet", index=False)
+    results = pd.concat(frames, ignore_index=True)
+    results.to_parquet(out / "results.parquet", index=False)
     _write_json(out / "summary.json", records)
     _write_json(out / "engines.json", _clean(engines))
+    c = configs[0]
+    notes = [
+        f"target {c.target.model}; designs {', '.join(x.design for x in configs)}",
+        f"{c.clock.mode} mode, compute {c.runner.compute}, time_scale "
+        + ", ".join(f"{x.clock.time_scale:g}" for x in configs if x.clock.time_scale != "auto"),
+        f"workload: {c.workload.num_requests} requests at {c.workload.rate:g} req/s, prompt "
+        f"{c.workload.prompt_len}, output {c.workload.output_len}, seed {c.seed}",
+        "final Prometheus exposition of every actor: metrics/<design>/<actor>.prom",
+    ]
+    report = write_report(out, results, records, f"testbed run: {c.target.model}", notes)
     show(run_table(records))
-    print(f"run directory: {out}")
+    print(f"run directory: {out}  (report: {report})")
     return 0
 
 
@@ -186,8 +198,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         },
     )
     title = f"{configs[0].target.model}: {len(configs)} designs x {len(rates)} rates x {args.seeds} seeds"
+    c = configs[0]
+    notes = [
+        f"designs {', '.join(x.design for x in configs)}; rates {args.rates} req/s; {args.seeds} seed(s) "
+        f"from {c.seed}; virtual mode, compute {c.runner.compute}",
+        f"workload: {c.workload.num_requests} requests per point, prompt {c.workload.prompt_len}, "
+        f"output {c.workload.output_len}; table and curves: means over seeds",
+        "goodput rate (highest rate with >= 90 % SLO attainment): "
+        + "; ".join(f"{d}: {v}" for d, v in goodput.items()),
+    ]
+    report = write_report(out, result.results, records, title, notes)
     show(sweep_table(records, title), goodput_table(goodput))
     print(f"{len(points)} runs, {num_requests} requests in {wall_s:.1f} s wall; run directory: {out}")
+    print(f"report: {report}")
     return 0
 
 

@@ -67,7 +67,9 @@ def up(
     state = state_dir or default_state_dir()
     state.mkdir(parents=True, exist_ok=True)
     prom_url = f"http://{host}:{port}"
-    if not _alive(state / "prometheus.pid"):
+    if _alive(state / "prometheus.pid"):
+        prom_url = (state / "prometheus.url").read_text()  # the running one's, whatever was asked now
+    else:
         binary = shutil.which("prometheus")
         if binary is None:
             raise StackError(
@@ -89,6 +91,7 @@ def up(
             {},
         )
         _wait_ready(f"{prom_url}/-/ready", state / "prometheus.log")
+        (state / "prometheus.url").write_text(prom_url)
     grafana_url = _grafana(host, grafana_port, prom_url, state)
     return Stack(prom_url, grafana_url, state)
 
@@ -99,7 +102,7 @@ def _grafana(host: str, port: int, prom_url: str, state: Path) -> str | None:
         return None
     url = f"http://{host}:{port}"
     if _alive(state / "grafana.pid"):
-        return url
+        return (state / "grafana.url").read_text()
     home = next(
         (p for p in (Path("/usr/share/grafana"), Path(binary).parents[1]) if (p / "conf").exists()), None
     )
@@ -118,6 +121,7 @@ def _grafana(host: str, port: int, prom_url: str, state: Path) -> str | None:
     }
     _spawn("grafana", args, state, env)
     _wait_ready(f"{url}/api/health", state / "grafana.log")
+    (state / "grafana.url").write_text(url)
     return url
 
 

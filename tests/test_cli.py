@@ -56,6 +56,18 @@ def test_run_writes_a_reproducible_run_directory(tmp_path, capsys):
     df = pd.read_parquet(tmp_path / "results.parquet")
     assert len(df) == 18 and {"ttft_s", "token_times_s", "finished_reason", "engine"} <= set(df.columns)
     assert "pd-testbox" in capsys.readouterr().out
+    assert (tmp_path / "metrics" / "pd-fast" / "decode-0.prom").exists()
+    _assert_report(tmp_path, {"ttft_cdf", "itl_cdf", "stalls", "handoff"})
+
+
+def _assert_report(out, plots):
+    """A self-contained page: every plot embedded (no file or network reference), and as a PNG."""
+    page = (out / "report.html").read_text()
+    assert {p.stem for p in (out / "plots").glob("*.png")} == plots
+    for name in plots:
+        assert (out / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f'alt="{name}" src="data:image/png;base64,' in page
+    assert page.count("<img") == len(plots) and "http" not in page
 
 
 def test_sweep_writes_means_over_seeds_and_goodput(tmp_path):
@@ -82,6 +94,7 @@ def test_sweep_writes_means_over_seeds_and_goodput(tmp_path):
     assert len(json.loads((tmp_path / "runs.json").read_text())) == 8
     goodput = json.loads((tmp_path / "goodput.json").read_text())
     assert set(goodput) == {"collocated", "pd-fast"}
+    _assert_report(tmp_path, {"ttft_cdf", "itl_cdf", "stalls", "handoff", "goodput"})
 
 
 @pytest.mark.parametrize(

@@ -154,3 +154,58 @@ def test_a_crashing_engine_fails_every_request_instead_of_hanging():
     results = run_async(main())
     assert [r.finished_reason for r in results] == ["error"] * 3
     assert all("crashed" in r.error for r in results)
+
+
+async def _collect(engine, req):
+    return [out async for out in engine.generate(req)][-1]
+
+
+@pytest.mark.timeout(60)  # the bugs these guard against were an idle engine spinning forever
+def test_requests_sent_ahead_out_of_arrival_order_are_served_in_arrival_order():
+    cfg = make_config(COLLOCATED, SKIP)
+
+    async def main():
+        (engine,) = build_deployment(cfg, Clock()).engines
+        task = asyncio.ensure_future(engine.run())
+        late = EngineRequest("late", list(range(64)), 2, arrival_time_s=1.0, forced_output_token_ids=[1, 2])
+        early = EngineRequest(
+            "early", list(range(64)), 2, arrival_time_s=0.999, forced_output_token_ids=[1, 2]
+        )
+        outs = await asyncio.gather(_collect(engine, late), _collect(engine, early))
+        engine.stop()
+        await task
+        engine.assert_empty()
+        return outs
+
+    late, early = run_async(main())
+    assert early.times.first_scheduled_s == pytest.approx(0.999)
+    assert late.times.first_scheduled_s >= 1.0
+
+
+@pytest.mark.timeout(60)
+def test_a_request_blocked_by_unpulled_kv_runs_when_the_hold_expires():
+    cfg = make_config(
+        {"pools": {"mixed": {"replicas": 0}, "prefill": {"replicas": 1}, "decode": {"replicas": 1}}},
+        SKIP,
+        scheduler={"num_gpu_blocks_override": 8},
+        kv_transfer={"hold_timeout_s": 30.0},
+        workload={"prompt_len": 100, "output_len": 1},
+    )
+
+    async def main():
+        dep = build_deployment(cfg, Clock())
+        prefill = next(e for e in dep.engines if e.role == "prefill")
+        task = asyncio.ensure_future(prefill.run())
+        held = EngineRequest("held", list(range(100)), 1, kv_transfer_params={"do_remote_decode": True},
+                             forced_output_token_ids=[7])  # fmt: skip
+        first = await _collect(prefill, held)  # its 7 blocks stay held: no decode engine pulls them
+        blocked = EngineRequest("blocked", list(range(1000, 1100)), 1, forced_output_token_ids=[7])
+        second = await _collect(prefill, blocked)
+        prefill.stop()
+        await task
+        prefill.assert_empty()
+        return first, second, prefill.stats.num_expired_handoffs
+
+    first, second, expired = run_async(main())
+    assert expired == 1
+    assert second.times.first_scheduled_s == pytest.approx(first.times.finished_s + 30.0)

@@ -166,3 +166,23 @@ def test_ttft_in_prometheus_matches_the_results_table(scraped):
         sum(_values(url, f"sum({m.GENERATION_TOKENS.exposed}{{role='decode'}})"))
         == df["num_output_tokens"].sum()
     )
+
+
+def test_dashboards_up_and_down_from_the_command_line(tmp_path, monkeypatch, capsys):
+    from cluster.cli import main
+
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    port = _free_port()
+    assert main(["dashboards", "up", "--port", str(port), "--grafana-port", str(_free_port())]) == 0
+    try:
+        out = capsys.readouterr().out
+        assert f"Prometheus: http://127.0.0.1:{port}" in out
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=5) as r:
+            assert r.status == 200
+        assert main(["dashboards", "up"]) == 0  # already running: reported, not started twice
+        assert f"http://127.0.0.1:{port}" in capsys.readouterr().out
+    finally:
+        assert main(["dashboards", "down"]) == 0
+    assert "prometheus" in capsys.readouterr().out
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2)

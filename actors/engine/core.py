@@ -174,6 +174,7 @@ class EngineCore:
         req = self._requests.get(request_id)
         if req is not None and req.status is not RequestStatus.FINISHED:
             self._finish(req, reason, self.clock.now(), error)
+            self._wake.set()  # its blocks may admit a waiting request
 
     # ---- KV source side (prefill role) --------------------------------------------------------------
 
@@ -191,7 +192,7 @@ class EngineCore:
         for rid in [
             r
             for r, req in held.items()
-            if req.times.finished_s is not None and now - req.times.finished_s > timeout
+            if req.times.finished_s is not None and req.times.finished_s + timeout <= now
         ]:
             self.scheduler.release_held(rid)
             self.stats.num_expired_handoffs += 1
@@ -282,12 +283,23 @@ class EngineCore:
         return max(idle_since, min(due)) if due else now
 
     def _upcoming(self, since: float) -> list[float]:
-        """Emulated times of known future events: queued requests and transfers already moved."""
-        times = [r.times.queued_s for r in self.scheduler.waiting if r.times.queued_s >= since]
+        """Emulated times of known events the scheduler has not seen at `since`: requests queued after
+        it, transfers already moved, held KV coming up for expiry.
+
+        A request queued at or before `since` was visible to that schedule (if it could not run, only
+        a freed block or a finished request changes that, and those wake the loop): counting it would
+        make an idle engine spin. A moved transfer counts even at `since`: it is noticed only once the
+        loop runs again.
+        """
+        times = [r.times.queued_s for r in self.scheduler.waiting if r.times.queued_s > since]
         for rid in self._kv_arrived:
             done = self._requests[rid].times.kv_transfer_done_s
             if done is not None and done >= since:
                 times.append(done)
+        timeout = self.cfg.kv_transfer.hold_timeout_s
+        for req in self.scheduler.held.values():
+            if req.times.finished_s is not None and req.times.finished_s + timeout > since:
+                times.append(req.times.finished_s + timeout)
         return times
 
     def _execute(self, batch: ScheduledBatch) -> list[int | None]:

@@ -66,7 +66,12 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        """Queue `req` in order of its arrival (`queued_s`): a request sent ahead of its arrival time
+        may reach the engine after one that arrives earlier, and each is seen only from its arrival."""
+        i = len(self.waiting)
+        while i > 0 and self.waiting[i - 1].times.queued_s > req.times.queued_s:
+            i -= 1
+        self.waiting.insert(i, req)
 
     def schedule(self, now: float) -> ScheduledBatch:
         """The next step's batch; requests queued after `now` (emulated) are not seen yet."""
