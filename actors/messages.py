@@ -45,6 +45,7 @@ class RequestTimes:
     first_token_s: float | None = None
     """This engine emitted the request's first token (engine-level TTFT counts from `queued_s`)."""
     last_token_s: float | None = None
+    """This engine's latest token so far (its last one once finished)."""
     finished_s: float | None = None
     num_cached_tokens: int = 0
     """Prompt tokens served from the local prefix cache."""

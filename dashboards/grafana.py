@@ -303,7 +303,6 @@ def roles() -> dashboard.Dashboard:
                 (quantile(0.9, m.QUEUE_TIME, **ROLE), "queue"),
                 (quantile(0.9, m.PREFILL_TIME, **ROLE), "prefill"),
                 (quantile(0.9, m.DECODE_TIME, **ROLE), "decode"),
-                w=8,
             )
         )
         .with_panel(
@@ -312,17 +311,22 @@ def roles() -> dashboard.Dashboard:
                 "short",
                 "Computed here, found in the prefix cache, or received by KV transfer (per emulated s).",
                 (rate(m.PROMPT_TOKENS_BY_SOURCE, "source", **ROLE) + PER_SIM_S, "{{source}}"),
-                w=8,
             )
         )
         .with_panel(
             panel(
-                "KV usage and preemptions",
+                "KV cache usage",
                 "percentunit",
-                "KV blocks in use; preemptions per emulated second.",
-                (f"max by (replica) ({m.KV_CACHE_USAGE.name}{sel(**ROLE)})", "KV {{replica}}"),
-                (rate(m.NUM_PREEMPTIONS, "replica", **ROLE) + PER_SIM_S, "preemptions {{replica}}"),
-                w=8,
+                "Share of KV blocks in use, per replica.",
+                (f"max by (replica) ({m.KV_CACHE_USAGE.name}{sel(**ROLE)})", "{{replica}}"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Preemptions",
+                "short",
+                "Requests preempted (blocks freed, to be recomputed) per emulated second, per replica.",
+                (rate(m.NUM_PREEMPTIONS, "replica", **ROLE) + PER_SIM_S, "{{replica}}"),
             )
         )
     )

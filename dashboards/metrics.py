@@ -184,6 +184,7 @@ class _Registry:
         self.registry = CollectorRegistry(auto_describe=True)
         self.labels = labels
         self._metrics: dict[str, Counter | Gauge | Histogram] = {}
+        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         # Series without extra labels are exported at zero from the start, as vLLM's are: a rate of
         # "nothing happened" is 0, not missing data.
         for spec in specs:
@@ -202,9 +203,16 @@ class _Registry:
             if not spec.labels:
                 self.child(spec)
 
-    def child(self, spec: MetricSpec, **extra: str):  # type: ignore[no-untyped-def]
-        """The series of `spec` for this actor (and `extra` label values); created at zero if new."""
-        return self._metrics[spec.name].labels(**self.labels, **extra)
+    def child(self, spec: MetricSpec, **extra: str) -> Any:
+        """The series of `spec` for this actor (and `extra` label values); created at zero if new.
+
+        Cached: prometheus_client's `labels()` lookup costs more than the observation itself.
+        """
+        key = (spec.name, tuple(extra.items()))
+        series = self._children.get(key)
+        if series is None:
+            series = self._children[key] = self._metrics[spec.name].labels(**self.labels, **extra)
+        return series
 
     def exposition(self) -> str:
         return generate_latest(self.registry).decode()
@@ -254,9 +262,11 @@ class EngineMetrics(_Registry):
         self.child(NUM_REQUESTS_WAITING).set(len(sched.waiting) + len(sched.recving))
         self.child(KV_CACHE_USAGE).set(blocks.usage)
         q, h, p = blocks.num_prefix_cache_queries, blocks.num_prefix_cache_hits, sched.num_preemptions
-        self.child(PREFIX_CACHE_QUERIES).inc(q - self._seen_queries)
-        self.child(PREFIX_CACHE_HITS).inc(h - self._seen_hits)
-        self.child(NUM_PREEMPTIONS).inc(p - self._seen_preemptions)
+        if q != self._seen_queries:
+            self.child(PREFIX_CACHE_QUERIES).inc(q - self._seen_queries)
+            self.child(PREFIX_CACHE_HITS).inc(h - self._seen_hits)
+        if p != self._seen_preemptions:
+            self.child(NUM_PREEMPTIONS).inc(p - self._seen_preemptions)
         self._seen_queries, self._seen_hits, self._seen_preemptions = q, h, p
 
     def on_new_token(self, req: Request, now_s: float) -> None:

@@ -76,12 +76,15 @@ def latency_cdfs(df: pd.DataFrame) -> tuple[Figure, Figure]:
 
 
 def stall_timelines(df: pd.DataFrame) -> Figure:
-    """Per design, the requests on the engine of its worst inter-token gap, around that gap.
+    """Per design, the requests on the engine of its worst inter-token gap, around that gap, all at the
+    offered rate (and seed) where the worst gap of any design occurred.
 
     Each row is a request: a bar from arrival to first token (queue + prefill), a tick per token. The
     worst gap is shaded: the streams that stall while another request's prefill runs show it at once.
     """
     ok = df[df["ok"] & df["max_gap_s"].notna()]
+    worst_run = ok.sort_values("max_gap_s").iloc[-1]
+    ok = ok[(ok["rate"] == worst_run["rate"]) & (ok["seed"] == worst_run["seed"])]
     designs = list(dict.fromkeys(ok["design"]))
     fig, axes = plt.subplots(len(designs), 1, figsize=(11, 3.2 * max(1, len(designs))), squeeze=False)
     for ax, design in zip(axes[:, 0], designs, strict=True):
@@ -103,7 +106,7 @@ def stall_timelines(df: pd.DataFrame) -> Figure:
             ax.barh(y, t[0] - r["arrival_s"], left=r["arrival_s"], height=0.5, color="tab:orange", alpha=0.5)
             shown = t[(t >= lo) & (t <= hi)]
             color = "tab:red" if r["request_id"] == worst["request_id"] else "tab:blue"
-            ax.plot(shown, np.full(shown.size, y), "|", color=color, markersize=7)
+            ax.plot(shown, np.full(shown.size, y), "|", color=color, markersize=min(7.0, 120 / len(rows)))
         ax.axvspan(gap_start, gap_end, color="tab:red", alpha=0.12)
         ax.set(xlim=(lo, hi), ylim=(-0.8, len(rows) - 0.2), xlabel="emulated time (s)")
         ax.set_yticks(range(len(rows)), [r["request_id"] for r in rows], fontsize=7)
@@ -122,7 +125,8 @@ def handoff_histogram(df: pd.DataFrame) -> Figure | None:
         return None
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for design, part in pd_rows.groupby("design", sort=False):
-        ax.hist(part["handoff_s"] * 1000, bins=40, alpha=0.6, label=str(design))
+        ms = np.round(part["handoff_s"].to_numpy(float) * 1000, 3)  # equal handoffs are one bar
+        ax.hist(ms, bins=min(40, len(np.unique(ms))), alpha=0.6, label=str(design))
     ax.set(xlabel="KV handoff (ms, transfer start to done)", ylabel="requests", title="KV handoff")
     ax.legend()
     ax.grid(alpha=0.3)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cluster.calibrate import HEADROOM, WAKE_ALLOWANCE_WALL_S, calibrate, resolve_time_scale
+from cluster.calibrate import HEADROOM, MIN_AUTO_SCALE, WAKE_ALLOWANCE_WALL_S, calibrate, resolve_time_scale
 from cluster.config_load import load_designs
 
 
@@ -18,10 +18,11 @@ def test_every_probe_fits_at_the_chosen_scale():
             assert wall_budget_ms >= (p["real_ms"] + WAKE_ALLOWANCE_WALL_S * 1e3) * HEADROOM - 1e-6
 
 
-def test_real_compute_needs_more_time_than_skip():
-    skip, _ = calibrate(design("runner.compute=skip", "workload.prompt_len=4096"))
-    real, _ = calibrate(design("runner.compute=real", "workload.prompt_len=4096"))
-    assert real > skip
+def test_real_compute_needs_more_time_than_skip_and_auto_never_runs_faster_than_real_time():
+    skip, skip_probes = calibrate(design("runner.compute=skip", "workload.prompt_len=4096"))
+    real, real_probes = calibrate(design("runner.compute=real", "workload.prompt_len=4096"))
+    assert max(p["scale"] for p in real_probes.values()) > max(p["scale"] for p in skip_probes.values())
+    assert real >= skip == MIN_AUTO_SCALE
 
 
 def test_auto_is_resolved_and_explicit_scales_are_kept():

@@ -209,3 +209,11 @@ def test_a_request_blocked_by_unpulled_kv_runs_when_the_hold_expires():
     first, second, expired = run_async(main())
     assert expired == 1
     assert second.times.first_scheduled_s == pytest.approx(first.times.finished_s + 30.0)
+
+
+def test_a_request_longer_than_max_model_len_fails_visibly_and_the_rest_run():
+    cfg = make_config(COLLOCATED, SKIP, scheduler={"max_model_len": 1000}, workload={"prompt_len": 100})
+    reqs = make_requests(2, [990, 100], 20, forced=True)
+    (too_long, fine), _ = run_requests(cfg, reqs)
+    assert too_long.finished_reason == "error" and "exceeds max_model_len (1000)" in too_long.error
+    assert fine.finished_reason == "length"
