@@ -29,7 +29,10 @@ class EngineRequest:
     forced_output_token_ids: list[int] | None = None
     """The forced output policy's answer; None means greedy (argmax of the runner's logits)."""
     kv_transfer_params: dict[str, Any] | None = None
-    """vLLM's P/D contract: `{"do_remote_decode": True}` to prefill; the prefill's answer to decode."""
+    """vLLM's P/D contract: `{"do_remote_decode": True}` to prefill; the prefill's answer to decode
+    (with `prompt_token_ids`, so that decode need not render the prompt again)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Sampling one of these ends the request with finished_reason 'stop' (the tokenizer's EOS)."""
 
 
 @dataclass
@@ -90,8 +93,18 @@ class KVPayload:
 
 
 @dataclass
+class RenderSpec:
+    """How to render a chat request: sent with it so that any render replica can (re)render it."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """chat_template_kwargs, e.g. enable_thinking, keep_past_reasoning."""
+
+
+@dataclass
 class ClientRequest:
-    """workload -> proxy: what a client sends, in token IDs until the render tier exists."""
+    """front end -> proxy: a request rendered to token IDs (engines never see text)."""
 
     request_id: str
     arrival_s: float
@@ -100,6 +113,12 @@ class ClientRequest:
     max_tokens: int
     forced_output_token_ids: list[int] | None = None
     """The workload's answer, emitted under the forced output policy; None for greedy."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    render: RenderSpec | None = None
+    """P/D: how the decode side renders the prompt if it cannot reuse prefill's token IDs."""
+    reuse_prompt_token_ids: bool = True
+    """P/D: decode takes the prompt IDs prefill returns in kv_transfer_params; False (non-text content,
+    echo) renders again."""
 
 
 @dataclass

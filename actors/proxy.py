@@ -9,10 +9,11 @@ The client's first token in P/D is decode's, as with vLLM's P/D proxies.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import aclosing
 from typing import Protocol
 
-from actors.messages import ClientRequest, EngineOutput, EngineRequest, RequestResult
+from actors.messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
 from dashboards.metrics import ProxyMetrics
 
 
@@ -21,7 +22,7 @@ class EngineClient(Protocol):
 
     engine_id: str
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]: ...
+    def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]: ...
 
 
 class Proxy:
@@ -31,9 +32,12 @@ class Proxy:
         prefill: Sequence[EngineClient] = (),
         decode: Sequence[EngineClient] = (),
         metrics: ProxyMetrics | None = None,
+        render: Callable[[RenderSpec], Awaitable[list[int]]] | None = None,
     ) -> None:
-        """`metrics`: where finished requests are recorded (the client's view); None records nothing."""
+        """`metrics`: where finished requests are recorded (the client's view); None records nothing.
+        `render`: renders a request again for decode when prefill's token IDs cannot be reused."""
         self.metrics = metrics
+        self._render = render
         if bool(mixed) == bool(prefill and decode):
             raise ValueError("a proxy needs mixed engines, or prefill and decode engines")
         self._mixed = itertools.cycle(mixed) if mixed else None
@@ -42,30 +46,50 @@ class Proxy:
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         """Serve one request to the end; failures are recorded in the result, never raised."""
-        result = RequestResult(creq.request_id, creq.arrival_s, len(creq.prompt_token_ids), creq.max_tokens)
-        try:
-            if self._mixed is not None:
-                await self._stream(
-                    next(self._mixed),
-                    self._engine_request(creq, creq.max_tokens, creq.arrival_s, None),
-                    result,
-                )
-            else:
-                await self._disaggregated(creq, result)
-        except Exception as e:
-            result.finished_reason, result.error = "error", f"{type(e).__name__}: {e}"
-        if self.metrics is not None:
-            self.metrics.on_request_done(result)
+        result = self.new_result(creq)
+        async for _ in self.stream(creq, result):
+            pass
         return result
 
-    async def _disaggregated(self, creq: ClientRequest, result: RequestResult) -> None:
+    @staticmethod
+    def new_result(creq: ClientRequest) -> RequestResult:
+        return RequestResult(creq.request_id, creq.arrival_s, len(creq.prompt_token_ids), creq.max_tokens)
+
+    async def stream(self, creq: ClientRequest, result: RequestResult) -> AsyncGenerator[EngineOutput, None]:
+        """Serve one request, yielding the client's token batches as they come (`result` records
+        everything). Failures end the stream and are recorded, never raised; closing the stream early
+        aborts the request ('abort')."""
+        try:
+            if self._mixed is not None:
+                ereq = self._engine_request(
+                    creq, creq.prompt_token_ids, creq.max_tokens, creq.arrival_s, None
+                )
+                inner = self._stream(next(self._mixed), ereq, result)
+            else:
+                inner = self._disaggregated(creq, result)
+            async with aclosing(inner):  # closing this stream closes the engine's: it aborts there
+                async for out in inner:
+                    yield out
+        except Exception as e:
+            result.finished_reason, result.error = "error", f"{type(e).__name__}: {e}"
+        finally:
+            if result.finished_reason is None:
+                result.finished_reason, result.error = "abort", "the client closed the stream"
+            if self.metrics is not None:
+                self.metrics.on_request_done(result)
+
+    async def _disaggregated(
+        self, creq: ClientRequest, result: RequestResult
+    ) -> AsyncGenerator[EngineOutput, None]:
         assert self._prefill is not None and self._decode is not None
         prefill = next(self._prefill)
         result.prefill_engine = prefill.engine_id
         final = None
-        async for out in prefill.generate(
-            self._engine_request(creq, 1, creq.arrival_s, {"do_remote_decode": True})
-        ):
+        ereq = self._engine_request(
+            creq, creq.prompt_token_ids, 1, creq.arrival_s, {"do_remote_decode": True}
+        )
+        ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
+        async for out in prefill.generate(ereq):
             if out.token_times_s:
                 result.prefill_done_s = out.token_times_s[-1]
             final = out
@@ -73,31 +97,49 @@ class Proxy:
             result.finished_reason = final.finished_reason if final else "error"
             result.error = (final.error if final else None) or "prefill ended without KV to hand off"
             return
-        await self._stream(
-            next(self._decode),
-            self._engine_request(creq, creq.max_tokens, result.prefill_done_s, final.kv_transfer_params),
-            result,
-        )
+        params = final.kv_transfer_params
+        prompt = await self._decode_prompt(creq, params)
+        decode_req = self._engine_request(creq, prompt, creq.max_tokens, result.prefill_done_s, params)
+        async with aclosing(self._stream(next(self._decode), decode_req, result)) as outs:
+            async for out in outs:
+                yield out
+
+    async def _decode_prompt(self, creq: ClientRequest, params: dict) -> list[int]:
+        """The prompt decode computes: prefill's own token IDs when they can be reused, else rendered
+        again (a template that reads the clock may then render different tokens: see the tests)."""
+        ids = params.get("prompt_token_ids")
+        if creq.render is None or self._render is None:
+            return creq.prompt_token_ids
+        if creq.reuse_prompt_token_ids and ids is not None:
+            if not (isinstance(ids, list) and all(type(t) is int for t in ids)):
+                raise ValueError("kv_transfer_params.prompt_token_ids: expected a list of token IDs (ints)")
+            return ids
+        return await self._render(creq.render)
 
     @staticmethod
     def _engine_request(
-        creq: ClientRequest, max_tokens: int, sent_s: float | None, params: dict | None
+        creq: ClientRequest, prompt: list[int], max_tokens: int, sent_s: float | None, params: dict | None
     ) -> EngineRequest:
         return EngineRequest(
             request_id=creq.request_id,
-            prompt_token_ids=creq.prompt_token_ids,
+            prompt_token_ids=prompt,
             max_tokens=max_tokens,
             arrival_time_s=sent_s,
             forced_output_token_ids=creq.forced_output_token_ids,
             kv_transfer_params=params,
+            stop_token_ids=creq.stop_token_ids,
         )
 
     @staticmethod
-    async def _stream(engine: EngineClient, ereq: EngineRequest, result: RequestResult) -> None:
+    async def _stream(
+        engine: EngineClient, ereq: EngineRequest, result: RequestResult
+    ) -> AsyncGenerator[EngineOutput, None]:
         result.engine = engine.engine_id
-        async for out in engine.generate(ereq):
-            result.output_token_ids.extend(out.new_token_ids)
-            result.token_times_s.extend(out.token_times_s)
-            if out.finished_reason is None:
-                continue
-            result.finished_reason, result.error, result.times = out.finished_reason, out.error, out.times
+        async with aclosing(engine.generate(ereq)) as outs:
+            async for out in outs:
+                result.output_token_ids.extend(out.new_token_ids)
+                result.token_times_s.extend(out.token_times_s)
+                if out.finished_reason is not None:
+                    result.finished_reason, result.error = out.finished_reason, out.error
+                    result.times = out.times
+                yield out

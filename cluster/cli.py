@@ -3,6 +3,7 @@
 testbed run   --preset guide-l40s [--design collocated] [--rate 0.4] [--set key=value ...] [--out DIR]
 testbed sweep --preset guide-l40s --rates 0.2,0.4 --seeds 5 --num-requests 100 [--out DIR]
 testbed dashboards up [--host 127.0.0.1] [--port 9090] | testbed dashboards down
+testbed serve --preset guide-l40s --design pd-fast [--host 127.0.0.1] [--port 8000] [--api-key KEY]
 """
 
 from __future__ import annotations
@@ -237,6 +238,24 @@ def cmd_dashboards(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from cluster.calibrate import resolve_time_scale
+    from cluster.serve import serve
+
+    configs = _configs(args)
+    if args.design and len(configs) != 1:
+        names = ", ".join(c.design for c in configs)
+        raise ConfigError(f"--design={args.design}: serve runs one design; choose one of: {names}")
+    cfg = resolve_time_scale(configs[0])
+    out = Path(args.out) if args.out else None
+    name = cfg.target.served_model_name or cfg.target.model
+    print(f"serving {cfg.design} as model {name!r} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)")
+    serve(cfg, args.host, args.port, out, args.api_key, args.max_body_bytes)
+    if out is not None:
+        print(f"results: {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description="Emulate disaggregated LLM serving.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -246,6 +265,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=9090, help="Prometheus port")
     d.add_argument("--grafana-port", type=int, default=3000)
     d.add_argument("--scrape-interval", default="5s", help="Prometheus scrape interval, e.g. 1s")
+    v = sub.add_parser("serve", help="an OpenAI-compatible server in front of one design")
+    src = v.add_mutually_exclusive_group()
+    src.add_argument("--preset", default="guide-l40s", help=f"one of: {', '.join(available_presets())}")
+    src.add_argument("--config", help="a YAML config file (flat, or base + designs)")
+    v.add_argument("--design", help="the design to serve (default: the preset's only or first one)")
+    v.add_argument("--compute", help="real | skip")
+    v.add_argument("--output-policy", help="forced | greedy")
+    v.add_argument("--time-scale", help="wall seconds per emulated second, or auto")
+    v.add_argument("--seed", type=int)
+    v.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config field")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it)")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--api-key", help="require `Authorization: Bearer KEY`")
+    v.add_argument("--max-body-bytes", type=int, default=4 * 1024**2, help="larger bodies get 413")
+    v.add_argument("--out", help="write every request's results here at shutdown")
     for name, helptext in (("run", "run each design once"), ("sweep", "designs x rates x seeds")):
         s = sub.add_parser(name, help=helptext)
         src = s.add_mutually_exclusive_group()
@@ -275,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        commands = {"run": cmd_run, "sweep": cmd_sweep, "dashboards": cmd_dashboards}
+        commands = {"run": cmd_run, "sweep": cmd_sweep, "dashboards": cmd_dashboards, "serve": cmd_serve}
         return commands[args.command](args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

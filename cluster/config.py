@@ -152,6 +152,18 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
+class RenderConfig:
+    __pydantic_config__ = _STRICT
+
+    replicas: int = 2
+    """Render replicas (templates, detokenizing, parsing: CPU work off the GPU box)."""
+    tokenizer_path: str | None = None
+    """A local Hugging Face tokenizer directory; None: the project's BPE (trained once, cached)."""
+    chat_template_path: str | None = None
+    """A Jinja chat template file replacing the tokenizer's own."""
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     __pydantic_config__ = _STRICT
 
@@ -180,6 +192,7 @@ class TestbedConfig:
     clock: ClockConfig = field(default_factory=ClockConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    render: RenderConfig = field(default_factory=RenderConfig)
     slos: tuple[str, ...] = ("ttft<=2s,tpot<=30ms", "ttft<=2s,gap<=100ms")
     """SLO sets: comma-joined `metric<=value` terms over ttft, tpot, itl (per-request p99), gap, e2el."""
     seed: int = 0

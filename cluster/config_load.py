@@ -249,6 +249,10 @@ def _check_semantics(cfg: TestbedConfig) -> None:
         cfg.kv_transfer.hold_timeout_s > 0,
         f"kv_transfer.hold_timeout_s={cfg.kv_transfer.hold_timeout_s}: must be > 0",
     )
+    _require(cfg.render.replicas >= 1, f"render.replicas={cfg.render.replicas}: must be >= 1")
+    for key in ("tokenizer_path", "chat_template_path"):
+        path = getattr(cfg.render, key)
+        _require(path is None or Path(path).exists(), f"render.{key}={path!r}: no such file or directory")
     _require(cfg.metrics.linger_s >= 0, f"metrics.linger_s={cfg.metrics.linger_s}: must be >= 0")
     ts = cfg.clock.time_scale
     _require(ts == "auto" or ts > 0, f"clock.time_scale={ts}: must be > 0 or 'auto'")

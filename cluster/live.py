@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,7 +59,7 @@ class RemoteEngine:
         self.engine_id = engine_id
         self._handle = handle
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         async for ref in self._handle.generate.options(num_returns="streaming").remote(request):
             yield await ref
 
@@ -105,7 +105,7 @@ class EngineHost:
         self._task = asyncio.ensure_future(self.engine.run())
         return _serve_metrics(self.engine.metrics.registry)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         assert self.engine is not None
         async for out in self.engine.generate(request):
             yield out

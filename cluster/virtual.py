@@ -7,12 +7,12 @@ jumps from event to event, so a run costs only its real work and is deterministi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from actors.engine.clock import Clock, VirtualTimeLoop
 from actors.engine.core import EngineCore, KVSource, Role, runner_for
-from actors.messages import ClientRequest, RequestResult
+from actors.messages import ClientRequest, RenderSpec, RequestResult
 from actors.proxy import Proxy
 from cluster.config import TestbedConfig
 from cluster.outcome import RunOutput, run_output
@@ -28,17 +28,34 @@ class Deployment:
     clock: Clock
 
 
-def build_deployment(cfg: TestbedConfig, clock: Clock) -> Deployment:
-    """Engines for every pool replica, wired to their peers, and a proxy in front of them."""
+def build_deployment(
+    cfg: TestbedConfig,
+    clock: Clock,
+    compute_in_thread: bool = False,
+    render: Callable[[RenderSpec], Awaitable[list[int]]] | None = None,
+) -> Deployment:
+    """Engines for every pool replica, wired to their peers, and a proxy in front of them (which
+    renders again with `render` when decode cannot reuse prefill's prompt IDs).
+    `compute_in_thread`: on a real-time loop (serve), compute off the loop."""
     peers: dict[str, KVSource] = {}
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
             pools[role].append(
-                EngineCore(f"{role}-{i}", role, cfg, pool, clock, runner_for(cfg, pool), peers, replica=i)
+                EngineCore(
+                    f"{role}-{i}",
+                    role,
+                    cfg,
+                    pool,
+                    clock,
+                    runner_for(cfg, pool),
+                    peers,
+                    compute_in_thread=compute_in_thread,
+                    replica=i,
+                )
             )
     peers.update({e.engine_id: e for e in pools["prefill"]})
-    proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], ProxyMetrics(cfg))
+    proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], ProxyMetrics(cfg), render)
     return Deployment(proxy, [e for engines in pools.values() for e in engines], clock)
 
 

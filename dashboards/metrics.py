@@ -173,8 +173,14 @@ ENGINE_SERIES = (
     NIXL_POST_TIME, NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS,
     NIXL_KV_EXPIRED, TIME_SCALE, STEPS, LAGGED_STEPS, LAGGED_KV_TRANSFERS, MAX_OVERRUN, BUSY, KV_HANDOFF,
 )  # fmt: skip
+# Render tier: CPU seconds of real work (CPU ms per 1k tokens = cpu rate / tokens rate), calls per replica.
+RENDER_CPU = _c("testbed:render_cpu_seconds", "CPU seconds spent rendering (templates) or derendering (detokenize + parse).", ("op",))  # fmt: skip
+RENDER_TOKENS = _c("testbed:render_tokens", "Tokens rendered (prompt) or derendered (output).", ("op",))
+RENDER_CALLS = _c("testbed:render_calls", "Render calls (one per request) and derender calls (one per chunk).", ("op",))  # fmt: skip
+
 PROXY_SERIES = (TIME_SCALE, CLIENT_TTFT, CLIENT_E2E, MAX_GAP, WORST_GAP, REQUESTS_FINISHED, SLO_MET)
-ALL_SERIES = tuple(dict.fromkeys(ENGINE_SERIES + PROXY_SERIES))
+RENDER_SERIES = (RENDER_CPU, RENDER_TOKENS, RENDER_CALLS)
+ALL_SERIES = tuple(dict.fromkeys(ENGINE_SERIES + PROXY_SERIES + RENDER_SERIES))
 
 
 class _Registry:
@@ -396,6 +402,42 @@ def serve_metrics(registry: CollectorRegistry, host: str) -> int:
     server = make_server(host, 0, text_format, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return int(server.server_port)
+
+
+class RenderMetrics(_Registry):
+    """A render replica's series; `on_render` is the Render role's hook."""
+
+    def __init__(self, cfg: TestbedConfig, replica: int) -> None:
+        super().__init__(RENDER_SERIES, _labels(cfg, "render", replica), cfg.scheduler.max_model_len)
+        for op in ("render", "derender"):
+            for spec in RENDER_SERIES:
+                self.child(spec, op=op)
+
+    def on_render(self, op: str, cpu_s: float, num_tokens: int) -> None:
+        """One render (op='render') or derender (op='derender') call took `cpu_s` of this thread's CPU."""
+        self.child(RENDER_CPU, op=op).inc(cpu_s)
+        self.child(RENDER_TOKENS, op=op).inc(num_tokens)
+        self.child(RENDER_CALLS, op=op).inc()
+
+
+def merged_exposition(registries: list[CollectorRegistry]) -> str:
+    """One exposition of several actors' registries in one process (families merged by name, as a
+    scrape of one port must list each family once)."""
+    merged: dict[str, Any] = {}
+    for registry in registries:
+        for family in registry.collect():
+            if family.name in merged:
+                merged[family.name].samples.extend(family.samples)
+            else:
+                merged[family.name] = family
+
+    class _Merged:
+        def collect(self) -> Any:
+            return iter(merged.values())
+
+    out = CollectorRegistry(auto_describe=False)
+    out.register(_Merged())  # type: ignore[arg-type]
+    return generate_latest(out).decode()
 
 
 def sum_series(expositions: list[str], name: str, **match: str) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -137,7 +137,7 @@ class EngineCore:
 
     # ---- client side -------------------------------------------------------------------------------
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         """Stream a request's outputs; closing the iterator early aborts the request."""
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in engine {self.engine_id}")
@@ -148,6 +148,9 @@ class EngineCore:
                 f"max_tokens ({request.max_tokens}) = {n} exceeds max_model_len "
                 f"({self.cfg.scheduler.max_model_len})"
             )
+        vocab = self.cfg.runner.vocab_size
+        if not all(type(t) is int and 0 <= t < vocab for t in request.prompt_token_ids):
+            raise ValueError(f"request {request.request_id!r}: prompt token IDs must be ints in [0, {vocab})")
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)
         stream = _Stream()
@@ -344,7 +347,9 @@ class EngineCore:
                 stream.tokens.append(token)
                 stream.times.append(end)
                 stream.event.set()
-            if len(req.output_token_ids) >= req.max_tokens:
+            if forced is None and token in req.stop_token_ids:
+                self._finish(req, "stop", end)
+            elif len(req.output_token_ids) >= req.max_tokens:
                 self._finish(req, "length", end)
             elif forced is not None and len(req.output_token_ids) >= len(forced):
                 self._finish(req, "stop", end)  # the forced answer is complete
@@ -359,6 +364,7 @@ class EngineCore:
                 "remote_request_id": req.request_id,
                 "remote_block_ids": list(req.block_ids),
                 "remote_num_tokens": req.num_prompt_tokens,
+                "prompt_token_ids": list(req.prompt_token_ids),
                 "kv_sent_s": now,
                 "prefill_compute_s": now - (now if first is None else first),
             }

@@ -38,6 +38,7 @@ class Request:
         "prompt_token_ids",
         "request_id",
         "status",
+        "stop_token_ids",
         "times",
     )
 
@@ -46,6 +47,7 @@ class Request:
         self.prompt_token_ids = req.prompt_token_ids
         self.max_tokens = req.max_tokens
         self.forced_output_token_ids = req.forced_output_token_ids
+        self.stop_token_ids = frozenset(req.stop_token_ids)
         self.kv_transfer_params: dict[str, Any] | None = req.kv_transfer_params
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0

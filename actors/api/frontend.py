@@ -1,0 +1,225 @@
+"""The API front end: turns OpenAI requests into token-ID requests for the proxy and token streams back
+into OpenAI responses, paced by emulated time.
+
+    HTTP ─► render (template -> token IDs) ─► proxy ─► engines (token IDs only)
+    HTTP ◄─ derender (stateful stream: text, reasoning, tool calls) ◄─ token batches (emulated stamps)
+
+Each token leaves when the clock reaches its emulated stamp, so a client measures the emulated TTFT and
+ITL. Every finished request, whatever its outcome, is appended to `results`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from actors.engine.clock import Clock
+from actors.messages import ClientRequest, RenderSpec, RequestResult
+from actors.proxy import Proxy
+from actors.render.parsers import ParsedDelta
+from actors.render.render import Render
+from cluster.config import TestbedConfig
+from workloads.answers import forced_answer_ids, forced_answer_text
+
+
+@dataclass
+class TokenEvent:
+    """What the front end streams: the tokens that just became due, and what they derender to."""
+
+    token_ids: list[int]
+    delta: ParsedDelta
+    finished_reason: str | None = None
+
+
+@dataclass
+class Completion:
+    """A whole (or failed) request as the HTTP layer answers it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    parsed: ParsedDelta = field(default_factory=ParsedDelta)
+    finished_reason: str | None = None
+    error: str | None = None
+
+
+class Frontend:
+    def __init__(self, cfg: TestbedConfig, proxy: Proxy, renders: list[Render], clock: Clock) -> None:
+        """`renders`: the render pool (stateful streams stick to the replica that opened them)."""
+        self.cfg = cfg
+        self.proxy = proxy
+        self.renders = renders
+        self.clock = clock
+        self.model_name = cfg.target.served_model_name or cfg.target.model
+        self.results: list[RequestResult] = []
+        self._next_render = itertools.cycle(range(len(renders)))
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ApiError(
+                404,
+                f"model {model!r} does not exist; this server serves {self.model_name!r}",
+                "model",
+                "model_not_found",
+            )
+
+    async def render_chat(self, req: ChatCompletionRequest | Any) -> tuple[list[int], RenderSpec]:
+        spec = RenderSpec(
+            [m.for_template() for m in req.messages], req.tools, dict(req.chat_template_kwargs or {})
+        )
+        return await self.render(spec), spec
+
+    async def render(self, spec: RenderSpec) -> list[int]:
+        """Render on a pool replica, off the event loop (the engines share it in-process)."""
+        replica = self.renders[next(self._next_render)]
+        try:
+            return await asyncio.to_thread(
+                replica.render_chat, spec.messages, spec.tools, **spec.template_kwargs
+            )
+        except Exception as e:  # a template error is the request's fault (e.g. a role it rejects)
+            raise ApiError(400, f"messages: the chat template rejected them: {e}", "messages") from None
+
+    def chat_request(
+        self, req: ChatCompletionRequest, prompt: list[int], spec: RenderSpec
+    ) -> tuple[ClientRequest, int]:
+        """The token-ID request for a rendered chat, and the render replica its stream derenders on."""
+        max_tokens = self._max_tokens(req.requested_max_tokens, len(prompt))
+        render = self.renders[0]
+        forced = None
+        if self.cfg.workload.output_policy == "forced":
+            text = forced_answer_text(spec.messages, spec.tools, self.cfg.seed)
+            forced = forced_answer_ids(
+                text, render.render_text, max_tokens, render.eos_token_id, bool(spec.tools)
+            )
+        creq = ClientRequest(
+            request_id=f"chatcmpl-{uuid.uuid4().hex[:16]}",
+            arrival_s=self.clock.now(),
+            prompt_token_ids=prompt,
+            max_tokens=max_tokens,
+            forced_output_token_ids=forced,
+            stop_token_ids=[render.eos_token_id],
+            render=spec,
+            reuse_prompt_token_ids=not req.echo and all(m.is_text for m in req.messages),
+        )
+        self._check_transfer_params(req.kv_transfer_params)
+        return creq, next(self._next_render)
+
+    def completion_request(self, req: CompletionRequest) -> tuple[ClientRequest, int]:
+        render = self.renders[0]
+        if isinstance(req.prompt, str):
+            prompt = render.render_text(req.prompt)
+        else:
+            prompt = self.check_token_ids(req.prompt, "prompt")
+        if not prompt:
+            raise ApiError(400, "prompt: must not be empty", "prompt")
+        max_tokens = self._max_tokens(req.max_tokens, len(prompt))
+        forced = None
+        if self.cfg.workload.output_policy == "forced":
+            text = forced_answer_text([{"role": "user", "content": str(req.prompt)}], None, self.cfg.seed)
+            forced = forced_answer_ids(text, render.render_text, max_tokens, render.eos_token_id, False)
+        creq = ClientRequest(
+            f"cmpl-{uuid.uuid4().hex[:16]}",
+            self.clock.now(),
+            prompt,
+            max_tokens,
+            forced,
+            [render.eos_token_id],
+        )
+        return creq, next(self._next_render)
+
+    def generate_request(self, req: GenerateRequest) -> ClientRequest:
+        ids = self.check_token_ids(req.token_ids, "token_ids")
+        max_tokens = self._max_tokens(req.sampling_params.max_tokens, len(ids))
+        forced = None
+        if self.cfg.workload.output_policy == "forced":
+            # no text to answer: a seeded draw of token IDs (the client asked for IDs, it gets IDs)
+            import numpy as np
+
+            rng = np.random.default_rng([self.cfg.seed, len(ids), sum(ids)])
+            forced = rng.integers(0, self.cfg.runner.vocab_size, max_tokens).tolist()
+        return ClientRequest(f"gen-{uuid.uuid4().hex[:16]}", self.clock.now(), ids, max_tokens, forced)
+
+    def check_token_ids(self, ids: Any, param: str) -> list[int]:
+        vocab = self.cfg.runner.vocab_size
+        if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab for t in ids):
+            raise ApiError(400, f"{param}: token IDs must be a list of ints in [0, {vocab})", param)
+        return ids
+
+    def _check_transfer_params(self, params: dict[str, Any] | None) -> None:
+        if params and "prompt_token_ids" in params:
+            self.check_token_ids(params["prompt_token_ids"], "kv_transfer_params.prompt_token_ids")
+
+    def _max_tokens(self, requested: int | None, num_prompt: int) -> int:
+        limit = self.cfg.scheduler.max_model_len
+        max_tokens = (
+            requested if requested is not None else min(self.cfg.workload.output_len, limit - num_prompt)
+        )
+        if num_prompt + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"max_tokens={max_tokens}: this model's maximum context length is {limit} tokens and the "
+                f"prompt has {num_prompt}; allowed: at most {max(0, limit - num_prompt)}",
+                "max_tokens",
+            )
+        return max_tokens
+
+    # ---- streams ---------------------------------------------------------------------------------
+
+    async def events(
+        self, creq: ClientRequest, replica: int | None, parse: bool = True
+    ) -> AsyncIterator[TokenEvent]:
+        """Serve `creq`, yielding tokens as their emulated time comes (derendered on `replica`, parsed
+        into reasoning and tool calls unless not `parse`; None: token IDs only). Closing the iterator
+        early aborts the request everywhere."""
+        render = self.renders[replica] if replica is not None else None
+        result = self.proxy.new_result(creq)
+        stream_id = creq.request_id
+        try:
+            async with aclosing(self.proxy.stream(creq, result)) as outs:
+                async for out in outs:
+                    for i, (tok, t) in enumerate(zip(out.new_token_ids, out.token_times_s, strict=True)):
+                        await self.clock.sleep_until(t)
+                        last = out.finished_reason is not None and i == len(out.new_token_ids) - 1
+                        delta = render.derender(stream_id, [tok], last, parse) if render else ParsedDelta()
+                        yield TokenEvent([tok], delta, out.finished_reason if last else None)
+                    if out.finished_reason is not None and not out.new_token_ids:
+                        delta = render.derender(stream_id, [], True, parse) if render else ParsedDelta()
+                        yield TokenEvent([], delta, out.finished_reason)
+        finally:
+            if render is not None:
+                render.close(stream_id)
+            self.results.append(result)
+            if result.finished_reason == "error":
+                raise ApiError(500, f"request {creq.request_id} failed: {result.error}", type_="server_error")
+
+    async def complete(self, creq: ClientRequest, replica: int | None, parse: bool = True) -> Completion:
+        """A whole response (still paced: it returns when its last token is due)."""
+        done = Completion(creq.request_id, creq.prompt_token_ids)
+        async for ev in self.events(creq, replica, parse):
+            done.output_token_ids += ev.token_ids
+            done.parsed.extend(ev.delta)
+            done.finished_reason = ev.finished_reason or done.finished_reason
+        return done
+
+    @staticmethod
+    def openai_finish_reason(engine_reason: str | None, parsed: ParsedDelta) -> str | None:
+        if engine_reason == "stop" and parsed.tool_calls:
+            return "tool_calls"
+        return engine_reason
+
+    @staticmethod
+    def created() -> int:
+        return int(time.time())
+
+    def assert_empty(self) -> None:
+        for render in self.renders:
+            render.assert_empty()

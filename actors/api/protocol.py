@@ -1,0 +1,127 @@
+"""The OpenAI-compatible HTTP surface: request models (validated at the edge) and OpenAI's error shape.
+
+Requests accept the many fields real clients send (extra fields are ignored, as vLLM ignores sampling
+knobs it does not use); the fields the testbed acts on are checked, and a bad value is a 400 naming the
+field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ApiError(Exception):
+    """An error answered as `{"error": {"message", "type", "param", "code"}}` with `status`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContentPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @property
+    def is_text(self) -> bool:
+        return not isinstance(self.content, list) or all(p.type == "text" for p in self.content)
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as the chat template reads it (text parts joined; developer is system)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(p.text or "" for p in content if p.type == "text")
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": content,
+        }
+        if self.reasoning_content:
+            out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        return out
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Lenient):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    tools: list[dict[str, Any]] | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    chat_template_kwargs: dict[str, Any] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    echo: bool = False
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Lenient):
+    model: str
+    prompt: str | list[int]
+    max_tokens: int = Field(default=16, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: bool = False
+    n: int = Field(default=1, ge=1, le=1)
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+class RenderRequest(_Lenient):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DerenderRequest(_Lenient):
+    token_ids: list[int]
+
+
+class SamplingParams(_Lenient):
+    max_tokens: int = Field(default=16, ge=1)
+
+
+class GenerateRequest(_Lenient):
+    """`/inference/v1/generate`: token IDs in, token IDs out; no template, no parser."""
+
+    token_ids: list[int] = Field(min_length=1)
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    stream: bool = False

@@ -1,0 +1,301 @@
+"""The HTTP app (FastAPI): OpenAI's chat and completions APIs (SSE streaming or not), models, health and
+metrics on one port, plus the render tier's `/render`, `/derender` and the token-ID `/inference/v1/generate`.
+
+Errors are OpenAI's shape with the right status: 400 bad input (validation, malformed JSON, token IDs,
+max_tokens), 401 a missing or wrong API key, 404 an unknown model, 413 a body over the limit, 500 a
+request that failed inside. A client that goes away mid-stream cancels its request in every role.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from actors.api.frontend import Completion, Frontend
+from actors.api.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DerenderRequest,
+    GenerateRequest,
+    RenderRequest,
+    error_body,
+)
+from actors.render.parsers import ParsedDelta, ToolCall
+
+
+def _tool_calls(calls: list[ToolCall], first_index: int = 0, stream: bool = False) -> list[dict[str, Any]]:
+    out = []
+    for i, c in enumerate(calls):
+        call: dict[str, Any] = {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments},
+        }
+        if stream:
+            call["index"] = first_index + i
+        out.append(call)
+    return out
+
+
+def _usage(num_prompt: int, num_output: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": num_output,
+        "total_tokens": num_prompt + num_output,
+    }
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def build_app(
+    frontend: Frontend,
+    metrics_text: Callable[[], str],
+    api_key: str | None = None,
+    max_body_bytes: int = 4 * 1024**2,
+) -> FastAPI:
+    """The app around `frontend`; `metrics_text()` is the exposition `/metrics` serves."""
+    app = FastAPI(title="disagg-testbed", docs_url=None, redoc_url=None)
+    model = frontend.model_name
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        if api_key is not None and request.url.path.startswith(("/v1", "/render", "/derender", "/inference")):
+            sent = request.headers.get("authorization", "")
+            if not secrets.compare_digest(sent, f"Bearer {api_key}"):
+                return JSONResponse(
+                    error_body(
+                        "Incorrect API key provided.", "invalid_request_error", None, "invalid_api_key"
+                    ),
+                    status_code=401,
+                )
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > max_body_bytes:
+            return JSONResponse(
+                error_body(
+                    f"request body: {int(size)} bytes; allowed: at most {max_body_bytes} bytes",
+                    "invalid_request_error",
+                    None,
+                    "request_too_large",
+                ),
+                status_code=413,
+            )
+        return await call_next(request)  # type: ignore[no-any-return]
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        got = first.get("input")
+        got_text = (
+            "" if first.get("type") == "json_invalid" else f" (got {json.dumps(got, default=str)[:100]})"
+        )
+        message = f"{loc or 'body'}: {first.get('msg', 'invalid request')}{got_text}"
+        return JSONResponse(error_body(message, "invalid_request_error", loc or None), status_code=400)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": model, "object": "model", "created": frontend.created(), "owned_by": "disagg-testbed"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(req: ChatCompletionRequest) -> Any:
+        frontend.check_model(req.model)
+        prompt, spec = await frontend.render_chat(req)
+        creq, replica = frontend.chat_request(req, prompt, spec)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _stream(_chat_chunks(frontend, creq, replica, include_usage, model))
+        done = await frontend.complete(creq, replica)
+        parsed = done.parsed
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": parsed.content if parsed.content.strip() or not parsed.tool_calls else None,
+            "reasoning_content": parsed.reasoning_content or None,
+            "tool_calls": _tool_calls(parsed.tool_calls),
+        }
+        return {
+            "id": done.request_id,
+            "object": "chat.completion",
+            "created": frontend.created(),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": frontend.openai_finish_reason(done.finished_reason, parsed),
+                }
+            ],
+            "usage": _usage(len(done.prompt_token_ids), len(done.output_token_ids)),
+        }
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest) -> Any:
+        frontend.check_model(req.model)
+        creq, replica = frontend.completion_request(req)
+        echo = frontend.renders[replica].detokenize(creq.prompt_token_ids) if req.echo else ""
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _stream(_completion_chunks(frontend, creq, replica, include_usage, model, echo))
+        done: Completion = await frontend.complete(creq, replica, parse=False)
+        text = echo + done.parsed.content
+        return {
+            "id": done.request_id,
+            "object": "text_completion",
+            "created": frontend.created(),
+            "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": done.finished_reason, "logprobs": None}],
+            "usage": _usage(len(done.prompt_token_ids), len(done.output_token_ids)),
+        }
+
+    @app.post("/render")
+    async def render(req: RenderRequest) -> dict[str, Any]:
+        frontend.check_model(req.model)
+        ids, _ = await frontend.render_chat(req)
+        return {"prompt_token_ids": ids, "num_tokens": len(ids)}
+
+    @app.post("/derender")
+    async def derender(req: DerenderRequest) -> dict[str, Any]:
+        ids = frontend.check_token_ids(req.token_ids, "token_ids")
+        replica = frontend.renders[0]
+        parsed = replica.derender_stateless(ids, 0, finished=True)
+        return {
+            "text": replica.detokenize(ids),
+            "reasoning_content": parsed.reasoning_content or None,
+            "content": parsed.content,
+            "tool_calls": _tool_calls(parsed.tool_calls),
+        }
+
+    @app.post("/inference/v1/generate", response_model=None)
+    async def generate(req: GenerateRequest) -> Any:
+        creq = frontend.generate_request(req)
+        if req.stream:
+            return _stream(_generate_chunks(frontend, creq))
+        done = await frontend.complete(creq, None)
+        return {
+            "request_id": done.request_id,
+            "token_ids": done.output_token_ids,
+            "finish_reason": done.finished_reason,
+            "usage": _usage(len(done.prompt_token_ids), len(done.output_token_ids)),
+        }
+
+    return app
+
+
+def _stream(chunks: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _guarded(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A failure after the stream started is an error event (the status line is already sent)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except ApiError as e:
+        yield _sse(e.body())
+    yield "data: [DONE]\n\n"
+
+
+async def _chat_chunks(
+    frontend: Frontend, creq: Any, replica: int, include_usage: bool, model: str
+) -> AsyncIterator[str]:
+    async def chunks() -> AsyncIterator[str]:
+        base = {
+            "id": creq.request_id,
+            "object": "chat.completion.chunk",
+            "created": frontend.created(),
+            "model": model,
+        }
+        yield _sse(
+            {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                ],
+            }
+        )
+        num_out, num_calls, seen = 0, 0, ParsedDelta()
+        async for ev in frontend.events(creq, replica):
+            num_out += len(ev.token_ids)
+            seen.extend(ev.delta)
+            delta: dict[str, Any] = {}
+            if ev.delta.reasoning_content:
+                delta["reasoning_content"] = ev.delta.reasoning_content
+            if ev.delta.content:
+                delta["content"] = ev.delta.content
+            if ev.delta.tool_calls:
+                delta["tool_calls"] = _tool_calls(ev.delta.tool_calls, num_calls, stream=True)
+                num_calls += len(ev.delta.tool_calls)
+            reason = frontend.openai_finish_reason(ev.finished_reason, seen) if ev.finished_reason else None
+            if delta or reason:
+                yield _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]})
+        if include_usage:
+            yield _sse({**base, "choices": [], "usage": _usage(len(creq.prompt_token_ids), num_out)})
+
+    async for chunk in _guarded(chunks()):
+        yield chunk
+
+
+async def _completion_chunks(
+    frontend: Frontend, creq: Any, replica: int, include_usage: bool, model: str, echo: str
+) -> AsyncIterator[str]:
+    async def chunks() -> AsyncIterator[str]:
+        base = {
+            "id": creq.request_id,
+            "object": "text_completion",
+            "created": frontend.created(),
+            "model": model,
+        }
+        if echo:
+            yield _sse(
+                {**base, "choices": [{"index": 0, "text": echo, "finish_reason": None, "logprobs": None}]}
+            )
+        num_out = 0
+        async for ev in frontend.events(creq, replica, parse=False):
+            num_out += len(ev.token_ids)
+            text = ev.delta.content
+            if text or ev.finished_reason:
+                choice = {"index": 0, "text": text, "finish_reason": ev.finished_reason, "logprobs": None}
+                yield _sse({**base, "choices": [choice]})
+        if include_usage:
+            yield _sse({**base, "choices": [], "usage": _usage(len(creq.prompt_token_ids), num_out)})
+
+    async for chunk in _guarded(chunks()):
+        yield chunk
+
+
+async def _generate_chunks(frontend: Frontend, creq: Any) -> AsyncIterator[str]:
+    async def chunks() -> AsyncIterator[str]:
+        async for ev in frontend.events(creq, None):
+            yield _sse(
+                {
+                    "request_id": creq.request_id,
+                    "token_ids": ev.token_ids,
+                    "finish_reason": ev.finished_reason,
+                }
+            )
+
+    async for chunk in _guarded(chunks()):
+        yield chunk

@@ -1,0 +1,170 @@
+"""The render role: chat requests to token IDs (templates), token IDs back to text, reasoning and tool calls
+(incremental detokenization + parsers). GPU-less CPU work, measured per call; engines never see text.
+
+Streaming derender, two ways::
+
+    stateful:   chunk = new token IDs      -> this replica keeps (decoder, parser) per stream: O(new)
+    stateless:  chunk = all token IDs + how many were already derendered
+                                           -> any replica rebuilds (decoder, parser) and replays the
+                                              history, emitting only what the new tokens add: O(all)
+                                              decoder steps, each feeding a rescanning parser O(text)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tokenizers.decoders import DecodeStream
+
+from actors.render.parsers import IncrementalParser, ParsedDelta, PlainParser, RescanningParser
+
+DATE_FORMAT = "%d %b %Y"
+"""`date_string` handed to every template (Llama 3.1's format); templates that stamp the date use it."""
+
+
+@dataclass
+class RenderStats:
+    num_renders: int = 0
+    num_prompt_tokens: int = 0
+    render_cpu_s: float = 0.0
+    num_derender_calls: int = 0
+    num_derendered_tokens: int = 0
+    derender_cpu_s: float = 0.0
+
+
+class _Stream:
+    """One output stream's incremental state: the detokenizer and the parser."""
+
+    def __init__(self, tokenizer: Any, parser: IncrementalParser | RescanningParser | PlainParser) -> None:
+        self.decoder = DecodeStream(skip_special_tokens=False)
+        self.tokenizer = tokenizer
+        self.parser = parser
+
+    def feed(self, token_ids: Sequence[int], out: ParsedDelta) -> None:
+        for tid in token_ids:
+            text = self.decoder.step(self.tokenizer, tid)
+            if text:
+                out.extend(self.parser.feed(text))
+
+
+class Render:
+    """Stateless apart from open stateful streams; safe to replicate (a pool of render actors)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template: str | None = None,
+        now: Callable[[], datetime] = datetime.now,
+        on_render: Callable[[str, float, int], None] | None = None,
+    ) -> None:
+        """`tokenizer`: a transformers tokenizer; `chat_template` replaces its own; `now` is the clock
+        templates read the date from; `on_render(op, cpu_s, num_tokens)` records each call's CPU time
+        (op: render | derender)."""
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.now = now
+        self.on_render = on_render
+        self.stats = RenderStats()
+        self._backend = tokenizer.backend_tokenizer
+        self._stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        self._streams: dict[str, _Stream] = {}
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    # ---- render ---------------------------------------------------------------------------------------
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kwargs: Any
+    ) -> list[int]:
+        """Messages (OpenAI shape) -> prompt token IDs, through the chat template."""
+        start = time.thread_time()
+        ids = self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            chat_template=self.chat_template,
+            add_generation_prompt=kwargs.pop("add_generation_prompt", True),
+            date_string=self.now().strftime(DATE_FORMAT),
+            tokenize=True,
+            **kwargs,
+        )
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        self._rendered(time.thread_time() - start, len(ids))
+        return ids
+
+    def render_text(self, text: str) -> list[int]:
+        """A raw prompt (completions API) -> token IDs, no template."""
+        start = time.thread_time()
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        self._rendered(time.thread_time() - start, len(ids))
+        return ids
+
+    def _rendered(self, cpu_s: float, num_tokens: int) -> None:
+        st = self.stats
+        st.num_renders += 1
+        st.num_prompt_tokens += num_tokens
+        st.render_cpu_s += cpu_s
+        if self.on_render is not None:
+            self.on_render("render", cpu_s, num_tokens)
+
+    # ---- derender -------------------------------------------------------------------------------------
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
+
+    def derender(
+        self, stream_id: str, new_token_ids: Sequence[int], finished: bool, parse: bool = True
+    ) -> ParsedDelta:
+        """Stateful: this replica keeps the stream's decoder and parser between chunks. `parse=False`:
+        the text as it is, all content (completions)."""
+        start = time.thread_time()
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            parser = IncrementalParser() if parse else PlainParser()
+            stream = self._streams[stream_id] = _Stream(self._backend, parser)
+        out = ParsedDelta()
+        stream.feed(self._text_ids(new_token_ids), out)
+        if finished:
+            out.extend(stream.parser.finish())
+            del self._streams[stream_id]
+        self._derendered(time.thread_time() - start, len(new_token_ids))
+        return out
+
+    def derender_stateless(self, all_token_ids: Sequence[int], num_done: int, finished: bool) -> ParsedDelta:
+        """Stateless: rebuild the decoder and a rescanning parser, replay the first `num_done` tokens
+        (their output was sent before), and return what the rest adds."""
+        start = time.thread_time()
+        stream = _Stream(self._backend, RescanningParser())
+        ids = self._text_ids(all_token_ids)
+        done = len(self._text_ids(all_token_ids[:num_done]))
+        stream.feed(ids[:done], ParsedDelta())
+        out = ParsedDelta()
+        stream.feed(ids[done:], out)
+        if finished:
+            out.extend(stream.parser.finish())
+        self._derendered(time.thread_time() - start, len(all_token_ids) - num_done)
+        return out
+
+    def close(self, stream_id: str) -> None:
+        """Drop a stateful stream that will not finish (its client went away)."""
+        self._streams.pop(stream_id, None)
+
+    def _text_ids(self, token_ids: Sequence[int]) -> list[int]:
+        """End-of-sequence tokens end the text; they are not part of it."""
+        return [t for t in token_ids if t not in self._stop_ids]
+
+    def _derendered(self, cpu_s: float, num_tokens: int) -> None:
+        st = self.stats
+        st.num_derender_calls += 1
+        st.num_derendered_tokens += num_tokens
+        st.derender_cpu_s += cpu_s
+        if self.on_render is not None:
+            self.on_render("derender", cpu_s, num_tokens)
+
+    def assert_empty(self) -> None:
+        assert not self._streams, f"render: open streams left: {list(self._streams)[:10]}"

@@ -1,0 +1,104 @@
+"""Composition root for `testbed serve`: one design behind an OpenAI-compatible HTTP server.
+
+All roles run in this process on the server's event loop, on a real-time clock (`clock.time_scale`
+wall seconds per emulated second): the render pool, the proxy and the engines (computing off the loop),
+so clients see emulated TTFT and ITL. On shutdown every request's row is written to `--out`
+(results.parquet, summary.json, the resolved config and the final metrics), like a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+from actors.api.frontend import Frontend
+from actors.api.server import build_app
+from actors.engine.clock import Clock
+from actors.messages import RenderSpec
+from actors.render.render import Render
+from actors.render.tokenizer import load_tokenizer
+from cluster.config import TestbedConfig
+from cluster.virtual import build_deployment
+from dashboards.metrics import RenderMetrics, merged_exposition
+
+
+def build_server(
+    cfg: TestbedConfig, out: Path | None = None, api_key: str | None = None, max_body_bytes: int = 4 * 1024**2
+) -> tuple[FastAPI, Frontend]:
+    """The app and its front end; engines start with the app (lifespan) and are checked empty at its end."""
+    cfg = dataclasses.replace(cfg, clock=dataclasses.replace(cfg.clock, mode="live"))
+    clock = Clock(cfg.clock.scale, epoch_s=time.time())
+    tokenizer = load_tokenizer(cfg.render.tokenizer_path, cfg.runner.vocab_size)
+    template = Path(cfg.render.chat_template_path).read_text() if cfg.render.chat_template_path else None
+    render_metrics = [RenderMetrics(cfg, i) for i in range(cfg.render.replicas)]
+    renders = [Render(tokenizer, template, on_render=m.on_render) for m in render_metrics]
+    frontend_box: list[Frontend] = []
+
+    async def rerender(spec: RenderSpec) -> list[int]:
+        return await frontend_box[0].render(spec)
+
+    dep = build_deployment(cfg, clock, compute_in_thread=True, render=rerender)
+    frontend = Frontend(cfg, dep.proxy, renders, clock)
+    frontend_box.append(frontend)
+    assert dep.proxy.metrics is not None
+    registries = [e.metrics.registry for e in dep.engines] + [dep.proxy.metrics.registry]
+    registries += [m.registry for m in render_metrics]
+
+    def metrics_text() -> str:
+        return merged_exposition(registries)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        tasks = [asyncio.ensure_future(e.run()) for e in dep.engines]
+        yield
+        for e in dep.engines:
+            e.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for e in dep.engines:
+            e.expire_held(float("inf"))
+        if out is not None:
+            write_results(out, cfg, frontend, metrics_text())
+        for e in dep.engines:
+            e.assert_empty()
+        frontend.assert_empty()
+
+    app = build_app(frontend, metrics_text, api_key, max_body_bytes)
+    app.router.lifespan_context = lifespan
+    return app, frontend
+
+
+def write_results(out: Path, cfg: TestbedConfig, frontend: Frontend, metrics: str) -> None:
+    """What a run leaves behind, for the requests this server answered."""
+    from cluster.config_load import dump_config
+    from workloads.results import results_frame
+    from workloads.summary import summarize
+
+    out.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out / "config.yaml")
+    (out / "metrics.prom").write_text(metrics)
+    if frontend.results:
+        df = results_frame(frontend.results, cfg.design, 0.0, cfg.seed)
+        df.to_parquet(out / "results.parquet", index=False)
+        summary = summarize(df, cfg.slos)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_nan_to_none) + "\n")
+
+
+def _nan_to_none(obj: Any) -> Any:
+    return None
+
+
+def serve(
+    cfg: TestbedConfig, host: str, port: int, out: Path | None, api_key: str | None, max_body_bytes: int
+) -> None:
+    import uvicorn
+
+    app, _ = build_server(cfg, out, api_key, max_body_bytes)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
