@@ -14,6 +14,7 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from fastapi import FastAPI
 from actors.api.frontend import Frontend
 from actors.api.server import build_app
 from actors.engine.clock import Clock
+from actors.engine.core import EngineCore
 from actors.messages import RenderSpec
 from actors.render.render import Render
 from actors.render.tokenizer import load_tokenizer
@@ -30,10 +32,18 @@ from cluster.virtual import build_deployment
 from dashboards.metrics import RenderMetrics, merged_exposition
 
 
+@dataclass
+class Served:
+    app: FastAPI
+    frontend: Frontend
+    engines: list[EngineCore]
+
+
 def build_server(
     cfg: TestbedConfig, out: Path | None = None, api_key: str | None = None, max_body_bytes: int = 4 * 1024**2
-) -> tuple[FastAPI, Frontend]:
-    """The app and its front end; engines start with the app (lifespan) and are checked empty at its end."""
+) -> Served:
+    """The app, its front end and engines; engines start with the app (lifespan) and are checked empty
+    at its end."""
     cfg = dataclasses.replace(cfg, clock=dataclasses.replace(cfg.clock, mode="live"))
     clock = Clock(cfg.clock.scale, epoch_s=time.time())
     tokenizer = load_tokenizer(cfg.render.tokenizer_path, cfg.runner.vocab_size)
@@ -72,7 +82,7 @@ def build_server(
 
     app = build_app(frontend, metrics_text, api_key, max_body_bytes)
     app.router.lifespan_context = lifespan
-    return app, frontend
+    return Served(app, frontend, dep.engines)
 
 
 def write_results(out: Path, cfg: TestbedConfig, frontend: Frontend, metrics: str) -> None:
@@ -100,5 +110,6 @@ def serve(
 ) -> None:
     import uvicorn
 
-    app, _ = build_server(cfg, out, api_key, max_body_bytes)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.run(
+        build_server(cfg, out, api_key, max_body_bytes).app, host=host, port=port, log_level="warning"
+    )

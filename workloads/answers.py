@@ -29,8 +29,15 @@ def _arguments(tool: dict[str, Any]) -> dict[str, Any]:
     return {k: _SAMPLE.get((props.get(k) or {}).get("type", "string"), "x") for k in wanted}
 
 
-def forced_answer_text(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, seed: int) -> str:
-    """The answer's text, before tokenization (reasoning, then a tool call or words)."""
+def forced_answer_text(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    seed: int,
+    max_tokens: int,
+    reasoning: bool = True,
+) -> str:
+    """The answer's text, before tokenization: reasoning (unless not `reasoning`: a completion, or a chat
+    with thinking disabled), then a tool call or about `max_tokens` words (each at least one token)."""
     digest = hashlib.sha256(json.dumps(messages, sort_keys=True, default=str).encode()).digest()
     rng = np.random.default_rng([seed, int.from_bytes(digest[:8], "little")])
     thought = " ".join(rng.choice(_WORDS, 12))
@@ -38,7 +45,8 @@ def forced_answer_text(messages: list[dict[str, Any]], tools: list[dict[str, Any
         fn = tools[0].get("function") or tools[0]
         call = json.dumps({"name": fn["name"], "arguments": _arguments(tools[0])})
         return f"<think>\n{thought}\n</think>\n\n<tool_call>\n{call}\n</tool_call>"
-    return f"<think>\n{thought}\n</think>\n\n" + " ".join(rng.choice(_WORDS, 4000))
+    words = " ".join(rng.choice(_WORDS, max_tokens))
+    return f"<think>\n{thought}\n</think>\n\n{words}" if reasoning else words
 
 
 def forced_answer_ids(

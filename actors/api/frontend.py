@@ -78,6 +78,15 @@ class Frontend:
         )
         return await self.render(spec), spec
 
+    async def chat_request_for(self, req: ChatCompletionRequest) -> tuple[ClientRequest, int]:
+        """Render `req` and build its token-ID request; the request arrived when this was called (TTFT
+        counts rendering, as vLLM's does)."""
+        arrival_s = self.clock.now()
+        prompt, spec = await self.render_chat(req)
+        creq, replica = await asyncio.to_thread(self.chat_request, req, prompt, spec)
+        creq.arrival_s = arrival_s
+        return creq, replica
+
     async def render(self, spec: RenderSpec) -> list[int]:
         """Render on a pool replica, off the event loop (the engines share it in-process)."""
         replica = self.renders[next(self._next_render)]
@@ -96,7 +105,8 @@ class Frontend:
         render = self.renders[0]
         forced = None
         if self.cfg.workload.output_policy == "forced":
-            text = forced_answer_text(spec.messages, spec.tools, self.cfg.seed)
+            thinking = spec.template_kwargs.get("enable_thinking", True) is not False
+            text = forced_answer_text(spec.messages, spec.tools, self.cfg.seed, max_tokens, thinking)
             forced = forced_answer_ids(
                 text, render.render_text, max_tokens, render.eos_token_id, bool(spec.tools)
             )
@@ -113,6 +123,13 @@ class Frontend:
         self._check_transfer_params(req.kv_transfer_params)
         return creq, next(self._next_render)
 
+    async def completion_request_for(self, req: CompletionRequest) -> tuple[ClientRequest, int]:
+        """Tokenize `req` off the event loop and build its token-ID request (arrived when called)."""
+        arrival_s = self.clock.now()
+        creq, replica = await asyncio.to_thread(self.completion_request, req)
+        creq.arrival_s = arrival_s
+        return creq, replica
+
     def completion_request(self, req: CompletionRequest) -> tuple[ClientRequest, int]:
         render = self.renders[0]
         if isinstance(req.prompt, str):
@@ -124,7 +141,8 @@ class Frontend:
         max_tokens = self._max_tokens(req.max_tokens, len(prompt))
         forced = None
         if self.cfg.workload.output_policy == "forced":
-            text = forced_answer_text([{"role": "user", "content": str(req.prompt)}], None, self.cfg.seed)
+            chat = [{"role": "user", "content": str(req.prompt)}]
+            text = forced_answer_text(chat, None, self.cfg.seed, max_tokens, reasoning=False)
             forced = forced_answer_ids(text, render.render_text, max_tokens, render.eos_token_id, False)
         creq = ClientRequest(
             f"cmpl-{uuid.uuid4().hex[:16]}",

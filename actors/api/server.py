@@ -123,8 +123,7 @@ def build_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(req: ChatCompletionRequest) -> Any:
         frontend.check_model(req.model)
-        prompt, spec = await frontend.render_chat(req)
-        creq, replica = frontend.chat_request(req, prompt, spec)
+        creq, replica = await frontend.chat_request_for(req)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return _stream(_chat_chunks(frontend, creq, replica, include_usage, model))
@@ -154,7 +153,7 @@ def build_app(
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> Any:
         frontend.check_model(req.model)
-        creq, replica = frontend.completion_request(req)
+        creq, replica = await frontend.completion_request_for(req)
         echo = frontend.renders[replica].detokenize(creq.prompt_token_ids) if req.echo else ""
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
