@@ -329,6 +329,23 @@ def roles() -> dashboard.Dashboard:
                 (rate(m.NUM_PREEMPTIONS, "replica", **ROLE) + PER_SIM_S, "{{replica}}"),
             )
         )
+        .with_row(dashboard.Row("render (templates, detokenizing, parsing: CPU off the GPU box)"))
+        .with_panel(
+            panel(
+                "Render CPU per 1k tokens",
+                "ms",
+                "CPU milliseconds per 1,000 tokens rendered (prompts) or derendered (outputs).",
+                (f"1e6 * {rate(m.RENDER_CPU, 'op')} / {rate(m.RENDER_TOKENS, 'op')}", "{{op}}"),
+            )
+        )
+        .with_panel(
+            panel(
+                "Render calls per replica",
+                "reqps",
+                "Render calls (one per request) and derender calls (one per chunk) per emulated second.",
+                (rate(m.RENDER_CALLS, "op, replica") + PER_SIM_S, "{{op}} {{replica}}"),
+            )
+        )
     )
 
 

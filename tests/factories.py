@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import uvicorn
 
 from actors.engine.clock import VirtualTimeLoop
 from actors.messages import ClientRequest, RequestResult
 from cluster.config import TestbedConfig
-from cluster.config_load import build_config
+from cluster.config_load import build_config, load_designs
+from cluster.serve import build_server
 from cluster.virtual import Deployment, serve
 
 COLLOCATED: dict[str, Any] = {"pools": {"mixed": {"replicas": 1}}}
@@ -78,4 +83,51 @@ def run_async(coro: Any) -> Any:
         loop.close()
 
 
-__all__ = ["COLLOCATED", "PD", "asyncio", "make_config", "make_requests", "run_async", "run_requests"]
+class ServeThread:
+    """A `testbed serve` app on a free loopback port, in a thread, until `stop()`."""
+
+    def __init__(self, *overrides, design="pd-fast", **kwargs):
+        cfg = load_designs(
+            "guide-l40s",
+            [design],
+            ["runner.compute=skip", "workload.prompt_len=512", "workload.output_len=24", *overrides],
+        )[0]
+        self.served = build_server(cfg, **kwargs)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.served.app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+
+    def stop(self):
+        """Shut down; the app's lifespan checks every engine and render stream empty."""
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+    def engines_idle(self):
+        return all(not e._requests and not e.scheduler.held for e in self.served.engines)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+__all__ = [
+    "COLLOCATED",
+    "PD",
+    "ServeThread",
+    "asyncio",
+    "free_port",
+    "make_config",
+    "make_requests",
+    "run_async",
+    "run_requests",
+]

@@ -9,7 +9,9 @@ import socket
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
+import openai
 import pytest
 
 from cluster.config_load import load_designs
@@ -18,6 +20,7 @@ from cluster.outcome import run_output
 from dashboards import grafana
 from dashboards import metrics as m
 from dashboards.stack import down, up
+from tests.factories import ServeThread
 from workloads.synthetic import synthetic_requests
 
 MODEL = "qwen2.5-7b"
@@ -79,8 +82,9 @@ def _substitute(expr):
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory):
-    """A live P/D run scraped every second by a real Prometheus; yields its URL and the run's output
-    while the actors still serve their final values."""
+    """A live P/D run and a `testbed serve` (the render tier's series come from it), scraped every second
+    by a real Prometheus; yields its URL and the run's output while the actors still serve their final
+    values."""
     if shutil.which("prometheus") is None:
         pytest.fail("prometheus is not installed: `make test` installs it (apt-get install prometheus)")
     tmp = tmp_path_factory.mktemp("prometheus")
@@ -101,14 +105,25 @@ def scraped(tmp_path_factory):
             f"metrics.sd_file={sd_file}",
         ],
     )[0]
+    served = ServeThread()
     started = connect([cfg], None)
     try:
         dep = deploy(cfg)
+        groups = json.loads(Path(sd_file).read_text())
+        serve_target = served.url.removeprefix("http://")
+        groups.append({"targets": [serve_target], "labels": {"design": "serve", "actor": "serve"}})
+        Path(sd_file).write_text(json.dumps(groups))
         results = asyncio.run(
             drive(dep, cfg, synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed))
         )
+        chat = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+        for content in ("What is the weather in Paris?", "Hello there"):  # after its first scrape
+            chat.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=8
+            )
         deadline = time.monotonic() + 30
-        while sum(_values(stack.prometheus_url, f"sum({m.REQUESTS_FINISHED.exposed})")) < len(results):
+        finished = f'sum({m.REQUESTS_FINISHED.exposed}{{design="pd-fast"}})'
+        while sum(_values(stack.prometheus_url, finished)) < len(results):
             assert time.monotonic() < deadline, "Prometheus never scraped the final counts"
             time.sleep(0.5)
         time.sleep(2.5)  # two more scrapes: every actor's last values are in
@@ -117,6 +132,7 @@ def scraped(tmp_path_factory):
         for eid, report in reports.items():
             assert "error" not in report, eid
     finally:
+        served.stop()
         if started:
             disconnect()
         down(tmp)
@@ -125,7 +141,7 @@ def scraped(tmp_path_factory):
 def test_prometheus_scrapes_every_actor(scraped):
     url, _, dep, _ = scraped
     up_targets = _query(url, 'up{job="disagg-testbed"}')
-    assert {t["metric"]["actor"] for t in up_targets} == set(dep.metrics_targets)
+    assert {t["metric"]["actor"] for t in up_targets} == {*dep.metrics_targets, "serve"}
     assert all(t["value"][1] == "1" for t in up_targets)
 
 
@@ -158,12 +174,12 @@ def test_vllm_stock_dashboard_queries_return_data(scraped):
 def test_ttft_in_prometheus_matches_the_results_table(scraped):
     url, results, _, cfg = scraped
     df = run_output(cfg, results, {}, {}).results
-    count = sum(_values(url, f"sum({m.CLIENT_TTFT.count})"))
-    total = sum(_values(url, f"sum({m.CLIENT_TTFT.sum})"))
+    count = sum(_values(url, f'sum({m.CLIENT_TTFT.count}{{design="pd-fast"}})'))
+    total = sum(_values(url, f'sum({m.CLIENT_TTFT.sum}{{design="pd-fast"}})'))
     assert count == len(df) == df["ttft_s"].notna().sum()
     assert math.isclose(total, df["ttft_s"].sum(), rel_tol=1e-9)
     assert (
-        sum(_values(url, f"sum({m.GENERATION_TOKENS.exposed}{{role='decode'}})"))
+        sum(_values(url, f"sum({m.GENERATION_TOKENS.exposed}{{role='decode', design='pd-fast'}})"))
         == df["num_output_tokens"].sum()
     )
 

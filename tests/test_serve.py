@@ -3,20 +3,16 @@ real HTTP server (uvicorn on loopback) in front of a P/D design."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
-from cluster.config_load import load_designs
-from cluster.serve import build_server
+from tests.factories import ServeThread
 
 MODEL = "qwen2.5-7b"
 WEATHER = [
@@ -36,46 +32,9 @@ WEATHER = [
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Running:
-    """A `testbed serve` app on a free loopback port, in a thread, until `stop()`."""
-
-    def __init__(self, *overrides, design="pd-fast", **kwargs):
-        cfg = load_designs(
-            "guide-l40s",
-            [design],
-            ["runner.compute=skip", "workload.prompt_len=512", "workload.output_len=24", *overrides],
-        )[0]
-        self.served = build_server(cfg, **kwargs)
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.served.app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
-
-    def stop(self):
-        """Shut down; the app's lifespan checks every engine and render stream empty."""
-        self.server.should_exit = True
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-
-    def engines_idle(self):
-        return all(not e._requests and not e.scheduler.held for e in self.served.engines)
-
-
 @pytest.fixture(scope="module")
 def server():
-    s = Running()
+    s = ServeThread()
     yield s
     s.stop()
 
@@ -240,7 +199,7 @@ def test_a_client_leaving_mid_stream_cancels_its_request_everywhere(server):
 
 
 def test_api_key_is_required_when_set():
-    s = Running(api_key="sekret")
+    s = ServeThread(api_key="sekret")
     try:
         denied = openai.OpenAI(base_url=f"{s.url}/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
@@ -263,7 +222,7 @@ def test_guidellm_drives_100_requests_and_agrees_with_the_testbeds_own_results(t
     from actors.render.tokenizer import ensure_tokenizer
     from workloads.results import results_frame
 
-    s = Running(design="pd-testbox")
+    s = ServeThread(design="pd-testbox")
     try:
         report = tmp_path / "guidellm.json"
         cmd = [
