@@ -40,6 +40,7 @@ prometheus:
 bench: $(STAMP)
 	$(PY) bench/guide_sweep.py
 	$(PY) bench/runner_speed.py
+	$(PY) bench/derender.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy

@@ -250,3 +250,40 @@ def test_guidellm_drives_100_requests_and_agrees_with_the_testbeds_own_results(t
     itl_ms = metrics["inter_token_latency_ms"]["successful"]["mean"]
     assert ttft_ms == pytest.approx(ok["ttft_s"].mean() * 1000, rel=0.10)
     assert itl_ms == pytest.approx(ok["tpot_s"].mean() * 1000, rel=0.10)
+
+
+def test_the_serve_command_binds_loopback_and_writes_results_when_stopped(tmp_path):
+    import signal
+
+    import pandas as pd
+
+    from tests.factories import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "cluster.cli", "serve", "--design", "pd-fast", "--compute", "skip",
+           "--port", str(port), "--out", str(tmp_path), "--set", "workload.prompt_len=512"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "serve never answered /health"
+                time.sleep(0.2)
+        chat = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        assert (
+            chat.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5).usage.completion_tokens == 5
+        )
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert f"http://127.0.0.1:{port}/v1" in out
+    df = pd.read_parquet(tmp_path / "results.parquet")
+    assert len(df) == 1 and df["finished_reason"].tolist() == ["length"]
+    assert (tmp_path / "config.yaml").exists() and "vllm:e2e_request_latency_seconds" in (
+        tmp_path / "metrics.prom"
+    ).read_text()
