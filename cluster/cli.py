@@ -256,6 +256,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_args(p: argparse.ArgumentParser, design_help: str) -> None:
+    """Where the config comes from and the shortcuts every command shares (all become `--set`)."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", default="guide-l40s", help=f"one of: {', '.join(available_presets())}")
+    src.add_argument("--config", help="a YAML config file (flat, or base + designs)")
+    p.add_argument("--design", help=design_help)
+    p.add_argument("--compute", help="real | skip")
+    p.add_argument("--output-policy", help="forced | greedy")
+    p.add_argument("--seed", type=int, help="base seed")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config field")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description="Emulate disaggregated LLM serving.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -266,15 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--grafana-port", type=int, default=3000)
     d.add_argument("--scrape-interval", default="5s", help="Prometheus scrape interval, e.g. 1s")
     v = sub.add_parser("serve", help="an OpenAI-compatible server in front of one design")
-    src = v.add_mutually_exclusive_group()
-    src.add_argument("--preset", default="guide-l40s", help=f"one of: {', '.join(available_presets())}")
-    src.add_argument("--config", help="a YAML config file (flat, or base + designs)")
-    v.add_argument("--design", help="the design to serve (default: the preset's only or first one)")
-    v.add_argument("--compute", help="real | skip")
-    v.add_argument("--output-policy", help="forced | greedy")
+    _config_args(v, "the design to serve (default: the preset's first)")
     v.add_argument("--time-scale", help="wall seconds per emulated second, or auto")
-    v.add_argument("--seed", type=int)
-    v.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config field")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it)")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--api-key", help="require `Authorization: Bearer KEY`")
@@ -282,16 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", help="write every request's results here at shutdown")
     for name, helptext in (("run", "run each design once"), ("sweep", "designs x rates x seeds")):
         s = sub.add_parser(name, help=helptext)
-        src = s.add_mutually_exclusive_group()
-        src.add_argument("--preset", default="guide-l40s", help=f"one of: {', '.join(available_presets())}")
-        src.add_argument("--config", help="a YAML config file (flat, or base + designs)")
-        s.add_argument("--design", help="comma-separated designs of the preset (default: all)")
+        _config_args(s, "comma-separated designs of the preset (default: all)")
         s.add_argument("--mode", help="virtual | live (run only)")
-        s.add_argument("--compute", help="real | skip")
-        s.add_argument("--output-policy", help="forced | greedy")
         s.add_argument("--num-requests", type=int)
-        s.add_argument("--seed", type=int, help="base seed")
-        s.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config field")
         s.add_argument("--out", help="run directory (default: runs/<time>-<command>)")
         if name == "run":
             s.add_argument("--rate", type=float, help="requests per emulated second")

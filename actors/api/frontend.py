@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,7 +194,7 @@ class Frontend:
 
     async def events(
         self, creq: ClientRequest, replica: int | None, parse: bool = True
-    ) -> AsyncIterator[TokenEvent]:
+    ) -> AsyncGenerator[TokenEvent, None]:
         """Serve `creq`, yielding tokens as their emulated time comes (derendered on `replica`, parsed
         into reasoning and tool calls unless not `parse`; None: token IDs only). Closing the iterator
         early aborts the request everywhere."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -203,40 +204,38 @@ def build_app(
     return app
 
 
-def _stream(chunks: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+def _stream(chunks: AsyncGenerator[str, None]) -> StreamingResponse:
+    return StreamingResponse(
+        _guarded(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
-async def _guarded(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
-    """A failure after the stream started is an error event (the status line is already sent)."""
-    try:
-        async for chunk in chunks:
-            yield chunk
-    except ApiError as e:
-        yield _sse(e.body())
+async def _guarded(chunks: AsyncGenerator[str, None]) -> AsyncIterator[str]:
+    """SSE framing: a failure after the stream started is an error event (the status line is already
+    sent), then `[DONE]`. A client that leaves closes `chunks` at once, which aborts its request."""
+    async with aclosing(chunks):
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except ApiError as e:
+            yield _sse(e.body())
     yield "data: [DONE]\n\n"
 
 
 async def _chat_chunks(
     frontend: Frontend, creq: Any, replica: int, include_usage: bool, model: str
-) -> AsyncIterator[str]:
-    async def chunks() -> AsyncIterator[str]:
-        base = {
-            "id": creq.request_id,
-            "object": "chat.completion.chunk",
-            "created": frontend.created(),
-            "model": model,
-        }
-        yield _sse(
-            {
-                **base,
-                "choices": [
-                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                ],
-            }
-        )
-        num_out, num_calls, seen = 0, 0, ParsedDelta()
-        async for ev in frontend.events(creq, replica):
+) -> AsyncGenerator[str, None]:
+    base = {
+        "id": creq.request_id,
+        "object": "chat.completion.chunk",
+        "created": frontend.created(),
+        "model": model,
+    }
+    first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    yield _sse({**base, "choices": [first]})
+    num_out, num_calls, seen = 0, 0, ParsedDelta()
+    async with aclosing(frontend.events(creq, replica)) as events:
+        async for ev in events:
             num_out += len(ev.token_ids)
             seen.extend(ev.delta)
             delta: dict[str, Any] = {}
@@ -250,44 +249,35 @@ async def _chat_chunks(
             reason = frontend.openai_finish_reason(ev.finished_reason, seen) if ev.finished_reason else None
             if delta or reason:
                 yield _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]})
-        if include_usage:
-            yield _sse({**base, "choices": [], "usage": _usage(len(creq.prompt_token_ids), num_out)})
-
-    async for chunk in _guarded(chunks()):
-        yield chunk
+    if include_usage:
+        yield _sse({**base, "choices": [], "usage": _usage(len(creq.prompt_token_ids), num_out)})
 
 
 async def _completion_chunks(
     frontend: Frontend, creq: Any, replica: int, include_usage: bool, model: str, echo: str
-) -> AsyncIterator[str]:
-    async def chunks() -> AsyncIterator[str]:
-        base = {
-            "id": creq.request_id,
-            "object": "text_completion",
-            "created": frontend.created(),
-            "model": model,
-        }
-        if echo:
-            yield _sse(
-                {**base, "choices": [{"index": 0, "text": echo, "finish_reason": None, "logprobs": None}]}
-            )
-        num_out = 0
-        async for ev in frontend.events(creq, replica, parse=False):
+) -> AsyncGenerator[str, None]:
+    base = {"id": creq.request_id, "object": "text_completion", "created": frontend.created(), "model": model}
+    if echo:
+        yield _sse({**base, "choices": [{"index": 0, "text": echo, "finish_reason": None, "logprobs": None}]})
+    num_out = 0
+    async with aclosing(frontend.events(creq, replica, parse=False)) as events:
+        async for ev in events:
             num_out += len(ev.token_ids)
-            text = ev.delta.content
-            if text or ev.finished_reason:
-                choice = {"index": 0, "text": text, "finish_reason": ev.finished_reason, "logprobs": None}
+            if ev.delta.content or ev.finished_reason:
+                choice = {
+                    "index": 0,
+                    "text": ev.delta.content,
+                    "finish_reason": ev.finished_reason,
+                    "logprobs": None,
+                }
                 yield _sse({**base, "choices": [choice]})
-        if include_usage:
-            yield _sse({**base, "choices": [], "usage": _usage(len(creq.prompt_token_ids), num_out)})
-
-    async for chunk in _guarded(chunks()):
-        yield chunk
+    if include_usage:
+        yield _sse({**base, "choices": [], "usage": _usage(len(creq.prompt_token_ids), num_out)})
 
 
-async def _generate_chunks(frontend: Frontend, creq: Any) -> AsyncIterator[str]:
-    async def chunks() -> AsyncIterator[str]:
-        async for ev in frontend.events(creq, None):
+async def _generate_chunks(frontend: Frontend, creq: Any) -> AsyncGenerator[str, None]:
+    async with aclosing(frontend.events(creq, None)) as events:
+        async for ev in events:
             yield _sse(
                 {
                     "request_id": creq.request_id,
@@ -295,6 +285,3 @@ async def _generate_chunks(frontend: Frontend, creq: Any) -> AsyncIterator[str]:
                     "finish_reason": ev.finished_reason,
                 }
             )
-
-    async for chunk in _guarded(chunks()):
-        yield chunk

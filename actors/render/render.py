@@ -109,8 +109,11 @@ class Render:
         st.num_renders += 1
         st.num_prompt_tokens += num_tokens
         st.render_cpu_s += cpu_s
+        self._record("render", cpu_s, num_tokens)
+
+    def _record(self, op: str, cpu_s: float, num_tokens: int) -> None:
         if self.on_render is not None:
-            self.on_render("render", cpu_s, num_tokens)
+            self.on_render(op, cpu_s, num_tokens)
 
     # ---- derender -------------------------------------------------------------------------------------
 
@@ -163,8 +166,7 @@ class Render:
         st.num_derender_calls += 1
         st.num_derendered_tokens += num_tokens
         st.derender_cpu_s += cpu_s
-        if self.on_render is not None:
-            self.on_render("derender", cpu_s, num_tokens)
+        self._record("derender", cpu_s, num_tokens)
 
     def assert_empty(self) -> None:
         assert not self._streams, f"render: open streams left: {list(self._streams)[:10]}"
