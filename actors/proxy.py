@@ -14,7 +14,7 @@ from contextlib import aclosing
 from typing import Protocol
 
 from actors.messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
-from dashboards.metrics import ProxyMetrics
+from dashboards.recorders import ProxyMetrics
 
 
 class EngineClient(Protocol):

@@ -32,7 +32,8 @@ from actors.messages import ClientRequest, EngineOutput, EngineRequest, KVPayloa
 from actors.proxy import Proxy
 from cluster.config import PoolConfig, TestbedConfig
 from cluster.config_load import ConfigError
-from dashboards.metrics import ProxyMetrics, serve_metrics
+from dashboards.exposition import serve_metrics
+from dashboards.recorders import ProxyMetrics
 from workloads.replay import replay
 from workloads.summary import lag_summary
 from workloads.synthetic import synthetic_requests

@@ -29,7 +29,8 @@ from actors.render.render import Render
 from actors.render.tokenizer import load_tokenizer
 from cluster.config import TestbedConfig
 from cluster.virtual import build_deployment
-from dashboards.metrics import RenderMetrics, merged_exposition
+from dashboards.exposition import merged_exposition
+from dashboards.recorders import RenderMetrics
 
 
 @dataclass

@@ -16,7 +16,7 @@ from actors.messages import ClientRequest, RenderSpec, RequestResult
 from actors.proxy import Proxy
 from cluster.config import TestbedConfig
 from cluster.outcome import RunOutput, run_output
-from dashboards.metrics import ProxyMetrics
+from dashboards.recorders import ProxyMetrics
 from workloads.replay import replay
 from workloads.synthetic import synthetic_requests
 

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.virtual import run_virtual
 from dashboards import metrics as m
-from dashboards.metrics import sum_series
+from dashboards.exposition import sum_series
 from tests.factories import COLLOCATED, PD, make_config
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-metrics.md"

@@ -29,7 +29,7 @@ from actors.messages import EngineOutput, EngineRequest, FinishedReason, KVPaylo
 from cluster.config import PoolConfig, TestbedConfig
 from cluster.profiles import LINKS
 from cluster.roofline import roofline_for
-from dashboards.metrics import EngineMetrics
+from dashboards.recorders import EngineMetrics
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
     from actors.engine.runner import ModelRunner

@@ -1,0 +1,64 @@
+"""Exposition: serving an actor's registry at `/metrics`, merging registries of one process into one
+scrape, and reading expositions back (to trace metric values to the results table)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # no line per scrape
+        pass
+
+
+def serve_metrics(registry: CollectorRegistry, host: str) -> int:
+    """Serve `registry` at http://host:PORT/metrics from a daemon thread; returns the free PORT chosen.
+
+    Always in the classic text format: prometheus_client's OpenMetrics answer (which Prometheus 2.x asks
+    for) escapes the ':' of `vllm:` names to '_' unless the scraper allows UTF-8, renaming every series.
+    """
+    app = make_wsgi_app(registry)
+
+    def text_format(environ: dict, start_response: Any) -> Any:
+        return app({**environ, "HTTP_ACCEPT": "text/plain"}, start_response)
+
+    server = make_server(host, 0, text_format, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return int(server.server_port)
+
+
+def merged_exposition(registries: list[CollectorRegistry]) -> str:
+    """One exposition of several actors' registries in one process (families merged by name, as a
+    scrape of one port must list each family once)."""
+    merged: dict[str, Any] = {}
+    for registry in registries:
+        for family in registry.collect():
+            if family.name in merged:
+                merged[family.name].samples.extend(family.samples)
+            else:
+                merged[family.name] = family
+
+    class _Merged:
+        def collect(self) -> Any:
+            return iter(merged.values())
+
+    out = CollectorRegistry(auto_describe=False)
+    out.register(_Merged())  # type: ignore[arg-type]
+    return generate_latest(out).decode()
+
+
+def sum_series(expositions: list[str], name: str, **match: str) -> float:
+    """Sum of the samples named `name` (with labels matching `match`) over several expositions."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for text in expositions:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in match.items()):
+                    total += s.value
+    return total

@@ -1,0 +1,304 @@
+"""The recorders: each actor's registry of `dashboards.metrics` series, and the `on_<event>` hooks that are
+the only way code records into it (engines, the proxy, render replicas).
+
+Each actor owns a registry: a live actor serves it at `/metrics`, `testbed serve` merges those of its
+in-process roles, and every run writes the final exposition beside its results.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from dashboards.metrics import (
+    BUSY,
+    CLIENT_E2E,
+    CLIENT_TTFT,
+    COMMON_LABELS,
+    DECODE_TIME,
+    E2E,
+    ENGINE_SERIES,
+    FINISHED_REASONS,
+    GENERATION_TOKENS,
+    INFERENCE_TIME,
+    ITERATION_TOKENS,
+    ITL,
+    KV_CACHE_USAGE,
+    KV_HANDOFF,
+    LAGGED_KV_TRANSFERS,
+    LAGGED_STEPS,
+    MAX_GAP,
+    MAX_OVERRUN,
+    NIXL_BYTES,
+    NIXL_DESCRIPTORS,
+    NIXL_FAILED_NOTIFICATIONS,
+    NIXL_FAILED_TRANSFERS,
+    NIXL_KV_EXPIRED,
+    NIXL_POST_TIME,
+    NIXL_XFER_TIME,
+    NUM_PREEMPTIONS,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    PREFILL_TIME,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
+    PROMPT_TOKENS,
+    PROMPT_TOKENS_BY_SOURCE,
+    PROXY_SERIES,
+    QUEUE_TIME,
+    RENDER_CALLS,
+    RENDER_CPU,
+    RENDER_SERIES,
+    RENDER_TOKENS,
+    REQUEST_GENERATION_TOKENS,
+    REQUEST_MAX_GENERATION_TOKENS,
+    REQUEST_MAX_TOKENS,
+    REQUEST_PREFILL_KV_COMPUTED,
+    REQUEST_PROMPT_TOKENS,
+    REQUEST_SUCCESS,
+    REQUESTS_FINISHED,
+    SLO_MET,
+    STEPS,
+    TIME_SCALE,
+    TOKENS_125,
+    TPOT,
+    TTFT,
+    WORST_GAP,
+    MetricSpec,
+    buckets_125,
+)  # fmt: skip
+
+if TYPE_CHECKING:
+    from actors.engine.block_manager import BlockManager
+    from actors.engine.kv_transfer import TransferPlan
+    from actors.engine.request import Request
+    from actors.engine.scheduler import Scheduler
+    from actors.messages import RequestResult
+    from cluster.config import TestbedConfig
+
+disable_created_metrics()  # vLLM exports no `_created` series
+
+
+class _Registry:
+    """A registry holding `specs`, each bound to one actor's common labels (extra labels stay open)."""
+
+    def __init__(self, specs: tuple[MetricSpec, ...], labels: dict[str, str], max_model_len: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.labels = labels
+        self._metrics: dict[str, Counter | Gauge | Histogram] = {}
+        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        # Series without extra labels are exported at zero from the start, as vLLM's are: a rate of
+        # "nothing happened" is 0, not missing data.
+        for spec in specs:
+            names = (*COMMON_LABELS, *spec.labels)
+            if spec.kind == "counter":
+                metric: Counter | Gauge | Histogram = Counter(
+                    spec.name, spec.doc, names, registry=self.registry
+                )
+            elif spec.kind == "gauge":
+                metric = Gauge(spec.name, spec.doc, names, registry=self.registry)
+            else:
+                b = buckets_125(max_model_len) if spec.buckets == TOKENS_125 else spec.buckets
+                assert isinstance(b, tuple)
+                metric = Histogram(spec.name, spec.doc, names, buckets=b, registry=self.registry)
+            self._metrics[spec.name] = metric
+            if not spec.labels:
+                self.child(spec)
+
+    def child(self, spec: MetricSpec, **extra: str) -> Any:
+        """The series of `spec` for this actor (and `extra` label values); created at zero if new.
+
+        Cached: prometheus_client's `labels()` lookup costs more than the observation itself.
+        """
+        key = (spec.name, tuple(extra.items()))
+        series = self._children.get(key)
+        if series is None:
+            series = self._children[key] = self._metrics[spec.name].labels(**self.labels, **extra)
+        return series
+
+    def exposition(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+def _labels(cfg: TestbedConfig, role: str, replica: int) -> dict[str, str]:
+    name = cfg.target.served_model_name or cfg.target.model
+    return {"model_name": name, "engine": str(replica), "role": role, "replica": str(replica)}
+
+
+class EngineMetrics(_Registry):
+    """An engine's series. The engine calls the hooks; nothing else writes to the registry."""
+
+    def __init__(self, cfg: TestbedConfig, role: str, replica: int) -> None:
+        super().__init__(ENGINE_SERIES, _labels(cfg, role, replica), cfg.scheduler.max_model_len)
+        self._num_layers = _num_layers(cfg)
+        self._link = cfg.kv_transfer.link
+        for reason in FINISHED_REASONS:
+            self.child(REQUEST_SUCCESS, finished_reason=reason)
+        for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+            self.child(PROMPT_TOKENS_BY_SOURCE, source=source)
+        self.child(TIME_SCALE).set(cfg.clock.scale if cfg.clock.mode == "live" else 1.0)
+        self._seen_queries = self._seen_hits = self._seen_preemptions = 0
+        self._max_overrun_s = 0.0
+        self._ttft, self._itl, self._gen = self.child(TTFT), self.child(ITL), self.child(GENERATION_TOKENS)
+
+    def on_step(
+        self,
+        step_s: float,
+        num_scheduled_tokens: int,
+        overrun_s: float,
+        sched: Scheduler,
+        blocks: BlockManager,
+    ) -> None:
+        """After each step (its outputs stamped): the step's size and lag, then the engine's state."""
+        self.child(ITERATION_TOKENS).observe(num_scheduled_tokens)
+        self.child(STEPS).inc()
+        self.child(BUSY).inc(step_s)
+        if overrun_s > 0:
+            self.child(LAGGED_STEPS).inc()
+            self._overrun(overrun_s)
+        self.on_state(sched, blocks)
+
+    def on_state(self, sched: Scheduler, blocks: BlockManager) -> None:
+        """Gauges and the counters the scheduler and block manager keep (at steps and on arrivals)."""
+        self.child(NUM_REQUESTS_RUNNING).set(len(sched.running))
+        self.child(NUM_REQUESTS_WAITING).set(len(sched.waiting) + len(sched.recving))
+        self.child(KV_CACHE_USAGE).set(blocks.usage)
+        q, h, p = blocks.num_prefix_cache_queries, blocks.num_prefix_cache_hits, sched.num_preemptions
+        if q != self._seen_queries:
+            self.child(PREFIX_CACHE_QUERIES).inc(q - self._seen_queries)
+            self.child(PREFIX_CACHE_HITS).inc(h - self._seen_hits)
+        if p != self._seen_preemptions:
+            self.child(NUM_PREEMPTIONS).inc(p - self._seen_preemptions)
+        self._seen_queries, self._seen_hits, self._seen_preemptions = q, h, p
+
+    def on_new_token(self, req: Request, now_s: float) -> None:
+        """A token of `req` was emitted at `now_s`; called before the engine stamps it on `req.times`."""
+        t = req.times
+        if t.first_token_s is None:
+            self._ttft.observe(now_s - t.queued_s)
+            n = req.num_prompt_tokens
+            external = n - 1 if req.is_remote_prefill else 0
+            cached = t.num_cached_tokens
+            self.child(PROMPT_TOKENS).inc(n)
+            self.child(PROMPT_TOKENS_BY_SOURCE, source="local_compute").inc(n - cached - external)
+            self.child(PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit").inc(cached)
+            self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(external)
+        elif t.last_token_s is not None:
+            self._itl.observe(now_s - t.last_token_s)
+        self._gen.inc()
+
+    def on_request_finished(self, req: Request, reason: str) -> None:
+        """`req` ended (its times complete): per-request histograms, as vLLM records them at finish."""
+        t = req.times
+        assert t.finished_s is not None
+        n_out = len(req.output_token_ids)
+        self.child(REQUEST_SUCCESS, finished_reason=reason).inc()
+        self.child(E2E).observe(t.finished_s - t.queued_s)
+        self.child(REQUEST_PROMPT_TOKENS).observe(req.num_prompt_tokens)
+        self.child(REQUEST_GENERATION_TOKENS).observe(n_out)
+        self.child(REQUEST_MAX_TOKENS).observe(req.max_tokens)
+        self.child(REQUEST_MAX_GENERATION_TOKENS).observe(n_out)
+        if t.scheduled_s is not None:
+            self.child(QUEUE_TIME).observe(t.scheduled_s - t.queued_s)
+            external = req.num_prompt_tokens - 1 if req.is_remote_prefill else 0
+            computed = req.num_prompt_tokens - t.num_cached_tokens - external
+            self.child(REQUEST_PREFILL_KV_COMPUTED).observe(computed)
+        if t.first_token_s is not None and t.last_token_s is not None:
+            if t.scheduled_s is not None:
+                self.child(PREFILL_TIME).observe(t.first_token_s - t.scheduled_s)
+                self.child(INFERENCE_TIME).observe(t.last_token_s - t.scheduled_s)
+            self.child(DECODE_TIME).observe(t.last_token_s - t.first_token_s)
+            if n_out > 1:
+                self.child(TPOT).observe((t.last_token_s - t.first_token_s) / (n_out - 1))
+
+    def on_kv_transfer_done(self, plan: TransferPlan, num_blocks: int, overrun_s: float) -> None:
+        """Decode side, pull mode: the prompt KV arrived. Descriptors: one per block, layer, K and V."""
+        xfer_s = plan.done_s - plan.start_s
+        self.child(NIXL_XFER_TIME).observe(xfer_s)
+        self.child(NIXL_POST_TIME).observe(plan.time.overhead_s)
+        self.child(NIXL_BYTES).observe(plan.kv_bytes)
+        self.child(NIXL_DESCRIPTORS).observe(num_blocks * self._num_layers * 2)
+        self.child(KV_HANDOFF, link=self._link).observe(xfer_s)
+        if overrun_s > 0:
+            self.child(LAGGED_KV_TRANSFERS).inc()
+            self._overrun(overrun_s)
+
+    def on_kv_transfer_failed(self) -> None:
+        self.child(NIXL_FAILED_TRANSFERS).inc()
+
+    def on_kv_notification_failed(self) -> None:
+        """The prefill side could not be told to release the KV (it died)."""
+        self.child(NIXL_FAILED_NOTIFICATIONS).inc()
+
+    def on_kv_expired(self, num_requests: int) -> None:
+        """Prefill side: held KV released because no decode engine pulled it in time."""
+        self.child(NIXL_KV_EXPIRED).inc(num_requests)
+
+    def _overrun(self, overrun_s: float) -> None:
+        self._max_overrun_s = max(self._max_overrun_s, overrun_s)
+        self.child(MAX_OVERRUN).set(self._max_overrun_s)
+
+
+def _num_layers(cfg: TestbedConfig) -> int:
+    from cluster.profiles import MODELS
+
+    return MODELS[cfg.target.model].num_layers
+
+
+class ProxyMetrics(_Registry):
+    """The client's view: latency through every role, the worst stall, SLO attainment and goodput."""
+
+    def __init__(self, cfg: TestbedConfig, replica: int = 0) -> None:
+        from workloads.slo import parse_slo
+
+        super().__init__(PROXY_SERIES, _labels(cfg, "proxy", replica), cfg.scheduler.max_model_len)
+        self._slos = [parse_slo(s) for s in cfg.slos]
+        for reason in FINISHED_REASONS:
+            self.child(REQUESTS_FINISHED, finished_reason=reason)
+        for slo in self._slos:
+            self.child(SLO_MET, slo=slo.name)
+        self.child(TIME_SCALE).set(cfg.clock.scale if cfg.clock.mode == "live" else 1.0)
+        self._worst_gap_s = 0.0
+
+    def on_request_done(self, result: RequestResult) -> None:
+        """The proxy finished `result` (any outcome); the same figures as its row of the results table."""
+        from workloads.results import request_latencies
+
+        lat = request_latencies(result.arrival_s, result.token_times_s)
+        ok = result.finished_reason in ("length", "stop")
+        self.child(REQUESTS_FINISHED, finished_reason=result.finished_reason or "error").inc()
+        if not math.isnan(lat["ttft_s"]):
+            self.child(CLIENT_TTFT).observe(lat["ttft_s"])
+            self.child(CLIENT_E2E).observe(lat["e2el_s"])
+        if not math.isnan(lat["max_gap_s"]):
+            self.child(MAX_GAP).observe(lat["max_gap_s"])
+            self._worst_gap_s = max(self._worst_gap_s, lat["max_gap_s"])
+            self.child(WORST_GAP).set(self._worst_gap_s)
+        for slo in self._slos:
+            if slo.met(ok, lat):
+                self.child(SLO_MET, slo=slo.name).inc()
+
+
+class RenderMetrics(_Registry):
+    """A render replica's series; `on_render` is the Render role's hook."""
+
+    def __init__(self, cfg: TestbedConfig, replica: int) -> None:
+        super().__init__(RENDER_SERIES, _labels(cfg, "render", replica), cfg.scheduler.max_model_len)
+        for op in ("render", "derender"):
+            for spec in RENDER_SERIES:
+                self.child(spec, op=op)
+
+    def on_render(self, op: str, cpu_s: float, num_tokens: int) -> None:
+        """One render (op='render') or derender (op='derender') call took `cpu_s` of this thread's CPU."""
+        self.child(RENDER_CPU, op=op).inc(cpu_s)
+        self.child(RENDER_TOKENS, op=op).inc(num_tokens)
+        self.child(RENDER_CALLS, op=op).inc()
