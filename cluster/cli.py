@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 from cluster.config import TestbedConfig
 from cluster.config_load import ConfigError, available_presets, dump_config, load_designs
+from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report
 
 
@@ -65,21 +65,6 @@ def _out_dir(args: argparse.Namespace, kind: str) -> Path:
     return out
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
-
-
-def _clean(obj: Any) -> Any:
-    """NaN -> None, recursively, so JSON stays strict."""
-    if isinstance(obj, float) and obj != obj:
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def _run_one(cfg: TestbedConfig, address: str | None) -> Any:
     """One design, virtual or live, under a progress display (requests, emulated time, lag)."""
     from rich.progress import Progress
@@ -117,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for cfg in configs:
             dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
             result = _run_one(cfg, args.address)
-            records.append(_clean(result.summary))
+            records.append(clean_json(result.summary))
             (out / "metrics" / cfg.design).mkdir(parents=True, exist_ok=True)
             for actor, text in result.metrics.items():
                 (out / "metrics" / cfg.design / f"{actor}.prom").write_text(text)
@@ -127,8 +112,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 lag_warning(result.summary)
     results = pd.concat(frames, ignore_index=True)
     results.to_parquet(out / "results.parquet", index=False)
-    _write_json(out / "summary.json", records)
-    _write_json(out / "engines.json", _clean(engines))
+    write_json(out / "summary.json", records)
+    write_json(out / "engines.json", clean_json(engines))
     c = configs[0]
     notes = [
         f"target {c.target.model}; designs {', '.join(x.design for x in configs)}",
@@ -182,14 +167,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         task = progress.add_task(f"{len(points)} runs", total=len(points))
         result = run_sweep(points, args.jobs, on_done=lambda: progress.advance(task))
     wall_s = time.perf_counter() - start
-    records = _clean(result.records)
+    records = clean_json(result.records)
     goodput = sweep_goodput(records)
     result.results.to_parquet(out / "results.parquet", index=False)
-    _write_json(out / "runs.json", _clean(result.runs))
-    _write_json(out / "summary.json", records)
-    _write_json(out / "goodput.json", goodput)
+    write_json(out / "runs.json", clean_json(result.runs))
+    write_json(out / "summary.json", records)
+    write_json(out / "goodput.json", goodput)
     num_requests = sum(r["completed"] + r["failed"] for r in result.runs)
-    _write_json(
+    write_json(
         out / "timing.json",
         {
             "wall_s": wall_s,

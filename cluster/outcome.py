@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -40,3 +42,18 @@ def run_output(
         **lag_summary(reports),
     }
     return RunOutput(df, summary, reports, metrics)
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(clean_json(data), indent=2, allow_nan=False) + "\n")
+
+
+def clean_json(obj: Any) -> Any:
+    """NaN -> None, recursively, so JSON stays strict."""
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, dict):
+        return {k: clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [clean_json(v) for v in obj]
+    return obj

@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI
 
@@ -89,6 +87,7 @@ def build_server(
 def write_results(out: Path, cfg: TestbedConfig, frontend: Frontend, metrics: str) -> None:
     """What a run leaves behind, for the requests this server answered."""
     from cluster.config_load import dump_config
+    from cluster.outcome import write_json
     from workloads.results import results_frame
     from workloads.summary import summarize
 
@@ -98,12 +97,7 @@ def write_results(out: Path, cfg: TestbedConfig, frontend: Frontend, metrics: st
     if frontend.results:
         df = results_frame(frontend.results, cfg.design, 0.0, cfg.seed)
         df.to_parquet(out / "results.parquet", index=False)
-        summary = summarize(df, cfg.slos)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_nan_to_none) + "\n")
-
-
-def _nan_to_none(obj: Any) -> Any:
-    return None
+        write_json(out / "summary.json", summarize(df, cfg.slos))
 
 
 def serve(

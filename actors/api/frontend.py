@@ -19,6 +19,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from actors.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest
 from actors.engine.clock import Clock
 from actors.messages import ClientRequest, RenderSpec, RequestResult
@@ -160,8 +162,6 @@ class Frontend:
         forced = None
         if self.cfg.workload.output_policy == "forced":
             # no text to answer: a seeded draw of token IDs (the client asked for IDs, it gets IDs)
-            import numpy as np
-
             rng = np.random.default_rng([self.cfg.seed, len(ids), sum(ids)])
             forced = rng.integers(0, self.cfg.runner.vocab_size, max_tokens).tolist()
         return ClientRequest(f"gen-{uuid.uuid4().hex[:16]}", self.clock.now(), ids, max_tokens, forced)
