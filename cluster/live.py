@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -32,7 +30,7 @@ from actors.messages import ClientRequest, EngineOutput, EngineRequest, KVPayloa
 from actors.proxy import Proxy
 from cluster.config import PoolConfig, TestbedConfig
 from cluster.config_load import ConfigError
-from dashboards.exposition import serve_metrics
+from dashboards.exposition import serve_metrics, write_sd_file
 from dashboards.recorders import ProxyMetrics
 from workloads.replay import replay
 from workloads.summary import lag_summary
@@ -245,16 +243,6 @@ def deploy(cfg: TestbedConfig) -> LiveDeployment:
     targets.update(zip(engines, ray.get([h.start.remote(epoch) for h in engines.values()]), strict=True))
     write_sd_file(cfg.metrics.sd_file, cfg.design, targets)
     return LiveDeployment(engines, nodes, proxy, epoch, targets)
-
-
-def write_sd_file(path: str, design: str, targets: dict[str, str]) -> None:
-    """Prometheus file-based service discovery: one target per actor (Prometheus re-reads the file)."""
-    groups = [{"targets": [t], "labels": {"design": design, "actor": a}} for a, t in targets.items()]
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(groups, indent=1) + "\n")
-    tmp.replace(out)  # atomic: Prometheus never reads half a file
 
 
 async def drive(

@@ -27,7 +27,7 @@ from actors.render.render import Render
 from actors.render.tokenizer import load_tokenizer
 from cluster.config import TestbedConfig
 from cluster.virtual import build_deployment
-from dashboards.exposition import merged_exposition
+from dashboards.exposition import merged_exposition, write_sd_file
 from dashboards.recorders import RenderMetrics
 
 
@@ -105,6 +105,18 @@ def serve(
 ) -> None:
     import uvicorn
 
-    uvicorn.run(
-        build_server(cfg, out, api_key, max_body_bytes).app, host=host, port=port, log_level="warning"
-    )
+    app = build_server(cfg, out, api_key, max_body_bytes).app
+    # Announce /metrics to a Prometheus started by `testbed dashboards up` (a file of its own, so a live
+    # run's targets are not touched); withdrawn when the server stops.
+    sd_file = serve_sd_file(cfg.metrics.sd_file)
+    write_sd_file(sd_file, cfg.design, {"serve": f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"})
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        write_sd_file(sd_file, cfg.design, {})
+
+
+def serve_sd_file(sd_file: str) -> str:
+    """`testbed serve`'s file-SD target list beside a live run's (the scrape config globs for both)."""
+    path = Path(sd_file)
+    return str(path.with_name(f"{path.stem}-serve{path.suffix}"))

@@ -3,7 +3,9 @@ scrape, and reading expositions back (to trace metric values to the results tabl
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -62,3 +64,13 @@ def sum_series(expositions: list[str], name: str, **match: str) -> float:
                 if s.name == name and all(s.labels.get(k) == v for k, v in match.items()):
                     total += s.value
     return total
+
+
+def write_sd_file(path: str, design: str, targets: dict[str, str]) -> None:
+    """Prometheus file-based service discovery: one target per actor (Prometheus re-reads the file)."""
+    groups = [{"targets": [t], "labels": {"design": design, "actor": a}} for a, t in targets.items()]
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(groups, indent=1) + "\n")
+    tmp.replace(out)  # atomic: Prometheus never reads half a file

@@ -51,7 +51,9 @@ def prometheus_config(sd_file: str, scrape_interval: str) -> str:
     cfg["global"]["scrape_interval"] = cfg["global"]["evaluation_interval"] = scrape_interval
     for job in cfg["scrape_configs"]:
         if job["job_name"] == "disagg-testbed":
-            job["file_sd_configs"] = [{"files": [sd_file], "refresh_interval": "1s"}]
+            path = Path(sd_file)  # a live run's targets, and `testbed serve`'s beside them
+            files = [sd_file, str(path.with_name(f"{path.stem}-*{path.suffix}"))]
+            job["file_sd_configs"] = [{"files": files, "refresh_interval": "1s"}]
     return yaml.safe_dump(cfg, sort_keys=False)
 
 

@@ -261,7 +261,8 @@ def test_the_serve_command_binds_loopback_and_writes_results_when_stopped(tmp_pa
 
     port = free_port()
     cmd = [sys.executable, "-m", "cluster.cli", "serve", "--design", "pd-fast", "--compute", "skip",
-           "--port", str(port), "--out", str(tmp_path), "--set", "workload.prompt_len=512"]  # fmt: skip
+           "--port", str(port), "--out", str(tmp_path), "--set", "workload.prompt_len=512",
+           "--set", f"metrics.sd_file={tmp_path / 'targets.json'}"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -273,6 +274,8 @@ def test_the_serve_command_binds_loopback_and_writes_results_when_stopped(tmp_pa
             except httpx.TransportError:
                 assert time.monotonic() < deadline, "serve never answered /health"
                 time.sleep(0.2)
+        (group,) = json.loads((tmp_path / "targets-serve.json").read_text())  # for `dashboards up`
+        assert group == {"targets": [f"127.0.0.1:{port}"], "labels": {"design": "pd-fast", "actor": "serve"}}
         chat = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         assert (
             chat.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5).usage.completion_tokens == 5
@@ -282,6 +285,7 @@ def test_the_serve_command_binds_loopback_and_writes_results_when_stopped(tmp_pa
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
     assert f"http://127.0.0.1:{port}/v1" in out
+    assert json.loads((tmp_path / "targets-serve.json").read_text()) == []
     df = pd.read_parquet(tmp_path / "results.parquet")
     assert len(df) == 1 and df["finished_reason"].tolist() == ["length"]
     assert (tmp_path / "config.yaml").exists() and "vllm:e2e_request_latency_seconds" in (
