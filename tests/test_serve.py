@@ -231,7 +231,7 @@ def test_guidellm_drives_100_requests_and_agrees_with_the_testbeds_own_results(t
             "--backend", f"kind=openai_http,target={s.url}",
             "--profile", "kind=poisson,rate=2",
             "--data", "kind=synthetic_text,prompt_tokens=4096,output_tokens=32",
-            "--constraint", "kind=max_requests,count=100",
+            "--constraint", "kind=max_requests,count=110",  # >= 100 finish: guidellm may cut the last
             "--tokenizer", f"kind=huggingface_auto,model={ensure_tokenizer(8192)}",
             "--output", f"kind=json,path={report}",
             "--disable-console",
@@ -246,6 +246,7 @@ def test_guidellm_drives_100_requests_and_agrees_with_the_testbeds_own_results(t
     finally:
         s.stop()
     assert metrics["request_totals"]["successful"] >= 100 and len(ok) >= 100
+    assert metrics["request_totals"]["errored"] == 0
     ttft_ms = metrics["time_to_first_token_ms"]["successful"]["mean"]
     itl_ms = metrics["inter_token_latency_ms"]["successful"]["mean"]
     assert ttft_ms == pytest.approx(ok["ttft_s"].mean() * 1000, rel=0.10)
