@@ -292,3 +292,20 @@ def test_the_serve_command_binds_loopback_and_writes_results_when_stopped(tmp_pa
     assert (tmp_path / "config.yaml").exists() and "vllm:e2e_request_latency_seconds" in (
         tmp_path / "metrics.prom"
     ).read_text()
+
+
+def test_a_request_failing_inside_is_a_500_or_an_error_event(server, monkeypatch):
+    async def failing(creq, result):
+        result.finished_reason, result.error = "error", "engine prefill-0 crashed"
+        return
+        yield
+
+    monkeypatch.setattr(server.served.frontend.proxy, "stream", failing)
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 4}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    assert r.status_code == 500 and "engine prefill-0 crashed" in r.json()["error"]["message"]
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}) as s:
+        lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
+    assert "crashed" in lines[-2] and json.loads(lines[-2][6:])["error"]["type"] == "server_error"
+    assert lines[-1] == "data: [DONE]"
+    assert server.served.frontend.results[-1].finished_reason == "error"  # reported, not dropped

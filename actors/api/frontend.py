@@ -49,7 +49,6 @@ class Completion:
     output_token_ids: list[int] = field(default_factory=list)
     parsed: ParsedDelta = field(default_factory=ParsedDelta)
     finished_reason: str | None = None
-    error: str | None = None
 
 
 class Frontend:
@@ -216,8 +215,8 @@ class Frontend:
             if render is not None:
                 render.close(stream_id)
             self.results.append(result)
-            if result.finished_reason == "error":
-                raise ApiError(500, f"request {creq.request_id} failed: {result.error}", type_="server_error")
+        if result.finished_reason == "error":  # not when closed early: that was the client's choice
+            raise ApiError(500, f"request {creq.request_id} failed: {result.error}", type_="server_error")
 
     async def complete(self, creq: ClientRequest, replica: int | None, parse: bool = True) -> Completion:
         """A whole response (still paced: it returns when its last token is due)."""
