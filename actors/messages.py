@@ -13,6 +13,12 @@ import numpy as np
 FinishedReason = Literal["length", "stop", "abort", "error"]
 
 
+def token_ids_valid(ids: object, vocab_size: int) -> bool:
+    """A token-ID list an engine can compute: ints in [0, vocab_size) (checked at the HTTP edge, and by
+    engines, since a bad ID would break the runner's embedding lookup)."""
+    return isinstance(ids, list) and all(type(t) is int and 0 <= t < vocab_size for t in ids)
+
+
 @dataclass
 class EngineRequest:
     """proxy -> engine: one request in token IDs (engines never see text)."""

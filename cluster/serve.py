@@ -49,14 +49,12 @@ def build_server(
     template = Path(cfg.render.chat_template_path).read_text() if cfg.render.chat_template_path else None
     render_metrics = [RenderMetrics(cfg, i) for i in range(cfg.render.replicas)]
     renders = [Render(tokenizer, template, on_render=m.on_render) for m in render_metrics]
-    frontend_box: list[Frontend] = []
 
-    async def rerender(spec: RenderSpec) -> list[int]:
-        return await frontend_box[0].render(spec)
+    async def rerender(spec: RenderSpec) -> list[int]:  # the proxy renders through the front end's pool
+        return await frontend.render(spec)
 
     dep = build_deployment(cfg, clock, compute_in_thread=True, render=rerender)
     frontend = Frontend(cfg, dep.proxy, renders, clock)
-    frontend_box.append(frontend)
     assert dep.proxy.metrics is not None
     registries = [e.metrics.registry for e in dep.engines] + [dep.proxy.metrics.registry]
     registries += [m.registry for m in render_metrics]

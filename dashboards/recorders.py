@@ -19,6 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from cluster.profiles import MODELS
 from dashboards.metrics import (
     BUSY,
     CLIENT_E2E,
@@ -91,9 +92,11 @@ disable_created_metrics()  # vLLM exports no `_created` series
 class _Registry:
     """A registry holding `specs`, each bound to one actor's common labels (extra labels stay open)."""
 
-    def __init__(self, specs: tuple[MetricSpec, ...], labels: dict[str, str], max_model_len: int) -> None:
+    def __init__(self, specs: tuple[MetricSpec, ...], cfg: TestbedConfig, role: str, replica: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.labels = labels
+        name = cfg.target.served_model_name or cfg.target.model
+        self.labels = {"model_name": name, "engine": str(replica), "role": role, "replica": str(replica)}
+        max_model_len = cfg.scheduler.max_model_len
         self._metrics: dict[str, Counter | Gauge | Histogram] = {}
         self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         # Series without extra labels are exported at zero from the start, as vLLM's are: a rate of
@@ -113,6 +116,8 @@ class _Registry:
             self._metrics[spec.name] = metric
             if not spec.labels:
                 self.child(spec)
+        if TIME_SCALE in specs:
+            self.child(TIME_SCALE).set(cfg.clock.scale if cfg.clock.mode == "live" else 1.0)
 
     def child(self, spec: MetricSpec, **extra: str) -> Any:
         """The series of `spec` for this actor (and `extra` label values); created at zero if new.
@@ -129,23 +134,17 @@ class _Registry:
         return generate_latest(self.registry).decode()
 
 
-def _labels(cfg: TestbedConfig, role: str, replica: int) -> dict[str, str]:
-    name = cfg.target.served_model_name or cfg.target.model
-    return {"model_name": name, "engine": str(replica), "role": role, "replica": str(replica)}
-
-
 class EngineMetrics(_Registry):
     """An engine's series. The engine calls the hooks; nothing else writes to the registry."""
 
     def __init__(self, cfg: TestbedConfig, role: str, replica: int) -> None:
-        super().__init__(ENGINE_SERIES, _labels(cfg, role, replica), cfg.scheduler.max_model_len)
-        self._num_layers = _num_layers(cfg)
+        super().__init__(ENGINE_SERIES, cfg, role, replica)
+        self._num_layers = MODELS[cfg.target.model].num_layers
         self._link = cfg.kv_transfer.link
         for reason in FINISHED_REASONS:
             self.child(REQUEST_SUCCESS, finished_reason=reason)
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             self.child(PROMPT_TOKENS_BY_SOURCE, source=source)
-        self.child(TIME_SCALE).set(cfg.clock.scale if cfg.clock.mode == "live" else 1.0)
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
         self._max_overrun_s = 0.0
         self._ttft, self._itl, self._gen = self.child(TTFT), self.child(ITL), self.child(GENERATION_TOKENS)
@@ -186,7 +185,7 @@ class EngineMetrics(_Registry):
         if t.first_token_s is None:
             self._ttft.observe(now_s - t.queued_s)
             n = req.num_prompt_tokens
-            external = n - 1 if req.is_remote_prefill else 0
+            external = req.num_external_computed_tokens
             cached = t.num_cached_tokens
             self.child(PROMPT_TOKENS).inc(n)
             self.child(PROMPT_TOKENS_BY_SOURCE, source="local_compute").inc(n - cached - external)
@@ -209,8 +208,7 @@ class EngineMetrics(_Registry):
         self.child(REQUEST_MAX_GENERATION_TOKENS).observe(n_out)
         if t.scheduled_s is not None:
             self.child(QUEUE_TIME).observe(t.scheduled_s - t.queued_s)
-            external = req.num_prompt_tokens - 1 if req.is_remote_prefill else 0
-            computed = req.num_prompt_tokens - t.num_cached_tokens - external
+            computed = req.num_prompt_tokens - t.num_cached_tokens - req.num_external_computed_tokens
             self.child(REQUEST_PREFILL_KV_COMPUTED).observe(computed)
         if t.first_token_s is not None and t.last_token_s is not None:
             if t.scheduled_s is not None:
@@ -248,25 +246,18 @@ class EngineMetrics(_Registry):
         self.child(MAX_OVERRUN).set(self._max_overrun_s)
 
 
-def _num_layers(cfg: TestbedConfig) -> int:
-    from cluster.profiles import MODELS
-
-    return MODELS[cfg.target.model].num_layers
-
-
 class ProxyMetrics(_Registry):
     """The client's view: latency through every role, the worst stall, SLO attainment and goodput."""
 
     def __init__(self, cfg: TestbedConfig, replica: int = 0) -> None:
         from workloads.slo import parse_slo
 
-        super().__init__(PROXY_SERIES, _labels(cfg, "proxy", replica), cfg.scheduler.max_model_len)
+        super().__init__(PROXY_SERIES, cfg, "proxy", replica)
         self._slos = [parse_slo(s) for s in cfg.slos]
         for reason in FINISHED_REASONS:
             self.child(REQUESTS_FINISHED, finished_reason=reason)
         for slo in self._slos:
             self.child(SLO_MET, slo=slo.name)
-        self.child(TIME_SCALE).set(cfg.clock.scale if cfg.clock.mode == "live" else 1.0)
         self._worst_gap_s = 0.0
 
     def on_request_done(self, result: RequestResult) -> None:
@@ -292,7 +283,7 @@ class RenderMetrics(_Registry):
     """A render replica's series; `on_render` is the Render role's hook."""
 
     def __init__(self, cfg: TestbedConfig, replica: int) -> None:
-        super().__init__(RENDER_SERIES, _labels(cfg, "render", replica), cfg.scheduler.max_model_len)
+        super().__init__(RENDER_SERIES, cfg, "render", replica)
         for op in ("render", "derender"):
             for spec in RENDER_SERIES:
                 self.child(spec, op=op)

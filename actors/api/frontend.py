@@ -23,7 +23,7 @@ import numpy as np
 
 from actors.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest
 from actors.engine.clock import Clock
-from actors.messages import ClientRequest, RenderSpec, RequestResult
+from actors.messages import ClientRequest, RenderSpec, RequestResult, token_ids_valid
 from actors.proxy import Proxy
 from actors.render.parsers import ParsedDelta
 from actors.render.render import Render
@@ -84,9 +84,7 @@ class Frontend:
         counts rendering, as vLLM's does)."""
         arrival_s = self.clock.now()
         prompt, spec = await self.render_chat(req)
-        creq, replica = await asyncio.to_thread(self.chat_request, req, prompt, spec)
-        creq.arrival_s = arrival_s
-        return creq, replica
+        return await asyncio.to_thread(self.chat_request, req, prompt, spec, arrival_s)
 
     async def render(self, spec: RenderSpec) -> list[int]:
         """Render on a pool replica, off the event loop (the engines share it in-process)."""
@@ -99,7 +97,7 @@ class Frontend:
             raise ApiError(400, f"messages: the chat template rejected them: {e}", "messages") from None
 
     def chat_request(
-        self, req: ChatCompletionRequest, prompt: list[int], spec: RenderSpec
+        self, req: ChatCompletionRequest, prompt: list[int], spec: RenderSpec, arrival_s: float
     ) -> tuple[ClientRequest, int]:
         """The token-ID request for a rendered chat, and the render replica its stream derenders on."""
         max_tokens = self._max_tokens(req.requested_max_tokens, len(prompt))
@@ -113,7 +111,7 @@ class Frontend:
             )
         creq = ClientRequest(
             request_id=f"chatcmpl-{uuid.uuid4().hex[:16]}",
-            arrival_s=self.clock.now(),
+            arrival_s=arrival_s,
             prompt_token_ids=prompt,
             max_tokens=max_tokens,
             forced_output_token_ids=forced,
@@ -126,12 +124,9 @@ class Frontend:
 
     async def completion_request_for(self, req: CompletionRequest) -> tuple[ClientRequest, int]:
         """Tokenize `req` off the event loop and build its token-ID request (arrived when called)."""
-        arrival_s = self.clock.now()
-        creq, replica = await asyncio.to_thread(self.completion_request, req)
-        creq.arrival_s = arrival_s
-        return creq, replica
+        return await asyncio.to_thread(self.completion_request, req, self.clock.now())
 
-    def completion_request(self, req: CompletionRequest) -> tuple[ClientRequest, int]:
+    def completion_request(self, req: CompletionRequest, arrival_s: float) -> tuple[ClientRequest, int]:
         render = self.renders[0]
         if isinstance(req.prompt, str):
             prompt = render.render_text(req.prompt)
@@ -147,7 +142,7 @@ class Frontend:
             forced = forced_answer_ids(text, render.render_text, max_tokens, render.eos_token_id, False)
         creq = ClientRequest(
             f"cmpl-{uuid.uuid4().hex[:16]}",
-            self.clock.now(),
+            arrival_s,
             prompt,
             max_tokens,
             forced,
@@ -167,7 +162,7 @@ class Frontend:
 
     def check_token_ids(self, ids: Any, param: str) -> list[int]:
         vocab = self.cfg.runner.vocab_size
-        if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab for t in ids):
+        if not token_ids_valid(ids, vocab):
             raise ApiError(400, f"{param}: token IDs must be a list of ints in [0, {vocab})", param)
         return ids
 

@@ -25,7 +25,7 @@ from actors.engine.clock import Clock
 from actors.engine.kv_transfer import KVReceiver, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import ScheduledBatch, Scheduler
-from actors.messages import EngineOutput, EngineRequest, FinishedReason, KVPayload
+from actors.messages import EngineOutput, EngineRequest, FinishedReason, KVPayload, token_ids_valid
 from cluster.config import PoolConfig, TestbedConfig
 from cluster.profiles import LINKS
 from cluster.roofline import roofline_for
@@ -149,7 +149,7 @@ class EngineCore:
                 f"({self.cfg.scheduler.max_model_len})"
             )
         vocab = self.cfg.runner.vocab_size
-        if not all(type(t) is int and 0 <= t < vocab for t in request.prompt_token_ids):
+        if not token_ids_valid(request.prompt_token_ids, vocab):
             raise ValueError(f"request {request.request_id!r}: prompt token IDs must be ints in [0, {vocab})")
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)

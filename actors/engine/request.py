@@ -86,3 +86,9 @@ class Request:
     def is_remote_prefill(self) -> bool:
         """A decode-engine request whose prompt KV comes from a prefill engine."""
         return bool(self.kv_transfer_params and self.kv_transfer_params.get("do_remote_prefill"))
+
+    @property
+    def num_external_computed_tokens(self) -> int:
+        """Prompt tokens whose KV a prefill engine computed: all but the last, which decode recomputes
+        for the logits of the first output token."""
+        return self.num_prompt_tokens - 1 if self.is_remote_prefill else 0

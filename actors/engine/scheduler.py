@@ -149,7 +149,7 @@ class Scheduler:
         The last one is recomputed here, which yields the logits for the first output token.
         """
         del self.recving[req.request_id]
-        req.num_computed_tokens = req.num_prompt_tokens - 1
+        req.num_computed_tokens = req.num_external_computed_tokens
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
 
