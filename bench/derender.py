@@ -4,7 +4,11 @@ One output stream per length N (reasoning, then text), derendered one token per 
 - stateful: the render replica keeps the stream's decoder and incremental parser -> O(N) per stream;
 - stateless: every chunk carries the whole history; the replica rebuilds the decoder and a rescanning
   parser (vLLM's streaming parsers re-parse `current_text` on every delta) and replays it -> O(N^2)
-  decoder steps, each parse O(N): O(N^3) per stream, i.e. ~8x per doubling of N.
+  decoder steps and parse calls, each parse scanning O(N) characters: O(N^3) per stream, ~8x per
+  doubling of N once the scans outweigh each call's fixed cost.
+
+Stateless CPU is split into the decoder replay (measured with a parser that does nothing) and the
+parser; `rescanned_chars` counts the characters the parse calls scan (the cubic term, exactly).
 
     python bench/derender.py [--lengths 64,128,256,512] [--out runs/bench-derender.json]
 """
@@ -18,7 +22,8 @@ import math
 import time
 from pathlib import Path
 
-from actors.render.render import Render
+from actors.render.parsers import ParsedDelta
+from actors.render.render import Render, _Stream
 from actors.render.tokenizer import load_tokenizer
 from workloads.answers import forced_answer_ids, forced_answer_text
 
@@ -27,6 +32,22 @@ def _cpu(fn: object) -> float:
     start = time.process_time()
     fn()  # type: ignore[operator]
     return time.process_time() - start
+
+
+class _NoParser:
+    def feed(self, delta: str) -> ParsedDelta:
+        return ParsedDelta()
+
+    def finish(self) -> ParsedDelta:
+        return ParsedDelta()
+
+
+def _rescanned_chars(render: Render, ids: list[int]) -> int:
+    """Characters the stateless chunks' parse calls scan: chunk i replays prefixes 1..i+1, and each
+    parse scans the whole text of its prefix."""
+    text_lens = [len(render.detokenize(ids[: k + 1])) for k in range(len(ids))]
+    per_chunk = list(itertools.accumulate(text_lens))
+    return sum(per_chunk)
 
 
 def main() -> int:
@@ -48,16 +69,34 @@ def main() -> int:
             for i in range(len(ids)):
                 render.derender_stateless(ids[: i + 1], i, i == len(ids) - 1)
 
-        rows.append({"num_tokens": n, "stateful_cpu_s": _cpu(stateful), "stateless_cpu_s": _cpu(stateless)})
-    for prev, row in itertools.pairwise(rows):
-        row["stateful_growth"] = row["stateful_cpu_s"] / prev["stateful_cpu_s"]
-        row["stateless_growth"] = row["stateless_cpu_s"] / prev["stateless_cpu_s"]
-    for row in rows:
-        growth = (row.get("stateful_growth", math.nan), row.get("stateless_growth", math.nan))
-        print(
-            f"N={row['num_tokens']:5d}  stateful {row['stateful_cpu_s'] * 1e3:9.1f} ms CPU (x{growth[0]:.2f})"
-            f"   stateless {row['stateless_cpu_s'] * 1e3:10.1f} ms CPU (x{growth[1]:.2f})"
+        def decoder_replay(ids: list[int] = ids) -> None:
+            for i in range(len(ids)):
+                _Stream(render.tokenizer.backend_tokenizer, _NoParser()).feed(ids[: i + 1], ParsedDelta())
+
+        stateless_cpu_s = _cpu(stateless)
+        decoder_cpu_s = _cpu(decoder_replay)
+        rows.append(
+            {
+                "num_tokens": n,
+                "stateful_cpu_s": _cpu(stateful),
+                "stateless_cpu_s": stateless_cpu_s,
+                "stateless_decoder_cpu_s": decoder_cpu_s,
+                "stateless_parser_cpu_s": stateless_cpu_s - decoder_cpu_s,
+                "rescanned_chars": _rescanned_chars(render, ids),
+            }
         )
+    keys = ["stateful_cpu_s", "stateless_cpu_s", "stateless_decoder_cpu_s", "stateless_parser_cpu_s"]
+    for prev, row in itertools.pairwise(rows):
+        for key in [*keys, "rescanned_chars"]:
+            row[key.removesuffix("_cpu_s") + "_growth"] = row[key] / prev[key]
+    for row in rows:
+        cells = [f"N={row['num_tokens']:5d}"]
+        for key in keys:
+            growth = row.get(key.removesuffix("_cpu_s") + "_growth", math.nan)
+            cells.append(f"{key.removesuffix('_cpu_s')} {row[key] * 1e3:9.1f} ms (x{growth:.2f})")
+        chars_growth = row.get("rescanned_chars_growth", math.nan)
+        cells.append(f"rescanned {row['rescanned_chars'] / 1e6:8.1f} M chars (x{chars_growth:.2f})")
+        print("  ".join(cells))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

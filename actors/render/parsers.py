@@ -57,10 +57,14 @@ def _tool_call(body: str) -> ToolCall | None:
 
 
 def _partial_tag_len(text: str, tags: tuple[str, ...]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
-    for n in range(min(len(text), max(len(t) for t in tags) - 1), 0, -1):
-        if any(t.startswith(text[-n:]) for t in tags):
-            return n
+    """Length of the longest suffix of `text` that is a proper prefix of one of `tags` (all start with
+    `<`, so only a `<` near the end can begin one: most calls return after one `find`)."""
+    tail = text[1 - max(len(t) for t in tags) :]
+    i = tail.find("<")
+    while i >= 0:
+        if any(t.startswith(tail[i:]) for t in tags):
+            return len(tail) - i
+        i = tail.find("<", i + 1)
     return 0
 
 
