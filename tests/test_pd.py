@@ -74,6 +74,15 @@ def test_pd_emits_the_same_greedy_tokens_and_moves_the_same_kv(collocated_run):
         np.testing.assert_allclose(kv, colo_kv[q.request_id][:, :, :, :n], rtol=1e-5, atol=1e-6)
 
 
+def test_prompts_of_one_token_and_at_block_edges_hand_off_too():
+    """A 1-token prompt hands off no computed token (decode recomputes the only one) and is pulled once."""
+    edges = make_requests(7, [1, 2, 15, 16, 17, 32, 33], 6, seed=3, gap_s=0.2)
+    colo, _ = run_requests(make_config(COLLOCATED, REAL_GREEDY), edges)
+    pd, _ = run_requests(make_config(PD, REAL_GREEDY), edges)  # engines checked empty: no block leaked
+    assert [r.finished_reason for r in pd] == ["length"] * 7
+    assert [r.output_token_ids for r in pd] == [r.output_token_ids for r in colo]
+
+
 def test_corrupted_handoff_changes_tokens(collocated_run):
     """The check above can fail: decode computing on zeroed KV emits different tokens."""
     colo, _, _ = collocated_run

@@ -453,6 +453,7 @@ class EngineCore:
             "prefix_cache_queries": self.blocks.num_prefix_cache_queries,
             "prefix_cache_hits": self.blocks.num_prefix_cache_hits,
             "num_gpu_blocks": self.num_gpu_blocks,
+            "num_unfinished_requests": len(self._requests),
         }
 
     # ---- invariants --------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class Request:
         "num_published_blocks",
         "output_token_ids",
         "prompt_token_ids",
+        "remote_kv_loaded",
         "request_id",
         "status",
         "stop_token_ids",
@@ -56,6 +57,9 @@ class Request:
         """Chained hashes of the full blocks of tokens, extended as they are needed."""
         self.num_published_blocks = 0
         """Leading blocks of `block_ids` already in the prefix cache."""
+        self.remote_kv_loaded = False
+        """Decode side: the prefill engine's KV is in this engine's blocks (never pulled twice: a 1-token
+        prompt has no external tokens, and a preempted request recomputes locally, as in vLLM)."""
         self.status = RequestStatus.WAITING
         self.finished_reason: FinishedReason | None = None
         self.times = RequestTimes(queued_s=now_s)

@@ -105,7 +105,7 @@ class Scheduler:
             req = self.waiting[0]
             if req.times.queued_s > now:
                 break
-            if req.is_remote_prefill and req.status is RequestStatus.WAITING and req.num_computed_tokens == 0:
+            if req.is_remote_prefill and not req.remote_kv_loaded and req.status is RequestStatus.WAITING:
                 if not self.blocks.allocate_slots(req, req.num_prompt_tokens):
                     break
                 self.waiting.popleft()
@@ -115,7 +115,7 @@ class Scheduler:
                 continue
             if budget == 0:
                 break
-            fresh = req.num_computed_tokens == 0
+            fresh = not req.block_ids  # new or preempted (a pulled 1-token prompt has blocks, no tokens)
             if fresh:
                 req.num_computed_tokens = self.blocks.get_computed_blocks(req)
             n = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -149,6 +149,7 @@ class Scheduler:
         The last one is recomputed here, which yields the logits for the first output token.
         """
         del self.recving[req.request_id]
+        req.remote_kv_loaded = True
         req.num_computed_tokens = req.num_external_computed_tokens
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
