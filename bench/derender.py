@@ -71,7 +71,9 @@ def main() -> int:
 
         def decoder_replay(ids: list[int] = ids) -> None:
             for i in range(len(ids)):
-                _Stream(render.tokenizer.backend_tokenizer, _NoParser()).feed(ids[: i + 1], ParsedDelta())
+                _Stream(render.tokenizer.backend_tokenizer, _NoParser()).feed(  # type: ignore[arg-type]
+                    ids[: i + 1], ParsedDelta()
+                )
 
         stateless_cpu_s = _cpu(stateless)
         decoder_cpu_s = _cpu(decoder_replay)

@@ -4,6 +4,7 @@ testbed run   --preset guide-l40s [--design collocated] [--rate 0.4] [--set key=
 testbed sweep --preset guide-l40s --rates 0.2,0.4 --seeds 5 --num-requests 100 [--out DIR]
 testbed dashboards up [--host 127.0.0.1] [--port 9090] | testbed dashboards down
 testbed serve --preset guide-l40s --design pd-fast [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+              [--ray [--address ADDR]]
 """
 
 from __future__ import annotations
@@ -235,7 +236,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     name = cfg.target.served_model_name or cfg.target.model
     print(f"serving {cfg.design} as model {name!r} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)")
-    serve(cfg, args.host, args.port, out, args.api_key, args.max_body_bytes)
+    serve(
+        cfg,
+        args.host,
+        args.port,
+        out,
+        args.api_key,
+        args.max_body_bytes,
+        args.ray or bool(args.address),
+        args.address,
+    )
     if out is not None:
         print(f"results: {out}")
     return 0
@@ -270,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--api-key", help="require `Authorization: Bearer KEY`")
     v.add_argument("--max-body-bytes", type=int, default=4 * 1024**2, help="larger bodies get 413")
     v.add_argument("--out", help="write every request's results here at shutdown")
+    v.add_argument("--ray", action="store_true", help="run render pool, proxy and engines as Ray actors")
+    v.add_argument("--address", help="with --ray: join this Ray cluster (e.g. auto) instead of starting one")
     for name, helptext in (("run", "run each design once"), ("sweep", "designs x rates x seeds")):
         s = sub.add_parser(name, help=helptext)
         _config_args(s, "comma-separated designs of the preset (default: all)")

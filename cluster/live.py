@@ -4,7 +4,7 @@
                                                                    decode ──get_kv / free_kv──► prefill
 
 Engines run their own step loop inside their actor on a clock shared through a wall-clock epoch; tokens
-come back as streamed batches (a request's stream yields at most every `_FLUSH_WALL_S`), so nothing
+come back as streamed batches (a request's stream yields at most every `FLUSH_WALL_S`), so nothing
 crosses an actor boundary per token or per step. Prefill KV moves as numpy arrays through Ray's object
 store. Pools are placed by custom resources named after them (`mixed`, `prefill`, `decode`): a local
 Ray started here defines them; a joined cluster must offer them (`ray start --resources`).
@@ -15,23 +15,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import ray
 
 from actors.engine.clock import Clock
-from actors.engine.core import EngineCore, KVSource, Role, runner_for
-from actors.messages import ClientRequest, EngineOutput, EngineRequest, KVPayload, RequestResult
-from actors.proxy import Proxy
-from cluster.config import PoolConfig, TestbedConfig
+from actors.messages import ClientRequest, RequestResult
+from cluster.config import TestbedConfig
 from cluster.config_load import ConfigError
-from dashboards.exposition import serve_metrics, write_sd_file
-from dashboards.recorders import ProxyMetrics
+from cluster.hosts import EngineHost, ProxyHost, RenderHost
+from dashboards.exposition import write_sd_file
 from workloads.replay import replay
 from workloads.summary import lag_summary
 from workloads.synthetic import synthetic_requests
@@ -39,8 +36,6 @@ from workloads.synthetic import synthetic_requests
 if TYPE_CHECKING:
     from cluster.outcome import RunOutput
 
-_FLUSH_WALL_S = 0.05
-"""Wall seconds between a stream's batches: delivery only, every token keeps its emulated stamp."""
 _LOCAL_NODE_IP = "127.0.0.2"
 """A local Ray binds a loopback address of its own (Ray rewrites 127.0.0.1 to the host's address)."""
 _START_SLACK_S = 0.5
@@ -49,119 +44,6 @@ _SEND_LEAD_WALL_S = 0.05
 """Requests leave the driver this much ahead of their arrival time: more than driver -> proxy -> engine."""
 _TICK_WALL_S = 2.0
 """Wall seconds between progress reports of a live run."""
-
-
-class RemoteEngine:
-    """An engine actor seen as a plain engine: the proxy's EngineClient and a decode's KVSource."""
-
-    def __init__(self, engine_id: str, handle: Any) -> None:
-        self.engine_id = engine_id
-        self._handle = handle
-
-    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
-        async for ref in self._handle.generate.options(num_returns="streaming").remote(request):
-            yield await ref
-
-    async def get_kv(self, request_id: str) -> KVPayload:
-        payload: KVPayload = await self._handle.get_kv.remote(request_id)
-        return payload
-
-    async def free_kv(self, request_id: str) -> None:
-        await self._handle.free_kv.remote(request_id)
-
-
-class EngineHost:
-    """The body of an engine actor: builds the runner at construction, the engine on the actor's loop."""
-
-    def __init__(
-        self,
-        engine_id: str,
-        role: Role,
-        replica: int,
-        cfg: TestbedConfig,
-        pool: PoolConfig,
-        prefill: dict[str, Any],
-    ) -> None:
-        self._args = (engine_id, role, replica, cfg, pool)
-        self._prefill = prefill
-        self._runner = runner_for(cfg, pool)
-        if self._runner is not None:
-            self._runner.warm_up()
-        self.engine: EngineCore | None = None
-        self._task: asyncio.Future[None] | None = None
-
-    def node_id(self) -> str:
-        return str(ray.get_runtime_context().get_node_id())
-
-    async def start(self, epoch_s: float) -> str:
-        """Start the engine on the shared clock and its /metrics endpoint; returns `host:port` of it."""
-        engine_id, role, replica, cfg, pool = self._args
-        peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
-        clock = Clock(cfg.clock.scale, epoch_s=epoch_s)
-        self.engine = EngineCore(
-            engine_id, role, cfg, pool, clock, self._runner, peers, compute_in_thread=True, replica=replica
-        )
-        self._task = asyncio.ensure_future(self.engine.run())
-        return _serve_metrics(self.engine.metrics.registry)
-
-    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
-        assert self.engine is not None
-        async for out in self.engine.generate(request):
-            yield out
-            if out.finished_reason is None:
-                await asyncio.sleep(_FLUSH_WALL_S)
-
-    async def get_kv(self, request_id: str) -> KVPayload:
-        assert self.engine is not None
-        return await self.engine.get_kv(request_id)
-
-    async def free_kv(self, request_id: str) -> None:
-        assert self.engine is not None
-        await self.engine.free_kv(request_id)
-
-    async def report(self) -> dict[str, Any]:
-        assert self.engine is not None
-        return self.engine.report()
-
-    async def metrics(self) -> str:
-        assert self.engine is not None
-        return self.engine.metrics.exposition()
-
-    async def drain(self) -> dict[str, Any]:
-        """Stop the step loop, release KV nobody will pull, check nothing is left; the final report."""
-        assert self.engine is not None and self._task is not None
-        self.engine.stop()
-        await self._task
-        self.engine.expire_held(math.inf)
-        self.engine.assert_empty()
-        return self.engine.report()
-
-
-class ProxyHost:
-    """The body of the proxy actor."""
-
-    def __init__(self, cfg: TestbedConfig, pools: dict[str, dict[str, Any]]) -> None:
-        remote = {
-            role: [RemoteEngine(eid, h) for eid, h in engines.items()] for role, engines in pools.items()
-        }
-        self._metrics = ProxyMetrics(cfg)
-        self._proxy = Proxy(remote["mixed"], remote["prefill"], remote["decode"], self._metrics)
-
-    async def submit(self, creq: ClientRequest) -> RequestResult:
-        return await self._proxy.submit(creq)
-
-    def start(self) -> str:
-        """Serve /metrics; returns its `host:port`."""
-        return _serve_metrics(self._metrics.registry)
-
-    def metrics(self) -> str:
-        return self._metrics.exposition()
-
-
-def _serve_metrics(registry: Any) -> str:
-    """Serve `registry` at /metrics on this node's address and a free port (scraped via file SD)."""
-    host = ray.util.get_node_ip_address()
-    return f"{host}:{serve_metrics(registry, host)}"
 
 
 @dataclass
@@ -173,7 +55,9 @@ class LiveDeployment:
     proxy: Any
     clock_epoch_s: float
     metrics_targets: dict[str, str]
-    """actor id (engine ids, `proxy`) -> `host:port` of its /metrics."""
+    """actor id (engine ids, `proxy`, `render-i`) -> `host:port` of its /metrics."""
+    renders: list[Any] = field(default_factory=list)
+    """The render pool's actor handles (only a server renders: replayed traces are token IDs)."""
 
 
 def connect(configs: Sequence[TestbedConfig], address: str | None) -> bool:
@@ -219,8 +103,9 @@ def _check_resources(cfg: TestbedConfig) -> None:
             )
 
 
-def deploy(cfg: TestbedConfig) -> LiveDeployment:
-    """Create and start every actor; emulated time zero is shortly after the last one is ready."""
+def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
+    """Create and start every actor (and the render pool's if `render`); emulated time zero is shortly
+    after the last one is ready."""
     _check_resources(cfg)
     if cfg.runner.compute == "real":
         from actors.engine.runner_model import ensure_model
@@ -237,12 +122,17 @@ def deploy(cfg: TestbedConfig) -> LiveDeployment:
             )
     engines = {eid: h for per in pools.values() for eid, h in per.items()}
     nodes = dict(zip(engines, ray.get([h.node_id.remote() for h in engines.values()]), strict=True))
-    proxy: Any = ray.remote(ProxyHost).options(num_cpus=0).remote(cfg, pools)
+    renders: list[Any] = [
+        ray.remote(RenderHost).options(num_cpus=0).remote(cfg, i)
+        for i in range(cfg.render.replicas if render else 0)
+    ]
+    proxy: Any = ray.remote(ProxyHost).options(num_cpus=0).remote(cfg, pools, renders)
     targets = {"proxy": ray.get(proxy.start.remote())}
+    targets.update({f"render-{i}": t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))})
     epoch = time.time() + _START_SLACK_S
     targets.update(zip(engines, ray.get([h.start.remote(epoch) for h in engines.values()]), strict=True))
     write_sd_file(cfg.metrics.sd_file, cfg.design, targets)
-    return LiveDeployment(engines, nodes, proxy, epoch, targets)
+    return LiveDeployment(engines, nodes, proxy, epoch, targets, renders)
 
 
 async def drive(
@@ -304,15 +194,15 @@ def run_live(
         return run_output(cfg, results, reports, metrics)
     finally:
         if dep is not None:
-            for handle in [*dep.engines.values(), dep.proxy]:
-                ray.kill(handle)
+            kill(dep)
         if started:
             disconnect()
 
 
 def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Drain every live engine (dead ones are skipped), collect every actor's final metrics, kill all
-    actors and withdraw their scrape targets; engine reports and expositions by actor id."""
+    """Drain every live engine (dead ones are skipped) and render replica (checked empty), collect every
+    actor's final metrics, kill all actors and withdraw their scrape targets; engine reports and
+    expositions by actor id."""
     reports: dict[str, dict[str, Any]] = {}
     metrics: dict[str, str] = {}
     lost = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
@@ -324,7 +214,15 @@ def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[st
             reports[eid] = {"error": f"{type(e).__name__}: not drained"}
     with contextlib.suppress(*lost):
         metrics["proxy"] = ray.get(dep.proxy.metrics.remote(), timeout=60)
-    for handle in [*dep.engines.values(), dep.proxy]:
-        ray.kill(handle)
+    for i, handle in enumerate(dep.renders):
+        with contextlib.suppress(*lost):
+            ray.get(handle.drain.remote(), timeout=60)
+            metrics[f"render-{i}"] = ray.get(handle.metrics.remote(), timeout=60)
+    kill(dep)
     write_sd_file(cfg.metrics.sd_file, cfg.design, {})
     return reports, metrics
+
+
+def kill(dep: LiveDeployment) -> None:
+    for handle in [*dep.engines.values(), dep.proxy, *dep.renders]:
+        ray.kill(handle)

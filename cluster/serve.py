@@ -1,9 +1,15 @@
 """Composition root for `testbed serve`: one design behind an OpenAI-compatible HTTP server.
 
-All roles run in this process on the server's event loop, on a real-time clock (`clock.time_scale`
-wall seconds per emulated second): the render pool, the proxy and the engines (computing off the loop),
-so clients see emulated TTFT and ITL. On shutdown every request's row is written to `--out`
-(results.parquet, summary.json, the resolved config and the final metrics), like a run.
+Two ways to place the roles, one front end and one HTTP app for both:
+
+    in process (default)   HTTP + front end + render pool + proxy + engines on one event loop
+    on Ray (--ray)         HTTP + front end here; render pool, proxy and engines as Ray actors, deployed
+                           as a live run deploys them (a local Ray, or --address to join one)
+
+Either way on a real-time clock (`clock.time_scale` wall seconds per emulated second), so clients see
+emulated TTFT and ITL. On shutdown every request's row is written to `--out` (results.parquet,
+summary.json, the resolved config and the final metrics), like a run, before the check that no request,
+block or render stream was left behind.
 """
 
 from __future__ import annotations
@@ -11,23 +17,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
-from actors.api.frontend import Frontend
+from actors.api.frontend import Frontend, ProxyClient
 from actors.api.server import build_app
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore
 from actors.messages import RenderSpec
-from actors.render.render import Render
-from actors.render.tokenizer import load_tokenizer
+from actors.render.client import LocalRender, RenderClient, render_for
 from cluster.config import TestbedConfig
 from cluster.virtual import build_deployment
-from dashboards.exposition import merged_exposition, write_sd_file
+from dashboards.exposition import merged_exposition, merged_text_expositions, write_sd_file
 from dashboards.recorders import RenderMetrics
 
 
@@ -36,50 +43,124 @@ class Served:
     app: FastAPI
     frontend: Frontend
     engines: list[EngineCore]
+    """In-process engines (none on Ray)."""
+    deployment: Any = None
+    """On Ray: the live deployment (actor handles)."""
+
+
+class _InProcess:
+    """Every role in this process, on the server's event loop (engines compute off it)."""
+
+    def __init__(self, cfg: TestbedConfig) -> None:
+        self.clock = Clock(cfg.clock.scale, epoch_s=time.time())
+        render_metrics = [RenderMetrics(cfg, i) for i in range(cfg.render.replicas)]
+        self._renders = [render_for(cfg, m.on_render) for m in render_metrics]
+        self.renders: list[RenderClient] = [LocalRender(r) for r in self._renders]
+        replicas = itertools.cycle(self.renders)
+
+        async def rerender(spec: RenderSpec) -> list[int]:  # P/D decode, when prefill's IDs can't be reused
+            return await next(replicas).render_chat(spec)
+
+        dep = build_deployment(cfg, self.clock, compute_in_thread=True, render=rerender)
+        assert dep.proxy.metrics is not None
+        self.proxy: ProxyClient = dep.proxy
+        self.engines = dep.engines
+        self._registries = [e.metrics.registry for e in self.engines] + [dep.proxy.metrics.registry]
+        self._registries += [m.registry for m in render_metrics]
+        self._tasks: list[asyncio.Future[None]] = []
+
+    async def metrics_text(self) -> str:
+        return merged_exposition(self._registries)
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(e.run()) for e in self.engines]
+
+    async def stop(self) -> str:
+        """Stop the engines, release KV nobody will pull; the final metrics."""
+        for e in self.engines:
+            e.stop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for e in self.engines:
+            e.expire_held(float("inf"))
+        return merged_exposition(self._registries)
+
+    def assert_empty(self) -> None:
+        for e in self.engines:
+            e.assert_empty()
+        for r in self._renders:
+            r.assert_empty()
+
+
+class _OnRay:
+    """Every role a Ray actor; this process serves HTTP and runs the front end."""
+
+    def __init__(self, cfg: TestbedConfig, address: str | None) -> None:
+        from cluster.hosts import RemoteProxy, RemoteRender
+        from cluster.live import connect, deploy
+
+        self.cfg = cfg
+        self._started = connect([cfg], address)
+        self.dep = deploy(cfg, render=True)
+        self.clock = Clock(cfg.clock.scale, epoch_s=self.dep.clock_epoch_s)
+        self.proxy: ProxyClient = RemoteProxy(self.dep.proxy)
+        self.renders: list[RenderClient] = [RemoteRender(h) for h in self.dep.renders]
+        self.engines: list[EngineCore] = []
+        self._error: Exception | None = None
+
+    def _handles(self) -> list[Any]:
+        return [self.dep.proxy, *self.dep.engines.values(), *self.dep.renders]
+
+    async def metrics_text(self) -> str:
+        """Every actor's exposition merged (each also serves its own, announced for Prometheus)."""
+        return merged_text_expositions(await asyncio.gather(*[h.metrics.remote() for h in self._handles()]))
+
+    async def start(self) -> None:
+        await self.clock.sleep_until(0.0)  # emulated time zero: every actor started
+
+    async def stop(self) -> str:
+        """Drain every actor (each checks it is empty) and stop the Ray started here; the final metrics."""
+        from cluster.live import disconnect, shutdown
+
+        metrics: dict[str, str] = {}
+        try:
+            _, metrics = await asyncio.to_thread(shutdown, self.dep, self.cfg)
+        except Exception as e:  # a leak found by a drain: raised after the results are written
+            self._error = e
+        if self._started:
+            disconnect()
+        return merged_text_expositions(list(metrics.values()))
+
+    def assert_empty(self) -> None:
+        if self._error is not None:
+            raise self._error
 
 
 def build_server(
-    cfg: TestbedConfig, out: Path | None = None, api_key: str | None = None, max_body_bytes: int = 4 * 1024**2
+    cfg: TestbedConfig,
+    out: Path | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = 4 * 1024**2,
+    on_ray: bool = False,
+    address: str | None = None,
 ) -> Served:
-    """The app, its front end and engines; engines start with the app (lifespan) and are checked empty
-    at its end."""
+    """The app, its front end and its roles (on Ray if `on_ray`: a local Ray, or the one at `address`);
+    the roles start with the app (lifespan) and are checked empty at its end."""
     cfg = dataclasses.replace(cfg, clock=dataclasses.replace(cfg.clock, mode="live"))
-    clock = Clock(cfg.clock.scale, epoch_s=time.time())
-    tokenizer = load_tokenizer(cfg.render.tokenizer_path, cfg.runner.vocab_size)
-    template = Path(cfg.render.chat_template_path).read_text() if cfg.render.chat_template_path else None
-    render_metrics = [RenderMetrics(cfg, i) for i in range(cfg.render.replicas)]
-    renders = [Render(tokenizer, template, on_render=m.on_render) for m in render_metrics]
-
-    async def rerender(spec: RenderSpec) -> list[int]:  # the proxy renders through the front end's pool
-        return await frontend.render(spec)
-
-    dep = build_deployment(cfg, clock, compute_in_thread=True, render=rerender)
-    frontend = Frontend(cfg, dep.proxy, renders, clock)
-    assert dep.proxy.metrics is not None
-    registries = [e.metrics.registry for e in dep.engines] + [dep.proxy.metrics.registry]
-    registries += [m.registry for m in render_metrics]
-
-    def metrics_text() -> str:
-        return merged_exposition(registries)
+    roles = _OnRay(cfg, address) if on_ray else _InProcess(cfg)
+    frontend = Frontend(cfg, roles.proxy, roles.renders, roles.clock, answers=render_for(cfg))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        tasks = [asyncio.ensure_future(e.run()) for e in dep.engines]
+        await roles.start()
         yield
-        for e in dep.engines:
-            e.stop()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for e in dep.engines:
-            e.expire_held(float("inf"))
+        metrics = await roles.stop()
         if out is not None:
-            write_results(out, cfg, frontend, metrics_text())
-        for e in dep.engines:
-            e.assert_empty()
-        frontend.assert_empty()
+            write_results(out, cfg, frontend, metrics)
+        roles.assert_empty()
 
-    app = build_app(frontend, metrics_text, api_key, max_body_bytes)
+    app = build_app(frontend, roles.metrics_text, api_key, max_body_bytes)
     app.router.lifespan_context = lifespan
-    return Served(app, frontend, dep.engines)
+    return Served(app, frontend, roles.engines, getattr(roles, "dep", None))
 
 
 def write_results(out: Path, cfg: TestbedConfig, frontend: Frontend, metrics: str) -> None:
@@ -99,15 +180,25 @@ def write_results(out: Path, cfg: TestbedConfig, frontend: Frontend, metrics: st
 
 
 def serve(
-    cfg: TestbedConfig, host: str, port: int, out: Path | None, api_key: str | None, max_body_bytes: int
+    cfg: TestbedConfig,
+    host: str,
+    port: int,
+    out: Path | None,
+    api_key: str | None,
+    max_body_bytes: int,
+    on_ray: bool = False,
+    address: str | None = None,
 ) -> None:
     import uvicorn
 
-    app = build_server(cfg, out, api_key, max_body_bytes).app
+    app = build_server(cfg, out, api_key, max_body_bytes, on_ray, address).app
     # Announce /metrics to a Prometheus started by `testbed dashboards up` (a file of its own, so a live
-    # run's targets are not touched); withdrawn when the server stops.
+    # run's targets are not touched); withdrawn when the server stops. On Ray each actor is announced
+    # instead (as in a live run): scraping the merged endpoint too would count every series twice.
     sd_file = serve_sd_file(cfg.metrics.sd_file)
-    write_sd_file(sd_file, cfg.design, {"serve": f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"})
+    if not on_ray:
+        target = f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+        write_sd_file(sd_file, cfg.design, {"serve": target})
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:

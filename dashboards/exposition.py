@@ -36,13 +36,23 @@ def serve_metrics(registry: CollectorRegistry, host: str) -> int:
 def merged_exposition(registries: list[CollectorRegistry]) -> str:
     """One exposition of several actors' registries in one process (families merged by name, as a
     scrape of one port must list each family once)."""
+    return _merged([family for registry in registries for family in registry.collect()])
+
+
+def merged_text_expositions(texts: list[str]) -> str:
+    """One exposition of several actors' expositions (fetched from actors in other processes)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return _merged([family for text in texts for family in text_string_to_metric_families(text)])
+
+
+def _merged(families: list[Any]) -> str:
     merged: dict[str, Any] = {}
-    for registry in registries:
-        for family in registry.collect():
-            if family.name in merged:
-                merged[family.name].samples.extend(family.samples)
-            else:
-                merged[family.name] = family
+    for family in families:
+        if family.name in merged:
+            merged[family.name].samples.extend(family.samples)
+        else:
+            merged[family.name] = family
 
     class _Merged:
         def collect(self) -> Any:

@@ -77,6 +77,7 @@ from dashboards.metrics import (
     MetricSpec,
     buckets_125,
 )  # fmt: skip
+from workloads.latency import request_latencies
 
 if TYPE_CHECKING:
     from actors.engine.block_manager import BlockManager
@@ -262,8 +263,6 @@ class ProxyMetrics(_Registry):
 
     def on_request_done(self, result: RequestResult) -> None:
         """The proxy finished `result` (any outcome); the same figures as its row of the results table."""
-        from workloads.results import request_latencies
-
         lat = request_latencies(result.arrival_s, result.token_times_s)
         ok = result.finished_reason in ("length", "stop")
         self.child(REQUESTS_FINISHED, finished_reason=result.finished_reason or "error").inc()

@@ -2,6 +2,8 @@
 
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -139,3 +141,20 @@ def test_preemptions_and_prefix_hits_are_counted():
     assert (
         sum_series(expos, m.PREFIX_CACHE_HITS.exposed) == run.engine_reports["mixed-0"]["prefix_cache_hits"]
     )
+
+
+def test_actors_record_without_importing_pandas_or_transformers():
+    """A heavy import in the middle of a live run (the proxy's first finished request once imported
+    pandas) stalls the engines sharing the host's cores: live TTFT drifted by 12-200 ms."""
+    code = (
+        "import sys\n"
+        "from cluster.hosts import EngineHost, ProxyHost\n"
+        "from actors.messages import RequestResult\n"
+        "from dashboards.recorders import ProxyMetrics\n"
+        "from cluster.config_load import load_designs\n"
+        "result = RequestResult('r', 0.0, 8, 2, 'length', None, [1, 2], [0.1, 0.2])\n"
+        "ProxyMetrics(load_designs('guide-l40s', ['pd-fast'], [])[0]).on_request_done(result)\n"
+        "print(sorted(m for m in ('pandas', 'transformers', 'torch') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,6 +1,7 @@
 """The render tier: the project's tokenizer and template, parsers, derender both ways, P/D prompt reuse."""
 
 import asyncio
+import itertools
 import random
 from datetime import datetime
 
@@ -104,11 +105,27 @@ def test_stateful_and_stateless_derender_give_the_same_stream(tokenizer):
     stateful, stateless = ParsedDelta(), ParsedDelta()
     for i in range(len(ids)):
         last = i == len(ids) - 1
-        stateful.extend(render.derender("s", ids[i : i + 1], last))
+        (delta,) = render.derender("s", ids[i : i + 1], last)
+        stateful.extend(delta)
         stateless.extend(render.derender_stateless(ids[: i + 1], i, last))
     assert stateful == stateless == parse_text(ANSWER, final=True)
     render.assert_empty()
     assert render.stats.num_derendered_tokens == 2 * len(ids) and render.stats.derender_cpu_s > 0
+
+
+def test_a_batch_derenders_to_one_delta_per_token_as_if_fed_one_by_one(tokenizer):
+    """Engines stream batches; the front end releases a batch's tokens one by one at their stamps."""
+    render = Render(tokenizer)
+    ids = [*tokenizer.encode(ANSWER, add_special_tokens=False), render.eos_token_id]
+    one_by_one = [render.derender("a", [t], i == len(ids) - 1)[0] for i, t in enumerate(ids)]
+    rng = np.random.default_rng(1)
+    cuts = [0, *sorted(rng.choice(np.arange(1, len(ids)), 6, replace=False).tolist()), len(ids)]
+    batched = []
+    for lo, hi in itertools.pairwise(cuts):
+        batched += render.derender("b", ids[lo:hi], hi == len(ids))
+    assert batched == one_by_one
+    assert render.derender("c", [], True) == [ParsedDelta()]
+    render.assert_empty()
 
 
 def test_sampled_ids_do_not_survive_a_text_round_trip(tokenizer):

@@ -98,6 +98,28 @@ def test_plain_chat_fills_max_tokens(server, client):
     assert r.choices[0].message.reasoning_content and r.choices[0].message.content
 
 
+def test_prompt_token_ids_a_pd_proxy_sends_are_used_without_rendering(server, client):
+    """llm-d style: the decode side's request carries prefill's prompt IDs in kv_transfer_params."""
+    ids = list(range(100, 400))
+    renders = sum(r.render.stats.num_renders for r in server.served.frontend.renders)
+    r = client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=5, extra_body={"kv_transfer_params": {"prompt_token_ids": ids}}
+    )
+    assert r.usage.prompt_tokens == len(ids) != _prompt_len(server, ASK)
+    assert sum(r.render.stats.num_renders for r in server.served.frontend.renders) == renders + 1  # /render's
+    assert server.served.frontend.results[-1].num_prompt_tokens == len(ids)
+    echo = client.completions.create(model=MODEL, prompt="x", max_tokens=1)  # other APIs are untouched
+    assert echo.usage.prompt_tokens == 1
+    image = [{"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url"}]}]
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=image,
+        max_tokens=1,
+        extra_body={"kv_transfer_params": {"prompt_token_ids": ids}},
+    )
+    assert r.usage.prompt_tokens == _prompt_len(server, image)  # non-text content: rendered all the same
+
+
 def test_completions_streamed_and_not_with_echo(server, client):
     r = client.completions.create(model=MODEL, prompt="Tell me about prefill", max_tokens=12, echo=True)
     assert r.choices[0].text.startswith("Tell me about prefill") and r.usage.completion_tokens == 12
@@ -195,7 +217,7 @@ def test_a_client_leaving_mid_stream_cancels_its_request_everywhere(server):
         assert time.monotonic() < deadline, "the abandoned request is still running"
         time.sleep(0.1)
     assert server.served.frontend.results[-1].finished_reason == "abort"
-    assert all(not r._streams for r in server.served.frontend.renders)
+    assert all(not r.render._streams for r in server.served.frontend.renders)
 
 
 def test_api_key_is_required_when_set():

@@ -17,14 +17,15 @@ import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from actors.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest
 from actors.engine.clock import Clock
-from actors.messages import ClientRequest, RenderSpec, RequestResult, token_ids_valid
+from actors.messages import ClientRequest, EngineOutput, RenderSpec, RequestResult, token_ids_valid
 from actors.proxy import Proxy
+from actors.render.client import RenderClient
 from actors.render.parsers import ParsedDelta
 from actors.render.render import Render
 from cluster.config import TestbedConfig
@@ -51,13 +52,29 @@ class Completion:
     finished_reason: str | None = None
 
 
+class ProxyClient(Protocol):
+    """The proxy as the front end sees it: the proxy itself, or a handle to its actor."""
+
+    def stream(self, creq: ClientRequest, result: RequestResult) -> AsyncGenerator[EngineOutput, None]: ...
+
+
 class Frontend:
-    def __init__(self, cfg: TestbedConfig, proxy: Proxy, renders: list[Render], clock: Clock) -> None:
-        """`renders`: the render pool (stateful streams stick to the replica that opened them)."""
+    def __init__(
+        self,
+        cfg: TestbedConfig,
+        proxy: ProxyClient,
+        renders: list[RenderClient],
+        clock: Clock,
+        answers: Render,
+    ) -> None:
+        """`renders`: the render pool (stateful streams stick to the replica that opened them).
+        `answers`: this process's copy of the tokenizer, for the workload's forced answers and stop IDs
+        (choosing the output is the emulated model's job, not the render tier's)."""
         self.cfg = cfg
         self.proxy = proxy
         self.renders = renders
         self.clock = clock
+        self.answers = answers
         self.model_name = cfg.target.served_model_name or cfg.target.model
         self.results: list[RequestResult] = []
         self._next_render = itertools.cycle(range(len(renders)))
@@ -73,35 +90,39 @@ class Frontend:
                 "model_not_found",
             )
 
-    async def render_chat(self, req: ChatCompletionRequest | Any) -> tuple[list[int], RenderSpec]:
-        spec = RenderSpec(
+    @staticmethod
+    def render_spec(req: ChatCompletionRequest | Any) -> RenderSpec:
+        return RenderSpec(
             [m.for_template() for m in req.messages], req.tools, dict(req.chat_template_kwargs or {})
         )
-        return await self.render(spec), spec
 
     async def chat_request_for(self, req: ChatCompletionRequest) -> tuple[ClientRequest, int]:
-        """Render `req` and build its token-ID request; the request arrived when this was called (TTFT
-        counts rendering, as vLLM's does)."""
+        """Render `req` and build its token-ID request, and the render replica its stream derenders on
+        (the one that rendered it). The request arrived when this was called (TTFT counts rendering, as
+        vLLM's does). Prompt token IDs a P/D proxy sends in `kv_transfer_params` are used as they are:
+        rendering is skipped, unless the request needs it (non-text content, echo)."""
         arrival_s = self.clock.now()
-        prompt, spec = await self.render_chat(req)
-        return await asyncio.to_thread(self.chat_request, req, prompt, spec, arrival_s)
+        replica = next(self._next_render)
+        spec = self.render_spec(req)
+        given = self._transfer_prompt(req)
+        prompt = given if given is not None else await self.render(spec, replica)
+        return await asyncio.to_thread(self.chat_request, req, prompt, spec, arrival_s), replica
 
-    async def render(self, spec: RenderSpec) -> list[int]:
-        """Render on a pool replica, off the event loop (the engines share it in-process)."""
-        replica = self.renders[next(self._next_render)]
+    async def render(self, spec: RenderSpec, replica: int | None = None) -> list[int]:
+        """Render on pool replica `replica` (None: the next)."""
         try:
-            return await asyncio.to_thread(
-                replica.render_chat, spec.messages, spec.tools, **spec.template_kwargs
+            return await self.renders[next(self._next_render) if replica is None else replica].render_chat(
+                spec
             )
         except Exception as e:  # a template error is the request's fault (e.g. a role it rejects)
             raise ApiError(400, f"messages: the chat template rejected them: {e}", "messages") from None
 
     def chat_request(
         self, req: ChatCompletionRequest, prompt: list[int], spec: RenderSpec, arrival_s: float
-    ) -> tuple[ClientRequest, int]:
-        """The token-ID request for a rendered chat, and the render replica its stream derenders on."""
+    ) -> ClientRequest:
+        """The token-ID request for a rendered chat."""
         max_tokens = self._max_tokens(req.requested_max_tokens, len(prompt))
-        render = self.renders[0]
+        render = self.answers
         forced = None
         if self.cfg.workload.output_policy == "forced":
             thinking = spec.template_kwargs.get("enable_thinking", True) is not False
@@ -117,21 +138,24 @@ class Frontend:
             forced_output_token_ids=forced,
             stop_token_ids=[render.eos_token_id],
             render=spec,
-            reuse_prompt_token_ids=not req.echo and all(m.is_text for m in req.messages),
+            reuse_prompt_token_ids=self._reusable(req),
         )
-        self._check_transfer_params(req.kv_transfer_params)
-        return creq, next(self._next_render)
+        return creq
 
     async def completion_request_for(self, req: CompletionRequest) -> tuple[ClientRequest, int]:
-        """Tokenize `req` off the event loop and build its token-ID request (arrived when called)."""
-        return await asyncio.to_thread(self.completion_request, req, self.clock.now())
-
-    def completion_request(self, req: CompletionRequest, arrival_s: float) -> tuple[ClientRequest, int]:
-        render = self.renders[0]
+        """Tokenize `req` on the render pool and build its token-ID request (arrived when called)."""
+        arrival_s = self.clock.now()
+        replica = next(self._next_render)
         if isinstance(req.prompt, str):
-            prompt = render.render_text(req.prompt)
+            prompt = await self.renders[replica].render_text(req.prompt)
         else:
             prompt = self.check_token_ids(req.prompt, "prompt")
+        return await asyncio.to_thread(self.completion_request, req, prompt, arrival_s), replica
+
+    def completion_request(
+        self, req: CompletionRequest, prompt: list[int], arrival_s: float
+    ) -> ClientRequest:
+        render = self.answers
         if not prompt:
             raise ApiError(400, "prompt: must not be empty", "prompt")
         max_tokens = self._max_tokens(req.max_tokens, len(prompt))
@@ -148,7 +172,7 @@ class Frontend:
             forced,
             [render.eos_token_id],
         )
-        return creq, next(self._next_render)
+        return creq
 
     def generate_request(self, req: GenerateRequest) -> ClientRequest:
         ids = self.check_token_ids(req.token_ids, "token_ids")
@@ -166,9 +190,18 @@ class Frontend:
             raise ApiError(400, f"{param}: token IDs must be a list of ints in [0, {vocab})", param)
         return ids
 
-    def _check_transfer_params(self, params: dict[str, Any] | None) -> None:
-        if params and "prompt_token_ids" in params:
-            self.check_token_ids(params["prompt_token_ids"], "kv_transfer_params.prompt_token_ids")
+    @staticmethod
+    def _reusable(req: ChatCompletionRequest) -> bool:
+        """Whether prompt token IDs rendered before can stand for rendering this request again."""
+        return not req.echo and all(m.is_text for m in req.messages)
+
+    def _transfer_prompt(self, req: ChatCompletionRequest) -> list[int] | None:
+        """Checked prompt token IDs from the request's `kv_transfer_params`, if it may use them."""
+        params = req.kv_transfer_params
+        if not params or "prompt_token_ids" not in params:
+            return None
+        ids = self.check_token_ids(params["prompt_token_ids"], "kv_transfer_params.prompt_token_ids")
+        return ids if self._reusable(req) and ids else None
 
     def _max_tokens(self, requested: int | None, num_prompt: int) -> int:
         limit = self.cfg.scheduler.max_model_len
@@ -193,19 +226,23 @@ class Frontend:
         into reasoning and tool calls unless not `parse`; None: token IDs only). Closing the iterator
         early aborts the request everywhere."""
         render = self.renders[replica] if replica is not None else None
-        result = self.proxy.new_result(creq)
+        result = Proxy.new_result(creq)
         stream_id = creq.request_id
         try:
             async with aclosing(self.proxy.stream(creq, result)) as outs:
                 async for out in outs:
-                    for i, (tok, t) in enumerate(zip(out.new_token_ids, out.token_times_s, strict=True)):
+                    finished = out.finished_reason is not None
+                    ids = out.new_token_ids
+                    if render is not None:  # the batch at once, its tokens released one by one
+                        deltas = await render.derender(stream_id, ids, finished, parse)
+                    else:
+                        deltas = [ParsedDelta() for _ in ids] or [ParsedDelta()]
+                    for i, (tok, t) in enumerate(zip(ids, out.token_times_s, strict=True)):
                         await self.clock.sleep_until(t)
-                        last = out.finished_reason is not None and i == len(out.new_token_ids) - 1
-                        delta = render.derender(stream_id, [tok], last, parse) if render else ParsedDelta()
-                        yield TokenEvent([tok], delta, out.finished_reason if last else None)
-                    if out.finished_reason is not None and not out.new_token_ids:
-                        delta = render.derender(stream_id, [], True, parse) if render else ParsedDelta()
-                        yield TokenEvent([], delta, out.finished_reason)
+                        last = finished and i == len(ids) - 1
+                        yield TokenEvent([tok], deltas[i], out.finished_reason if last else None)
+                    if finished and not ids:
+                        yield TokenEvent([], deltas[0], out.finished_reason)
         finally:
             if render is not None:
                 render.close(stream_id)
@@ -231,7 +268,3 @@ class Frontend:
     @staticmethod
     def created() -> int:
         return int(time.time())
-
-    def assert_empty(self) -> None:
-        for render in self.renders:
-            render.assert_empty()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -61,7 +61,7 @@ def _sse(obj: Any) -> str:
 
 def build_app(
     frontend: Frontend,
-    metrics_text: Callable[[], str],
+    metrics_text: Callable[[], Awaitable[str]],
     api_key: str | None = None,
     max_body_bytes: int = 4 * 1024**2,
 ) -> FastAPI:
@@ -114,7 +114,7 @@ def build_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -155,7 +155,7 @@ def build_app(
     async def completions(req: CompletionRequest) -> Any:
         frontend.check_model(req.model)
         creq, replica = await frontend.completion_request_for(req)
-        echo = frontend.renders[replica].detokenize(creq.prompt_token_ids) if req.echo else ""
+        echo = await frontend.renders[replica].detokenize(creq.prompt_token_ids) if req.echo else ""
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return _stream(_completion_chunks(frontend, creq, replica, include_usage, model, echo))
@@ -173,16 +173,16 @@ def build_app(
     @app.post("/render")
     async def render(req: RenderRequest) -> dict[str, Any]:
         frontend.check_model(req.model)
-        ids, _ = await frontend.render_chat(req)
+        ids = await frontend.render(frontend.render_spec(req))
         return {"prompt_token_ids": ids, "num_tokens": len(ids)}
 
     @app.post("/derender")
     async def derender(req: DerenderRequest) -> dict[str, Any]:
         ids = frontend.check_token_ids(req.token_ids, "token_ids")
         replica = frontend.renders[0]
-        parsed = replica.derender_stateless(ids, 0, finished=True)
+        parsed = await replica.derender_stateless(ids, 0, finished=True)
         return {
-            "text": replica.detokenize(ids),
+            "text": await replica.detokenize(ids),
             "reasoning_content": parsed.reasoning_content or None,
             "content": parsed.content,
             "tool_calls": _tool_calls(parsed.tool_calls),

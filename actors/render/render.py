@@ -122,21 +122,25 @@ class Render:
 
     def derender(
         self, stream_id: str, new_token_ids: Sequence[int], finished: bool, parse: bool = True
-    ) -> ParsedDelta:
-        """Stateful: this replica keeps the stream's decoder and parser between chunks. `parse=False`:
-        the text as it is, all content (completions)."""
+    ) -> list[ParsedDelta]:
+        """Stateful: this replica keeps the stream's decoder and parser between chunks (a chunk is an
+        engine's batch of tokens: one call, not one per token). Returns what each token adds, so the
+        caller can release them one by one; a finishing chunk's last delta carries what the parser held
+        back (a chunk without tokens: one delta). `parse=False`: the text as it is, all content."""
         start = time.thread_time()
         stream = self._streams.get(stream_id)
         if stream is None:
             parser = IncrementalParser() if parse else PlainParser()
             stream = self._streams[stream_id] = _Stream(self._backend, parser)
-        out = ParsedDelta()
-        stream.feed(self._text_ids(new_token_ids), out)
+        outs = [ParsedDelta() for _ in new_token_ids] or [ParsedDelta()]
+        for tid, out in zip(new_token_ids, outs, strict=False):
+            if tid not in self._stop_ids:
+                stream.feed((tid,), out)
         if finished:
-            out.extend(stream.parser.finish())
+            outs[-1].extend(stream.parser.finish())
             del self._streams[stream_id]
         self._derendered(time.thread_time() - start, len(new_token_ids))
-        return out
+        return outs
 
     def derender_stateless(self, all_token_ids: Sequence[int], num_done: int, finished: bool) -> ParsedDelta:
         """Stateless: rebuild the decoder and a rescanning parser, replay the first `num_done` tokens
