@@ -125,6 +125,11 @@ class ClockConfig:
     time_scale: float | Literal["auto"] = 1.0
     """live only: wall seconds per emulated second; `auto` measures this host's real work per step
     and picks the smallest scale at which every step fits its budget."""
+    stream_flush_wall_s: float | None = None
+    """live only: wall seconds between the batches an engine actor streams to the proxy (each batch is
+    one Ray message). Tokens keep their emulated stamps, so results and metrics are exact either way,
+    but a client of `serve --ray` gets each token up to this late. None: 0.05 in a replayed run, 0.01
+    behind `serve --ray` (where client-side ITL is the point)."""
 
     @property
     def scale(self) -> float:

@@ -256,6 +256,11 @@ def _check_semantics(cfg: TestbedConfig) -> None:
     _require(cfg.metrics.linger_s >= 0, f"metrics.linger_s={cfg.metrics.linger_s}: must be >= 0")
     ts = cfg.clock.time_scale
     _require(ts == "auto" or ts > 0, f"clock.time_scale={ts}: must be > 0 or 'auto'")
+    flush = cfg.clock.stream_flush_wall_s
+    _require(
+        flush is None or flush >= 0,
+        f"clock.stream_flush_wall_s={flush}: must be >= 0 seconds (0: every step's tokens) or null",
+    )
     for key in (
         "hidden_size",
         "num_layers",

@@ -29,9 +29,6 @@ from cluster.config import PoolConfig, TestbedConfig
 from dashboards.exposition import serve_metrics
 from dashboards.recorders import ProxyMetrics, RenderMetrics
 
-FLUSH_WALL_S = 0.05
-"""Wall seconds between a stream's batches: delivery only, every token keeps its emulated stamp."""
-
 
 async def _remote_stream(method: Any, *args: Any) -> AsyncGenerator[Any, None]:
     """The items of a streaming actor method; the actor's task is cancelled if the consumer stops early."""
@@ -101,10 +98,12 @@ class EngineHost:
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         assert self.engine is not None
+        flush_s = self._args[3].clock.stream_flush_wall_s
+        assert flush_s is not None  # resolved by live.deploy
         async for out in self.engine.generate(request):
             yield out
-            if out.finished_reason is None:
-                await asyncio.sleep(FLUSH_WALL_S)
+            if out.finished_reason is None and flush_s > 0:
+                await asyncio.sleep(flush_s)
 
     async def get_kv(self, request_id: str) -> KVPayload:
         assert self.engine is not None

@@ -4,8 +4,8 @@
                                                                    decode ──get_kv / free_kv──► prefill
 
 Engines run their own step loop inside their actor on a clock shared through a wall-clock epoch; tokens
-come back as streamed batches (a request's stream yields at most every `FLUSH_WALL_S`), so nothing
-crosses an actor boundary per token or per step. Prefill KV moves as numpy arrays through Ray's object
+come back as streamed batches (a request's stream yields at most every `clock.stream_flush_wall_s`), so
+nothing crosses an actor boundary per token or per step. Prefill KV moves as numpy arrays through Ray's object
 store. Pools are placed by custom resources named after them (`mixed`, `prefill`, `decode`): a local
 Ray started here defines them; a joined cluster must offer them (`ray start --resources`).
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -44,6 +45,18 @@ _SEND_LEAD_WALL_S = 0.05
 """Requests leave the driver this much ahead of their arrival time: more than driver -> proxy -> engine."""
 _TICK_WALL_S = 2.0
 """Wall seconds between progress reports of a live run."""
+_FLUSH_WALL_S = {False: 0.05, True: 0.01}
+"""clock.stream_flush_wall_s when unset: a replayed run (results carry the stamps, delivery may lag) /
+`serve --ray` (a client sees the delivery)."""
+
+
+def with_stream_flush(cfg: TestbedConfig, serving: bool) -> TestbedConfig:
+    """`cfg` with clock.stream_flush_wall_s resolved (as written to the run's config)."""
+    if cfg.clock.stream_flush_wall_s is not None:
+        return cfg
+    return dataclasses.replace(
+        cfg, clock=dataclasses.replace(cfg.clock, stream_flush_wall_s=_FLUSH_WALL_S[serving])
+    )
 
 
 @dataclass
@@ -106,6 +119,7 @@ def _check_resources(cfg: TestbedConfig) -> None:
 def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     """Create and start every actor (and the render pool's if `render`); emulated time zero is shortly
     after the last one is ready."""
+    cfg = with_stream_flush(cfg, serving=render)
     _check_resources(cfg)
     if cfg.runner.compute == "real":
         from actors.engine.runner_model import ensure_model
@@ -179,6 +193,7 @@ def run_live(
     """One live run: join or start Ray, deploy, replay, drain; a Ray started here is stopped again."""
     from cluster.outcome import run_output  # pandas: the driver's, not every actor's, import
 
+    cfg = with_stream_flush(cfg, serving=False)
     started = connect([cfg], address)
     dep = None
     try:

@@ -146,6 +146,10 @@ def build_server(
     """The app, its front end and its roles (on Ray if `on_ray`: a local Ray, or the one at `address`);
     the roles start with the app (lifespan) and are checked empty at its end."""
     cfg = dataclasses.replace(cfg, clock=dataclasses.replace(cfg.clock, mode="live"))
+    if on_ray:
+        from cluster.live import with_stream_flush
+
+        cfg = with_stream_flush(cfg, serving=True)
     roles = _OnRay(cfg, address) if on_ray else _InProcess(cfg)
     frontend = Frontend(cfg, roles.proxy, roles.renders, roles.clock, answers=render_for(cfg))
 
