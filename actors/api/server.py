@@ -231,11 +231,17 @@ async def _chat_chunks(
         "created": frontend.created(),
         "model": model,
     }
-    first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-    yield _sse({**base, "choices": [first]})
+    role: dict[str, Any] | None = {
+        "index": 0,
+        "delta": {"role": "assistant", "content": ""},
+        "finish_reason": None,
+    }
     num_out, num_calls, seen = 0, 0, ParsedDelta()
     async with aclosing(frontend.events(creq, replica)) as events:
         async for ev in events:
+            if role is not None:  # as vLLM: the role chunk leaves with the first token, not before it
+                yield _sse({**base, "choices": [role]})
+                role = None
             num_out += len(ev.token_ids)
             seen.extend(ev.delta)
             delta: dict[str, Any] = {}
