@@ -275,9 +275,10 @@ def _first_visible_s(result):
 def test_guidellm_drives_100_requests_and_agrees_with_the_testbeds_own_results(tmp_path):
     """A real third-party load generator (guidellm, from PyPI) against `testbed serve` (the guide's
     pd-testbox, 4k prompts): its client-side TTFT and ITL agree with the testbed's per-request results
-    within 10 %, and within 2 % when both count from the first token that shows text."""
+    within 10 %, and within 3 % when both count from the first token that shows text."""
     from actors.render.tokenizer import ensure_tokenizer
     from workloads.results import results_frame
+    from workloads.summary import lag_summary
 
     s = ServeThread(design="pd-testbox")
     try:
@@ -303,6 +304,10 @@ def test_guidellm_drives_100_requests_and_agrees_with_the_testbeds_own_results(t
         ok = ok[ok["ok"]]
     finally:
         s.stop()
+    lag = lag_summary({e.engine_id: e.report() for e in s.served.engines})
+    assert lag["lag_fraction"] < 0.05, (
+        f"the host could not keep up with emulated time ({lag}): not a fair test"
+    )
     assert metrics["request_totals"]["successful"] >= 100 and len(ok) >= 100
     assert metrics["request_totals"]["errored"] == 0
     ttft_ms = metrics["time_to_first_token_ms"]["successful"]["mean"]
@@ -317,8 +322,8 @@ def test_guidellm_drives_100_requests_and_agrees_with_the_testbeds_own_results(t
     visible_itl_ms = 1000 * statistics.mean(
         (r.token_times_s[-1] - v) / (len(r.token_times_s) - 1) for v, r in zip(visible, done, strict=True)
     )
-    assert ttft_ms == pytest.approx(visible_ttft_ms, rel=0.02)
-    assert itl_ms == pytest.approx(visible_itl_ms, rel=0.02)
+    assert ttft_ms == pytest.approx(visible_ttft_ms, rel=0.03)
+    assert itl_ms == pytest.approx(visible_itl_ms, rel=0.03)
 
 
 def test_the_serve_command_binds_loopback_and_writes_results_when_stopped(tmp_path):
