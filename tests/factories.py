@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import numpy as np
 import uvicorn
 
@@ -112,6 +113,26 @@ class ServeThread:
 
     def engines_idle(self):
         return all(not e._requests and not e.scheduler.held for e in self.served.engines)
+
+    def leave_mid_stream(self, idle, timeout_s=10.0):
+        """Start a long streamed chat, read a few events and hang up; wait until its result is recorded
+        and `idle()`; returns the result."""
+        before = len(self.served.frontend.results)
+        body = {
+            "model": self.served.frontend.model_name,
+            "messages": [{"role": "user", "content": "a long one"}],
+            "max_tokens": 400,
+            "stream": True,
+        }
+        with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=body) as s:
+            lines = s.iter_lines()
+            for _ in range(6):
+                next(lines)
+        deadline = time.monotonic() + timeout_s
+        while len(self.served.frontend.results) == before or not idle():
+            assert time.monotonic() < deadline, "the abandoned request is still running"
+            time.sleep(0.1)
+        return self.served.frontend.results[-1]
 
 
 def free_port() -> int:

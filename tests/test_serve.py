@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from dashboards.exposition import sum_series
 from tests.factories import ServeThread
 
 MODEL = "qwen2.5-7b"
@@ -43,6 +44,11 @@ def server():
 @pytest.fixture
 def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def num_render_calls(server, op="render"):
+    """Render (or derender) calls over the whole render pool, as the server's /metrics counts them."""
+    return sum_series([httpx.get(f"{server.url}/metrics").text], "testbed:render_calls_total", op=op)
 
 
 def _prompt_len(server, messages, tools=None):
@@ -122,12 +128,12 @@ def test_plain_chat_fills_max_tokens(server, client):
 def test_prompt_token_ids_a_pd_proxy_sends_are_used_without_rendering(server, client):
     """llm-d style: the decode side's request carries prefill's prompt IDs in kv_transfer_params."""
     ids = list(range(100, 400))
-    renders = sum(r.render.stats.num_renders for r in server.served.frontend.renders)
+    renders = num_render_calls(server)
     r = client.chat.completions.create(
         model=MODEL, messages=ASK, max_tokens=5, extra_body={"kv_transfer_params": {"prompt_token_ids": ids}}
     )
     assert r.usage.prompt_tokens == len(ids) != _prompt_len(server, ASK)
-    assert sum(r.render.stats.num_renders for r in server.served.frontend.renders) == renders + 1  # /render's
+    assert num_render_calls(server) == renders + 1  # /render's
     assert server.served.frontend.results[-1].num_prompt_tokens == len(ids)
     echo = client.completions.create(model=MODEL, prompt="x", max_tokens=1)  # other APIs are untouched
     assert echo.usage.prompt_tokens == 1
@@ -222,22 +228,7 @@ def test_oversized_body_is_413_and_the_server_keeps_serving(server, client):
 
 
 def test_a_client_leaving_mid_stream_cancels_its_request_everywhere(server):
-    before = len(server.served.frontend.results)
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "long one"}],
-        "max_tokens": 400,
-        "stream": True,
-    }
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as s:
-        lines = s.iter_lines()
-        for _ in range(6):
-            next(lines)
-    deadline = time.monotonic() + 10
-    while len(server.served.frontend.results) == before or not server.engines_idle():
-        assert time.monotonic() < deadline, "the abandoned request is still running"
-        time.sleep(0.1)
-    assert server.served.frontend.results[-1].finished_reason == "abort"
+    assert server.leave_mid_stream(server.engines_idle).finished_reason == "abort"
     assert all(not r.render._streams for r in server.served.frontend.renders)
 
 

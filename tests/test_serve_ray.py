@@ -13,7 +13,18 @@ import ray
 
 from dashboards.exposition import sum_series
 from tests.factories import ServeThread
-from tests.test_serve import ASK, MODEL, WEATHER
+from tests.test_serve import (  # the in-process server's API tests, run again against the actors
+    ASK,
+    MODEL,
+    test_bad_input_gets_an_openai_shaped_error,  # noqa: F401
+    test_chat_returns_reasoning_a_tool_call_and_usage,  # noqa: F401
+    test_completions_streamed_and_not_with_echo,  # noqa: F401
+    test_generate_returns_the_exact_token_ids_and_derender_reads_them,  # noqa: F401
+    test_models_health_and_metrics_on_the_same_port,  # noqa: F401
+    test_nothing_leaves_before_the_first_token,  # noqa: F401
+    test_prompt_token_ids_a_pd_proxy_sends_are_used_without_rendering,  # noqa: F401
+    test_streamed_chat_adds_up_to_the_same_answer,  # noqa: F401
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +43,7 @@ def client(server):
 
 
 def _render_calls(server, op):
+    """Per replica."""
     text = httpx.get(f"{server.url}/metrics").text
     return [sum_series([text], "testbed:render_calls_total", op=op, replica=str(i)) for i in range(2)]
 
@@ -42,31 +54,6 @@ def test_roles_are_ray_actors_announced_for_prometheus(server):
     assert not server.served.engines  # nothing computes in the server's process
     actors = {g["labels"]["actor"] for g in json.loads(server.sd_file.read_text())}
     assert actors == {"proxy", "prefill-0", "decode-0", "render-0", "render-1"}
-
-
-def test_chat_streams_reasoning_and_a_tool_call_through_the_actors(server, client):
-    whole = client.chat.completions.create(model=MODEL, messages=ASK, tools=WEATHER, max_tokens=200)
-    (call,) = whole.choices[0].message.tool_calls
-    assert (
-        json.loads(call.function.arguments) == {"city": "Paris"}
-        and whole.choices[0].message.reasoning_content
-    )
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL,
-            messages=ASK,
-            tools=WEATHER,
-            max_tokens=200,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-    )
-    reasoning = "".join(
-        getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices
-    )
-    assert reasoning == whole.choices[0].message.reasoning_content
-    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
-    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
 def test_a_client_sees_tokens_paced_as_emulated_not_in_actor_batches(server, client):
@@ -107,26 +94,12 @@ def test_both_render_replicas_render_and_decode_renders_again_for_non_text_conte
 
 
 def test_a_client_leaving_mid_stream_aborts_in_the_actors(server):
-    before = len(server.served.frontend.results)
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "long"}],
-        "max_tokens": 400,
-        "stream": True,
-    }
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as s:
-        lines = s.iter_lines()
-        for _ in range(6):
-            next(lines)
-    deadline = time.monotonic() + 10
-    while len(server.served.frontend.results) == before:
-        assert time.monotonic() < deadline, "the abandoned request never ended"
-        time.sleep(0.1)
-    assert server.served.frontend.results[-1].finished_reason == "abort"
-    dep = server.served.deployment
-    while any(ray.get(h.report.remote())["num_unfinished_requests"] for h in dep.engines.values()):
-        assert time.monotonic() < deadline, "the engines still run the abandoned request"
-        time.sleep(0.1)
+    engines = server.served.deployment.engines.values()
+
+    def idle():
+        return not any(ray.get(h.report.remote())["num_unfinished_requests"] for h in engines)
+
+    assert server.leave_mid_stream(idle).finished_reason == "abort"
 
 
 def test_stop_drains_every_actor_empty_and_stops_ray(server):

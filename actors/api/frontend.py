@@ -110,10 +110,9 @@ class Frontend:
 
     async def render(self, spec: RenderSpec, replica: int | None = None) -> list[int]:
         """Render on pool replica `replica` (None: the next)."""
+        i = next(self._next_render) if replica is None else replica
         try:
-            return await self.renders[next(self._next_render) if replica is None else replica].render_chat(
-                spec
-            )
+            return await self.renders[i].render_chat(spec)
         except Exception as e:  # a template error is the request's fault (e.g. a role it rejects)
             raise ApiError(400, f"messages: the chat template rejected them: {e}", "messages") from None
 
