@@ -234,8 +234,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--design={args.design}: serve runs one design; choose one of: {names}")
     cfg = resolve_time_scale(configs[0])
     out = Path(args.out) if args.out else None
-    name = cfg.target.served_model_name or cfg.target.model
-    print(f"serving {cfg.design} as model {name!r} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)")
     serve(
         cfg,
         args.host,

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -79,7 +80,11 @@ def connect(configs: Sequence[TestbedConfig], address: str | None) -> bool:
     if ray.is_initialized():
         return False
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        _check_reachable(address)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except ConnectionError as e:
+            raise ConfigError(f"--address={address}: {e}") from None
         return False
     ray.init(
         _node_ip_address=_LOCAL_NODE_IP,
@@ -90,6 +95,22 @@ def connect(configs: Sequence[TestbedConfig], address: str | None) -> bool:
         logging_level=logging.WARNING,
     )
     return True
+
+
+def _check_reachable(address: str) -> None:
+    """Fail at once on a head nobody answers at (Ray itself retries for minutes)."""
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    allowed = "allowed: auto (the cluster started on this machine) or HOST:PORT of a running Ray head"
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address={address}: not HOST:PORT; {allowed}")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        raise ConfigError(
+            f"--address={address}: no Ray head answers there ({e.strerror or e}); {allowed}"
+        ) from None
 
 
 def _resources_needed(configs: Sequence[TestbedConfig]) -> dict[str, float]:

@@ -96,11 +96,16 @@ class _OnRay:
 
     def __init__(self, cfg: TestbedConfig, address: str | None) -> None:
         from cluster.hosts import RemoteProxy, RemoteRender
-        from cluster.live import connect, deploy
+        from cluster.live import connect, deploy, disconnect
 
         self.cfg = cfg
         self._started = connect([cfg], address)
-        self.dep = deploy(cfg, render=True)
+        try:
+            self.dep = deploy(cfg, render=True)
+        except BaseException:
+            if self._started:
+                disconnect()
+            raise
         self.clock = Clock(cfg.clock.scale, epoch_s=self.dep.clock_epoch_s)
         self.proxy: ProxyClient = RemoteProxy(self.dep.proxy)
         self.renders: list[RenderClient] = [RemoteRender(h) for h in self.dep.renders]
@@ -196,6 +201,9 @@ def serve(
     import uvicorn
 
     app = build_server(cfg, out, api_key, max_body_bytes, on_ray, address).app
+    name = cfg.target.served_model_name or cfg.target.model
+    where = "roles on Ray" if on_ray else "roles in this process"
+    print(f"serving {cfg.design} as model {name!r} on http://{host}:{port}/v1, {where} (Ctrl-C stops)")
     # Announce /metrics to a Prometheus started by `testbed dashboards up` (a file of its own, so a live
     # run's targets are not touched); withdrawn when the server stops. On Ray each actor is announced
     # instead (as in a live run): scraping the merged endpoint too would count every series twice.

@@ -124,6 +124,9 @@ def test_sweep_writes_means_over_seeds_and_goodput(tmp_path):
         (["run", "--set", "target.model=llama-3.1-70b"], ["pools.mixed", "llama-3.1-70b", "tp"]),
         (["run", "--set", "slos=[ttft<=fast]"], ["slos", "ttft<=fast"]),
         (["run", "--compute", "skip", "--output-policy", "greedy"], ["greedy", "compute"]),
+        (["run", "--set", "clock.stream_flush_wall_s=-1"], ["clock.stream_flush_wall_s", "-1", ">= 0"]),
+        (["run", "--mode", "live", "--address", "nonsense"], ["--address", "nonsense", "HOST:PORT"]),
+        (["serve", "--ray", "--address", "127.0.0.1:1"], ["--address", "127.0.0.1:1", "no Ray head answers"]),
     ],
 )
 def test_bad_input_is_one_clear_line(args, needles, capsys, tmp_path):
