@@ -74,6 +74,8 @@ TEXTS = [
     '<tool_call>\n{"name":"b","arguments":{"x":1}}\n</tool_call>',
     "<thin",
     'x<tool_call>{"name": "open"',
+    'x<tool_call>{"name": "write", "arguments": {"path": "a.py", "text": "def f(): return {1',  # cut short
+    '<tool_call> {"name":"b", "arguments": {"x": {"y": "}"} } }\n</tool_call>tail',
 ]
 
 
@@ -90,6 +92,24 @@ def test_both_parsers_agree_with_the_whole_text_parse_however_it_is_split(text):
                 i += n
             out.extend(parser.finish())
             assert out == full
+
+
+@pytest.mark.parametrize("parser", [IncrementalParser, RescanningParser])
+def test_tool_call_arguments_stream_as_the_model_writes_them(parser):
+    """As vLLM streams them: the name once the header is complete, then argument pieces, before the
+    call's end tag arrives; only a brace that may close the call itself is held back."""
+    p = parser()
+    header = '<tool_call>\n{"name": "write_file", "arguments": '
+    args = '{"path": "a.py", "text": "x = {1: 2}"}'
+    assert not p.feed(header).tool_calls  # the arguments' first brace is not here yet
+    first = p.feed(args[:10]).tool_calls
+    assert [(c.name, c.arguments, c.index) for c in first] == [("write_file", args[:10], 0)]
+    pieces = [p.feed(ch).tool_calls for ch in args[10:] + "}\n"]
+    assert all(c.name == "" and c.index == 0 for piece in pieces for c in piece)
+    assert (
+        args[:10] + "".join(c.arguments for piece in pieces for c in piece) == args
+    )  # the closing brace held
+    assert not p.feed("</tool_call>").tool_calls
 
 
 def test_answer_parses_into_reasoning_content_and_a_tool_call():

@@ -78,7 +78,7 @@ def test_streamed_chat_adds_up_to_the_same_answer(server, client):
         stream=True,
         stream_options={"include_usage": True},
     )
-    reasoning, content, calls, finish, usage, times = "", "", [], None, None, []
+    reasoning, content, calls, finish, usage, times = "", "", {}, None, None, []
     for chunk in stream:
         times.append(time.monotonic())
         if chunk.usage:
@@ -88,11 +88,21 @@ def test_streamed_chat_adds_up_to_the_same_answer(server, client):
         delta = chunk.choices[0].delta
         reasoning += getattr(delta, "reasoning_content", None) or ""
         content += delta.content or ""
-        calls += delta.tool_calls or []
+        for piece in delta.tool_calls or []:  # a call's first piece names it, the rest add arguments
+            call = calls.setdefault(piece.index, {"name": None, "arguments": "", "num_pieces": 0})
+            call["name"] = piece.function.name or call["name"]
+            call["arguments"] += piece.function.arguments or ""
+            call["num_pieces"] += 1
         finish = chunk.choices[0].finish_reason or finish
     whole = client.chat.completions.create(model=MODEL, messages=ASK, tools=WEATHER, max_tokens=200)
     assert reasoning == whole.choices[0].message.reasoning_content
-    assert [c.function.name for c in calls] == ["get_weather"] and finish == "tool_calls"
+    (whole_call,) = whole.choices[0].message.tool_calls
+    assert list(calls) == [0] and finish == "tool_calls"
+    assert (calls[0]["name"], calls[0]["arguments"]) == (
+        whole_call.function.name,
+        whole_call.function.arguments,
+    )
+    assert calls[0]["num_pieces"] > 1  # the arguments streamed as they were written
     assert usage.completion_tokens == whole.usage.completion_tokens
     assert times[-1] - times[0] > 0.1  # paced by emulated time, not dumped at once
 

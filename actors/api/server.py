@@ -33,16 +33,17 @@ from actors.api.protocol import (
 from actors.render.parsers import ParsedDelta, ToolCall
 
 
-def _tool_calls(calls: list[ToolCall], first_index: int = 0, stream: bool = False) -> list[dict[str, Any]]:
+def _tool_calls(calls: list[ToolCall], stream: bool = False) -> list[dict[str, Any]]:
+    """OpenAI's tool_calls: whole calls, or in a stream a call's first piece (id, type, name, the
+    arguments so far) and then pieces of its arguments, by index."""
     out = []
-    for i, c in enumerate(calls):
-        call: dict[str, Any] = {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": c.name, "arguments": c.arguments},
-        }
+    for c in calls:
+        call: dict[str, Any] = {"function": {"arguments": c.arguments}}
+        if c.name:
+            call.update(id=f"call_{uuid.uuid4().hex[:24]}", type="function")
+            call["function"]["name"] = c.name
         if stream:
-            call["index"] = first_index + i
+            call["index"] = c.index
         out.append(call)
     return out
 
@@ -236,7 +237,7 @@ async def _chat_chunks(
         "delta": {"role": "assistant", "content": ""},
         "finish_reason": None,
     }
-    num_out, num_calls, seen = 0, 0, ParsedDelta()
+    num_out, seen = 0, ParsedDelta()
     async with aclosing(frontend.events(creq, replica)) as events:
         async for ev in events:
             if role is not None:  # as vLLM: the role chunk leaves with the first token, not before it
@@ -250,8 +251,7 @@ async def _chat_chunks(
             if ev.delta.content:
                 delta["content"] = ev.delta.content
             if ev.delta.tool_calls:
-                delta["tool_calls"] = _tool_calls(ev.delta.tool_calls, num_calls, stream=True)
-                num_calls += len(ev.delta.tool_calls)
+                delta["tool_calls"] = _tool_calls(ev.delta.tool_calls, stream=True)
             reason = frontend.openai_finish_reason(ev.finished_reason, seen) if ev.finished_reason else None
             if delta or reason:
                 yield _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]})
