@@ -166,6 +166,10 @@ class RenderConfig:
     """A local Hugging Face tokenizer directory; None: the project's BPE (trained once, cached)."""
     chat_template_path: str | None = None
     """A Jinja chat template file replacing the tokenizer's own."""
+    derender: Literal["stateful", "stateless"] = "stateful"
+    """How a stream is derendered. stateful: the replica that rendered a request keeps its decoder and
+    parser, each engine batch sends only its new tokens; stateless: every batch carries the whole
+    output so far to any replica, which rebuilds them and replays it (no affinity, O(N^2) work)."""
 
 
 @dataclass(frozen=True)

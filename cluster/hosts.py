@@ -215,8 +215,10 @@ class RenderHost:
     ) -> list[ParsedDelta]:
         return self.render.derender(stream_id, new_token_ids, finished, parse)
 
-    def derender_stateless(self, all_token_ids: list[int], num_done: int, finished: bool) -> ParsedDelta:
-        return self.render.derender_stateless(all_token_ids, num_done, finished)
+    def derender_stateless(
+        self, all_token_ids: list[int], num_done: int, finished: bool, parse: bool
+    ) -> list[ParsedDelta]:
+        return self.render.derender_stateless(all_token_ids, num_done, finished, parse)
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self.render.detokenize(token_ids)
@@ -256,10 +258,12 @@ class RemoteRender:
         return deltas
 
     async def derender_stateless(
-        self, all_token_ids: list[int], num_done: int, finished: bool
-    ) -> ParsedDelta:
-        delta: ParsedDelta = await self._handle.derender_stateless.remote(all_token_ids, num_done, finished)
-        return delta
+        self, all_token_ids: list[int], num_done: int, finished: bool, parse: bool = True
+    ) -> list[ParsedDelta]:
+        deltas: list[ParsedDelta] = await self._handle.derender_stateless.remote(
+            all_token_ids, num_done, finished, parse
+        )
+        return deltas
 
     async def detokenize(self, token_ids: list[int]) -> str:
         text: str = await self._handle.detokenize.remote(token_ids)

@@ -127,7 +127,8 @@ def test_stateful_and_stateless_derender_give_the_same_stream(tokenizer):
         last = i == len(ids) - 1
         (delta,) = render.derender("s", ids[i : i + 1], last)
         stateful.extend(delta)
-        stateless.extend(render.derender_stateless(ids[: i + 1], i, last))
+        (delta,) = render.derender_stateless(ids[: i + 1], i, last)
+        stateless.extend(delta)
     assert stateful == stateless == parse_text(ANSWER, final=True)
     render.assert_empty()
     assert render.stats.num_derendered_tokens == 2 * len(ids) and render.stats.derender_cpu_s > 0

@@ -107,6 +107,31 @@ def test_streamed_chat_adds_up_to_the_same_answer(server, client):
     assert times[-1] - times[0] > 0.1  # paced by emulated time, not dumped at once
 
 
+def test_a_stateless_render_tier_streams_the_same_answer(client):
+    """render.derender=stateless: every batch goes to any replica with the whole output so far."""
+    s = ServeThread("render.derender=stateless")
+    try:
+        other = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0)
+        chunks = list(
+            other.chat.completions.create(
+                model=MODEL, messages=ASK, tools=WEATHER, max_tokens=200, stream=True
+            )
+        )
+        metrics = httpx.get(f"{s.url}/metrics").text
+    finally:
+        s.stop()
+    pieces = [c.choices[0].delta for c in chunks if c.choices]
+    reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in pieces)
+    arguments = "".join(t.function.arguments or "" for d in pieces for t in d.tool_calls or [])
+    stateful = client.chat.completions.create(model=MODEL, messages=ASK, tools=WEATHER, max_tokens=200)
+    assert reasoning == stateful.choices[0].message.reasoning_content
+    assert arguments == stateful.choices[0].message.tool_calls[0].function.arguments
+    per_replica = [
+        sum_series([metrics], "testbed:render_calls_total", op="derender", replica=str(i)) for i in range(2)
+    ]
+    assert min(per_replica) > 0  # no affinity: both replicas derendered the one stream
+
+
 def test_nothing_leaves_before_the_first_token(server):
     """As vLLM: even the role chunk waits for the first token, so a client timing the first event
     measures the emulated TTFT (a long prompt makes it long enough to tell)."""

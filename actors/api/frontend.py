@@ -225,17 +225,24 @@ class Frontend:
         into reasoning and tool calls unless not `parse`; None: token IDs only). Closing the iterator
         early aborts the request everywhere."""
         render = self.renders[replica] if replica is not None else None
+        stateless = self.cfg.render.derender == "stateless"
         result = Proxy.new_result(creq)
         stream_id = creq.request_id
+        history: list[int] = []  # what a stateless render tier is sent again with every batch
         try:
             async with aclosing(self.proxy.stream(creq, result)) as outs:
                 async for out in outs:
                     finished = out.finished_reason is not None
                     ids = out.new_token_ids
-                    if render is not None:  # the batch at once, its tokens released one by one
-                        deltas = await render.derender(stream_id, ids, finished, parse)
-                    else:
+                    if render is None:
                         deltas = [ParsedDelta() for _ in ids] or [ParsedDelta()]
+                    elif stateless:  # any replica: no state is kept between batches
+                        history += ids
+                        anyone = self.renders[next(self._next_render)]
+                        num_done = len(history) - len(ids)
+                        deltas = await anyone.derender_stateless(history, num_done, finished, parse)
+                    else:  # the batch at once, its tokens released one by one
+                        deltas = await render.derender(stream_id, ids, finished, parse)
                     for i, (tok, t) in enumerate(zip(ids, out.token_times_s, strict=True)):
                         await self.clock.sleep_until(t)
                         last = finished and i == len(ids) - 1

@@ -181,7 +181,9 @@ def build_app(
     async def derender(req: DerenderRequest) -> dict[str, Any]:
         ids = frontend.check_token_ids(req.token_ids, "token_ids")
         replica = frontend.renders[0]
-        parsed = await replica.derender_stateless(ids, 0, finished=True)
+        parsed = ParsedDelta()
+        for delta in await replica.derender_stateless(ids, 0, finished=True):
+            parsed.extend(delta)
         return {
             "text": await replica.detokenize(ids),
             "reasoning_content": parsed.reasoning_content or None,

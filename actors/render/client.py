@@ -31,8 +31,8 @@ class RenderClient(Protocol):
     ) -> list[ParsedDelta]: ...
 
     async def derender_stateless(
-        self, all_token_ids: list[int], num_done: int, finished: bool
-    ) -> ParsedDelta: ...
+        self, all_token_ids: list[int], num_done: int, finished: bool, parse: bool = True
+    ) -> list[ParsedDelta]: ...
 
     async def detokenize(self, token_ids: list[int]) -> str: ...
 
@@ -69,9 +69,12 @@ class LocalRender:
         return self.render.derender(stream_id, new_token_ids, finished, parse)
 
     async def derender_stateless(
-        self, all_token_ids: list[int], num_done: int, finished: bool
-    ) -> ParsedDelta:
-        return await asyncio.to_thread(self.render.derender_stateless, all_token_ids, num_done, finished)
+        self, all_token_ids: list[int], num_done: int, finished: bool, parse: bool = True
+    ) -> list[ParsedDelta]:
+        """Off the event loop: a replay is O(output so far)."""
+        return await asyncio.to_thread(
+            self.render.derender_stateless, all_token_ids, num_done, finished, parse
+        )
 
     async def detokenize(self, token_ids: list[int]) -> str:
         return await asyncio.to_thread(self.render.detokenize, token_ids)

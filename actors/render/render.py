@@ -132,30 +132,34 @@ class Render:
         if stream is None:
             parser = IncrementalParser() if parse else PlainParser()
             stream = self._streams[stream_id] = _Stream(self._backend, parser)
-        outs = [ParsedDelta() for _ in new_token_ids] or [ParsedDelta()]
-        for tid, out in zip(new_token_ids, outs, strict=False):
-            if tid not in self._stop_ids:
-                stream.feed((tid,), out)
+        outs = self._feed_each(stream, new_token_ids)
         if finished:
             outs[-1].extend(stream.parser.finish())
             del self._streams[stream_id]
         self._derendered(time.thread_time() - start, len(new_token_ids))
         return outs
 
-    def derender_stateless(self, all_token_ids: Sequence[int], num_done: int, finished: bool) -> ParsedDelta:
+    def derender_stateless(
+        self, all_token_ids: Sequence[int], num_done: int, finished: bool, parse: bool = True
+    ) -> list[ParsedDelta]:
         """Stateless: rebuild the decoder and a rescanning parser, replay the first `num_done` tokens
-        (their output was sent before), and return what the rest adds."""
+        (their output was sent before), and return what each of the rest adds (as `derender`)."""
         start = time.thread_time()
-        stream = _Stream(self._backend, RescanningParser())
-        ids = self._text_ids(all_token_ids)
-        done = len(self._text_ids(all_token_ids[:num_done]))
-        stream.feed(ids[:done], ParsedDelta())
-        out = ParsedDelta()
-        stream.feed(ids[done:], out)
+        stream = _Stream(self._backend, RescanningParser() if parse else PlainParser())
+        stream.feed(self._text_ids(all_token_ids[:num_done]), ParsedDelta())
+        outs = self._feed_each(stream, all_token_ids[num_done:])
         if finished:
-            out.extend(stream.parser.finish())
+            outs[-1].extend(stream.parser.finish())
         self._derendered(time.thread_time() - start, len(all_token_ids) - num_done)
-        return out
+        return outs
+
+    def _feed_each(self, stream: _Stream, token_ids: Sequence[int]) -> list[ParsedDelta]:
+        """What each token adds (at least one delta, for a chunk without tokens)."""
+        outs = [ParsedDelta() for _ in token_ids] or [ParsedDelta()]
+        for tid, out in zip(token_ids, outs, strict=False):
+            if tid not in self._stop_ids:
+                stream.feed((tid,), out)
+        return outs
 
     def close(self, stream_id: str) -> None:
         """Drop a stateful stream that will not finish (its client went away)."""
