@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import math
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -24,6 +23,7 @@ from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, KVSource, Role, runner_for
 from actors.messages import ClientRequest, EngineOutput, EngineRequest, KVPayload, RenderSpec, RequestResult
 from actors.proxy import Proxy
+from actors.render.client import render_again, render_for
 from actors.render.parsers import ParsedDelta
 from cluster.config import PoolConfig, TestbedConfig
 from dashboards.exposition import serve_metrics
@@ -51,8 +51,8 @@ class RemoteEngine:
         self._handle = handle
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
-        async for ref in self._handle.generate.options(num_returns="streaming").remote(request):
-            yield await ref
+        async for out in _remote_stream(self._handle.generate, request):
+            yield out
 
     async def get_kv(self, request_id: str) -> KVPayload:
         payload: KVPayload = await self._handle.get_kv.remote(request_id)
@@ -75,6 +75,8 @@ class EngineHost:
         prefill: dict[str, Any],
     ) -> None:
         self._args = (engine_id, role, replica, cfg, pool)
+        self._flush_s = cfg.clock.stream_flush_wall_s
+        assert self._flush_s is not None  # resolved by live.deploy
         self._prefill = prefill
         self._runner = runner_for(cfg, pool)
         if self._runner is not None:
@@ -98,12 +100,10 @@ class EngineHost:
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         assert self.engine is not None
-        flush_s = self._args[3].clock.stream_flush_wall_s
-        assert flush_s is not None  # resolved by live.deploy
         async for out in self.engine.generate(request):
             yield out
-            if out.finished_reason is None and flush_s > 0:
-                await asyncio.sleep(flush_s)
+            if out.finished_reason is None and self._flush_s:
+                await asyncio.sleep(self._flush_s)
 
     async def get_kv(self, request_id: str) -> KVPayload:
         assert self.engine is not None
@@ -139,15 +139,8 @@ class ProxyHost:
             role: [RemoteEngine(eid, h) for eid, h in engines.items()] for role, engines in pools.items()
         }
         self._metrics = ProxyMetrics(cfg)
-        replicas = itertools.cycle([RemoteRender(h) for h in renders]) if renders else None
-
-        async def render(spec: RenderSpec) -> list[int]:
-            assert replicas is not None
-            return await next(replicas).render_chat(spec)
-
-        self._proxy = Proxy(
-            remote["mixed"], remote["prefill"], remote["decode"], self._metrics, render if renders else None
-        )
+        render = render_again([RemoteRender(h) for h in renders]) if renders else None
+        self._proxy = Proxy(remote["mixed"], remote["prefill"], remote["decode"], self._metrics, render)
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         return await self._proxy.submit(creq)
@@ -174,19 +167,17 @@ class RemoteProxy:
         self._handle = handle
 
     async def stream(self, creq: ClientRequest, result: RequestResult) -> AsyncGenerator[EngineOutput, None]:
-        finished = False
         try:
             async for item in _remote_stream(self._handle.stream, creq):
                 if isinstance(item, RequestResult):
                     for f in dataclasses.fields(item):
                         setattr(result, f.name, getattr(item, f.name))
-                    finished = True
                 else:
                     yield item
         except Exception as e:  # the proxy actor died: the request failed, it is not lost
             result.finished_reason, result.error = "error", f"{type(e).__name__}: {e}"
         finally:
-            if result.finished_reason is None and not finished:
+            if result.finished_reason is None:
                 result.finished_reason, result.error = "abort", "the client closed the stream"
 
 
@@ -195,8 +186,6 @@ class RenderHost:
     renders queue on a busy replica as on a real render process)."""
 
     def __init__(self, cfg: TestbedConfig, replica: int) -> None:
-        from actors.render.client import render_for  # transformers: render actors' import, not engines'
-
         self._metrics = RenderMetrics(cfg, replica)
         self.render = render_for(cfg, self._metrics.on_render)
 
@@ -205,7 +194,7 @@ class RenderHost:
         return serve_node_metrics(self._metrics.registry)
 
     def render_chat(self, spec: RenderSpec) -> list[int]:
-        return self.render.render_chat(spec.messages, spec.tools, **spec.template_kwargs)
+        return self.render.render_spec(spec)
 
     def render_text(self, text: str) -> list[int]:
         return self.render.render_text(text)
@@ -229,10 +218,9 @@ class RenderHost:
     def metrics(self) -> str:
         return self._metrics.exposition()
 
-    def drain(self) -> dict[str, Any]:
-        """Check no stream is left open; the replica's totals."""
+    def drain(self) -> None:
+        """Check no stream is left open."""
         self.render.assert_empty()
-        return dataclasses.asdict(self.render.stats)
 
 
 class RemoteRender:

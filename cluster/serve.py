@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,8 +29,7 @@ from actors.api.frontend import Frontend, ProxyClient
 from actors.api.server import build_app
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore
-from actors.messages import RenderSpec
-from actors.render.client import LocalRender, RenderClient, render_for
+from actors.render.client import LocalRender, RenderClient, render_again, render_for
 from cluster.config import TestbedConfig
 from cluster.virtual import build_deployment
 from dashboards.exposition import merged_exposition, merged_text_expositions, write_sd_file
@@ -56,12 +54,7 @@ class _InProcess:
         render_metrics = [RenderMetrics(cfg, i) for i in range(cfg.render.replicas)]
         self._renders = [render_for(cfg, m.on_render) for m in render_metrics]
         self.renders: list[RenderClient] = [LocalRender(r) for r in self._renders]
-        replicas = itertools.cycle(self.renders)
-
-        async def rerender(spec: RenderSpec) -> list[int]:  # P/D decode, when prefill's IDs can't be reused
-            return await next(replicas).render_chat(spec)
-
-        dep = build_deployment(cfg, self.clock, compute_in_thread=True, render=rerender)
+        dep = build_deployment(cfg, self.clock, compute_in_thread=True, render=render_again(self.renders))
         assert dep.proxy.metrics is not None
         self.proxy: ProxyClient = dep.proxy
         self.engines = dep.engines
@@ -169,7 +162,7 @@ def build_server(
 
     app = build_app(frontend, roles.metrics_text, api_key, max_body_bytes)
     app.router.lifespan_context = lifespan
-    return Served(app, frontend, roles.engines, getattr(roles, "dep", None))
+    return Served(app, frontend, roles.engines, roles.dep if isinstance(roles, _OnRay) else None)
 
 
 def write_results(out: Path, cfg: TestbedConfig, frontend: Frontend, metrics: str) -> None:

@@ -46,9 +46,11 @@ def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
-def num_render_calls(server, op="render"):
-    """Render (or derender) calls over the whole render pool, as the server's /metrics counts them."""
-    return sum_series([httpx.get(f"{server.url}/metrics").text], "testbed:render_calls_total", op=op)
+def num_render_calls(server, op="render", **replica):
+    """Render (or derender) calls over the whole render pool (or `replica="i"`), as the server's
+    /metrics counts them."""
+    text = httpx.get(f"{server.url}/metrics").text
+    return sum_series([text], "testbed:render_calls_total", op=op, **replica)
 
 
 def _prompt_len(server, messages, tools=None):

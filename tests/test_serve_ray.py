@@ -6,16 +6,15 @@ import json
 import statistics
 import time
 
-import httpx
 import openai
 import pytest
 import ray
 
-from dashboards.exposition import sum_series
 from tests.factories import ServeThread
 from tests.test_serve import (  # the in-process server's API tests, run again against the actors
     ASK,
     MODEL,
+    num_render_calls,
     test_bad_input_gets_an_openai_shaped_error,  # noqa: F401
     test_chat_returns_reasoning_a_tool_call_and_usage,  # noqa: F401
     test_completions_streamed_and_not_with_echo,  # noqa: F401
@@ -44,8 +43,7 @@ def client(server):
 
 def _render_calls(server, op):
     """Per replica."""
-    text = httpx.get(f"{server.url}/metrics").text
-    return [sum_series([text], "testbed:render_calls_total", op=op, replica=str(i)) for i in range(2)]
+    return [num_render_calls(server, op, replica=str(i)) for i in range(2)]
 
 
 def test_roles_are_ray_actors_announced_for_prometheus(server):

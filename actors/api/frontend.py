@@ -250,7 +250,7 @@ class Frontend:
                     if finished and not ids:
                         yield TokenEvent([], deltas[0], out.finished_reason)
         finally:
-            if render is not None:
+            if render is not None and not stateless:  # a stateless tier keeps nothing to drop
                 render.close(stream_id)
             self.results.append(result)
         if result.finished_reason == "error":  # not when closed early: that was the client's choice

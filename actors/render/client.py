@@ -8,16 +8,16 @@ costs one actor round trip each.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from actors.messages import RenderSpec
 from actors.render.parsers import ParsedDelta
-from actors.render.render import Render
-from actors.render.tokenizer import load_tokenizer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # transformers loads where a replica renders, not in every actor that calls one
+    from actors.render.render import Render
     from cluster.config import TestbedConfig
 
 
@@ -43,9 +43,23 @@ class RenderClient(Protocol):
 def render_for(cfg: TestbedConfig, on_render: Callable[[str, float, int], None] | None = None) -> Render:
     """A render replica for `cfg`: its tokenizer and chat template (the project's unless `cfg.render`
     names local ones)."""
+    from actors.render.render import Render
+    from actors.render.tokenizer import load_tokenizer
+
     tokenizer = load_tokenizer(cfg.render.tokenizer_path, cfg.runner.vocab_size)
     template = Path(cfg.render.chat_template_path).read_text() if cfg.render.chat_template_path else None
     return Render(tokenizer, template, on_render=on_render)
+
+
+def render_again(clients: Sequence[RenderClient]) -> Callable[[RenderSpec], Awaitable[list[int]]]:
+    """The proxy's renderer for P/D decode when prefill's prompt IDs cannot be reused: each request on
+    the next of `clients`."""
+    replicas = itertools.cycle(clients)
+
+    async def render(spec: RenderSpec) -> list[int]:
+        return await next(replicas).render_chat(spec)
+
+    return render
 
 
 class LocalRender:
@@ -56,9 +70,7 @@ class LocalRender:
         self.render = render
 
     async def render_chat(self, spec: RenderSpec) -> list[int]:
-        return await asyncio.to_thread(
-            self.render.render_chat, spec.messages, spec.tools, **spec.template_kwargs
-        )
+        return await asyncio.to_thread(self.render.render_spec, spec)
 
     async def render_text(self, text: str) -> list[int]:
         return await asyncio.to_thread(self.render.render_text, text)

@@ -166,14 +166,15 @@ class IncrementalParser:
     def _close_call(self, out: ParsedDelta, end_tag: str) -> None:
         """The open call ended (its end tag, or the stream: `end_tag` ""); a call in another shape is
         sent whole, and a body that is no call at all was text."""
-        if not self._stream_call(out):
-            call = _tool_call(self._call.strip()) if end_tag else None
-            if call is None:
+        if self._stream_call(out):
+            self._num_calls += 1
+        else:
+            whole = _tool_call(self._call.strip()) if end_tag else None
+            if whole is None:
                 out.content += CALL_START + self._call + end_tag
-                self._call, self._num_args_sent = "", None
-                return
-            out.tool_calls.append(dataclasses.replace(call, index=self._num_calls))
-        self._num_calls += 1
+            else:
+                out.tool_calls.append(dataclasses.replace(whole, index=self._num_calls))
+                self._num_calls += 1
         self._call, self._num_args_sent = "", None
 
     def _until(self, text: str, tags: tuple[str, ...], out: ParsedDelta, attr: str) -> str:

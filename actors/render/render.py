@@ -20,6 +20,7 @@ from typing import Any
 
 from tokenizers.decoders import DecodeStream
 
+from actors.messages import RenderSpec
 from actors.render.parsers import IncrementalParser, ParsedDelta, PlainParser, RescanningParser
 
 DATE_FORMAT = "%d %b %Y"
@@ -96,6 +97,10 @@ class Render:
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         self._rendered(time.thread_time() - start, len(ids))
         return ids
+
+    def render_spec(self, spec: RenderSpec) -> list[int]:
+        """A chat request as sent between roles -> prompt token IDs."""
+        return self.render_chat(spec.messages, spec.tools, **spec.template_kwargs)
 
     def render_text(self, text: str) -> list[int]:
         """A raw prompt (completions API) -> token IDs, no template."""
