@@ -13,8 +13,13 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Protocol
 
-from actors.messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
-from dashboards.recorders import ProxyMetrics
+from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
+
+
+class ProxyRecorder(Protocol):
+    """Where the proxy records each finished request (`dashboards.recorders.ProxyMetrics`)."""
+
+    def on_request_done(self, result: RequestResult) -> None: ...
 
 
 class EngineClient(Protocol):
@@ -31,12 +36,12 @@ class Proxy:
         mixed: Sequence[EngineClient] = (),
         prefill: Sequence[EngineClient] = (),
         decode: Sequence[EngineClient] = (),
-        metrics: ProxyMetrics | None = None,
+        recorder: ProxyRecorder | None = None,
         render: Callable[[RenderSpec], Awaitable[list[int]]] | None = None,
     ) -> None:
-        """`metrics`: where finished requests are recorded (the client's view); None records nothing.
+        """`recorder`: where finished requests are recorded (the client's view); None records nothing.
         `render`: renders a request again for decode when prefill's token IDs cannot be reused."""
-        self.metrics = metrics
+        self.recorder = recorder
         self._render = render
         if bool(mixed) == bool(prefill and decode):
             raise ValueError("a proxy needs mixed engines, or prefill and decode engines")
@@ -75,8 +80,8 @@ class Proxy:
         finally:
             if result.finished_reason is None:
                 result.finished_reason, result.error = "abort", "the client closed the stream"
-            if self.metrics is not None:
-                self.metrics.on_request_done(result)
+            if self.recorder is not None:
+                self.recorder.on_request_done(result)
 
     async def _disaggregated(
         self, creq: ClientRequest, result: RequestResult

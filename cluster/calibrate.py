@@ -18,10 +18,11 @@ import math
 import time
 from typing import Any
 
-from cluster.config import TestbedConfig
-from cluster.profiles import LINKS
-from cluster.roofline import StepItem, roofline_for
-from cluster.transfer import handoff_time
+from target.config import TestbedConfig
+from target.kv_cache import cdiv
+from target.profiles import LINKS
+from target.roofline import StepItem, roofline_for
+from target.transfer import handoff_time
 
 WAKE_ALLOWANCE_WALL_S = 0.005
 """p99 overshoot of a short sleep with both cores busy on a 2-core host (DESIGN.md)."""
@@ -60,11 +61,11 @@ def _measure(cfg: TestbedConfig, step: list[tuple[int, int, bool]]) -> float:
     from actors.engine.runner_model import load_model
 
     bs = cfg.scheduler.block_size
-    need = sum(-(-(n + c) // bs) for n, c, _ in step)
+    need = sum(cdiv(n + c, bs) for n, c, _ in step)
     runner = ModelRunner(load_model(cfg.runner), need, bs, cfg.runner.num_threads)
     items, first = [], 0
     for i, (n, c, logits) in enumerate(step):
-        blocks = list(range(first, first + -(-(n + c) // bs)))
+        blocks = list(range(first, first + cdiv(n + c, bs)))
         first += len(blocks)
         items.append(RunnerInput(f"probe-{i}", [1] * n, c, blocks, n + c, logits))
     runner.execute(items)
@@ -82,7 +83,7 @@ def _measure_handoff(cfg: TestbedConfig, num_tokens: int) -> float:
     from actors.engine.runner_model import load_model
 
     bs = cfg.scheduler.block_size
-    blocks = list(range(-(-num_tokens // bs)))
+    blocks = list(range(cdiv(num_tokens, bs)))
     model = load_model(cfg.runner)
     src, dst = (ModelRunner(model, len(blocks), bs, cfg.runner.num_threads) for _ in range(2))
     times = []
@@ -98,7 +99,7 @@ def _handoff_probe(cfg: TestbedConfig) -> tuple[float, float] | None:
     if not cfg.pools.prefill.replicas:
         return None
     n, bs = cfg.workload.prompt_len, cfg.scheduler.block_size
-    num_blocks = -(-n // bs)
+    num_blocks = cdiv(n, bs)
     target = roofline_for(cfg, cfg.pools.prefill).model
     emulated = handoff_time(
         num_blocks * bs * target.kv_bytes_per_token, num_blocks, LINKS[cfg.kv_transfer.link]

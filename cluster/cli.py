@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cluster.config import TestbedConfig
 from cluster.config_load import ConfigError, available_presets, dump_config, load_designs
 from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report
+from target.config import TestbedConfig
 
 
 def _parse_rates(text: str) -> list[float]:

@@ -13,9 +13,10 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from cluster.config import PoolConfig, TestbedConfig
-from cluster.profiles import GPUS, LINKS, MODELS
-from cluster.roofline import roofline_for
+from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
+from target.config import PoolConfig, TestbedConfig
+from target.kv_cache import cdiv, num_gpu_blocks
+from target.profiles import GPUS, LINKS, MODELS
 from workloads.slo import SloError, parse_slo
 
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -144,7 +145,7 @@ def _fields_at(parts: list[str]) -> list[str] | None:
 
 def _resolve(annotation: Any) -> Any:
     if isinstance(annotation, str):
-        from cluster import config as module
+        from target import config as module
 
         return getattr(module, annotation, annotation)
     return annotation
@@ -186,9 +187,14 @@ def _check_named(kind: str, key: str, value: str, table: dict[str, Any]) -> None
 
 
 def _check_semantics(cfg: TestbedConfig) -> None:
-    t, s, w, r, p = cfg.target, cfg.scheduler, cfg.workload, cfg.runner, cfg.pools
+    """What the schema cannot say: names from the profiles, ranges, and how sections fit together."""
+    for check in (_check_target, _check_scheduler, _check_pools, _check_workload, _check_runner, _check_rest):
+        check(cfg)
+
+
+def _check_target(cfg: TestbedConfig) -> None:
+    t = cfg.target
     _check_named("model", "target.model", t.model, MODELS)
-    _check_named("link", "kv_transfer.link", cfg.kv_transfer.link, LINKS)
     for key, value in (
         ("eta_compute", t.eta_compute),
         ("eta_bandwidth", t.eta_bandwidth),
@@ -196,31 +202,10 @@ def _check_semantics(cfg: TestbedConfig) -> None:
     ):
         _require(0 < value <= 1, f"target.{key}={value}: must be in (0, 1]")
     _require(t.step_overhead_s >= 0, f"target.step_overhead_s={t.step_overhead_s}: must be >= 0")
-    pools: dict[str, PoolConfig] = {"mixed": p.mixed, "prefill": p.prefill, "decode": p.decode}
-    for name, pool in pools.items():
-        _require(pool.replicas >= 0, f"pools.{name}.replicas={pool.replicas}: must be >= 0")
-        _require(pool.tp >= 1, f"pools.{name}.tp={pool.tp}: must be >= 1")
-        if pool.replicas:
-            _check_named("GPU", f"pools.{name}.gpu", pool.gpu, GPUS)
-            roof = roofline_for(cfg, pool)
-            need = -(-(w.prompt_len + w.output_len) // max(1, s.block_size))
-            have = (
-                s.num_gpu_blocks_override
-                if s.num_gpu_blocks_override is not None
-                else roof.kv_capacity_tokens(t.gpu_memory_utilization) // s.block_size
-            )
-            _require(
-                have >= need,
-                f"pools.{name}: {t.model} on {pool.tp} x {pool.gpu} leaves KV room for {have} blocks, "
-                f"a request needs {need}; allowed: a larger tp or GPU, or shorter requests",
-            )
-    collocated = p.mixed.replicas > 0 and p.prefill.replicas == 0 and p.decode.replicas == 0
-    disagg = p.mixed.replicas == 0 and p.prefill.replicas > 0 and p.decode.replicas > 0
-    _require(
-        collocated or disagg,
-        f"pools: mixed={p.mixed.replicas}, prefill={p.prefill.replicas}, decode={p.decode.replicas}; "
-        "allowed: mixed > 0 alone (collocated) or prefill > 0 and decode > 0 with mixed = 0 (P/D)",
-    )
+
+
+def _check_scheduler(cfg: TestbedConfig) -> None:
+    s, w = cfg.scheduler, cfg.workload
     _require(s.block_size > 0, f"scheduler.block_size={s.block_size}: must be > 0")
     _require(
         s.max_num_batched_tokens >= s.block_size,
@@ -237,30 +222,51 @@ def _check_semantics(cfg: TestbedConfig) -> None:
         s.num_gpu_blocks_override is None or s.num_gpu_blocks_override > 0,
         f"scheduler.num_gpu_blocks_override={s.num_gpu_blocks_override}: must be > 0",
     )
+
+
+def _check_pools(cfg: TestbedConfig) -> None:
+    t, s, w, p = cfg.target, cfg.scheduler, cfg.workload, cfg.pools
+    pools: dict[str, PoolConfig] = {"mixed": p.mixed, "prefill": p.prefill, "decode": p.decode}
+    for name, pool in pools.items():
+        _require(pool.replicas >= 0, f"pools.{name}.replicas={pool.replicas}: must be >= 0")
+        _require(pool.tp >= 1, f"pools.{name}.tp={pool.tp}: must be >= 1")
+        if pool.replicas:
+            _check_named("GPU", f"pools.{name}.gpu", pool.gpu, GPUS)
+            need = cdiv(w.prompt_len + w.output_len, s.block_size)
+            have = num_gpu_blocks(cfg, pool)
+            _require(
+                have >= need,
+                f"pools.{name}: {t.model} on {pool.tp} x {pool.gpu} leaves KV room for {have} blocks, "
+                f"a request needs {need}; allowed: a larger tp or GPU, or shorter requests",
+            )
+    collocated = p.mixed.replicas > 0 and p.prefill.replicas == 0 and p.decode.replicas == 0
+    disagg = p.mixed.replicas == 0 and p.prefill.replicas > 0 and p.decode.replicas > 0
+    _require(
+        collocated or disagg,
+        f"pools: mixed={p.mixed.replicas}, prefill={p.prefill.replicas}, decode={p.decode.replicas}; "
+        "allowed: mixed > 0 alone (collocated) or prefill > 0 and decode > 0 with mixed = 0 (P/D)",
+    )
+
+
+def _check_workload(cfg: TestbedConfig) -> None:
+    w = cfg.workload
     _require(w.rate > 0, f"workload.rate={w.rate}: must be > 0 requests/s")
     _require(w.num_requests >= 1, f"workload.num_requests={w.num_requests}: must be >= 1")
     _require(w.prompt_len >= 1, f"workload.prompt_len={w.prompt_len}: must be >= 1")
     _require(w.output_len >= 1, f"workload.output_len={w.output_len}: must be >= 1")
     _require(
-        not (w.output_policy == "greedy" and r.compute == "skip"),
+        not (w.output_policy == "greedy" and cfg.runner.compute == "skip"),
         "workload.output_policy='greedy': needs real logits; allowed with runner.compute='real' only",
     )
-    _require(
-        cfg.kv_transfer.hold_timeout_s > 0,
-        f"kv_transfer.hold_timeout_s={cfg.kv_transfer.hold_timeout_s}: must be > 0",
-    )
-    _require(cfg.render.replicas >= 1, f"render.replicas={cfg.render.replicas}: must be >= 1")
-    for key in ("tokenizer_path", "chat_template_path"):
-        path = getattr(cfg.render, key)
-        _require(path is None or Path(path).exists(), f"render.{key}={path!r}: no such file or directory")
-    _require(cfg.metrics.linger_s >= 0, f"metrics.linger_s={cfg.metrics.linger_s}: must be >= 0")
-    ts = cfg.clock.time_scale
-    _require(ts == "auto" or ts > 0, f"clock.time_scale={ts}: must be > 0 or 'auto'")
-    flush = cfg.clock.stream_flush_wall_s
-    _require(
-        flush is None or flush >= 0,
-        f"clock.stream_flush_wall_s={flush}: must be >= 0 seconds (0: every step's tokens) or null",
-    )
+    for text in cfg.slos:
+        try:
+            parse_slo(text)
+        except SloError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _check_runner(cfg: TestbedConfig) -> None:
+    r = cfg.runner
     for key in (
         "hidden_size",
         "num_layers",
@@ -280,12 +286,30 @@ def _check_semantics(cfg: TestbedConfig) -> None:
         r.num_heads % r.num_kv_heads == 0,
         f"runner.num_kv_heads={r.num_kv_heads}: must divide num_heads ({r.num_heads})",
     )
+    if r.model_path is not None:
+        try:
+            check_runner_model(r.model_path)
+        except UnsupportedModelError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _check_rest(cfg: TestbedConfig) -> None:
+    kv = cfg.kv_transfer
+    _check_named("link", "kv_transfer.link", kv.link, LINKS)
+    _require(kv.hold_timeout_s > 0, f"kv_transfer.hold_timeout_s={kv.hold_timeout_s}: must be > 0")
     _require(
-        cfg.kv_transfer.mode == "push" or not cfg.kv_transfer.layerwise,
+        kv.mode == "push" or not kv.layerwise,
         "kv_transfer.layerwise=True: allowed with kv_transfer.mode='push' only",
     )
-    for text in cfg.slos:
-        try:
-            parse_slo(text)
-        except SloError as e:
-            raise ConfigError(str(e)) from None
+    _require(cfg.render.replicas >= 1, f"render.replicas={cfg.render.replicas}: must be >= 1")
+    for key in ("tokenizer_path", "chat_template_path"):
+        path = getattr(cfg.render, key)
+        _require(path is None or Path(path).exists(), f"render.{key}={path!r}: no such file or directory")
+    _require(cfg.metrics.linger_s >= 0, f"metrics.linger_s={cfg.metrics.linger_s}: must be >= 0")
+    ts = cfg.clock.time_scale
+    _require(ts == "auto" or ts > 0, f"clock.time_scale={ts}: must be > 0 or 'auto'")
+    flush = cfg.clock.stream_flush_wall_s
+    _require(
+        flush is None or flush >= 0,
+        f"clock.stream_flush_wall_s={flush}: must be >= 0 seconds (0: every step's tokens) or null",
+    )

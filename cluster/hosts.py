@@ -2,8 +2,8 @@
 plain role to its callers (`Remote*`). Roles stay plain classes; Ray appears only here and in `live.py`.
 
     front end ──RemoteProxy──► ProxyHost(Proxy) ──RemoteEngine──► EngineHost(EngineCore)
-        │                           └──RemoteRender (re-render for decode)──┐
-        └──RemoteRender (render per request, derender per batch)──► RenderHost(Render)
+        │                           └──actor_render (re-render for decode)──┐
+        └──actor_render (render per request, derender per batch)──► RenderHost(Render)
 
 Streams cross actors as Ray streaming generators of batches; closing a client's stream early cancels
 the actor's (an asyncio cancel in an async actor), which aborts the request there.
@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 from collections.abc import AsyncGenerator
 from typing import Any
 
 import ray
 
 from actors.engine.clock import Clock
-from actors.engine.core import EngineCore, KVSource, Role, runner_for
-from actors.messages import ClientRequest, EngineOutput, EngineRequest, KVPayload, RenderSpec, RequestResult
+from actors.engine.core import EngineCore, Role
+from actors.engine.kv_connector import KVSource
 from actors.proxy import Proxy
-from actors.render.client import render_again, render_for
-from actors.render.parsers import ParsedDelta
-from cluster.config import PoolConfig, TestbedConfig
+from actors.render.client import METHODS, RenderClient, render_again, render_for
+from cluster.engines import build_engine, runner_for
 from dashboards.exposition import serve_metrics
-from dashboards.recorders import ProxyMetrics, RenderMetrics
+from dashboards.recorders import EngineMetrics, ProxyMetrics, RenderMetrics
+from messages import ClientRequest, EngineOutput, EngineRequest, KVPayload, RequestResult
+from target.config import PoolConfig, TestbedConfig
 
 
 async def _remote_stream(method: Any, *args: Any) -> AsyncGenerator[Any, None]:
@@ -81,22 +81,22 @@ class EngineHost:
         self._runner = runner_for(cfg, pool)
         if self._runner is not None:
             self._runner.warm_up()
+        self._metrics = EngineMetrics(cfg, role, replica)
         self.engine: EngineCore | None = None
-        self._task: asyncio.Future[None] | None = None
 
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
 
     async def start(self, epoch_s: float) -> str:
         """Start the engine on the shared clock and its /metrics endpoint; returns `host:port` of it."""
-        engine_id, role, replica, cfg, pool = self._args
+        engine_id, role, _, cfg, pool = self._args
         peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
         clock = Clock(cfg.clock.scale, epoch_s=epoch_s)
-        self.engine = EngineCore(
-            engine_id, role, cfg, pool, clock, self._runner, peers, compute_in_thread=True, replica=replica
+        self.engine = build_engine(
+            engine_id, role, cfg, pool, clock, self._runner, peers, self._metrics, compute_in_thread=True
         )
-        self._task = asyncio.ensure_future(self.engine.run())
-        return serve_node_metrics(self.engine.metrics.registry)
+        self.engine.start()
+        return serve_node_metrics(self._metrics.registry)
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         assert self.engine is not None
@@ -118,15 +118,12 @@ class EngineHost:
         return self.engine.report()
 
     async def metrics(self) -> str:
-        assert self.engine is not None
-        return self.engine.metrics.exposition()
+        return self._metrics.exposition()
 
     async def drain(self) -> dict[str, Any]:
         """Stop the step loop, release KV nobody will pull, check nothing is left; the final report."""
-        assert self.engine is not None and self._task is not None
-        self.engine.stop()
-        await self._task
-        self.engine.expire_held(math.inf)
+        assert self.engine is not None
+        await self.engine.drain()
         self.engine.assert_empty()
         return self.engine.report()
 
@@ -139,7 +136,7 @@ class ProxyHost:
             role: [RemoteEngine(eid, h) for eid, h in engines.items()] for role, engines in pools.items()
         }
         self._metrics = ProxyMetrics(cfg)
-        render = render_again([RemoteRender(h) for h in renders]) if renders else None
+        render = render_again([actor_render(h) for h in renders]) if renders else None
         self._proxy = Proxy(remote["mixed"], remote["prefill"], remote["decode"], self._metrics, render)
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
@@ -193,27 +190,13 @@ class RenderHost:
         """Serve /metrics; returns its `host:port`."""
         return serve_node_metrics(self._metrics.registry)
 
-    def render_chat(self, spec: RenderSpec) -> list[int]:
-        return self.render.render_spec(spec)
-
-    def render_text(self, text: str) -> list[int]:
-        return self.render.render_text(text)
-
-    def derender(
-        self, stream_id: str, new_token_ids: list[int], finished: bool, parse: bool
-    ) -> list[ParsedDelta]:
-        return self.render.derender(stream_id, new_token_ids, finished, parse)
-
-    def derender_stateless(
-        self, all_token_ids: list[int], num_done: int, finished: bool, parse: bool
-    ) -> list[ParsedDelta]:
-        return self.render.derender_stateless(all_token_ids, num_done, finished, parse)
-
-    def detokenize(self, token_ids: list[int]) -> str:
-        return self.render.detokenize(token_ids)
-
-    def close(self, stream_id: str) -> None:
-        self.render.close(stream_id)
+    def call(self, method: str, *args: Any) -> Any:
+        """`Render.<method>(*args)` on this replica (what `actor_render` clients send)."""
+        if method not in METHODS:
+            raise ValueError(
+                f"render: {method!r} is not a render call; allowed: {', '.join(sorted(METHODS))}"
+            )
+        return getattr(self.render, method)(*args)
 
     def metrics(self) -> str:
         return self._metrics.exposition()
@@ -223,42 +206,13 @@ class RenderHost:
         self.render.assert_empty()
 
 
-class RemoteRender:
-    """A render actor seen as a render replica (`actors.render.client.RenderClient`)."""
+def actor_render(handle: Any) -> RenderClient:
+    """A client of a render actor (`RenderHost`); `close` is told, not awaited."""
 
-    def __init__(self, handle: Any) -> None:
-        self._handle = handle
+    async def call(method: str, *args: Any) -> Any:
+        return await handle.call.remote(method, *args)
 
-    async def render_chat(self, spec: RenderSpec) -> list[int]:
-        ids: list[int] = await self._handle.render_chat.remote(spec)
-        return ids
-
-    async def render_text(self, text: str) -> list[int]:
-        ids: list[int] = await self._handle.render_text.remote(text)
-        return ids
-
-    async def derender(
-        self, stream_id: str, new_token_ids: list[int], finished: bool, parse: bool = True
-    ) -> list[ParsedDelta]:
-        deltas: list[ParsedDelta] = await self._handle.derender.remote(
-            stream_id, new_token_ids, finished, parse
-        )
-        return deltas
-
-    async def derender_stateless(
-        self, all_token_ids: list[int], num_done: int, finished: bool, parse: bool = True
-    ) -> list[ParsedDelta]:
-        deltas: list[ParsedDelta] = await self._handle.derender_stateless.remote(
-            all_token_ids, num_done, finished, parse
-        )
-        return deltas
-
-    async def detokenize(self, token_ids: list[int]) -> str:
-        text: str = await self._handle.detokenize.remote(token_ids)
-        return text
-
-    def close(self, stream_id: str) -> None:
-        self._handle.close.remote(stream_id)
+    return RenderClient(call, lambda method, *args: handle.call.remote(method, *args))
 
 
 def serve_node_metrics(registry: Any) -> str:

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from actors.engine.clock import Clock
-from actors.messages import ClientRequest, RequestResult
-from cluster.config import TestbedConfig
 from cluster.config_load import ConfigError
 from cluster.hosts import EngineHost, ProxyHost, RenderHost
 from dashboards.exposition import write_sd_file
+from messages import ClientRequest, RequestResult
+from target.config import TestbedConfig
 from workloads.replay import replay
 from workloads.summary import lag_summary
 from workloads.synthetic import synthetic_requests

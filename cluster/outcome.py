@@ -9,8 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from actors.messages import RequestResult
-from cluster.config import TestbedConfig
+from messages import RequestResult
+from target.config import TestbedConfig
 from workloads.results import results_frame
 from workloads.summary import lag_summary, summarize
 

@@ -29,11 +29,11 @@ from actors.api.frontend import Frontend, ProxyClient
 from actors.api.server import build_app
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore
-from actors.render.client import LocalRender, RenderClient, render_again, render_for
-from cluster.config import TestbedConfig
+from actors.render.client import RenderClient, local_render, render_again, render_for
 from cluster.virtual import build_deployment
 from dashboards.exposition import merged_exposition, merged_text_expositions, write_sd_file
 from dashboards.recorders import RenderMetrics
+from target.config import TestbedConfig
 
 
 @dataclass
@@ -53,28 +53,26 @@ class _InProcess:
         self.clock = Clock(cfg.clock.scale, epoch_s=time.time())
         render_metrics = [RenderMetrics(cfg, i) for i in range(cfg.render.replicas)]
         self._renders = [render_for(cfg, m.on_render) for m in render_metrics]
-        self.renders: list[RenderClient] = [LocalRender(r) for r in self._renders]
-        dep = build_deployment(cfg, self.clock, compute_in_thread=True, render=render_again(self.renders))
-        assert dep.proxy.metrics is not None
-        self.proxy: ProxyClient = dep.proxy
-        self.engines = dep.engines
-        self._registries = [e.metrics.registry for e in self.engines] + [dep.proxy.metrics.registry]
+        self.renders: list[RenderClient] = [local_render(r) for r in self._renders]
+        self.dep = build_deployment(
+            cfg, self.clock, compute_in_thread=True, render=render_again(self.renders)
+        )
+        self.proxy: ProxyClient = self.dep.proxy
+        self.engines = self.dep.engines
+        self._registries = [m.registry for m in [*self.dep.engine_metrics, self.dep.proxy_metrics]]
         self._registries += [m.registry for m in render_metrics]
-        self._tasks: list[asyncio.Future[None]] = []
 
     async def metrics_text(self) -> str:
         return merged_exposition(self._registries)
 
     async def start(self) -> None:
-        self._tasks = [asyncio.ensure_future(e.run()) for e in self.engines]
+        for e in self.engines:
+            e.start()
 
     async def stop(self) -> str:
         """Stop the engines, release KV nobody will pull; the final metrics."""
-        for e in self.engines:
-            e.stop()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for e in self.engines:
-            e.expire_held(float("inf"))
+        with contextlib.suppress(Exception):  # an engine that crashed: its requests already failed
+            await self.dep.drain()
         return merged_exposition(self._registries)
 
     def assert_empty(self) -> None:
@@ -88,7 +86,7 @@ class _OnRay:
     """Every role a Ray actor; this process serves HTTP and runs the front end."""
 
     def __init__(self, cfg: TestbedConfig, address: str | None) -> None:
-        from cluster.hosts import RemoteProxy, RemoteRender
+        from cluster.hosts import RemoteProxy, actor_render
         from cluster.live import connect, deploy, disconnect
 
         self.cfg = cfg
@@ -101,7 +99,7 @@ class _OnRay:
             raise
         self.clock = Clock(cfg.clock.scale, epoch_s=self.dep.clock_epoch_s)
         self.proxy: ProxyClient = RemoteProxy(self.dep.proxy)
-        self.renders: list[RenderClient] = [RemoteRender(h) for h in self.dep.renders]
+        self.renders: list[RenderClient] = [actor_render(h) for h in self.dep.renders]
         self.engines: list[EngineCore] = []
         self._error: Exception | None = None
 

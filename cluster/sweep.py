@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from cluster.config import TestbedConfig
 from cluster.virtual import run_virtual
+from target.config import TestbedConfig
 from workloads.summary import mean_records
 
 

@@ -11,12 +11,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from actors.engine.clock import Clock, VirtualTimeLoop
-from actors.engine.core import EngineCore, KVSource, Role, runner_for
-from actors.messages import ClientRequest, RenderSpec, RequestResult
+from actors.engine.core import EngineCore, Role
+from actors.engine.kv_connector import KVSource
 from actors.proxy import Proxy
-from cluster.config import TestbedConfig
+from cluster.engines import build_engine, runner_for
 from cluster.outcome import RunOutput, run_output
-from dashboards.recorders import ProxyMetrics
+from dashboards.recorders import EngineMetrics, ProxyMetrics
+from messages import ClientRequest, RenderSpec, RequestResult
+from target.config import TestbedConfig
 from workloads.replay import replay
 from workloads.synthetic import synthetic_requests
 
@@ -26,6 +28,21 @@ class Deployment:
     proxy: Proxy
     engines: list[EngineCore]
     clock: Clock
+    engine_metrics: list[EngineMetrics]
+    """Each engine's series, in the order of `engines`."""
+    proxy_metrics: ProxyMetrics
+
+    async def drain(self) -> None:
+        """Stop every engine and release KV nobody will pull (then each can be checked empty)."""
+        outcomes = await asyncio.gather(*(e.drain() for e in self.engines), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):  # an engine crashed: every drain still ran
+                raise outcome
+
+    def expositions(self) -> dict[str, str]:
+        """Every role's final metrics by actor id (engine ids, `proxy`)."""
+        out = {e.engine_id: m.exposition() for e, m in zip(self.engines, self.engine_metrics, strict=True)}
+        return {**out, "proxy": self.proxy_metrics.exposition()}
 
 
 def build_deployment(
@@ -39,24 +56,27 @@ def build_deployment(
     `compute_in_thread`: on a real-time loop (serve), compute off the loop."""
     peers: dict[str, KVSource] = {}
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
+    metrics = []
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
-            pools[role].append(
-                EngineCore(
-                    f"{role}-{i}",
-                    role,
-                    cfg,
-                    pool,
-                    clock,
-                    runner_for(cfg, pool),
-                    peers,
-                    compute_in_thread=compute_in_thread,
-                    replica=i,
-                )
+            metrics.append(EngineMetrics(cfg, role, i))
+            engine = build_engine(
+                f"{role}-{i}",
+                role,
+                cfg,
+                pool,
+                clock,
+                runner_for(cfg, pool),
+                peers,
+                metrics[-1],
+                compute_in_thread,
             )
+            pools[role].append(engine)
     peers.update({e.engine_id: e for e in pools["prefill"]})
-    proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], ProxyMetrics(cfg), render)
-    return Deployment(proxy, [e for engines in pools.values() for e in engines], clock)
+    proxy_metrics = ProxyMetrics(cfg)
+    proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], proxy_metrics, render)
+    engines = [e for engines in pools.values() for e in engines]
+    return Deployment(proxy, engines, clock, metrics, proxy_metrics)
 
 
 async def serve(
@@ -67,11 +87,10 @@ async def serve(
     """Run the requests through a fresh deployment on the current loop; engines are empty afterwards."""
     clock = Clock(1.0)
     dep = build_deployment(cfg, clock)
-    tasks = [asyncio.ensure_future(e.run()) for e in dep.engines]
-    results = await replay(dep.proxy.submit, requests, clock, on_result)
     for e in dep.engines:
-        e.stop()
-    await asyncio.gather(*tasks)
+        e.start()
+    results = await replay(dep.proxy.submit, requests, clock, on_result)
+    await dep.drain()
     for e in dep.engines:
         e.assert_empty()
     return results, dep
@@ -89,7 +108,4 @@ def run_virtual(
         results, dep = loop.run_until_complete(serve(cfg, requests, on_result))
     finally:
         loop.close()
-    metrics = {e.engine_id: e.metrics.exposition() for e in dep.engines}
-    assert dep.proxy.metrics is not None
-    metrics["proxy"] = dep.proxy.metrics.exposition()
-    return run_output(cfg, results, {e.engine_id: e.report() for e in dep.engines}, metrics)
+    return run_output(cfg, results, {e.engine_id: e.report() for e in dep.engines}, dep.expositions())

@@ -105,98 +105,91 @@ def _board(uid: str, title: str, desc: str) -> dashboard.Dashboard:
 
 
 def overview() -> dashboard.Dashboard:
-    qs = (0.5, 0.9, 0.99)
-    return (
-        _board("testbed-overview", "disagg-testbed: overview", "The client's view and the engines' state.")
-        .with_row(dashboard.Row("Client (through the proxy, every role)"))
-        .with_panel(
-            panel(
-                "Request rate",
-                "reqps",
-                "Finished requests per emulated second, by how they ended.",
-                (rate(m.REQUESTS_FINISHED, "finished_reason") + PER_SIM_S, "{{finished_reason}}"),
-            )
-        )
-        .with_panel(
-            panel(
-                "Goodput and SLO attainment",
-                "reqps",
-                "Requests per emulated second meeting each SLO set; attainment is the share of all.",
-                (rate(m.SLO_MET, "slo") + PER_SIM_S, "goodput {{slo}}"),
-                (f"{rate(m.SLO_MET, 'slo')} / scalar({rate(m.REQUESTS_FINISHED)})", "attainment {{slo}}"),
-            )
-        )
-        .with_panel(
-            panel(
-                "Time to first token (client)",
-                "s",
-                "From the client's send to its first token, through prefill, handoff and decode.",
-                *[(quantile(q, m.CLIENT_TTFT), f"p{round(q * 100)}") for q in qs],
-                (mean(m.CLIENT_TTFT), "mean"),
-            )
-        )
-        .with_panel(
-            panel(
-                "End-to-end latency (client)",
-                "s",
-                "From the client's send to its last token.",
-                *[(quantile(q, m.CLIENT_E2E), f"p{round(q * 100)}") for q in qs],
-            )
-        )
-        .with_panel(
-            panel(
-                "Inter-token latency and the worst stall",
-                "s",
-                "Engines' ITL quantiles; each request's worst gap (p99); the worst gap so far.",
-                *[(quantile(q, m.ITL, "role"), f"ITL p{round(q * 100)} {{{{role}}}}") for q in (0.5, 0.99)],
-                (quantile(0.99, m.MAX_GAP), "per-request worst gap p99"),
-                (f"max({m.WORST_GAP.name}{sel()})", "worst gap so far"),
-            )
-        )
-        .with_panel(
-            panel(
-                "Time to first token (engines)",
-                "s",
-                "vLLM's engine-level TTFT: from the request reaching the engine (decode: after the handoff).",
-                *[(quantile(q, m.TTFT, "role"), f"p{round(q * 100)} {{{{role}}}}") for q in (0.5, 0.99)],
-            )
-        )
-        .with_row(dashboard.Row("Engines"))
-        .with_panel(
-            panel(
-                "Running and waiting requests",
-                "none",
-                "Requests in batches and in queues (waiting includes those waiting for remote KV).",
-                (f"sum by (role) ({m.NUM_REQUESTS_RUNNING.name}{sel()})", "running {{role}}"),
-                (f"sum by (role) ({m.NUM_REQUESTS_WAITING.name}{sel()})", "waiting {{role}}"),
-            )
-        )
-        .with_panel(
-            panel(
-                "KV cache usage",
-                "percentunit",
-                "Share of KV blocks in use, per engine.",
-                (f"max by (role, replica) ({m.KV_CACHE_USAGE.name}{sel()})", "{{role}}-{{replica}}"),
-            )
-        )
-        .with_panel(
-            panel(
-                "Token throughput",
-                "short",
-                "Prompt and generated tokens per emulated second.",
-                (rate(m.PROMPT_TOKENS, "role") + PER_SIM_S, "prompt {{role}}"),
-                (rate(m.GENERATION_TOKENS, "role") + PER_SIM_S, "generation {{role}}"),
-            )
-        )
-        .with_panel(
-            panel(
-                "Prefix cache hit rate",
-                "percentunit",
-                "Prompt tokens found in the prefix cache over tokens looked up.",
-                (f"{rate(m.PREFIX_CACHE_HITS, 'role')} / {rate(m.PREFIX_CACHE_QUERIES, 'role')}", "{{role}}"),
-            )
-        )
+    board = _board(
+        "testbed-overview", "disagg-testbed: overview", "The client's view and the engines' state."
     )
+    return _rows(
+        board,
+        (dashboard.Row("Client (through the proxy, every role)"), _client_panels()),
+        (dashboard.Row("Engines"), _engine_panels()),
+    )
+
+
+def _client_panels() -> list[timeseries.Panel]:
+    qs = (0.5, 0.9, 0.99)
+    return [
+        panel(
+            "Request rate",
+            "reqps",
+            "Finished requests per emulated second, by how they ended.",
+            (rate(m.REQUESTS_FINISHED, "finished_reason") + PER_SIM_S, "{{finished_reason}}"),
+        ),
+        panel(
+            "Goodput and SLO attainment",
+            "reqps",
+            "Requests per emulated second meeting each SLO set; attainment is the share of all.",
+            (rate(m.SLO_MET, "slo") + PER_SIM_S, "goodput {{slo}}"),
+            (f"{rate(m.SLO_MET, 'slo')} / scalar({rate(m.REQUESTS_FINISHED)})", "attainment {{slo}}"),
+        ),
+        panel(
+            "Time to first token (client)",
+            "s",
+            "From the client's send to its first token, through prefill, handoff and decode.",
+            *[(quantile(q, m.CLIENT_TTFT), f"p{round(q * 100)}") for q in qs],
+            (mean(m.CLIENT_TTFT), "mean"),
+        ),
+        panel(
+            "End-to-end latency (client)",
+            "s",
+            "From the client's send to its last token.",
+            *[(quantile(q, m.CLIENT_E2E), f"p{round(q * 100)}") for q in qs],
+        ),
+        panel(
+            "Inter-token latency and the worst stall",
+            "s",
+            "Engines' ITL quantiles; each request's worst gap (p99); the worst gap so far.",
+            *[(quantile(q, m.ITL, "role"), f"ITL p{round(q * 100)} {{{{role}}}}") for q in (0.5, 0.99)],
+            (quantile(0.99, m.MAX_GAP), "per-request worst gap p99"),
+            (f"max({m.WORST_GAP.name}{sel()})", "worst gap so far"),
+        ),
+        panel(
+            "Time to first token (engines)",
+            "s",
+            "vLLM's engine-level TTFT: from the request reaching the engine (decode: after the handoff).",
+            *[(quantile(q, m.TTFT, "role"), f"p{round(q * 100)} {{{{role}}}}") for q in (0.5, 0.99)],
+        ),
+    ]
+
+
+def _engine_panels() -> list[timeseries.Panel]:
+    return [
+        panel(
+            "Running and waiting requests",
+            "none",
+            "Requests in batches and in queues (waiting includes those waiting for remote KV).",
+            (f"sum by (role) ({m.NUM_REQUESTS_RUNNING.name}{sel()})", "running {{role}}"),
+            (f"sum by (role) ({m.NUM_REQUESTS_WAITING.name}{sel()})", "waiting {{role}}"),
+        ),
+        panel(
+            "KV cache usage",
+            "percentunit",
+            "Share of KV blocks in use, per engine.",
+            (f"max by (role, replica) ({m.KV_CACHE_USAGE.name}{sel()})", "{{role}}-{{replica}}"),
+        ),
+        panel(
+            "Token throughput",
+            "short",
+            "Prompt and generated tokens per emulated second.",
+            (rate(m.PROMPT_TOKENS, "role") + PER_SIM_S, "prompt {{role}}"),
+            (rate(m.GENERATION_TOKENS, "role") + PER_SIM_S, "generation {{role}}"),
+        ),
+        panel(
+            "Prefix cache hit rate",
+            "percentunit",
+            "Prompt tokens found in the prefix cache over tokens looked up.",
+            (f"{rate(m.PREFIX_CACHE_HITS, 'role')} / {rate(m.PREFIX_CACHE_QUERIES, 'role')}", "{{role}}"),
+        ),
+    ]
 
 
 def handoff() -> dashboard.Dashboard:
@@ -263,90 +256,94 @@ def handoff() -> dashboard.Dashboard:
 
 
 def roles() -> dashboard.Dashboard:
-    return (
-        _board("testbed-roles", "disagg-testbed: roles", "One row per role: load, batches, queues, KV.")
-        .with_variable(_variable("role", f"label_values({m.NUM_REQUESTS_RUNNING.name}, role)"))
-        .with_row(dashboard.Row("$role").repeat("role"))
-        .with_panel(
-            panel(
-                "Utilisation",
-                "percentunit",
-                "Emulated busy time per emulated second, per replica.",
-                (rate(m.BUSY, "replica", **ROLE) + PER_SIM_S, "{{replica}}"),
-                w=8,
-            )
-        )
-        .with_panel(
-            panel(
-                "Tokens per step",
-                "short",
-                "Scheduled tokens per engine step (vLLM's iteration tokens).",
-                *[(quantile(q, m.ITERATION_TOKENS, **ROLE), f"p{round(q * 100)}") for q in (0.5, 0.99)],
-                w=8,
-            )
-        )
-        .with_panel(
-            panel(
-                "Requests",
-                "none",
-                "Running and waiting requests, per replica.",
-                (f"sum by (replica) ({m.NUM_REQUESTS_RUNNING.name}{sel(**ROLE)})", "running {{replica}}"),
-                (f"sum by (replica) ({m.NUM_REQUESTS_WAITING.name}{sel(**ROLE)})", "waiting {{replica}}"),
-                w=8,
-            )
-        )
-        .with_panel(
-            panel(
-                "Request phases (p90)",
-                "s",
-                "Queue, prefill and decode time of requests on this role.",
-                (quantile(0.9, m.QUEUE_TIME, **ROLE), "queue"),
-                (quantile(0.9, m.PREFILL_TIME, **ROLE), "prefill"),
-                (quantile(0.9, m.DECODE_TIME, **ROLE), "decode"),
-            )
-        )
-        .with_panel(
-            panel(
-                "Prompt tokens by source",
-                "short",
-                "Computed here, found in the prefix cache, or received by KV transfer (per emulated s).",
-                (rate(m.PROMPT_TOKENS_BY_SOURCE, "source", **ROLE) + PER_SIM_S, "{{source}}"),
-            )
-        )
-        .with_panel(
-            panel(
-                "KV cache usage",
-                "percentunit",
-                "Share of KV blocks in use, per replica.",
-                (f"max by (replica) ({m.KV_CACHE_USAGE.name}{sel(**ROLE)})", "{{replica}}"),
-            )
-        )
-        .with_panel(
-            panel(
-                "Preemptions",
-                "short",
-                "Requests preempted (blocks freed, to be recomputed) per emulated second, per replica.",
-                (rate(m.NUM_PREEMPTIONS, "replica", **ROLE) + PER_SIM_S, "{{replica}}"),
-            )
-        )
-        .with_row(dashboard.Row("render (templates, detokenizing, parsing: CPU off the GPU box)"))
-        .with_panel(
-            panel(
-                "Render CPU per 1k tokens",
-                "ms",
-                "CPU milliseconds per 1,000 tokens rendered (prompts) or derendered (outputs).",
-                (f"1e6 * {rate(m.RENDER_CPU, 'op')} / {rate(m.RENDER_TOKENS, 'op')}", "{{op}}"),
-            )
-        )
-        .with_panel(
-            panel(
-                "Render calls per replica",
-                "reqps",
-                "Render calls (one per request) and derender calls (one per chunk) per emulated second.",
-                (rate(m.RENDER_CALLS, "op, replica") + PER_SIM_S, "{{op}} {{replica}}"),
-            )
-        )
+    board = _board("testbed-roles", "disagg-testbed: roles", "One row per role: load, batches, queues, KV.")
+    board = board.with_variable(_variable("role", f"label_values({m.NUM_REQUESTS_RUNNING.name}, role)"))
+    return _rows(
+        board,
+        (dashboard.Row("$role").repeat("role"), _role_panels()),
+        (dashboard.Row("render (templates, detokenizing, parsing: CPU off the GPU box)"), _render_panels()),
     )
+
+
+def _role_panels() -> list[timeseries.Panel]:
+    return [
+        panel(
+            "Utilisation",
+            "percentunit",
+            "Emulated busy time per emulated second, per replica.",
+            (rate(m.BUSY, "replica", **ROLE) + PER_SIM_S, "{{replica}}"),
+            w=8,
+        ),
+        panel(
+            "Tokens per step",
+            "short",
+            "Scheduled tokens per engine step (vLLM's iteration tokens).",
+            *[(quantile(q, m.ITERATION_TOKENS, **ROLE), f"p{round(q * 100)}") for q in (0.5, 0.99)],
+            w=8,
+        ),
+        panel(
+            "Requests",
+            "none",
+            "Running and waiting requests, per replica.",
+            (f"sum by (replica) ({m.NUM_REQUESTS_RUNNING.name}{sel(**ROLE)})", "running {{replica}}"),
+            (f"sum by (replica) ({m.NUM_REQUESTS_WAITING.name}{sel(**ROLE)})", "waiting {{replica}}"),
+            w=8,
+        ),
+        panel(
+            "Request phases (p90)",
+            "s",
+            "Queue, prefill and decode time of requests on this role.",
+            (quantile(0.9, m.QUEUE_TIME, **ROLE), "queue"),
+            (quantile(0.9, m.PREFILL_TIME, **ROLE), "prefill"),
+            (quantile(0.9, m.DECODE_TIME, **ROLE), "decode"),
+        ),
+        panel(
+            "Prompt tokens by source",
+            "short",
+            "Computed here, found in the prefix cache, or received by KV transfer (per emulated s).",
+            (rate(m.PROMPT_TOKENS_BY_SOURCE, "source", **ROLE) + PER_SIM_S, "{{source}}"),
+        ),
+        panel(
+            "KV cache usage",
+            "percentunit",
+            "Share of KV blocks in use, per replica.",
+            (f"max by (replica) ({m.KV_CACHE_USAGE.name}{sel(**ROLE)})", "{{replica}}"),
+        ),
+        panel(
+            "Preemptions",
+            "short",
+            "Requests preempted (blocks freed, to be recomputed) per emulated second, per replica.",
+            (rate(m.NUM_PREEMPTIONS, "replica", **ROLE) + PER_SIM_S, "{{replica}}"),
+        ),
+    ]
+
+
+def _render_panels() -> list[timeseries.Panel]:
+    return [
+        panel(
+            "Render CPU per 1k tokens",
+            "ms",
+            "CPU milliseconds per 1,000 tokens rendered (prompts) or derendered (outputs).",
+            (f"1e6 * {rate(m.RENDER_CPU, 'op')} / {rate(m.RENDER_TOKENS, 'op')}", "{{op}}"),
+        ),
+        panel(
+            "Render calls per replica",
+            "reqps",
+            "Render calls (one per request) and derender calls (one per chunk) per emulated second.",
+            (rate(m.RENDER_CALLS, "op, replica") + PER_SIM_S, "{{op}} {{replica}}"),
+        ),
+    ]
+
+
+def _rows(
+    board: dashboard.Dashboard, *rows: tuple[dashboard.Row, list[timeseries.Panel]]
+) -> dashboard.Dashboard:
+    """`board` with each row followed by its panels."""
+    for row, panels in rows:
+        board = board.with_row(row)
+        for p in panels:
+            board = board.with_panel(p)
+    return board
 
 
 BOARDS = {"overview": overview, "handoff": handoff, "roles": roles}

@@ -19,7 +19,6 @@ from prometheus_client import (
     generate_latest,
 )
 
-from cluster.profiles import MODELS
 from dashboards.metrics import (
     BUSY,
     CLIENT_E2E,
@@ -77,15 +76,12 @@ from dashboards.metrics import (
     MetricSpec,
     buckets_125,
 )  # fmt: skip
+from target.profiles import MODELS
 from workloads.latency import request_latencies
 
 if TYPE_CHECKING:
-    from actors.engine.block_manager import BlockManager
-    from actors.engine.kv_transfer import TransferPlan
-    from actors.engine.request import Request
-    from actors.engine.scheduler import Scheduler
-    from actors.messages import RequestResult
-    from cluster.config import TestbedConfig
+    from messages import RequestResult, RequestTimes
+    from target.config import TestbedConfig
 
 disable_created_metrics()  # vLLM exports no `_created` series
 
@@ -147,32 +143,29 @@ class EngineMetrics(_Registry):
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             self.child(PROMPT_TOKENS_BY_SOURCE, source=source)
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
-        self._max_overrun_s = 0.0
         self._ttft, self._itl, self._gen = self.child(TTFT), self.child(ITL), self.child(GENERATION_TOKENS)
 
-    def on_step(
-        self,
-        step_s: float,
-        num_scheduled_tokens: int,
-        overrun_s: float,
-        sched: Scheduler,
-        blocks: BlockManager,
-    ) -> None:
-        """After each step (its outputs stamped): the step's size and lag, then the engine's state."""
+    def on_step(self, step_s: float, num_scheduled_tokens: int) -> None:
+        """After each step (its outputs stamped)."""
         self.child(ITERATION_TOKENS).observe(num_scheduled_tokens)
         self.child(STEPS).inc()
         self.child(BUSY).inc(step_s)
-        if overrun_s > 0:
-            self.child(LAGGED_STEPS).inc()
-            self._overrun(overrun_s)
-        self.on_state(sched, blocks)
 
-    def on_state(self, sched: Scheduler, blocks: BlockManager) -> None:
-        """Gauges and the counters the scheduler and block manager keep (at steps and on arrivals)."""
-        self.child(NUM_REQUESTS_RUNNING).set(len(sched.running))
-        self.child(NUM_REQUESTS_WAITING).set(len(sched.waiting) + len(sched.recving))
-        self.child(KV_CACHE_USAGE).set(blocks.usage)
-        q, h, p = blocks.num_prefix_cache_queries, blocks.num_prefix_cache_hits, sched.num_preemptions
+    def on_state(
+        self,
+        num_running: int,
+        num_waiting: int,
+        kv_cache_usage: float,
+        num_prefix_queries: int,
+        num_prefix_hits: int,
+        num_preemptions: int,
+    ) -> None:
+        """Gauges, and the counters the scheduler and block manager keep as totals (at steps and on
+        arrivals)."""
+        self.child(NUM_REQUESTS_RUNNING).set(num_running)
+        self.child(NUM_REQUESTS_WAITING).set(num_waiting)
+        self.child(KV_CACHE_USAGE).set(kv_cache_usage)
+        q, h, p = num_prefix_queries, num_prefix_hits, num_preemptions
         if q != self._seen_queries:
             self.child(PREFIX_CACHE_QUERIES).inc(q - self._seen_queries)
             self.child(PREFIX_CACHE_HITS).inc(h - self._seen_hits)
@@ -180,36 +173,43 @@ class EngineMetrics(_Registry):
             self.child(NUM_PREEMPTIONS).inc(p - self._seen_preemptions)
         self._seen_queries, self._seen_hits, self._seen_preemptions = q, h, p
 
-    def on_new_token(self, req: Request, now_s: float) -> None:
-        """A token of `req` was emitted at `now_s`; called before the engine stamps it on `req.times`."""
-        t = req.times
-        if t.first_token_s is None:
-            self._ttft.observe(now_s - t.queued_s)
-            n = req.num_prompt_tokens
-            external = req.num_external_computed_tokens
-            cached = t.num_cached_tokens
-            self.child(PROMPT_TOKENS).inc(n)
-            self.child(PROMPT_TOKENS_BY_SOURCE, source="local_compute").inc(n - cached - external)
-            self.child(PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit").inc(cached)
-            self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(external)
-        elif t.last_token_s is not None:
-            self._itl.observe(now_s - t.last_token_s)
+    def on_first_token(
+        self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
+    ) -> None:
+        """A request's first token (engine-level TTFT counts from entering the engine's queue)."""
+        self._ttft.observe(ttft_s)
+        n, cached, external = num_prompt_tokens, num_cached_tokens, num_external_tokens
+        self.child(PROMPT_TOKENS).inc(n)
+        self.child(PROMPT_TOKENS_BY_SOURCE, source="local_compute").inc(n - cached - external)
+        self.child(PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit").inc(cached)
+        self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(external)
         self._gen.inc()
 
-    def on_request_finished(self, req: Request, reason: str) -> None:
-        """`req` ended (its times complete): per-request histograms, as vLLM records them at finish."""
-        t = req.times
+    def on_next_token(self, itl_s: float) -> None:
+        self._itl.observe(itl_s)
+        self._gen.inc()
+
+    def on_request_finished(
+        self,
+        reason: str,
+        times: RequestTimes,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+        max_tokens: int,
+        num_external_tokens: int,
+    ) -> None:
+        """A request ended (its times complete): per-request histograms, as vLLM records them at finish."""
+        t, n_out = times, num_output_tokens
         assert t.finished_s is not None
-        n_out = len(req.output_token_ids)
         self.child(REQUEST_SUCCESS, finished_reason=reason).inc()
         self.child(E2E).observe(t.finished_s - t.queued_s)
-        self.child(REQUEST_PROMPT_TOKENS).observe(req.num_prompt_tokens)
+        self.child(REQUEST_PROMPT_TOKENS).observe(num_prompt_tokens)
         self.child(REQUEST_GENERATION_TOKENS).observe(n_out)
-        self.child(REQUEST_MAX_TOKENS).observe(req.max_tokens)
+        self.child(REQUEST_MAX_TOKENS).observe(max_tokens)
         self.child(REQUEST_MAX_GENERATION_TOKENS).observe(n_out)
         if t.scheduled_s is not None:
             self.child(QUEUE_TIME).observe(t.scheduled_s - t.queued_s)
-            computed = req.num_prompt_tokens - t.num_cached_tokens - req.num_external_computed_tokens
+            computed = num_prompt_tokens - t.num_cached_tokens - num_external_tokens
             self.child(REQUEST_PREFILL_KV_COMPUTED).observe(computed)
         if t.first_token_s is not None and t.last_token_s is not None:
             if t.scheduled_s is not None:
@@ -219,17 +219,18 @@ class EngineMetrics(_Registry):
             if n_out > 1:
                 self.child(TPOT).observe((t.last_token_s - t.first_token_s) / (n_out - 1))
 
-    def on_kv_transfer_done(self, plan: TransferPlan, num_blocks: int, overrun_s: float) -> None:
+    def on_kv_transfer_done(self, xfer_s: float, post_s: float, kv_bytes: int, num_blocks: int) -> None:
         """Decode side, pull mode: the prompt KV arrived. Descriptors: one per block, layer, K and V."""
-        xfer_s = plan.done_s - plan.start_s
         self.child(NIXL_XFER_TIME).observe(xfer_s)
-        self.child(NIXL_POST_TIME).observe(plan.time.overhead_s)
-        self.child(NIXL_BYTES).observe(plan.kv_bytes)
+        self.child(NIXL_POST_TIME).observe(post_s)
+        self.child(NIXL_BYTES).observe(kv_bytes)
         self.child(NIXL_DESCRIPTORS).observe(num_blocks * self._num_layers * 2)
         self.child(KV_HANDOFF, link=self._link).observe(xfer_s)
-        if overrun_s > 0:
-            self.child(LAGGED_KV_TRANSFERS).inc()
-            self._overrun(overrun_s)
+
+    def on_lag(self, what: str, max_overrun_s: float) -> None:
+        """A step or KV transfer overran its emulated budget; `max_overrun_s`: the worst so far."""
+        self.child(LAGGED_STEPS if what == "step" else LAGGED_KV_TRANSFERS).inc()
+        self.child(MAX_OVERRUN).set(max_overrun_s)
 
     def on_kv_transfer_failed(self) -> None:
         self.child(NIXL_FAILED_TRANSFERS).inc()
@@ -241,10 +242,6 @@ class EngineMetrics(_Registry):
     def on_kv_expired(self, num_requests: int) -> None:
         """Prefill side: held KV released because no decode engine pulled it in time."""
         self.child(NIXL_KV_EXPIRED).inc(num_requests)
-
-    def _overrun(self, overrun_s: float) -> None:
-        self._max_overrun_s = max(self._max_overrun_s, overrun_s)
-        self.child(MAX_OVERRUN).set(self._max_overrun_s)
 
 
 class ProxyMetrics(_Registry):

@@ -23,6 +23,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
+from target.kv_cache import cdiv
+
 _SUMMARY_COLUMNS = [
     "design", "rate", "completed", "failed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms",
     "max_gap_ms", "median_handoff_ms", "request_throughput", "output_throughput", "lag_fraction",
@@ -39,7 +41,7 @@ def _cdf(ax: Any, values: np.ndarray, label: str) -> None:
 
 def _small_multiples(n: int, width: float = 5.0, height: float = 3.4) -> tuple[Figure, list[Any]]:
     cols = min(n, 3)
-    rows = -(-n // cols)
+    rows = cdiv(n, cols)
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)

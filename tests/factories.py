@@ -14,11 +14,11 @@ import numpy as np
 import uvicorn
 
 from actors.engine.clock import VirtualTimeLoop
-from actors.messages import ClientRequest, RequestResult
-from cluster.config import TestbedConfig
 from cluster.config_load import build_config, load_designs
 from cluster.serve import build_server
 from cluster.virtual import Deployment, serve
+from messages import ClientRequest, RequestResult
+from target.config import TestbedConfig
 
 COLLOCATED: dict[str, Any] = {"pools": {"mixed": {"replicas": 1}}}
 PD: dict[str, Any] = {

@@ -2,7 +2,7 @@
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request
-from actors.messages import EngineRequest
+from messages import EngineRequest
 
 
 def req(tokens, rid="a", max_tokens=4):

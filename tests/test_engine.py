@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from actors.engine.clock import Clock, DeadlockError, VirtualTimeLoop
-from actors.messages import EngineRequest
 from cluster.virtual import build_deployment, run_virtual
+from messages import EngineRequest
 from tests.factories import COLLOCATED, make_config, make_requests, run_async, run_requests
 
 SKIP = {"runner": {"compute": "skip"}}
@@ -76,14 +76,13 @@ def test_client_closing_the_stream_aborts_the_request():
     async def main():
         dep = build_deployment(cfg, Clock())
         (engine,) = dep.engines
-        task = asyncio.ensure_future(engine.run())
+        engine.start()
         req = EngineRequest("x", list(range(300)), 50, forced_output_token_ids=list(range(50)))
         stream = engine.generate(req)
         first = await anext(stream)
         await stream.aclose()
         await asyncio.sleep(1.0)
-        engine.stop()
-        await task
+        await engine.drain()
         engine.assert_empty()
         return first
 
@@ -116,15 +115,14 @@ def test_a_slow_consumer_gets_coalesced_outputs_and_the_final_one():
     async def main():
         dep = build_deployment(cfg, Clock())
         (engine,) = dep.engines
-        task = asyncio.ensure_future(engine.run())
+        engine.start()
         outs = []
         async for out in engine.generate(
             EngineRequest("x", list(range(300)), 40, forced_output_token_ids=list(range(40)))
         ):
             outs.append(out)
             await asyncio.sleep(0.2)  # slower than the ~25 ms steps: tokens pile up, even the last ones
-        engine.stop()
-        await task
+        await engine.drain()
         return outs
 
     outs = run_async(main())
@@ -141,14 +139,14 @@ def test_a_crashing_engine_fails_every_request_instead_of_hanging():
         dep = build_deployment(cfg, Clock())
         (engine,) = dep.engines
 
-        def broken(batch):
+        async def broken(batch):
             raise RuntimeError("runner fell over")
 
-        engine._execute = broken
-        task = asyncio.ensure_future(engine.run())
+        engine.executor.execute = broken
+        engine.start()
         results = await asyncio.gather(*(dep.proxy.submit(q) for q in reqs))
         with pytest.raises(RuntimeError, match="fell over"):
-            await task
+            await engine.drain()
         return results
 
     results = run_async(main())
@@ -166,14 +164,13 @@ def test_requests_sent_ahead_out_of_arrival_order_are_served_in_arrival_order():
 
     async def main():
         (engine,) = build_deployment(cfg, Clock()).engines
-        task = asyncio.ensure_future(engine.run())
+        engine.start()
         late = EngineRequest("late", list(range(64)), 2, arrival_time_s=1.0, forced_output_token_ids=[1, 2])
         early = EngineRequest(
             "early", list(range(64)), 2, arrival_time_s=0.999, forced_output_token_ids=[1, 2]
         )
         outs = await asyncio.gather(_collect(engine, late), _collect(engine, early))
-        engine.stop()
-        await task
+        await engine.drain()
         engine.assert_empty()
         return outs
 
@@ -195,14 +192,13 @@ def test_a_request_blocked_by_unpulled_kv_runs_when_the_hold_expires():
     async def main():
         dep = build_deployment(cfg, Clock())
         prefill = next(e for e in dep.engines if e.role == "prefill")
-        task = asyncio.ensure_future(prefill.run())
+        prefill.start()
         held = EngineRequest("held", list(range(100)), 1, kv_transfer_params={"do_remote_decode": True},
                              forced_output_token_ids=[7])  # fmt: skip
         first = await _collect(prefill, held)  # its 7 blocks stay held: no decode engine pulls them
         blocked = EngineRequest("blocked", list(range(1000, 1100)), 1, forced_output_token_ids=[7])
         second = await _collect(prefill, blocked)
-        prefill.stop()
-        await task
+        await prefill.drain()
         prefill.assert_empty()
         return first, second, prefill.stats.num_expired_handoffs
 

@@ -4,10 +4,10 @@ still emits the collocated greedy tokens with its KV moving through host memory.
 import numpy as np
 import pytest
 import torch
+from actors.engine.executor.runner import ModelRunner, RunnerInput
+from actors.engine.executor.runner_model import load_model
 
-from actors.engine.runner import ModelRunner, RunnerInput
-from actors.engine.runner_model import load_model
-from cluster.config import RunnerConfig
+from target.config import RunnerConfig
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_requests
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
@@ -35,6 +35,6 @@ def test_pd_on_gpu_emits_the_collocated_greedy_tokens():
     reqs = make_requests(12, [60 + 31 * i for i in range(12)], 10, seed=3, gap_s=0.2)
     colo, _ = run_requests(make_config(COLLOCATED, CUDA), reqs)
     pd, dep = run_requests(make_config(PD, CUDA), reqs)
-    assert all(e.runner is not None and e.runner.device.type == "cuda" for e in dep.engines)
+    assert all(e.executor.runner is not None and e.executor.runner.device.type == "cuda" for e in dep.engines)
     assert [r.output_token_ids for r in pd] == [r.output_token_ids for r in colo]
     assert all(r.finished_reason == "length" for r in pd)

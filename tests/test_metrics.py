@@ -149,7 +149,7 @@ def test_actors_record_without_importing_pandas_or_transformers():
     code = (
         "import sys\n"
         "from cluster.hosts import EngineHost, ProxyHost\n"
-        "from actors.messages import RequestResult\n"
+        "from messages import RequestResult\n"
         "from dashboards.recorders import ProxyMetrics\n"
         "from cluster.config_load import load_designs\n"
         "result = RequestResult('r', 0.0, 8, 2, 'length', None, [1, 2], [0.1, 0.2])\n"

@@ -1,15 +1,13 @@
 """P/D against collocated with real compute: same greedy tokens, same KV; handoff timing and modes."""
 
-import asyncio
-
 import numpy as np
 import pytest
 
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import KVReceiver
-from cluster.profiles import LINKS, MODELS
-from cluster.transfer import handoff_time
 from cluster.virtual import build_deployment
+from target.profiles import LINKS, MODELS
+from target.transfer import handoff_time
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
 from workloads.replay import replay
 
@@ -24,7 +22,7 @@ def serve_with_spies(cfg, requests, corrupt=False):
     async def main():
         dep = build_deployment(cfg, Clock())
         for e in dep.engines:
-            runner = e.runner
+            runner = e.executor.runner
             release = runner.release
 
             def spy_release(rid, runner=runner, release=release):
@@ -44,11 +42,10 @@ def serve_with_spies(cfg, requests, corrupt=False):
                     write(block_ids, np.zeros_like(kv) if corrupt else kv)
 
                 runner.write_kv = spy_write
-        tasks = [asyncio.ensure_future(e.run()) for e in dep.engines]
-        results = await replay(dep.proxy.submit, requests, dep.clock)
         for e in dep.engines:
-            e.stop()
-        await asyncio.gather(*tasks)
+            e.start()
+        results = await replay(dep.proxy.submit, requests, dep.clock)
+        await dep.drain()
         for e in dep.engines:
             e.assert_empty()
         return results

@@ -1,6 +1,5 @@
 """The render tier: the project's tokenizer and template, parsers, derender both ways, P/D prompt reuse."""
 
-import asyncio
 import itertools
 import random
 from datetime import datetime
@@ -10,11 +9,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from actors.engine.clock import Clock
-from actors.messages import ClientRequest, RenderSpec
 from actors.render.parsers import IncrementalParser, ParsedDelta, RescanningParser, parse_text
 from actors.render.render import Render
 from actors.render.tokenizer import SPECIAL_TOKENS, ensure_tokenizer, load_tokenizer
 from cluster.virtual import build_deployment
+from messages import ClientRequest, RenderSpec
 from tests.factories import PD, make_config, run_async
 
 VOCAB = 8192
@@ -187,13 +186,12 @@ def test_decode_reuses_prefill_prompt_ids_unless_it_must_render_again(tokenizer,
         seen = []
         original = decode.generate
         decode.generate = lambda req: (seen.append(req.prompt_token_ids), original(req))[1]
-        tasks = [asyncio.ensure_future(e.run()) for e in dep.engines]
+        for e in dep.engines:
+            e.start()
         prompt = await rerender(spec)
         creq = ClientRequest("r", 0.0, prompt, 4, [5, 6, 7, 8], render=spec, reuse_prompt_token_ids=reuse)
         result = await dep.proxy.submit(creq)
-        for e in dep.engines:
-            e.stop()
-        await asyncio.gather(*tasks)
+        await dep.drain()
         return prompt, seen[0], result
 
     prompt, decode_prompt, result = run_async(main())

@@ -2,9 +2,9 @@
 
 import pytest
 
-from cluster.profiles import GPUS, LINKS, MODELS
-from cluster.roofline import Roofline, StepItem
-from cluster.transfer import handoff_time, layerwise_handoff_time
+from target.profiles import GPUS, LINKS, MODELS
+from target.roofline import Roofline, StepItem
+from target.transfer import handoff_time, layerwise_handoff_time
 
 QWEN = MODELS["qwen2.5-7b"]
 IDEAL = Roofline(QWEN, GPUS["l40s"])  # η = 1, no overhead: the roofline ideal

@@ -3,7 +3,7 @@
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
-from actors.messages import EngineRequest
+from messages import EngineRequest
 
 
 def make(num_blocks=1000, budget=64, max_seqs=8, caching=True):

@@ -6,7 +6,7 @@ import dataclasses
 
 import pandas as pd
 
-from actors.messages import RequestResult, RequestTimes
+from messages import RequestResult, RequestTimes
 from workloads.latency import request_latencies
 
 _TIMES_FIELDS = [f.name for f in dataclasses.fields(RequestTimes)]

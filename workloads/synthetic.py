@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from actors.messages import ClientRequest
-from cluster.config import WorkloadConfig
+from messages import ClientRequest
+from target.config import WorkloadConfig
 
 
 def synthetic_requests(w: WorkloadConfig, vocab_size: int, seed: int) -> list[ClientRequest]:

@@ -13,23 +13,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
-
 from actors.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from actors.api.requests import RequestBuilder
 from actors.engine.clock import Clock
-from actors.messages import ClientRequest, EngineOutput, RenderSpec, RequestResult, token_ids_valid
 from actors.proxy import Proxy
 from actors.render.client import RenderClient
 from actors.render.parsers import ParsedDelta
 from actors.render.render import Render
-from cluster.config import TestbedConfig
-from workloads.answers import forced_answer_ids, forced_answer_text
+from messages import ClientRequest, EngineOutput, RenderSpec, RequestResult
+from target.config import TestbedConfig
 
 
 @dataclass
@@ -74,7 +71,7 @@ class Frontend:
         self.proxy = proxy
         self.renders = renders
         self.clock = clock
-        self.answers = answers
+        self.requests = RequestBuilder(cfg, answers)
         self.model_name = cfg.target.served_model_name or cfg.target.model
         self.results: list[RequestResult] = []
         self._next_render = itertools.cycle(range(len(renders)))
@@ -104,42 +101,17 @@ class Frontend:
         arrival_s = self.clock.now()
         replica = next(self._next_render)
         spec = self.render_spec(req)
-        given = self._transfer_prompt(req)
+        given = self.requests.transfer_prompt(req)
         prompt = given if given is not None else await self.render(spec, replica)
-        return await asyncio.to_thread(self.chat_request, req, prompt, spec, arrival_s), replica
+        return await asyncio.to_thread(self.requests.chat, req, prompt, spec, arrival_s), replica
 
     async def render(self, spec: RenderSpec, replica: int | None = None) -> list[int]:
         """Render on pool replica `replica` (None: the next)."""
         i = next(self._next_render) if replica is None else replica
         try:
-            return await self.renders[i].render_chat(spec)
+            return await self.renders[i].render_spec(spec)
         except Exception as e:  # a template error is the request's fault (e.g. a role it rejects)
             raise ApiError(400, f"messages: the chat template rejected them: {e}", "messages") from None
-
-    def chat_request(
-        self, req: ChatCompletionRequest, prompt: list[int], spec: RenderSpec, arrival_s: float
-    ) -> ClientRequest:
-        """The token-ID request for a rendered chat."""
-        max_tokens = self._max_tokens(req.requested_max_tokens, len(prompt))
-        render = self.answers
-        forced = None
-        if self.cfg.workload.output_policy == "forced":
-            thinking = spec.template_kwargs.get("enable_thinking", True) is not False
-            text = forced_answer_text(spec.messages, spec.tools, self.cfg.seed, max_tokens, thinking)
-            forced = forced_answer_ids(
-                text, render.render_text, max_tokens, render.eos_token_id, bool(spec.tools)
-            )
-        creq = ClientRequest(
-            request_id=f"chatcmpl-{uuid.uuid4().hex[:16]}",
-            arrival_s=arrival_s,
-            prompt_token_ids=prompt,
-            max_tokens=max_tokens,
-            forced_output_token_ids=forced,
-            stop_token_ids=[render.eos_token_id],
-            render=spec,
-            reuse_prompt_token_ids=self._reusable(req),
-        )
-        return creq
 
     async def completion_request_for(self, req: CompletionRequest) -> tuple[ClientRequest, int]:
         """Tokenize `req` on the render pool and build its token-ID request (arrived when called)."""
@@ -148,73 +120,12 @@ class Frontend:
         if isinstance(req.prompt, str):
             prompt = await self.renders[replica].render_text(req.prompt)
         else:
-            prompt = self.check_token_ids(req.prompt, "prompt")
-        return await asyncio.to_thread(self.completion_request, req, prompt, arrival_s), replica
-
-    def completion_request(
-        self, req: CompletionRequest, prompt: list[int], arrival_s: float
-    ) -> ClientRequest:
-        render = self.answers
-        if not prompt:
-            raise ApiError(400, "prompt: must not be empty", "prompt")
-        max_tokens = self._max_tokens(req.max_tokens, len(prompt))
-        forced = None
-        if self.cfg.workload.output_policy == "forced":
-            chat = [{"role": "user", "content": str(req.prompt)}]
-            text = forced_answer_text(chat, None, self.cfg.seed, max_tokens, reasoning=False)
-            forced = forced_answer_ids(text, render.render_text, max_tokens, render.eos_token_id, False)
-        creq = ClientRequest(
-            f"cmpl-{uuid.uuid4().hex[:16]}",
-            arrival_s,
-            prompt,
-            max_tokens,
-            forced,
-            [render.eos_token_id],
-        )
-        return creq
+            prompt = self.requests.check_token_ids(req.prompt, "prompt")
+        return await asyncio.to_thread(self.requests.completion, req, prompt, arrival_s), replica
 
     def generate_request(self, req: GenerateRequest) -> ClientRequest:
-        ids = self.check_token_ids(req.token_ids, "token_ids")
-        max_tokens = self._max_tokens(req.sampling_params.max_tokens, len(ids))
-        forced = None
-        if self.cfg.workload.output_policy == "forced":
-            # no text to answer: a seeded draw of token IDs (the client asked for IDs, it gets IDs)
-            rng = np.random.default_rng([self.cfg.seed, len(ids), sum(ids)])
-            forced = rng.integers(0, self.cfg.runner.vocab_size, max_tokens).tolist()
-        return ClientRequest(f"gen-{uuid.uuid4().hex[:16]}", self.clock.now(), ids, max_tokens, forced)
-
-    def check_token_ids(self, ids: Any, param: str) -> list[int]:
-        vocab = self.cfg.runner.vocab_size
-        if not token_ids_valid(ids, vocab):
-            raise ApiError(400, f"{param}: token IDs must be a list of ints in [0, {vocab})", param)
-        return ids
-
-    @staticmethod
-    def _reusable(req: ChatCompletionRequest) -> bool:
-        """Whether prompt token IDs rendered before can stand for rendering this request again."""
-        return not req.echo and all(m.is_text for m in req.messages)
-
-    def _transfer_prompt(self, req: ChatCompletionRequest) -> list[int] | None:
-        """Checked prompt token IDs from the request's `kv_transfer_params`, if it may use them."""
-        params = req.kv_transfer_params
-        if not params or "prompt_token_ids" not in params:
-            return None
-        ids = self.check_token_ids(params["prompt_token_ids"], "kv_transfer_params.prompt_token_ids")
-        return ids if self._reusable(req) and ids else None
-
-    def _max_tokens(self, requested: int | None, num_prompt: int) -> int:
-        limit = self.cfg.scheduler.max_model_len
-        max_tokens = (
-            requested if requested is not None else min(self.cfg.workload.output_len, limit - num_prompt)
-        )
-        if num_prompt + max_tokens > limit:
-            raise ApiError(
-                400,
-                f"max_tokens={max_tokens}: this model's maximum context length is {limit} tokens and the "
-                f"prompt has {num_prompt}; allowed: at most {max(0, limit - num_prompt)}",
-                "max_tokens",
-            )
-        return max_tokens
+        """The token-ID request of `/inference/v1/generate` (arrived when called)."""
+        return self.requests.generate(req, self.clock.now())
 
     # ---- streams ---------------------------------------------------------------------------------
 

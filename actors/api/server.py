@@ -68,7 +68,23 @@ def build_app(
 ) -> FastAPI:
     """The app around `frontend`; `metrics_text()` is the exposition `/metrics` serves."""
     app = FastAPI(title="disagg-testbed", docs_url=None, redoc_url=None)
-    model = frontend.model_name
+    _guard(app, api_key, max_body_bytes)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(await metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    _openai_routes(app, frontend)
+    _render_routes(app, frontend)
+    return app
+
+
+def _guard(app: FastAPI, api_key: str | None, max_body_bytes: int) -> None:
+    """API key, body size, and every error as an OpenAI error body."""
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
@@ -109,13 +125,10 @@ def build_app(
         message = f"{loc or 'body'}: {first.get('msg', 'invalid request')}{got_text}"
         return JSONResponse(error_body(message, "invalid_request_error", loc or None), status_code=400)
 
-    @app.get("/health")
-    async def health() -> Response:
-        return Response(status_code=200)
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(await metrics_text(), media_type=CONTENT_TYPE_LATEST)
+def _openai_routes(app: FastAPI, frontend: Frontend) -> None:
+    """/v1/models, /v1/chat/completions, /v1/completions."""
+    model = frontend.model_name
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -129,28 +142,7 @@ def build_app(
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return _stream(_chat_chunks(frontend, creq, replica, include_usage, model))
-        done = await frontend.complete(creq, replica)
-        parsed = done.parsed
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": parsed.content if parsed.content.strip() or not parsed.tool_calls else None,
-            "reasoning_content": parsed.reasoning_content or None,
-            "tool_calls": _tool_calls(parsed.tool_calls),
-        }
-        return {
-            "id": done.request_id,
-            "object": "chat.completion",
-            "created": frontend.created(),
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "finish_reason": frontend.openai_finish_reason(done.finished_reason, parsed),
-                }
-            ],
-            "usage": _usage(len(done.prompt_token_ids), len(done.output_token_ids)),
-        }
+        return _chat_completion(frontend, await frontend.complete(creq, replica))
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> Any:
@@ -171,6 +163,34 @@ def build_app(
             "usage": _usage(len(done.prompt_token_ids), len(done.output_token_ids)),
         }
 
+
+def _chat_completion(frontend: Frontend, done: Completion) -> dict[str, Any]:
+    """The body of a chat completion answered whole."""
+    parsed = done.parsed
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": parsed.content if parsed.content.strip() or not parsed.tool_calls else None,
+        "reasoning_content": parsed.reasoning_content or None,
+        "tool_calls": _tool_calls(parsed.tool_calls),
+    }
+    choice = {
+        "index": 0,
+        "message": message,
+        "finish_reason": frontend.openai_finish_reason(done.finished_reason, parsed),
+    }
+    return {
+        "id": done.request_id,
+        "object": "chat.completion",
+        "created": frontend.created(),
+        "model": frontend.model_name,
+        "choices": [choice],
+        "usage": _usage(len(done.prompt_token_ids), len(done.output_token_ids)),
+    }
+
+
+def _render_routes(app: FastAPI, frontend: Frontend) -> None:
+    """The render tier's /render and /derender, and the token-ID engine API /inference/v1/generate."""
+
     @app.post("/render")
     async def render(req: RenderRequest) -> dict[str, Any]:
         frontend.check_model(req.model)
@@ -179,7 +199,7 @@ def build_app(
 
     @app.post("/derender")
     async def derender(req: DerenderRequest) -> dict[str, Any]:
-        ids = frontend.check_token_ids(req.token_ids, "token_ids")
+        ids = frontend.requests.check_token_ids(req.token_ids, "token_ids")
         replica = frontend.renders[0]
         parsed = ParsedDelta()
         for delta in await replica.derender_stateless(ids, 0, finished=True):
@@ -203,8 +223,6 @@ def build_app(
             "finish_reason": done.finished_reason,
             "usage": _usage(len(done.prompt_token_ids), len(done.output_token_ids)),
         }
-
-    return app
 
 
 def _stream(chunks: AsyncGenerator[str, None]) -> StreamingResponse:

@@ -1,10 +1,7 @@
 """Paged KV blocks with a prefix cache keyed by chained block hashes (vLLM v1 semantics).
 
-A block's hash covers its own tokens *and* every token before it::
-
-    h0 = hash((ROOT, tokens[0:16]))   h1 = hash((h0, tokens[16:32]))   h2 = hash((h1, tokens[32:48]))
-
-so a changed history changes every later hash. Freed blocks keep their hash and stay findable until
+A block's hash covers its own tokens *and* every token before it (`block_hash`), so a changed history
+changes every later hash. Freed blocks keep their hash and stay findable until
 they are reused: the free queue is LRU, and a request frees its blocks tail first so that the
 prefix it shares with others is evicted last.
 """
@@ -13,9 +10,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
 from actors.engine.request import Request
-
-_ROOT_HASH = 0x5EED
+from target.kv_cache import cdiv
 
 
 class BlockManager:
@@ -25,8 +22,8 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._ref_cnt = [0] * num_blocks
-        self._hash_of: list[int | None] = [None] * num_blocks
-        self._cached: dict[int, int] = {}
+        self._hash_of: list[BlockHash | None] = [None] * num_blocks
+        self._cached: dict[BlockHash, int] = {}
         """block hash -> block id, for full blocks whose KV is computed."""
         self.num_prefix_cache_queries = 0
         """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
@@ -40,17 +37,13 @@ class BlockManager:
     def usage(self) -> float:
         return 1.0 - len(self._free) / self.num_blocks
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
     def _extend_hashes(self, req: Request, num_tokens: int) -> None:
         """Hash the full blocks among the first `num_tokens` tokens not hashed yet."""
-        bs = self.block_size
-        hashes = req.block_hashes
-        parent = hashes[-1] if hashes else _ROOT_HASH
-        for i in range(len(hashes), num_tokens // bs):
-            parent = hash((parent, tuple(req.token_ids(i * bs, (i + 1) * bs))))
-            hashes.append(parent)
+        bs, hashes = self.block_size, req.block_hashes
+        num_full = num_tokens // bs
+        if num_full > len(hashes):
+            tokens = req.token_ids(len(hashes) * bs, num_full * bs)
+            hashes += hash_blocks(tokens, bs, hashes[-1] if hashes else ROOT_BLOCK_HASH)
 
     def get_computed_blocks(self, req: Request) -> int:
         """Attach the longest cached prefix of `req`'s tokens to it; returns the tokens it covers.
@@ -77,7 +70,7 @@ class BlockManager:
 
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
         """Give `req` blocks for num_computed_tokens + num_new_tokens; False (nothing changed) if short."""
-        need = self.blocks_needed(req.num_computed_tokens + num_new_tokens) - len(req.block_ids)
+        need = cdiv(req.num_computed_tokens + num_new_tokens, self.block_size) - len(req.block_ids)
         if need <= 0:
             return True
         if need > len(self._free):

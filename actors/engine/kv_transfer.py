@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.config import KVTransferConfig
-from cluster.profiles import LinkProfile, ModelProfile
-from cluster.transfer import HandoffTime, handoff_time, layerwise_handoff_time
+from target.config import KVTransferConfig
+from target.profiles import LinkProfile, ModelProfile
+from target.transfer import HandoffTime, handoff_time, layerwise_handoff_time
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from actors.messages import EngineRequest, FinishedReason, RequestTimes
+from messages import EngineRequest, FinishedReason, RequestTimes
 
 
 class RequestStatus(enum.Enum):
@@ -53,7 +53,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
-        self.block_hashes: list[int] = []
+        self.block_hashes: list[bytes] = []
         """Chained hashes of the full blocks of tokens, extended as they are needed."""
         self.num_published_blocks = 0
         """Leading blocks of `block_ids` already in the prefix cache."""

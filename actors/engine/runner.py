@@ -62,6 +62,11 @@ class ModelRunner:
         self._working: dict[str, torch.Tensor] = {}
 
     @property
+    def vocab_size(self) -> int:
+        """The loaded model's vocabulary: the token IDs it can embed."""
+        return int(self.model.config.vocab_size)
+
+    @property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
 

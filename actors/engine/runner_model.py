@@ -15,7 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 from transformers.utils import logging as hf_logging
 
-from cluster.config import RunnerConfig
+from actors.engine.runner_arch import check_runner_model
+from target.config import RunnerConfig
 
 _LOADED: dict[tuple[str, str], PreTrainedModel] = {}
 hf_logging.disable_progress_bar()
@@ -81,6 +82,8 @@ def runner_device(cfg: RunnerConfig) -> str:
 
 def load_model(cfg: RunnerConfig) -> PreTrainedModel:
     """The runner model on its device, loaded once per process and shared read-only by its engines."""
+    if cfg.model_path:
+        check_runner_model(cfg.model_path)
     path, device = str(ensure_model(cfg)), runner_device(cfg)
     if (path, device) not in _LOADED:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)

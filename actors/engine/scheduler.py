@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request, RequestStatus
-from actors.messages import FinishedReason
+from messages import FinishedReason
+from target.roofline import keys_attended
 
 
 @dataclass
@@ -40,7 +41,7 @@ class ScheduledBatch:
         self.requests.append(req)
         self.num_new_tokens.append(n)
         self.num_scheduled_tokens += n
-        self.keys_attended += n * c + n * (n + 1) // 2
+        self.keys_attended += keys_attended(n, c)
         self.num_logits += c + n == req.num_tokens
         self.num_context_tokens += c
 
@@ -143,6 +144,41 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
+    def update_from_output(
+        self, batch: ScheduledBatch, sampled: list[int | None], start_s: float
+    ) -> list[tuple[Request, int, FinishedReason | None]]:
+        """Advance each request of the step that began at `start_s` by the tokens it computed; the
+        requests that reached their end emit a token (the forced answer's, or `sampled`): returns each
+        with its token and the reason it now stops (None: it goes on)."""
+        emitted = []
+        for req, n, token in zip(batch.requests, batch.num_new_tokens, sampled, strict=True):
+            if req.status is not RequestStatus.RUNNING:  # aborted while the step ran
+                continue
+            if req.times.first_scheduled_s is None:
+                req.times.first_scheduled_s = start_s
+            req.num_computed_tokens += n
+            self.blocks.cache_full_blocks(req)
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk short of the end: no token yet
+            forced = req.forced_output_token_ids
+            if forced is not None:
+                token = forced[len(req.output_token_ids)]
+            assert token is not None, "greedy output needs real compute"
+            req.output_token_ids.append(token)
+            emitted.append((req, token, self._stop_reason(req, token)))
+        return emitted
+
+    @staticmethod
+    def _stop_reason(req: Request, token: int) -> FinishedReason | None:
+        forced = req.forced_output_token_ids
+        if forced is None and token in req.stop_token_ids:
+            return "stop"
+        if len(req.output_token_ids) >= req.max_tokens:
+            return "length"
+        if forced is not None and len(req.output_token_ids) >= len(forced):
+            return "stop"  # the forced answer is complete
+        return None
+
     def kv_received(self, req: Request) -> None:
         """The remote prompt KV is in this engine's blocks: all but the last prompt token are computed.
 
@@ -174,15 +210,6 @@ class Scheduler:
         if req is not None:
             self.blocks.free(req)
         return req
-
-    def find(self, request_id: str) -> Request | None:
-        for req in self.running:
-            if req.request_id == request_id:
-                return req
-        for req in self.waiting:
-            if req.request_id == request_id:
-                return req
-        return self.recving.get(request_id)
 
     def assert_empty(self) -> None:
         assert not self.waiting, f"waiting: {[r.request_id for r in self.waiting]}"

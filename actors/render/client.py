@@ -1,8 +1,11 @@
-"""A render replica as the front end and the proxy call it: awaited, in this process (`LocalRender`) or
-as a Ray actor (`cluster.hosts.RemoteRender`); the render pool is a list of them.
+"""A render replica as the front end and the proxy call it: one client, two transports.
 
-Calls are per request (render) or per engine batch (derender), never per token: a remote replica
-costs one actor round trip each.
+    RenderClient ── call(method, *args) ──► Render     in this process (`local_render`)
+                                       └──► RenderHost  a Ray actor (`cluster.hosts.actor_render`)
+
+Every call names a `Render` method and its arguments; the transport decides how it gets there. Calls
+are per request (render) or per engine batch (derender), never per token: a remote replica costs one
+actor round trip each.
 """
 
 from __future__ import annotations
@@ -11,33 +14,72 @@ import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any
 
-from actors.messages import RenderSpec
 from actors.render.parsers import ParsedDelta
+from messages import RenderSpec
 
 if TYPE_CHECKING:  # transformers loads where a replica renders, not in every actor that calls one
     from actors.render.render import Render
-    from cluster.config import TestbedConfig
+    from target.config import TestbedConfig
+
+Call = Callable[..., Awaitable[Any]]
+"""`call(method, *args)`: the result of `Render.<method>(*args)` on the replica, awaited."""
+
+METHODS = frozenset({"render_spec", "render_text", "derender", "derender_stateless", "detokenize", "close"})
+"""The `Render` methods a client may call."""
 
 
-class RenderClient(Protocol):
-    async def render_chat(self, spec: RenderSpec) -> list[int]: ...
+class RenderClient:
+    def __init__(self, call: Call, tell: Callable[..., None]) -> None:
+        """`tell(method, *args)`: a call whose answer nobody waits for (a remote replica is told)."""
+        self._call = call
+        self._tell = tell
 
-    async def render_text(self, text: str) -> list[int]: ...
+    async def render_spec(self, spec: RenderSpec) -> list[int]:
+        ids: list[int] = await self._call("render_spec", spec)
+        return ids
+
+    async def render_text(self, text: str) -> list[int]:
+        ids: list[int] = await self._call("render_text", text)
+        return ids
 
     async def derender(
         self, stream_id: str, new_token_ids: list[int], finished: bool, parse: bool = True
-    ) -> list[ParsedDelta]: ...
+    ) -> list[ParsedDelta]:
+        deltas: list[ParsedDelta] = await self._call("derender", stream_id, new_token_ids, finished, parse)
+        return deltas
 
     async def derender_stateless(
         self, all_token_ids: list[int], num_done: int, finished: bool, parse: bool = True
-    ) -> list[ParsedDelta]: ...
+    ) -> list[ParsedDelta]:
+        deltas: list[ParsedDelta] = await self._call(
+            "derender_stateless", all_token_ids, num_done, finished, parse
+        )
+        return deltas
 
-    async def detokenize(self, token_ids: list[int]) -> str: ...
+    async def detokenize(self, token_ids: list[int]) -> str:
+        text: str = await self._call("detokenize", token_ids)
+        return text
 
     def close(self, stream_id: str) -> None:
-        """Drop a stream that will not finish; returns at once (a remote replica is told, not awaited)."""
+        """Drop a stream that will not finish; returns at once."""
+        self._tell("close", stream_id)
+
+
+_ON_LOOP = frozenset({"derender", "close"})
+"""In process, a stream's derender (O(new tokens)) runs on the event loop; template and tokenizer
+work, and a stateless replay (O(output so far)), run off it: the engines may share the loop."""
+
+
+def local_render(render: Render) -> RenderClient:
+    """A client of a replica in this process."""
+
+    async def call(method: str, *args: Any) -> Any:
+        fn = getattr(render, method)
+        return fn(*args) if method in _ON_LOOP else await asyncio.to_thread(fn, *args)
+
+    return RenderClient(call, lambda method, *args: getattr(render, method)(*args))
 
 
 def render_for(cfg: TestbedConfig, on_render: Callable[[str, float, int], None] | None = None) -> Render:
@@ -57,39 +99,6 @@ def render_again(clients: Sequence[RenderClient]) -> Callable[[RenderSpec], Awai
     replicas = itertools.cycle(clients)
 
     async def render(spec: RenderSpec) -> list[int]:
-        return await next(replicas).render_chat(spec)
+        return await next(replicas).render_spec(spec)
 
     return render
-
-
-class LocalRender:
-    """A replica in this process: template and tokenizer work runs off the event loop (the engines may
-    share it); a stream's derender (O(new tokens)) runs on it."""
-
-    def __init__(self, render: Render) -> None:
-        self.render = render
-
-    async def render_chat(self, spec: RenderSpec) -> list[int]:
-        return await asyncio.to_thread(self.render.render_spec, spec)
-
-    async def render_text(self, text: str) -> list[int]:
-        return await asyncio.to_thread(self.render.render_text, text)
-
-    async def derender(
-        self, stream_id: str, new_token_ids: Sequence[int], finished: bool, parse: bool = True
-    ) -> list[ParsedDelta]:
-        return self.render.derender(stream_id, new_token_ids, finished, parse)
-
-    async def derender_stateless(
-        self, all_token_ids: list[int], num_done: int, finished: bool, parse: bool = True
-    ) -> list[ParsedDelta]:
-        """Off the event loop: a replay is O(output so far)."""
-        return await asyncio.to_thread(
-            self.render.derender_stateless, all_token_ids, num_done, finished, parse
-        )
-
-    async def detokenize(self, token_ids: list[int]) -> str:
-        return await asyncio.to_thread(self.render.detokenize, token_ids)
-
-    def close(self, stream_id: str) -> None:
-        self.render.close(stream_id)

@@ -20,8 +20,8 @@ from typing import Any
 
 from tokenizers.decoders import DecodeStream
 
-from actors.messages import RenderSpec
 from actors.render.parsers import IncrementalParser, ParsedDelta, PlainParser, RescanningParser
+from messages import RenderSpec
 
 DATE_FORMAT = "%d %b %Y"
 """`date_string` handed to every template (Llama 3.1's format); templates that stamp the date use it."""

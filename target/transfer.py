@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cluster.profiles import LinkProfile
+from target.profiles import LinkProfile
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cluster.config import PoolConfig, TestbedConfig
-from cluster.profiles import GPUS, MODELS, GpuProfile, ModelProfile
+from target.config import PoolConfig, TestbedConfig
+from target.profiles import GPUS, MODELS, GpuProfile, ModelProfile
+
+
+def keys_attended(num_new_tokens: int, num_context_tokens: int) -> int:
+    """Keys the new tokens of one request attend to, with `num_context_tokens` already cached:
+    Σ_{i=0}^{n-1} (c+i+1) = n·c + n(n+1)/2 (see the module's docstring)."""
+    n = num_new_tokens
+    return n * num_context_tokens + n * (n + 1) // 2
 
 
 @dataclass(frozen=True)
@@ -66,16 +73,15 @@ class Roofline:
 
     def step_time(self, items: Iterable[StepItem]) -> StepTime:
         num_new = 0
-        keys_attended = 0
+        keys = 0
         num_logits = 0
         num_context = 0
         for it in items:
-            n, c = it.num_new_tokens, it.num_context_tokens
-            num_new += n
-            keys_attended += n * c + n * (n + 1) // 2
+            num_new += it.num_new_tokens
+            keys += keys_attended(it.num_new_tokens, it.num_context_tokens)
             num_logits += it.needs_logits
-            num_context += c
-        return self.step_time_totals(num_new, keys_attended, num_logits, num_context)
+            num_context += it.num_context_tokens
+        return self.step_time_totals(num_new, keys, num_logits, num_context)
 
     def step_time_totals(
         self, num_new_tokens: int, keys_attended: int, num_logits: int, num_context_tokens: int

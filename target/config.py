@@ -19,7 +19,7 @@ class TargetConfig:
     __pydantic_config__ = _STRICT
 
     model: str = "qwen2.5-7b"
-    """Emulated model, a name from cluster.profiles.MODELS."""
+    """Emulated model, a name from target.profiles.MODELS."""
     served_model_name: str | None = None
     """The `model_name` label of every metric (vLLM's --served-model-name); None: `model`."""
     eta_compute: float = 0.47
@@ -39,7 +39,7 @@ class PoolConfig:
     replicas: int = 0
     """Number of engine replicas in this pool (data parallel)."""
     gpu: str = "l40s"
-    """GPU of each replica, a name from cluster.profiles.GPUS."""
+    """GPU of each replica, a name from target.profiles.GPUS."""
     tp: int = 1
     """Tensor-parallel degree: GPUs per replica."""
 
@@ -82,7 +82,7 @@ class KVTransferConfig:
     __pydantic_config__ = _STRICT
 
     link: str = "pcie4-x16"
-    """Link between prefill and decode engines, a name from cluster.profiles.LINKS."""
+    """Link between prefill and decode engines, a name from target.profiles.LINKS."""
     mode: Literal["pull", "push"] = "pull"
     """pull: decode reads the KV once it has the request and notices completion at its next step
     boundary (vLLM's NIXL connector); push: prefill sends as it finishes and decode is notified."""

@@ -1,0 +1,165 @@
+"""The KV connector, in the two halves vLLM's `KVConnectorBase_V1` has (here: NIXL-style P/D).
+
+    scheduler side   what to load and what to save: plans a decode request's pull once it has its blocks,
+    (KVConnectorScheduler)  notices finished loads at step boundaries, describes a finished prefill's KV
+                     (`kv_transfer_params`) and holds it until decode has pulled it or it expires
+    worker side      moving it: reads held KV out of the runner for a peer, pulls a peer's KV into this
+    (KVConnectorWorker)     engine's blocks and tells the peer it may free it
+
+A handoff, decode side (pull mode)::
+
+    admitted (blocks allocated) ── start_load ── peer.get_kv ── write into blocks ── loaded
+        ... notice_loaded at the first step boundary at or after the emulated done time
+        ── scheduler.kv_received: the request computes its last prompt token, then decodes
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from actors.engine.clock import Clock
+from actors.engine.executor import Executor
+from actors.engine.kv_transfer import KVReceiver, TransferPlan
+from actors.engine.request import Request
+from actors.engine.scheduler import Scheduler
+from actors.engine.stats import EngineStats
+from messages import KVPayload
+
+
+class KVSource(Protocol):
+    """What a decode engine needs of a prefill engine (the engine itself, or a handle to its actor)."""
+
+    async def get_kv(self, request_id: str) -> KVPayload: ...
+
+    async def free_kv(self, request_id: str) -> None: ...
+
+
+class KVLoadError(RuntimeError):
+    """The prefill side died or lost the KV: the request fails, visibly."""
+
+
+class KVConnectorScheduler:
+    def __init__(
+        self, engine_id: str, receiver: KVReceiver, scheduler: Scheduler, hold_timeout_s: float
+    ) -> None:
+        """`receiver`: the emulated timing of transfers into this engine. `hold_timeout_s`: prefill side,
+        how long a finished request's KV waits for its pull."""
+        self.engine_id = engine_id
+        self.receiver = receiver
+        self.scheduler = scheduler
+        self.hold_timeout_s = hold_timeout_s
+        self._loaded: dict[str, Request] = {}
+        """Decode side: requests whose KV is in this engine's blocks, not yet noticed by a step."""
+
+    # ---- decode side -------------------------------------------------------------------------------
+
+    def start_load(self, req: Request, now: float) -> TransferPlan:
+        """`req` got its blocks at `now`: when its KV moves, in emulated time (stamped on its times)."""
+        assert req.kv_transfer_params is not None
+        plan = self.receiver.plan(req.kv_transfer_params, now)
+        req.times.kv_transfer_start_s = plan.start_s
+        req.times.kv_transfer_done_s = plan.done_s
+        req.times.kv_bytes = plan.kv_bytes
+        return plan
+
+    def on_loaded(self, req: Request) -> None:
+        self._loaded[req.request_id] = req
+
+    def notice_loaded(self, now: float) -> None:
+        """Step boundary: requests whose transfer is done by `now` join the scheduler's queue."""
+        for rid in sorted(self._loaded):
+            req = self._loaded[rid]
+            if (req.times.kv_transfer_done_s or 0.0) <= now + 1e-12:
+                del self._loaded[rid]
+                req.times.kv_noticed_s = now
+                self.scheduler.kv_received(req)
+
+    # ---- prefill side ------------------------------------------------------------------------------
+
+    def request_finished(self, req: Request, reason: str, now: float) -> dict[str, Any] | None:
+        """The kv_transfer_params a finished prefill request hands to decode (None: nothing to hand)."""
+        self._loaded.pop(req.request_id, None)
+        if reason != "length" or not req.is_remote_decode:
+            return None
+        first = req.times.first_scheduled_s
+        return {
+            "do_remote_prefill": True,
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": req.request_id,
+            "remote_block_ids": list(req.block_ids),
+            "remote_num_tokens": req.num_prompt_tokens,
+            "prompt_token_ids": list(req.prompt_token_ids),
+            "kv_sent_s": now,
+            "prefill_compute_s": now - (now if first is None else first),
+        }
+
+    def expire_held(self, now: float) -> int:
+        """Release KV that no decode engine pulled within the hold timeout (its decode died); how many."""
+        held = self.scheduler.held
+        expired = [
+            rid
+            for rid, req in held.items()
+            if req.times.finished_s is not None and req.times.finished_s + self.hold_timeout_s <= now
+        ]
+        for rid in expired:
+            self.scheduler.release_held(rid)
+        return len(expired)
+
+    def upcoming(self, since: float) -> list[float]:
+        """Emulated times of the connector's own events after `since`: loads already moved (noticed only
+        once the loop runs again, so one done exactly at `since` counts) and held KV expiring."""
+        times = [
+            done
+            for req in self._loaded.values()
+            if (done := req.times.kv_transfer_done_s) is not None and done >= since
+        ]
+        for req in self.scheduler.held.values():
+            if req.times.finished_s is not None and req.times.finished_s + self.hold_timeout_s > since:
+                times.append(req.times.finished_s + self.hold_timeout_s)
+        return times
+
+
+class KVConnectorWorker:
+    def __init__(
+        self, executor: Executor, peers: Mapping[str, KVSource], stats: EngineStats, clock: Clock
+    ) -> None:
+        """`peers`: the prefill engines by id (the engines, or clients of their actors)."""
+        self.executor = executor
+        self.peers = peers
+        self.stats = stats
+        self.clock = clock
+
+    def read(self, req: Request) -> KVPayload:
+        """A held request's prompt KV, for the decode engine pulling it."""
+        return KVPayload(req.request_id, self.executor.read_kv(req.block_ids, req.num_prompt_tokens))
+
+    async def fetch(self, req: Request) -> tuple[KVSource, KVPayload]:
+        """Read `req`'s KV from the prefill engine its kv_transfer_params name."""
+        params = req.kv_transfer_params
+        assert params is not None
+        remote_id = str(params["remote_engine_id"])
+        try:
+            peer = self.peers[remote_id]
+            return peer, await peer.get_kv(str(params["remote_request_id"]))
+        except Exception as e:
+            self.stats.recorder.on_kv_transfer_failed()
+            raise KVLoadError(f"KV pull from {remote_id} failed: {e!r}") from e
+
+    def write(self, req: Request, payload: KVPayload, plan: TransferPlan) -> None:
+        """Put fetched KV into `req`'s blocks; counts the transfer (late if the real move ended after
+        the emulated one)."""
+        assert req.kv_transfer_params is not None
+        self.executor.write_kv(req.block_ids, payload.kv)
+        num_blocks = len(req.kv_transfer_params["remote_block_ids"])
+        xfer_s = plan.done_s - plan.start_s
+        overrun_s = self.clock.now() - plan.done_s
+        self.stats.on_kv_transfer_done(xfer_s, plan.time.overhead_s, plan.kv_bytes, num_blocks, overrun_s)
+
+    async def release_remote(self, peer: KVSource, req: Request) -> None:
+        """Tell the prefill side it may free the KV (NIXL's notification); a dead peer has nothing to free."""
+        assert req.kv_transfer_params is not None
+        try:
+            await peer.free_kv(str(req.kv_transfer_params["remote_request_id"]))
+        except Exception:
+            self.stats.recorder.on_kv_notification_failed()

@@ -1,0 +1,151 @@
+"""An engine's record of itself: the counters of its report, and the recorder its events go to.
+
+The engine calls `EngineStats.on_<event>`; each hook updates the counters the run's lag summary reads
+and tells the recorder, which the composition root injects (`dashboards.recorders.EngineMetrics`).
+Roles never import `dashboards`: the recorder is the `EngineRecorder` protocol, fed plain values and
+`messages` types only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from actors.engine.block_manager import BlockManager
+from actors.engine.request import Request
+from actors.engine.scheduler import Scheduler
+from messages import FinishedReason, RequestTimes
+
+
+class EngineRecorder(Protocol):
+    """Where an engine's events are recorded (Prometheus series in `dashboards.recorders`)."""
+
+    def on_step(self, step_s: float, num_scheduled_tokens: int) -> None: ...
+
+    def on_state(
+        self,
+        num_running: int,
+        num_waiting: int,
+        kv_cache_usage: float,
+        num_prefix_queries: int,
+        num_prefix_hits: int,
+        num_preemptions: int,
+    ) -> None:
+        """The engine's state (at steps and on arrivals); the counts are totals since its start."""
+
+    def on_first_token(
+        self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
+    ) -> None: ...
+
+    def on_next_token(self, itl_s: float) -> None: ...
+
+    def on_request_finished(
+        self,
+        reason: FinishedReason,
+        times: RequestTimes,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+        max_tokens: int,
+        num_external_tokens: int,
+    ) -> None: ...
+
+    def on_kv_transfer_done(self, xfer_s: float, post_s: float, kv_bytes: int, num_blocks: int) -> None:
+        """Decode side: a prompt's KV arrived (emulated transfer time and its fixed costs)."""
+
+    def on_kv_transfer_failed(self) -> None: ...
+
+    def on_kv_notification_failed(self) -> None: ...
+
+    def on_kv_expired(self, num_requests: int) -> None: ...
+
+    def on_lag(self, what: str, max_overrun_s: float) -> None:
+        """A step (`what`='step') or KV transfer ('kv_transfer') overran; the worst overrun so far."""
+
+
+@dataclass
+class EngineStats:
+    """Counters of an engine's life (its report); every `on_` hook also tells `recorder`."""
+
+    recorder: EngineRecorder
+    num_steps: int = 0
+    num_scheduled_tokens: int = 0
+    max_num_scheduled_tokens: int = 0
+    busy_s: float = 0.0
+    """Emulated seconds spent in steps."""
+    num_finished: int = 0
+    num_lagged_steps: int = 0
+    """Steps whose real work (plus the wake-up before it) overran the emulated budget."""
+    num_transfers: int = 0
+    num_lagged_transfers: int = 0
+    """KV pulls whose real move finished after the emulated transfer did."""
+    max_overrun_s: float = 0.0
+    """Worst overrun of a step or transfer, in emulated seconds."""
+    num_expired_handoffs: int = 0
+    """Prefill side: held KV released because no decode engine pulled it in time."""
+
+    def counters(self) -> dict[str, float]:
+        return {k: v for k, v in vars(self).items() if k != "recorder"}
+
+    def on_step(self, step_s: float, num_tokens: int, overrun_s: float) -> None:
+        self.num_steps += 1
+        self.num_scheduled_tokens += num_tokens
+        self.max_num_scheduled_tokens = max(self.max_num_scheduled_tokens, num_tokens)
+        self.busy_s += step_s
+        self.recorder.on_step(step_s, num_tokens)
+        if overrun_s > 0:
+            self.num_lagged_steps += 1
+            self._lag("step", overrun_s)
+
+    def on_state(self, sched: Scheduler, blocks: BlockManager) -> None:
+        self.recorder.on_state(
+            len(sched.running),
+            len(sched.waiting) + len(sched.recving),
+            blocks.usage,
+            blocks.num_prefix_cache_queries,
+            blocks.num_prefix_cache_hits,
+            sched.num_preemptions,
+        )
+
+    def on_token(self, req: Request, now_s: float) -> None:
+        """A token of `req` was emitted at `now_s`: stamps it on `req.times` and records TTFT or ITL."""
+        t = req.times
+        if t.first_token_s is None:
+            self.recorder.on_first_token(
+                now_s - t.queued_s,
+                req.num_prompt_tokens,
+                t.num_cached_tokens,
+                req.num_external_computed_tokens,
+            )
+            t.first_token_s = now_s
+        elif t.last_token_s is not None:
+            self.recorder.on_next_token(now_s - t.last_token_s)
+        t.last_token_s = now_s
+
+    def on_request_finished(self, req: Request, reason: FinishedReason) -> None:
+        self.num_finished += 1
+        self.recorder.on_request_finished(
+            reason,
+            req.times,
+            req.num_prompt_tokens,
+            len(req.output_token_ids),
+            req.max_tokens,
+            req.num_external_computed_tokens,
+        )
+
+    def on_kv_transfer_done(
+        self, xfer_s: float, post_s: float, kv_bytes: int, num_blocks: int, overrun_s: float
+    ) -> None:
+        self.num_transfers += 1
+        self.recorder.on_kv_transfer_done(xfer_s, post_s, kv_bytes, num_blocks)
+        if overrun_s > 0:
+            self.num_lagged_transfers += 1
+            self._lag("kv_transfer", overrun_s)
+
+    def on_kv_expired(self, num_requests: int) -> None:
+        """Prefill side: `num_requests` held KV released unpulled (their decode died)."""
+        self.num_expired_handoffs += num_requests
+        self.recorder.on_kv_expired(num_requests)
+
+    def _lag(self, what: str, overrun_s: float) -> None:
+        self.max_overrun_s = max(self.max_overrun_s, overrun_s)
+        self.recorder.on_lag(what, self.max_overrun_s)

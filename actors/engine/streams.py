@@ -1,0 +1,68 @@
+"""The request streams: tokens an engine produced and its clients have not taken yet.
+
+The step loop pushes each token (with its emulated stamp) and the final output; a client's iterator
+wakes and takes everything pending at once, so a consumer that falls behind gets one coalesced output
+instead of one per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+from messages import EngineOutput
+
+
+class RequestStream:
+    """Tokens produced for one request and not yet taken by its consumer."""
+
+    __slots__ = ("event", "final", "times", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.times: list[float] = []
+        self.event = asyncio.Event()
+        self.final: EngineOutput | None = None
+        """The request's last output (finished_reason set), once it ended."""
+
+    async def outputs(self, request_id: str) -> AsyncGenerator[EngineOutput, None]:
+        """Everything pending at each wake-up, as one output; ends after the final one."""
+        while True:
+            await self.event.wait()
+            self.event.clear()
+            out = self.final or EngineOutput(request_id, [], [])
+            out.new_token_ids, out.token_times_s = self.tokens, self.times
+            self.tokens, self.times = [], []
+            yield out
+            if out.finished_reason is not None:
+                return
+
+
+class OutputStreams:
+    """The open streams of one engine, by request id."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, RequestStream] = {}
+
+    def open(self, request_id: str) -> RequestStream:
+        stream = self._streams[request_id] = RequestStream()
+        return stream
+
+    def close(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def push(self, request_id: str, token: int, time_s: float) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.tokens.append(token)
+            stream.times.append(time_s)
+            stream.event.set()
+
+    def finish(self, output: EngineOutput) -> None:
+        stream = self._streams.get(output.request_id)
+        if stream is not None:
+            stream.final = output
+            stream.event.set()
+
+    def assert_empty(self, engine_id: str) -> None:
+        assert not self._streams, f"{engine_id}: streams left: {list(self._streams)[:10]}"

@@ -1,0 +1,72 @@
+"""Building an engine: the one place that turns a config into an `EngineCore` and its collaborators.
+
+Every composition root (virtual, live actors, serve) builds engines here, so an engine is wired the
+same way wherever it runs::
+
+    EngineCore ─┬─ Scheduler ── BlockManager          (what runs each step; paged KV, prefix cache)
+                ├─ Executor ── ModelRunner | None      (real compute, or none with compute skip)
+                ├─ KVConnectorScheduler ── KVReceiver   (what to load/save, and when it moves)
+                ├─ KVConnectorWorker ── peers           (moving it)
+                ├─ EngineStats ── EngineMetrics         (counters of its report; Prometheus series)
+                └─ Clock, Roofline                      (when each step ends)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from actors.engine.block_manager import BlockManager
+from actors.engine.clock import Clock
+from actors.engine.core import EngineCore, Role
+from actors.engine.executor import Executor
+from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVSource
+from actors.engine.kv_transfer import KVReceiver
+from actors.engine.scheduler import Scheduler
+from actors.engine.stats import EngineStats
+from dashboards.recorders import EngineMetrics
+from target.config import PoolConfig, TestbedConfig
+from target.kv_cache import num_gpu_blocks
+from target.profiles import LINKS
+from target.roofline import roofline_for
+
+if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
+    from actors.engine.runner import ModelRunner
+
+
+def runner_for(cfg: TestbedConfig, pool: PoolConfig) -> ModelRunner | None:
+    """The model runner of one replica of `pool`, or None with compute skip (then torch never loads)."""
+    if cfg.runner.compute != "real":
+        return None
+    from actors.engine.runner import ModelRunner
+    from actors.engine.runner_model import load_model
+
+    r = cfg.runner
+    return ModelRunner(load_model(r), num_gpu_blocks(cfg, pool), cfg.scheduler.block_size, r.num_threads)
+
+
+def build_engine(
+    engine_id: str,
+    role: Role,
+    cfg: TestbedConfig,
+    pool: PoolConfig,
+    clock: Clock,
+    runner: ModelRunner | None,
+    peers: Mapping[str, KVSource],
+    metrics: EngineMetrics,
+    compute_in_thread: bool = False,
+) -> EngineCore:
+    """An engine of `pool` in `role`; `peers`: the prefill engines a decode engine pulls from
+    (filled in later is fine); `metrics`: its series; `compute_in_thread`: see `Executor`."""
+    s = cfg.scheduler
+    roofline = roofline_for(cfg, pool)
+    blocks = BlockManager(num_gpu_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
+    scheduler = Scheduler(blocks, s.max_num_batched_tokens, s.max_num_seqs)
+    executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread)
+    stats = EngineStats(metrics)
+    receiver = KVReceiver(cfg.kv_transfer, LINKS[cfg.kv_transfer.link], roofline.model, s.block_size)
+    kv_scheduler = KVConnectorScheduler(engine_id, receiver, scheduler, cfg.kv_transfer.hold_timeout_s)
+    kv_worker = KVConnectorWorker(executor, peers, stats, clock)
+    return EngineCore(
+        engine_id, role, clock, roofline, scheduler, executor, kv_scheduler, kv_worker, stats, s.max_model_len
+    )
