@@ -1,5 +1,10 @@
 """KV blocks and the prefix cache: chained hashes, hits, LRU eviction, nothing leaked."""
 
+import os
+import subprocess
+import sys
+
+from actors.engine.block_hash import hash_blocks
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request
 from messages import EngineRequest
@@ -89,3 +94,31 @@ def test_prefix_caching_off_never_hits():
     compute_all(bm, a)
     bm.free(a)
     assert bm.get_computed_blocks(req(range(64), "b")) == 0
+
+
+def test_block_hashes_are_the_same_in_every_process():
+    """A router compares hashes computed in other actors: Python's salted `hash` would differ."""
+    tokens = list(range(1000, 1100))
+    script = (
+        "from actors.engine.block_hash import hash_blocks; "
+        f"print(','.join(h.hex() for h in hash_blocks({tokens}, 16)))"
+    )
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert runs == {",".join(h.hex() for h in hash_blocks(tokens, 16))}
+    assert len(hash_blocks(tokens, 16)) == 6  # full blocks only
+
+
+def test_a_block_hash_chains_over_everything_before_it():
+    a = hash_blocks(list(range(64)), 16)
+    b = hash_blocks([99, *range(1, 64)], 16)
+    assert all(x != y for x, y in zip(a, b, strict=True))  # one changed token changes every later hash
+    assert hash_blocks(list(range(32, 64)), 16, parent=a[1]) == a[2:]  # resumable from any block

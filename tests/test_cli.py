@@ -190,3 +190,22 @@ def test_live_run_starts_ray_and_leaves_nothing_behind(tmp_path):
     assert json.loads((tmp_path / "targets.json").read_text()) == []  # targets withdrawn at the end
     time.sleep(1.0)
     assert _ray_processes() == []
+
+
+@pytest.mark.parametrize(
+    ("config", "needles"),
+    [
+        ({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}, ["Qwen3ForCausalLM"]),
+        ({"architectures": ["LlamaForCausalLM"]}, ["LlamaForCausalLM"]),
+        ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True}, ["use_sliding_window"]),
+    ],
+)
+def test_a_model_the_runner_cannot_compute_is_refused_in_one_line(config, needles, capsys, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    assert main(["run", "--set", f"runner.model_path={model}", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for needle in ["runner.model_path", str(model), "allowed: Qwen2ForCausalLM", *needles]:
+        assert needle in err, (needle, err)

@@ -5,8 +5,10 @@ import asyncio
 import pytest
 
 from actors.engine.clock import Clock, DeadlockError, VirtualTimeLoop
+from actors.engine.runner_model import ensure_model
 from cluster.virtual import build_deployment, run_virtual
 from messages import EngineRequest
+from target.config import RunnerConfig
 from tests.factories import COLLOCATED, make_config, make_requests, run_async, run_requests
 
 SKIP = {"runner": {"compute": "skip"}}
@@ -213,3 +215,16 @@ def test_a_request_longer_than_max_model_len_fails_visibly_and_the_rest_run():
     (too_long, fine), _ = run_requests(cfg, reqs)
     assert too_long.finished_reason == "error" and "exceeds max_model_len (1000)" in too_long.error
     assert fine.finished_reason == "length"
+
+
+def test_engines_check_token_ids_against_the_loaded_models_vocabulary():
+    """runner.vocab_size sizes the tiny model it builds; a model from runner.model_path has its own."""
+    path = ensure_model(RunnerConfig())  # the project's tiny model: 8,192 tokens
+    cfg = make_config(COLLOCATED, runner={"model_path": str(path), "vocab_size": 100_000})
+
+    async def main():
+        (engine,) = build_deployment(cfg, Clock()).engines
+        with pytest.raises(ValueError, match=r"in \[0, 8192\)"):
+            await anext(engine.generate(EngineRequest("x", [9000], 1)))
+
+    run_async(main())

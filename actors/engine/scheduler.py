@@ -165,19 +165,16 @@ class Scheduler:
                 token = forced[len(req.output_token_ids)]
             assert token is not None, "greedy output needs real compute"
             req.output_token_ids.append(token)
-            emitted.append((req, token, self._stop_reason(req, token)))
+            num_output = len(req.output_token_ids)
+            stop: FinishedReason | None = None
+            if forced is None and token in req.stop_token_ids:
+                stop = "stop"
+            elif num_output >= req.max_tokens:
+                stop = "length"
+            elif forced is not None and num_output >= len(forced):
+                stop = "stop"  # the forced answer is complete
+            emitted.append((req, token, stop))
         return emitted
-
-    @staticmethod
-    def _stop_reason(req: Request, token: int) -> FinishedReason | None:
-        forced = req.forced_output_token_ids
-        if forced is None and token in req.stop_token_ids:
-            return "stop"
-        if len(req.output_token_ids) >= req.max_tokens:
-            return "length"
-        if forced is not None and len(req.output_token_ids) >= len(forced):
-            return "stop"  # the forced answer is complete
-        return None
 
     def kv_received(self, req: Request) -> None:
         """The remote prompt KV is in this engine's blocks: all but the last prompt token are computed.
