@@ -4,9 +4,9 @@ still emits the collocated greedy tokens with its KV moving through host memory.
 import numpy as np
 import pytest
 import torch
-from actors.engine.executor.runner import ModelRunner, RunnerInput
-from actors.engine.executor.runner_model import load_model
 
+from actors.engine.runner import ModelRunner, RunnerInput
+from actors.engine.runner_model import load_model
 from target.config import RunnerConfig
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_requests
 

@@ -26,11 +26,12 @@ from actors.engine.clock import Clock
 from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVLoadError
 from actors.engine.kv_transfer import TransferPlan
-from actors.engine.request import Request, RequestStatus
+from actors.engine.request import Request, RequestStatus, check_request
 from actors.engine.scheduler import ScheduledBatch, Scheduler
 from actors.engine.stats import EngineStats
+from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
-from messages import EngineOutput, EngineRequest, FinishedReason, KVPayload, token_ids_valid
+from messages import EngineOutput, EngineRequest, FinishedReason, KVPayload
 from target.roofline import Roofline
 
 Role = Literal["mixed", "prefill", "decode"]
@@ -65,20 +66,22 @@ class EngineCore:
         self._requests: dict[str, Request] = {}
         self._tasks: set[asyncio.Future[None]] = set()
         self._loop_task: asyncio.Future[None] | None = None
-        self._wake = asyncio.Event()
+        self.step_clock = StepClock(clock)
         self._stopped = False
 
     # ---- client side -------------------------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         """Stream a request's outputs; closing the iterator early aborts the request."""
-        self._check(request)
+        if request.request_id in self._requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in engine {self.engine_id}")
+        check_request(request, self.max_model_len, self.executor.vocab_size)
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)
         stream = self.streams.open(req.request_id)
         self._requests[req.request_id] = req
         self.scheduler.add(req)
-        self._wake.set()
+        self.step_clock.wake()
         try:
             async for out in stream.outputs(req.request_id):
                 yield out
@@ -87,26 +90,11 @@ class EngineCore:
                 self.abort(req.request_id)
             self.streams.close(req.request_id)
 
-    def _check(self, request: EngineRequest) -> None:
-        rid = request.request_id
-        if rid in self._requests:
-            raise ValueError(f"request_id {rid!r} is already in engine {self.engine_id}")
-        num_prompt = len(request.prompt_token_ids)
-        n = num_prompt + request.max_tokens
-        if n > self.max_model_len:
-            raise ValueError(
-                f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({request.max_tokens}) = "
-                f"{n} exceeds max_model_len ({self.max_model_len})"
-            )
-        vocab = self.executor.vocab_size
-        if not token_ids_valid(request.prompt_token_ids, vocab):
-            raise ValueError(f"request {rid!r}: prompt token IDs must be ints in [0, {vocab})")
-
     def abort(self, request_id: str, reason: FinishedReason = "abort", error: str | None = None) -> None:
         req = self._requests.get(request_id)
         if req is not None and req.status is not RequestStatus.FINISHED:
             self._finish(req, reason, self.clock.now(), error)
-            self._wake.set()  # its blocks may admit a waiting request
+            self.step_clock.wake()  # its blocks may admit a waiting request
 
     # ---- KV source side (prefill role) --------------------------------------------------------------
 
@@ -118,7 +106,7 @@ class EngineCore:
 
     async def free_kv(self, request_id: str) -> None:
         self.scheduler.release_held(request_id)
-        self._wake.set()  # freed blocks may admit a waiting request
+        self.step_clock.wake()  # freed blocks may admit a waiting request
 
     def expire_held(self, now: float) -> None:
         """Release KV no decode engine pulled within kv_transfer.hold_timeout_s (its decode died)."""
@@ -135,7 +123,7 @@ class EngineCore:
     async def drain(self) -> None:
         """Stop the step loop, wait for it, and release KV nobody will pull (then `assert_empty`)."""
         self._stopped = True
-        self._wake.set()
+        self.step_clock.wake()
         if self._loop_task is not None:
             await self._loop_task
         self.expire_held(math.inf)
@@ -151,8 +139,7 @@ class EngineCore:
             raise
 
     async def _step_loop(self) -> None:
-        # Back-to-back steps start at the previous step's scheduled end, not when the sleep returned:
-        # wake-up jitter must not accumulate into emulated time. After idling, start from the clock.
+        # The next step starts at the previous one's scheduled end (`StepClock`), or from the clock.
         scheduled: float | None = None
         while not self._stopped:
             now = self.clock.now() if scheduled is None else scheduled
@@ -163,7 +150,7 @@ class EngineCore:
             if batch is None or batch.num_scheduled_tokens == 0:
                 self.stats.on_state(self.scheduler, self.blocks)
                 if batch is None or not batch.new_remote_requests:
-                    scheduled = await self._idle(now)
+                    scheduled = await self.step_clock.idle(now, self._upcoming)
                 continue
             scheduled = await self._step(batch, now)
 
@@ -198,24 +185,6 @@ class EngineCore:
         self.stats.on_state(self.scheduler, self.blocks)
         return end
 
-    async def _idle(self, idle_since: float) -> float:
-        """Sleep until there is work; return the emulated time of the event that brought it.
-
-        That is a request's send time or a transfer's completion, not the moment the wake-up ran: in
-        live mode the hops between actors must not shift emulated time (late real work is lag).
-        """
-        if not self._wake.is_set():
-            upcoming = self._upcoming(idle_since)
-            timeout = None
-            if upcoming:
-                timeout = max(0.0, min(upcoming) - self.clock.now()) * self.clock.time_scale
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
-        self._wake.clear()
-        now = self.clock.now()
-        due = [t for t in self._upcoming(idle_since) if t <= now]
-        return max(idle_since, min(due)) if due else now
-
     def _upcoming(self, since: float) -> list[float]:
         """Emulated times of known events the scheduler has not seen at `since`: requests queued after
         it, and the KV connector's (loads already moved, held KV coming up for expiry).
@@ -249,32 +218,20 @@ class EngineCore:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _load_kv(self, req: Request, plan: TransferPlan) -> None:
-        """Move the real KV from the prefill engine into this engine's blocks, then release it there."""
+        """Move `req`'s KV from its prefill engine into this engine's blocks (the loop notices it at its
+        next step boundary); a failed pull fails the request."""
         try:
-            peer, payload = await self.kv_worker.fetch(req)
+            if not await self.kv_worker.load(req, plan, self._background):
+                return  # aborted meanwhile
         except KVLoadError as e:
             self.abort(req.request_id, "error", str(e))
-            self._wake.set()
-            return
-        # Releasing the prefill side's blocks is off the critical path.
-        self._background(self.kv_worker.release_remote(peer, req))
-        if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
-            return  # aborted meanwhile
-        self.kv_worker.write(req, payload, plan)
-        self.kv_scheduler.on_loaded(req)
-        self._wake.set()
+        else:
+            self.kv_scheduler.on_loaded(req)
+        self.step_clock.wake()
 
     def report(self) -> dict[str, Any]:
         """Counters of this engine's life so far (steps, lag, preemptions, prefix cache, handoffs)."""
-        return {
-            "role": self.role,
-            **self.stats.counters(),
-            "num_preemptions": self.scheduler.num_preemptions,
-            "prefix_cache_queries": self.blocks.num_prefix_cache_queries,
-            "prefix_cache_hits": self.blocks.num_prefix_cache_hits,
-            "num_gpu_blocks": self.blocks.num_blocks,
-            "num_unfinished_requests": len(self._requests),
-        }
+        return self.stats.report(self.role, self.scheduler, len(self._requests))
 
     # ---- invariants --------------------------------------------------------------------------------
 

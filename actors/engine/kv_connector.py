@@ -15,13 +15,13 @@ A handoff, decode side (pull mode)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
 from actors.engine.kv_transfer import KVReceiver, TransferPlan
-from actors.engine.request import Request
+from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from messages import KVPayload
@@ -133,6 +133,18 @@ class KVConnectorWorker:
     def read(self, req: Request) -> KVPayload:
         """A held request's prompt KV, for the decode engine pulling it."""
         return KVPayload(req.request_id, self.executor.read_kv(req.block_ids, req.num_prompt_tokens))
+
+    async def load(
+        self, req: Request, plan: TransferPlan, background: Callable[[Coroutine[Any, Any, None]], None]
+    ) -> bool:
+        """Fetch `req`'s KV from its prefill engine and write it into `req`'s blocks; False if `req` was
+        aborted meanwhile. The prefill side is told to free it in `background`: off the critical path."""
+        peer, payload = await self.fetch(req)
+        background(self.release_remote(peer, req))
+        if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return False
+        self.write(req, payload, plan)
+        return True
 
     async def fetch(self, req: Request) -> tuple[KVSource, KVPayload]:
         """Read `req`'s KV from the prefill engine its kv_transfer_params name."""

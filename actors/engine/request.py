@@ -13,7 +13,22 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from messages import EngineRequest, FinishedReason, RequestTimes
+from messages import EngineRequest, FinishedReason, RequestTimes, token_ids_valid
+
+
+def check_request(request: EngineRequest, max_model_len: int, vocab_size: int) -> None:
+    """Raise ValueError, naming the request, unless an engine can run it."""
+    num_prompt = len(request.prompt_token_ids)
+    n = num_prompt + request.max_tokens
+    if n > max_model_len:
+        raise ValueError(
+            f"request {request.request_id!r}: prompt ({num_prompt} tokens) + max_tokens "
+            f"({request.max_tokens}) = {n} exceeds max_model_len ({max_model_len})"
+        )
+    if not token_ids_valid(request.prompt_token_ids, vocab_size):
+        raise ValueError(
+            f"request {request.request_id!r}: prompt token IDs must be ints in [0, {vocab_size})"
+        )
 
 
 class RequestStatus(enum.Enum):

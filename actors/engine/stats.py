@@ -9,7 +9,7 @@ Roles never import `dashboards`: the recorder is the `EngineRecorder` protocol, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request
@@ -83,8 +83,17 @@ class EngineStats:
     num_expired_handoffs: int = 0
     """Prefill side: held KV released because no decode engine pulled it in time."""
 
-    def counters(self) -> dict[str, float]:
-        return {k: v for k, v in vars(self).items() if k != "recorder"}
+    def report(self, role: str, sched: Scheduler, num_unfinished: int) -> dict[str, Any]:
+        """An engine's report: these counters and the scheduler's and block manager's."""
+        return {
+            "role": role,
+            **{k: v for k, v in vars(self).items() if k != "recorder"},
+            "num_preemptions": sched.num_preemptions,
+            "prefix_cache_queries": sched.blocks.num_prefix_cache_queries,
+            "prefix_cache_hits": sched.blocks.num_prefix_cache_hits,
+            "num_gpu_blocks": sched.blocks.num_blocks,
+            "num_unfinished_requests": num_unfinished,
+        }
 
     def on_step(self, step_s: float, num_tokens: int, overrun_s: float) -> None:
         self.num_steps += 1
