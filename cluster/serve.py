@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from actors.api.server import build_app
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore
 from actors.render.client import RenderClient, local_render, render_again, render_for
+from actors.render.render import Render
 from cluster.virtual import build_deployment
 from dashboards.exposition import merged_exposition, merged_text_expositions, write_sd_file
 from dashboards.recorders import RenderMetrics
@@ -44,6 +45,8 @@ class Served:
     """In-process engines (none on Ray)."""
     deployment: Any = None
     """On Ray: the live deployment (actor handles)."""
+    render_replicas: list[Render] = field(default_factory=list)
+    """In-process render replicas (none on Ray)."""
 
 
 class _InProcess:
@@ -52,8 +55,8 @@ class _InProcess:
     def __init__(self, cfg: TestbedConfig) -> None:
         self.clock = Clock(cfg.clock.scale, epoch_s=time.time())
         render_metrics = [RenderMetrics(cfg, i) for i in range(cfg.render.replicas)]
-        self._renders = [render_for(cfg, m.on_render) for m in render_metrics]
-        self.renders: list[RenderClient] = [local_render(r) for r in self._renders]
+        self.render_replicas = [render_for(cfg, m.on_render) for m in render_metrics]
+        self.renders: list[RenderClient] = [local_render(r) for r in self.render_replicas]
         self.dep = build_deployment(
             cfg, self.clock, compute_in_thread=True, render=render_again(self.renders)
         )
@@ -78,7 +81,7 @@ class _InProcess:
     def assert_empty(self) -> None:
         for e in self.engines:
             e.assert_empty()
-        for r in self._renders:
+        for r in self.render_replicas:
             r.assert_empty()
 
 
@@ -160,7 +163,9 @@ def build_server(
 
     app = build_app(frontend, roles.metrics_text, api_key, max_body_bytes)
     app.router.lifespan_context = lifespan
-    return Served(app, frontend, roles.engines, roles.dep if isinstance(roles, _OnRay) else None)
+    if isinstance(roles, _OnRay):
+        return Served(app, frontend, roles.engines, roles.dep)
+    return Served(app, frontend, roles.engines, render_replicas=roles.render_replicas)
 
 
 def write_results(out: Path, cfg: TestbedConfig, frontend: Frontend, metrics: str) -> None:

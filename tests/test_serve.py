@@ -266,7 +266,7 @@ def test_oversized_body_is_413_and_the_server_keeps_serving(server, client):
 
 def test_a_client_leaving_mid_stream_cancels_its_request_everywhere(server):
     assert server.leave_mid_stream(server.engines_idle).finished_reason == "abort"
-    assert all(not r.render._streams for r in server.served.frontend.renders)
+    assert all(not r._streams for r in server.served.render_replicas)
 
 
 def test_api_key_is_required_when_set():
