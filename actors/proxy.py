@@ -102,17 +102,18 @@ class Proxy:
             result.finished_reason = final.finished_reason if final else "error"
             result.error = (final.error if final else None) or "prefill ended without KV to hand off"
             return
-        params = final.kv_transfer_params
-        prompt = await self._decode_prompt(creq, params)
+        # The prompt travels once, as the decode request's own token IDs; the params keep the descriptor.
+        params = dict(final.kv_transfer_params)
+        prompt = await self._decode_prompt(creq, params.pop("prompt_token_ids", None))
         decode_req = self._engine_request(creq, prompt, creq.max_tokens, result.prefill_done_s, params)
         async with aclosing(self._stream(next(self._decode), decode_req, result)) as outs:
             async for out in outs:
                 yield out
 
-    async def _decode_prompt(self, creq: ClientRequest, params: dict) -> list[int]:
-        """The prompt decode computes: prefill's own token IDs when they can be reused, else rendered
-        again (a template that reads the clock may then render different tokens: see the tests)."""
-        ids = params.get("prompt_token_ids")
+    async def _decode_prompt(self, creq: ClientRequest, ids: object) -> list[int]:
+        """The prompt decode computes: prefill's own token IDs (`ids`) when they can be reused, else
+        rendered again (a template that reads the clock may then render different tokens: see the
+        tests)."""
         if creq.render is None or self._render is None:
             return creq.prompt_token_ids
         if creq.reuse_prompt_token_ids and ids is not None:

@@ -185,8 +185,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         },
     )
     title = f"{configs[0].target.model}: {len(configs)} designs x {len(rates)} rates x {args.seeds} seeds"
+    report = write_report(out, result.results, records, title, _sweep_notes(configs, args, goodput))
+    show(sweep_table(records, title), goodput_table(goodput))
+    print(f"{len(points)} runs, {num_requests} requests in {wall_s:.1f} s wall; run directory: {out}")
+    print(f"report: {report}")
+    return 0
+
+
+def _sweep_notes(
+    configs: list[TestbedConfig], args: argparse.Namespace, goodput: dict[str, Any]
+) -> list[str]:
+    """What a sweep's report says it ran."""
     c = configs[0]
-    notes = [
+    return [
         f"designs {', '.join(x.design for x in configs)}; rates {args.rates} req/s; {args.seeds} seed(s) "
         f"from {c.seed}; virtual mode, compute {c.runner.compute}",
         f"workload: {c.workload.num_requests} requests per point, prompt {c.workload.prompt_len}, "
@@ -194,11 +205,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         "goodput rate (highest rate with >= 90 % SLO attainment): "
         + "; ".join(f"{d}: {v}" for d, v in goodput.items()),
     ]
-    report = write_report(out, result.results, records, title, notes)
-    show(sweep_table(records, title), goodput_table(goodput))
-    print(f"{len(points)} runs, {num_requests} requests in {wall_s:.1f} s wall; run directory: {out}")
-    print(f"report: {report}")
-    return 0
 
 
 def cmd_dashboards(args: argparse.Namespace) -> int:

@@ -38,6 +38,9 @@ Role = Literal["mixed", "prefill", "decode"]
 
 
 class EngineCore:
+    """The step loop with the two APIs it serves (clients; the KV source), each call a change to what
+    the next step schedules. Every concern below it is a collaborator (~200 lines stay here)."""
+
     def __init__(
         self,
         engine_id: str,

@@ -84,14 +84,14 @@ class KVConnectorScheduler:
             return None
         first = req.times.first_scheduled_s
         return {
-            "do_remote_prefill": True,
-            "remote_engine_id": self.engine_id,
-            "remote_request_id": req.request_id,
-            "remote_block_ids": list(req.block_ids),
-            "remote_num_tokens": req.num_prompt_tokens,
-            "prompt_token_ids": list(req.prompt_token_ids),
-            "kv_sent_s": now,
-            "prefill_compute_s": now - (now if first is None else first),
+            "do_remote_prefill": True,  # decode: the prompt's KV comes from a prefill engine
+            "remote_engine_id": self.engine_id,  # whom decode pulls from (its peer by id)
+            "remote_request_id": req.request_id,  # what the pull and the free are keyed by
+            "remote_block_ids": list(req.block_ids),  # where the KV is (NIXL's descriptor; sizes it)
+            "prompt_token_ids": list(req.prompt_token_ids),  # for the proxy: decode reuses prefill's IDs
+            "kv_sent_s": now,  # push: when the send starts
+            "prefill_compute_s": now
+            - (now if first is None else first),  # layer-wise push: compute to hide under
         }
 
     def expire_held(self, now: float) -> int:

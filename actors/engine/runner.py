@@ -111,23 +111,44 @@ class ModelRunner:
             k = attn.k_proj(h).view(num_tokens, hkv, d).transpose(0, 1)[None]
             v = attn.v_proj(h).view(num_tokens, hkv, d).transpose(0, 1)[None]
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            outs = []
-            offset = 0
-            for it, w in zip(items, works, strict=True):
-                n, p = len(it.token_ids), it.start_pos
-                w[li, 0, :, p : p + n] = k[0, :, offset : offset + n]
-                w[li, 1, :, p : p + n] = v[0, :, offset : offset + n]
-                o = _attend(
-                    q[:, :, offset : offset + n],
-                    w[li, 0, None, :, : p + n],
-                    w[li, 1, None, :, : p + n],
-                    p,
-                    attn.scaling,
-                )
-                outs.append(o[0].transpose(0, 1).reshape(n, hq * d))
-                offset += n
-            x = x + attn.o_proj(torch.cat(outs))
+            x = x + attn.o_proj(self._attention(li, q, k, v, items, works, attn.scaling))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self._store_and_sample(x, items, works)
+
+    def _attention(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        items: list[RunnerInput],
+        works: list[torch.Tensor],
+        scaling: float,
+    ) -> torch.Tensor:
+        """One layer's attention for the packed batch: each request's new K/V into its working copy,
+        its queries against all its keys so far; outputs packed again [num_tokens, heads * head_dim]."""
+        outs = []
+        offset = 0
+        for it, w in zip(items, works, strict=True):
+            n, p = len(it.token_ids), it.start_pos
+            w[layer, 0, :, p : p + n] = k[0, :, offset : offset + n]
+            w[layer, 1, :, p : p + n] = v[0, :, offset : offset + n]
+            o = _attend(
+                q[:, :, offset : offset + n],
+                w[layer, 0, None, :, : p + n],
+                w[layer, 1, None, :, : p + n],
+                p,
+                scaling,
+            )
+            outs.append(o[0].transpose(0, 1).reshape(n, self.num_heads * self.head_dim))
+            offset += n
+        return torch.cat(outs)
+
+    def _store_and_sample(
+        self, x: torch.Tensor, items: list[RunnerInput], works: list[torch.Tensor]
+    ) -> list[int | None]:
+        """Write the step's new KV to the pool; the argmax token where an item needs logits."""
+        m = self.model.model
         last = []
         offset = 0
         for it, w in zip(items, works, strict=True):
