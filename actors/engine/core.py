@@ -151,7 +151,7 @@ class EngineCore:
             self.kv_scheduler.notice_loaded(now)
             batch = self._schedule(now)
             if batch is None or batch.num_scheduled_tokens == 0:
-                self.stats.on_state(self.scheduler, self.blocks)
+                self.stats.on_state(self.scheduler)
                 if batch is None or not batch.new_remote_requests:
                     scheduled = await self.step_clock.idle(now, self._upcoming)
                 continue
@@ -185,7 +185,7 @@ class EngineCore:
                 self._finish(req, stop, end)
         overrun = await self.clock.sleep_until(end)
         self.stats.on_step(step.total_s, batch.num_scheduled_tokens, overrun)
-        self.stats.on_state(self.scheduler, self.blocks)
+        self.stats.on_state(self.scheduler)
         return end
 
     def _upcoming(self, since: float) -> list[float]:

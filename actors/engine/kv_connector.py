@@ -139,14 +139,14 @@ class KVConnectorWorker:
     ) -> bool:
         """Fetch `req`'s KV from its prefill engine and write it into `req`'s blocks; False if `req` was
         aborted meanwhile. The prefill side is told to free it in `background`: off the critical path."""
-        peer, payload = await self.fetch(req)
-        background(self.release_remote(peer, req))
+        peer, payload = await self._fetch(req)
+        background(self._release_remote(peer, req))
         if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return False
-        self.write(req, payload, plan)
+        self._write(req, payload, plan)
         return True
 
-    async def fetch(self, req: Request) -> tuple[KVSource, KVPayload]:
+    async def _fetch(self, req: Request) -> tuple[KVSource, KVPayload]:
         """Read `req`'s KV from the prefill engine its kv_transfer_params name."""
         params = req.kv_transfer_params
         assert params is not None
@@ -155,10 +155,10 @@ class KVConnectorWorker:
             peer = self.peers[remote_id]
             return peer, await peer.get_kv(str(params["remote_request_id"]))
         except Exception as e:
-            self.stats.recorder.on_kv_transfer_failed()
+            self.stats.on_kv_transfer_failed()
             raise KVLoadError(f"KV pull from {remote_id} failed: {e!r}") from e
 
-    def write(self, req: Request, payload: KVPayload, plan: TransferPlan) -> None:
+    def _write(self, req: Request, payload: KVPayload, plan: TransferPlan) -> None:
         """Put fetched KV into `req`'s blocks; counts the transfer (late if the real move ended after
         the emulated one)."""
         assert req.kv_transfer_params is not None
@@ -168,10 +168,10 @@ class KVConnectorWorker:
         overrun_s = self.clock.now() - plan.done_s
         self.stats.on_kv_transfer_done(xfer_s, plan.time.overhead_s, plan.kv_bytes, num_blocks, overrun_s)
 
-    async def release_remote(self, peer: KVSource, req: Request) -> None:
+    async def _release_remote(self, peer: KVSource, req: Request) -> None:
         """Tell the prefill side it may free the KV (NIXL's notification); a dead peer has nothing to free."""
         assert req.kv_transfer_params is not None
         try:
             await peer.free_kv(str(req.kv_transfer_params["remote_request_id"]))
         except Exception:
-            self.stats.recorder.on_kv_notification_failed()
+            self.stats.on_kv_notification_failed()

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
 from messages import FinishedReason, RequestTimes
@@ -105,7 +104,9 @@ class EngineStats:
             self.num_lagged_steps += 1
             self._lag("step", overrun_s)
 
-    def on_state(self, sched: Scheduler, blocks: BlockManager) -> None:
+    def on_state(self, sched: Scheduler) -> None:
+        """The scheduler's and its block manager's state, for the gauges."""
+        blocks = sched.blocks
         self.recorder.on_state(
             len(sched.running),
             len(sched.waiting) + len(sched.recving),
@@ -149,6 +150,13 @@ class EngineStats:
         if overrun_s > 0:
             self.num_lagged_transfers += 1
             self._lag("kv_transfer", overrun_s)
+
+    def on_kv_transfer_failed(self) -> None:
+        self.recorder.on_kv_transfer_failed()
+
+    def on_kv_notification_failed(self) -> None:
+        """The prefill side could not be told to release the KV (it died)."""
+        self.recorder.on_kv_notification_failed()
 
     def on_kv_expired(self, num_requests: int) -> None:
         """Prefill side: `num_requests` held KV released unpulled (their decode died)."""
