@@ -199,7 +199,7 @@ def handoff() -> dashboard.Dashboard:
     return _with_panels(board, _handoff_panels())
 
 
-def _handoff_panels() -> list[timeseries.Panel]:
+def _handoff_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
     return [
         panel(
             "KV transfer time",
@@ -236,6 +236,12 @@ def _handoff_panels() -> list[timeseries.Panel]:
             (rate(m.NIXL_FAILED_TRANSFERS) + PER_SIM_S, "failed transfers"),
             (rate(m.NIXL_FAILED_NOTIFICATIONS) + PER_SIM_S, "failed notifications"),
             (rate(m.NIXL_KV_EXPIRED) + PER_SIM_S, "expired KV"),
+        ),
+        panel(
+            "KV held on prefill",
+            "short",
+            "Blocks of finished prefill requests held until decode's completion notice, per replica.",
+            (f"max by (replica) ({m.KV_HELD_BLOCKS.name}{sel(role='prefill')})", "prefill-{{replica}}"),
         ),
         panel(
             "Lag",

@@ -130,6 +130,7 @@ LAGGED_STEPS = _c("testbed:lagged_steps", "Steps whose real work overran their e
 LAGGED_KV_TRANSFERS = _c("testbed:lagged_kv_transfers", "KV pulls whose real move finished after the emulated transfer.")  # fmt: skip
 MAX_OVERRUN = _g("testbed:max_overrun_seconds", "Worst overrun of a step or KV pull so far, emulated seconds.")  # fmt: skip
 BUSY = _c("testbed:busy_seconds", "Emulated seconds the engine spent in steps (utilisation = its rate).")
+KV_HELD_BLOCKS = _g("testbed:kv_held_blocks", "Prefill side: KV blocks of finished requests held until decode's completion notice.")  # fmt: skip
 KV_HANDOFF = _h("testbed:kv_handoff_seconds", "KV handoff time per request (transfer start to done) by link.", HANDOFF_BUCKETS, ("link",))  # fmt: skip
 # Client-side (proxy): what the user sees, end to end through every role.
 CLIENT_TTFT = _h("testbed:time_to_first_token_seconds", "Client-visible time to first token (proxy).", TTFT_BUCKETS)  # fmt: skip
@@ -147,6 +148,7 @@ ENGINE_SERIES = (
     REQUEST_MAX_GENERATION_TOKENS, REQUEST_PREFILL_KV_COMPUTED, ITERATION_TOKENS, NIXL_XFER_TIME,
     NIXL_POST_TIME, NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS,
     NIXL_KV_EXPIRED, TIME_SCALE, STEPS, LAGGED_STEPS, LAGGED_KV_TRANSFERS, MAX_OVERRUN, BUSY, KV_HANDOFF,
+    KV_HELD_BLOCKS,
 )  # fmt: skip
 # Render tier: CPU seconds of real work (CPU ms per 1k tokens = cpu rate / tokens rate), calls per replica.
 RENDER_CPU = _c("testbed:render_cpu_seconds", "CPU seconds spent rendering (templates) or derendering (detokenize + parse).", ("op",))  # fmt: skip

@@ -34,6 +34,7 @@ from dashboards.metrics import (
     ITL,
     KV_CACHE_USAGE,
     KV_HANDOFF,
+    KV_HELD_BLOCKS,
     LAGGED_KV_TRANSFERS,
     LAGGED_STEPS,
     MAX_GAP,
@@ -144,6 +145,10 @@ class EngineMetrics(_Registry):
             self.child(PROMPT_TOKENS_BY_SOURCE, source=source)
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
         self._ttft, self._itl, self._gen = self.child(TTFT), self.child(ITL), self.child(GENERATION_TOKENS)
+        self._state = [
+            self.child(s)
+            for s in (KV_HELD_BLOCKS, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE)
+        ]
 
     def on_step(self, step_s: float, num_scheduled_tokens: int) -> None:
         """After each step (its outputs stamped)."""
@@ -159,12 +164,15 @@ class EngineMetrics(_Registry):
         num_prefix_queries: int,
         num_prefix_hits: int,
         num_preemptions: int,
+        num_kv_held_blocks: int,
     ) -> None:
         """Gauges, and the counters the scheduler and block manager keep as totals (at steps and on
         arrivals)."""
-        self.child(NUM_REQUESTS_RUNNING).set(num_running)
-        self.child(NUM_REQUESTS_WAITING).set(num_waiting)
-        self.child(KV_CACHE_USAGE).set(kv_cache_usage)
+        held, running, waiting, usage = self._state
+        held.set(num_kv_held_blocks)
+        running.set(num_running)
+        waiting.set(num_waiting)
+        usage.set(kv_cache_usage)
         q, h, p = num_prefix_queries, num_prefix_hits, num_preemptions
         if q != self._seen_queries:
             self.child(PREFIX_CACHE_QUERIES).inc(q - self._seen_queries)

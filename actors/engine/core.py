@@ -148,7 +148,8 @@ class EngineCore:
             now = self.clock.now() if scheduled is None else scheduled
             scheduled = None
             self.expire_held(now)
-            self.kv_scheduler.notice_loaded(now)
+            for req in self.kv_scheduler.notice_loaded(now):
+                self._background(self.kv_worker.notify_done(req))
             batch = self._schedule(now)
             if batch is None or batch.num_scheduled_tokens == 0:
                 self.stats.on_state(self.scheduler)
@@ -200,7 +201,9 @@ class EngineCore:
         return times + self.kv_scheduler.upcoming(since)
 
     def _finish(self, req: Request, reason: FinishedReason, now: float, error: str | None = None) -> None:
-        params = self.kv_scheduler.request_finished(req, reason, now)
+        params, holding = self.kv_scheduler.request_finished(req, reason, now)
+        if holding:  # ended before its pulled KV was noticed: the prefill side may free it now
+            self._background(self.kv_worker.notify_done(req))
         req.times.finished_s = now
         self._requests.pop(req.request_id, None)
         try:
@@ -224,9 +227,10 @@ class EngineCore:
         """Move `req`'s KV from its prefill engine into this engine's blocks (the loop notices it at its
         next step boundary); a failed pull fails the request."""
         try:
-            if not await self.kv_worker.load(req, plan, self._background):
+            if not await self.kv_worker.load(req, plan):
                 return  # aborted meanwhile
         except KVLoadError as e:
+            self.kv_scheduler.on_load_failed(req)
             self.abort(req.request_id, "error", str(e))
         else:
             self.kv_scheduler.on_loaded(req)

@@ -11,11 +11,14 @@ A handoff, decode side (pull mode)::
     admitted (blocks allocated) ── start_load ── peer.get_kv ── write into blocks ── loaded
         ... notice_loaded at the first step boundary at or after the emulated done time
         ── scheduler.kv_received: the request computes its last prompt token, then decodes
+        ── notify the peer: only now does prefill free its blocks (NIXL frees on the completion
+           notification, so prefill holds the KV for the whole transfer); a request that ends before
+           (aborted) notifies at once, and a failed pull has nothing to free
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from actors.engine.clock import Clock
@@ -51,6 +54,8 @@ class KVConnectorScheduler:
         self.hold_timeout_s = hold_timeout_s
         self._loaded: dict[str, Request] = {}
         """Decode side: requests whose KV is in this engine's blocks, not yet noticed by a step."""
+        self._holding: set[str] = set()
+        """Decode side: requests whose KV a prefill engine still holds for them (not notified yet)."""
 
     # ---- decode side -------------------------------------------------------------------------------
 
@@ -61,28 +66,42 @@ class KVConnectorScheduler:
         req.times.kv_transfer_start_s = plan.start_s
         req.times.kv_transfer_done_s = plan.done_s
         req.times.kv_bytes = plan.kv_bytes
+        self._holding.add(req.request_id)
         return plan
+
+    def on_load_failed(self, req: Request) -> None:
+        """The pull failed: the prefill side holds nothing for `req` (it died or lost the KV)."""
+        self._holding.discard(req.request_id)
 
     def on_loaded(self, req: Request) -> None:
         self._loaded[req.request_id] = req
 
-    def notice_loaded(self, now: float) -> None:
-        """Step boundary: requests whose transfer is done by `now` join the scheduler's queue."""
+    def notice_loaded(self, now: float) -> list[Request]:
+        """Step boundary: requests whose transfer is done by `now` join the scheduler's queue; returns
+        them (their prefill engines are to be notified)."""
+        noticed = []
         for rid in sorted(self._loaded):
             req = self._loaded[rid]
             if (req.times.kv_transfer_done_s or 0.0) <= now + 1e-12:
                 del self._loaded[rid]
                 req.times.kv_noticed_s = now
                 self.scheduler.kv_received(req)
+                self._holding.discard(rid)
+                noticed.append(req)
+        return noticed
 
     # ---- prefill side ------------------------------------------------------------------------------
 
-    def request_finished(self, req: Request, reason: str, now: float) -> dict[str, Any] | None:
-        """The kv_transfer_params a finished prefill request hands to decode (None: nothing to hand)."""
+    def request_finished(self, req: Request, reason: str, now: float) -> tuple[dict[str, Any] | None, bool]:
+        """What a finished request hands on: prefill side, the kv_transfer_params for decode (None:
+        nothing to hand); decode side, whether its prefill engine still holds KV for it (to notify)."""
         self._loaded.pop(req.request_id, None)
+        holding = req.request_id in self._holding
+        self._holding.discard(req.request_id)
         if reason != "length" or not req.is_remote_decode:
-            return None
+            return None, holding
         first = req.times.first_scheduled_s
+        compute_s = now - (now if first is None else first)
         return {
             "do_remote_prefill": True,  # decode: the prompt's KV comes from a prefill engine
             "remote_engine_id": self.engine_id,  # whom decode pulls from (its peer by id)
@@ -90,9 +109,8 @@ class KVConnectorScheduler:
             "remote_block_ids": list(req.block_ids),  # where the KV is (NIXL's descriptor; sizes it)
             "prompt_token_ids": list(req.prompt_token_ids),  # for the proxy: decode reuses prefill's IDs
             "kv_sent_s": now,  # push: when the send starts
-            "prefill_compute_s": now
-            - (now if first is None else first),  # layer-wise push: compute to hide under
-        }
+            "prefill_compute_s": compute_s,  # layer-wise push: the compute to hide under
+        }, holding
 
     def expire_held(self, now: float) -> int:
         """Release KV that no decode engine pulled within the hold timeout (its decode died); how many."""
@@ -134,26 +152,22 @@ class KVConnectorWorker:
         """A held request's prompt KV, for the decode engine pulling it."""
         return KVPayload(req.request_id, self.executor.read_kv(req.block_ids, req.num_prompt_tokens))
 
-    async def load(
-        self, req: Request, plan: TransferPlan, background: Callable[[Coroutine[Any, Any, None]], None]
-    ) -> bool:
+    async def load(self, req: Request, plan: TransferPlan) -> bool:
         """Fetch `req`'s KV from its prefill engine and write it into `req`'s blocks; False if `req` was
-        aborted meanwhile. The prefill side is told to free it in `background`: off the critical path."""
-        peer, payload = await self._fetch(req)
-        background(self._release_remote(peer, req))
+        aborted meanwhile (it notified its prefill engine when it ended)."""
+        payload = await self._fetch(req)
         if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return False
         self._write(req, payload, plan)
         return True
 
-    async def _fetch(self, req: Request) -> tuple[KVSource, KVPayload]:
+    async def _fetch(self, req: Request) -> KVPayload:
         """Read `req`'s KV from the prefill engine its kv_transfer_params name."""
         params = req.kv_transfer_params
         assert params is not None
         remote_id = str(params["remote_engine_id"])
         try:
-            peer = self.peers[remote_id]
-            return peer, await peer.get_kv(str(params["remote_request_id"]))
+            return await self.peers[remote_id].get_kv(str(params["remote_request_id"]))
         except Exception as e:
             self.stats.on_kv_transfer_failed()
             raise KVLoadError(f"KV pull from {remote_id} failed: {e!r}") from e
@@ -168,10 +182,12 @@ class KVConnectorWorker:
         overrun_s = self.clock.now() - plan.done_s
         self.stats.on_kv_transfer_done(xfer_s, plan.time.overhead_s, plan.kv_bytes, num_blocks, overrun_s)
 
-    async def _release_remote(self, peer: KVSource, req: Request) -> None:
-        """Tell the prefill side it may free the KV (NIXL's notification); a dead peer has nothing to free."""
-        assert req.kv_transfer_params is not None
+    async def notify_done(self, req: Request) -> None:
+        """Tell the prefill side it may free `req`'s KV (NIXL's completion notification); a dead peer has
+        nothing to free."""
+        params = req.kv_transfer_params
+        assert params is not None
         try:
-            await peer.free_kv(str(req.kv_transfer_params["remote_request_id"]))
+            await self.peers[str(params["remote_engine_id"])].free_kv(str(params["remote_request_id"]))
         except Exception:
             self.stats.on_kv_notification_failed()

@@ -29,8 +29,10 @@ class EngineRecorder(Protocol):
         num_prefix_queries: int,
         num_prefix_hits: int,
         num_preemptions: int,
+        num_kv_held_blocks: int,
     ) -> None:
-        """The engine's state (at steps and on arrivals); the counts are totals since its start."""
+        """The engine's state (at steps and on arrivals); the counts are totals since its start.
+        `num_kv_held_blocks`: prefill side, blocks of finished requests waiting for decode's notice."""
 
     def on_first_token(
         self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
@@ -114,6 +116,7 @@ class EngineStats:
             blocks.num_prefix_cache_queries,
             blocks.num_prefix_cache_hits,
             sched.num_preemptions,
+            sum(len(r.block_ids) for r in sched.held.values()) if sched.held else 0,
         )
 
     def on_token(self, req: Request, now_s: float) -> None:
