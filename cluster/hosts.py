@@ -54,8 +54,8 @@ class RemoteEngine:
         async for out in _remote_stream(self._handle.generate, request):
             yield out
 
-    async def get_kv(self, request_id: str) -> KVPayload:
-        payload: KVPayload = await self._handle.get_kv.remote(request_id)
+    async def get_kv(self, request_id: str, start_s: float, wire_s: float) -> KVPayload:
+        payload: KVPayload = await self._handle.get_kv.remote(request_id, start_s, wire_s)
         return payload
 
     async def free_kv(self, request_id: str) -> None:
@@ -105,9 +105,9 @@ class EngineHost:
             if out.finished_reason is None and self._flush_s:
                 await asyncio.sleep(self._flush_s)
 
-    async def get_kv(self, request_id: str) -> KVPayload:
+    async def get_kv(self, request_id: str, start_s: float, wire_s: float) -> KVPayload:
         assert self.engine is not None
-        return await self.engine.get_kv(request_id)
+        return await self.engine.get_kv(request_id, start_s, wire_s)
 
     async def free_kv(self, request_id: str) -> None:
         assert self.engine is not None

@@ -96,6 +96,8 @@ class KVPayload:
     request_id: str
     kv: np.ndarray | None = field(repr=False)
     """[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim] of the runner; None with compute skip."""
+    wire_start_s: float
+    """Emulated time the sender's link starts sending it: pulls from one prefill engine queue there."""
 
 
 @dataclass

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from actors.engine.clock import Clock
-from actors.engine.kv_transfer import KVReceiver
+from actors.engine.kv_transfer import KVReceiver, LinkQueue
 from cluster.virtual import build_deployment
 from target.profiles import LINKS, MODELS
 from target.transfer import handoff_time
@@ -128,9 +128,11 @@ def test_wire_is_shared_fixed_costs_overlap():
     cfg = make_config(PD, kv_transfer={"link": "guide-testbox"})
     rx = KVReceiver(cfg.kv_transfer, LINKS["guide-testbox"], MODELS["qwen2.5-7b"], 16)
     params = {"remote_block_ids": list(range(512)), "remote_engine_id": "prefill-0"}
-    a = rx.plan(params, 10.0)
-    b = rx.plan(params, 10.0)
-    c = rx.plan({**params, "remote_engine_id": "prefill-1"}, 10.0)
+    link, other = LinkQueue(), LinkQueue()
+    a, b, c = (rx.plan(params, 10.0) for _ in range(3))
+    a = a.queued(link.reserve(a.start_s, a.time.wire_s))
+    b = b.queued(link.reserve(b.start_s, b.time.wire_s))
+    c = c.queued(other.reserve(c.start_s, c.time.wire_s))
     assert a.done_s == pytest.approx(10.0 + 1.3, rel=1e-3)
     assert b.done_s - a.done_s == pytest.approx(a.time.wire_s)  # queued behind a's bytes only
     assert c.done_s == pytest.approx(a.done_s)  # another link: no queueing

@@ -101,11 +101,12 @@ class EngineCore:
 
     # ---- KV source side (prefill role) --------------------------------------------------------------
 
-    async def get_kv(self, request_id: str) -> KVPayload:
+    async def get_kv(self, request_id: str, start_s: float, wire_s: float) -> KVPayload:
+        """A held request's KV; its transfer queues on this engine's link (`KVSource`)."""
         req = self.scheduler.held.get(request_id)
         if req is None:
             raise KeyError(f"engine {self.engine_id} holds no KV for request {request_id!r}")
-        return self.kv_worker.read(req)
+        return self.kv_worker.read(req, start_s, wire_s)
 
     async def free_kv(self, request_id: str) -> None:
         self.scheduler.release_held(request_id)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
-from actors.engine.kv_transfer import KVReceiver, TransferPlan
+from actors.engine.kv_transfer import KVReceiver, LinkQueue, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
@@ -33,7 +33,9 @@ from messages import KVPayload
 class KVSource(Protocol):
     """What a decode engine needs of a prefill engine (the engine itself, or a handle to its actor)."""
 
-    async def get_kv(self, request_id: str) -> KVPayload: ...
+    async def get_kv(self, request_id: str, start_s: float, wire_s: float) -> KVPayload:
+        """`request_id`'s held KV; its link queues `wire_s` of sending from `start_s` (emulated)."""
+        ...
 
     async def free_kv(self, request_id: str) -> None: ...
 
@@ -64,7 +66,6 @@ class KVConnectorScheduler:
         assert req.kv_transfer_params is not None
         plan = self.receiver.plan(req.kv_transfer_params, now)
         req.times.kv_transfer_start_s = plan.start_s
-        req.times.kv_transfer_done_s = plan.done_s
         req.times.kv_bytes = plan.kv_bytes
         self._holding.add(req.request_id)
         return plan
@@ -143,31 +144,35 @@ class KVConnectorWorker:
         self, executor: Executor, peers: Mapping[str, KVSource], stats: EngineStats, clock: Clock
     ) -> None:
         """`peers`: the prefill engines by id (the engines, or clients of their actors)."""
+        self.link = LinkQueue()
+        """Prefill side: this engine's outgoing link, which every pull from it queues on."""
         self.executor = executor
         self.peers = peers
         self.stats = stats
         self.clock = clock
 
-    def read(self, req: Request) -> KVPayload:
-        """A held request's prompt KV, for the decode engine pulling it."""
-        return KVPayload(req.request_id, self.executor.read_kv(req.block_ids, req.num_prompt_tokens))
+    def read(self, req: Request, start_s: float, wire_s: float) -> KVPayload:
+        """A held request's prompt KV, for the decode engine pulling it, queued on this engine's link."""
+        kv = self.executor.read_kv(req.block_ids, req.num_prompt_tokens)
+        return KVPayload(req.request_id, kv, self.link.reserve(start_s, wire_s))
 
     async def load(self, req: Request, plan: TransferPlan) -> bool:
         """Fetch `req`'s KV from its prefill engine and write it into `req`'s blocks; False if `req` was
         aborted meanwhile (it notified its prefill engine when it ended)."""
-        payload = await self._fetch(req)
+        payload = await self._fetch(req, plan)
         if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return False
-        self._write(req, payload, plan)
+        self._write(req, payload, plan.queued(payload.wire_start_s))
         return True
 
-    async def _fetch(self, req: Request) -> KVPayload:
+    async def _fetch(self, req: Request, plan: TransferPlan) -> KVPayload:
         """Read `req`'s KV from the prefill engine its kv_transfer_params name."""
         params = req.kv_transfer_params
         assert params is not None
         remote_id = str(params["remote_engine_id"])
         try:
-            return await self.peers[remote_id].get_kv(str(params["remote_request_id"]))
+            peer = self.peers[remote_id]
+            return await peer.get_kv(str(params["remote_request_id"]), plan.start_s, plan.time.wire_s)
         except Exception as e:
             self.stats.on_kv_transfer_failed()
             raise KVLoadError(f"KV pull from {remote_id} failed: {e!r}") from e
@@ -176,6 +181,7 @@ class KVConnectorWorker:
         """Put fetched KV into `req`'s blocks; counts the transfer (late if the real move ended after
         the emulated one)."""
         assert req.kv_transfer_params is not None
+        req.times.kv_transfer_done_s = plan.done_s
         self.executor.write_kv(req.block_ids, payload.kv)
         num_blocks = len(req.kv_transfer_params["remote_block_ids"])
         xfer_s = plan.done_s - plan.start_s

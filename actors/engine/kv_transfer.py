@@ -1,4 +1,4 @@
-"""The receiving side of a KV handoff: when a transfer starts and ends in emulated time.
+"""A KV handoff's emulated timing, and the link it queues on.
 
 The wire part of a transfer serialises on its link (first come, first served); latency and fixed
 overheads overlap between transfers::
@@ -6,6 +6,11 @@ overheads overlap between transfers::
     link   |== wire A ==|== wire B ==|
     A      start ------------------------- overhead ----> done A
     B        start (queued)   ----------------- overhead ----> done B
+
+The link is the sending engine's: every pull from one prefill engine crosses it, whichever decode
+engine started it, so the sender keeps the queue (`LinkQueue`) and answers each pull with the time
+its wire starts. (One queue per prefill engine: its egress path; decode engines on other nodes share
+it as NIXL's reads from one GPU do.)
 
 pull: the decode engine starts reading at the step boundary that admits the request, and sees the
       completed transfer at its first step boundary at or after `done` (at `done` itself when it has
@@ -16,6 +21,7 @@ push: the prefill engine starts sending when it finishes the prompt (or, layer-w
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +33,24 @@ from target.transfer import HandoffTime, handoff_time, layerwise_handoff_time
 @dataclass(frozen=True)
 class TransferPlan:
     start_s: float
-    done_s: float
+    """When the transfer may start: decode's admission (pull) or prefill's send (push)."""
     kv_bytes: int
     time: HandoffTime
+    wire_start_s: float | None = None
+    """When the sender's link starts sending it (None: not queued on the link yet)."""
+
+    @property
+    def done_s(self) -> float:
+        assert self.wire_start_s is not None, "a transfer is done only once its link has queued it"
+        return self.wire_start_s + self.time.total_s
+
+    def queued(self, wire_start_s: float) -> TransferPlan:
+        return dataclasses.replace(self, wire_start_s=wire_start_s)
 
 
 class KVReceiver:
+    """The receiving side's view of a transfer: its size and its unqueued time over the link."""
+
     def __init__(
         self, cfg: KVTransferConfig, link: LinkProfile, target: ModelProfile, block_size: int
     ) -> None:
@@ -40,8 +58,6 @@ class KVReceiver:
         self.link = link
         self.target = target
         self.block_size = block_size
-        self._wire_free_s: dict[str, float] = {}
-        """Per remote engine: when its link's wire is next free."""
 
     def plan(self, params: dict[str, Any], admitted_s: float) -> TransferPlan:
         """Emulated timing of pulling (or receiving the push of) the KV that `params` describes."""
@@ -62,7 +78,18 @@ class KVReceiver:
         else:
             start = admitted_s
             t = handoff_time(kv_bytes, num_blocks, self.link)
-        remote = str(params["remote_engine_id"])
-        wire_start = max(start, self._wire_free_s.get(remote, 0.0))
-        self._wire_free_s[remote] = wire_start + t.wire_s
-        return TransferPlan(start_s=start, done_s=wire_start + t.total_s, kv_bytes=kv_bytes, time=t)
+        return TransferPlan(start_s=start, kv_bytes=kv_bytes, time=t)
+
+
+class LinkQueue:
+    """The sending side's link: wire time is granted first come, first served."""
+
+    def __init__(self) -> None:
+        self._free_s = 0.0
+        """When the wire is next free (emulated)."""
+
+    def reserve(self, start_s: float, wire_s: float) -> float:
+        """Queue `wire_s` of sending that may start at `start_s`; when its wire starts."""
+        wire_start = max(start_s, self._free_s)
+        self._free_s = wire_start + wire_s
+        return wire_start
