@@ -98,6 +98,7 @@ class Proxy:
             if out.token_times_s:
                 result.prefill_done_s = out.token_times_s[-1]
             final = out
+        result.prefill_times = final.times if final is not None else None
         if final is None or final.finished_reason != "length" or not final.kv_transfer_params:
             result.finished_reason = final.finished_reason if final else "error"
             result.error = (final.error if final else None) or "prefill ended without KV to hand off"

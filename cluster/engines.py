@@ -66,7 +66,7 @@ def build_engine(
     stats = EngineStats(metrics)
     receiver = KVReceiver(cfg.kv_transfer, LINKS[cfg.kv_transfer.link], roofline.model, s.block_size)
     kv_scheduler = KVConnectorScheduler(engine_id, receiver, scheduler, cfg.kv_transfer.hold_timeout_s)
-    kv_worker = KVConnectorWorker(executor, peers, stats, clock)
+    kv_worker = KVConnectorWorker(executor, peers, stats, clock, s.block_size)
     return EngineCore(
         engine_id, role, clock, roofline, scheduler, executor, kv_scheduler, kv_worker, stats, s.max_model_len
     )

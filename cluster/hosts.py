@@ -26,7 +26,7 @@ from actors.render.client import METHODS, RenderClient, render_again, render_for
 from cluster.engines import build_engine, runner_for
 from dashboards.exposition import serve_metrics
 from dashboards.recorders import EngineMetrics, ProxyMetrics, RenderMetrics
-from messages import ClientRequest, EngineOutput, EngineRequest, KVPayload, RequestResult
+from messages import ClientRequest, EngineOutput, EngineRequest, KVPayload, KVPull, RequestResult
 from target.config import PoolConfig, TestbedConfig
 
 
@@ -54,8 +54,8 @@ class RemoteEngine:
         async for out in _remote_stream(self._handle.generate, request):
             yield out
 
-    async def get_kv(self, request_id: str, start_s: float, wire_s: float) -> KVPayload:
-        payload: KVPayload = await self._handle.get_kv.remote(request_id, start_s, wire_s)
+    async def get_kv(self, pull: KVPull) -> KVPayload:
+        payload: KVPayload = await self._handle.get_kv.remote(pull)
         return payload
 
     async def free_kv(self, request_id: str) -> None:
@@ -105,9 +105,9 @@ class EngineHost:
             if out.finished_reason is None and self._flush_s:
                 await asyncio.sleep(self._flush_s)
 
-    async def get_kv(self, request_id: str, start_s: float, wire_s: float) -> KVPayload:
+    async def get_kv(self, pull: KVPull) -> KVPayload:
         assert self.engine is not None
-        return await self.engine.get_kv(request_id, start_s, wire_s)
+        return await self.engine.get_kv(pull)
 
     async def free_kv(self, request_id: str) -> None:
         assert self.engine is not None

@@ -90,12 +90,27 @@ class EngineOutput:
 
 
 @dataclass
+class KVPull:
+    """decode -> prefill: which held KV to send, and when its transfer may start (emulated)."""
+
+    request_id: str
+    """The held request (prefill's id for it)."""
+    first_block: int
+    """Blocks before it are in decode's own prefix cache: only the rest is sent."""
+    start_s: float
+    """When the transfer may start: decode's admission (pull) or prefill's send (push)."""
+    wire_s: float
+    """How long its bytes occupy the sender's link, where pulls from one prefill engine queue."""
+
+
+@dataclass
 class KVPayload:
     """prefill -> decode: the runner's real KV of a request's prompt (numpy moves zero-copy in Ray)."""
 
     request_id: str
     kv: np.ndarray | None = field(repr=False)
-    """[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim] of the runner; None with compute skip."""
+    """[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim] of the runner, from the pull's first
+    block on; None with compute skip."""
     wire_start_s: float
     """Emulated time the sender's link starts sending it: pulls from one prefill engine queue there."""
 
@@ -147,5 +162,7 @@ class RequestResult:
     prefill_engine: str | None = None
     prefill_done_s: float | None = None
     """P/D: the prefill engine emitted its token (its KV is ready to move)."""
+    prefill_times: RequestTimes | None = None
+    """P/D: the prefill engine's record of the request (its prefix-cache hits among them)."""
     times: RequestTimes | None = None
     """The producing engine's record of the request (None if it never finished there)."""

@@ -1,13 +1,17 @@
 """The KV handoff as NIXL does it (virtual time, compute skip): when prefill frees, what moves, and
 where the time goes."""
 
+import numpy as np
 import pytest
 
 from actors.engine.clock import Clock
 from cluster.virtual import build_deployment
+from messages import ClientRequest
+from target.kv_cache import cdiv
 from target.profiles import LINKS, MODELS
-from tests.factories import PD, make_config, make_requests, run_async
+from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async
 from workloads.replay import replay
+from workloads.results import results_frame
 
 SKIP = {"runner": {"compute": "skip"}}
 
@@ -61,3 +65,53 @@ def test_two_decodes_pulling_from_one_prefill_queue_on_its_link():
     wire_s = 1008 * MODELS["qwen2.5-7b"].kv_bytes_per_token / LINKS["pcie4-x16"].bytes_per_s
     first, second = sorted((ta.kv_transfer_done_s, tb.kv_transfer_done_s))
     assert second - first == pytest.approx(wire_s)
+
+
+def serve_two_turns(cfg, first_prompt, follow_up, max_tokens, forced=None):
+    """Turn 1, then turn 2 = turn 1's prompt + its answer + `follow_up` (a chat's next turn), on one
+    deployment; both results."""
+
+    async def main():
+        dep = build_deployment(cfg, Clock())
+        for e in dep.engines:
+            e.start()
+        one = await dep.proxy.submit(ClientRequest("t1", 0.0, first_prompt, max_tokens, forced))
+        prompt = first_prompt + one.output_token_ids + follow_up
+        two = ClientRequest("t2", dep.clock.now(), prompt, max_tokens, forced)
+        two = await dep.proxy.submit(two)
+        await dep.drain()
+        for e in dep.engines:
+            e.assert_empty()
+        return one, two
+
+    return run_async(main())
+
+
+def test_a_second_turn_pulls_only_what_decode_does_not_hold():
+    cfg = make_config(PD, SKIP, kv_transfer={"link": "pcie4-x16"})
+    rng = np.random.default_rng(0)
+    first, follow_up = rng.integers(0, 8192, 4000).tolist(), rng.integers(0, 8192, 400).tolist()
+    one, two = serve_two_turns(cfg, first, follow_up, 600, rng.integers(0, 8192, 600).tolist())
+    df = results_frame([one, two], "pd", 0.0, 0)
+    kv_per_block = 16 * MODELS["qwen2.5-7b"].kv_bytes_per_token
+    assert df.loc[0, "decode_cached_tokens"] == 0 and df.loc[0, "kv_bytes"] == cdiv(4000, 16) * kv_per_block
+    # decode computed turn 1's prompt (from its last token on) and answer: all but the answer's last token
+    held = (4000 + 600 - 1) // 16 * 16
+    num_prompt = 4000 + 600 + 400
+    assert df.loc[1, "decode_cached_tokens"] == held
+    assert df.loc[1, "kv_bytes"] == (cdiv(num_prompt, 16) - held // 16) * kv_per_block
+    assert df.loc[1, "prefill_cached_tokens"] == 4000 // 16 * 16  # prefill's own cache: turn 1's prompt
+    assert two.finished_reason == "length"
+
+
+def test_pd_reusing_decodes_own_cache_gives_collocated_greedy_tokens():
+    """Real compute: the KV decode kept from turn 1 plus the pulled suffix gives the same greedy tokens
+    as one collocated engine computing turn 2 with its own cache."""
+    real = {"runner": {"compute": "real", "device": "cpu"}, "workload": {"output_policy": "greedy"}}
+    rng = np.random.default_rng(3)
+    first, follow_up = rng.integers(0, 8192, 150).tolist(), rng.integers(0, 8192, 37).tolist()
+    pd_one, pd_two = serve_two_turns(make_config(PD, real), first, follow_up, 20)
+    co_one, co_two = serve_two_turns(make_config(COLLOCATED, real), first, follow_up, 20)
+    assert pd_one.output_token_ids == co_one.output_token_ids
+    assert pd_two.times.num_cached_tokens > 100  # decode reused turn 1's KV
+    assert pd_two.output_token_ids == co_two.output_token_ids

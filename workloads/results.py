@@ -10,13 +10,26 @@ from messages import RequestResult, RequestTimes
 from workloads.latency import request_latencies
 
 _TIMES_FIELDS = [f.name for f in dataclasses.fields(RequestTimes)]
+_PREFILL_COLUMNS = {
+    "queued_s": "prefill_queued_s",
+    "scheduled_s": "prefill_scheduled_s",
+    "first_token_s": "prefill_first_token_s",
+    "num_cached_tokens": "prefill_cached_tokens",
+    "num_preemptions": "prefill_num_preemptions",
+}
+"""P/D: the prefill engine's times kept beside the producing (decode) engine's."""
 
 
 def _row(r: RequestResult) -> dict:
-    """A result with the engine's times flattened into columns of their own."""
-    row = {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "times"}
+    """A result with the engines' times flattened into columns of their own."""
+    row = {
+        f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name not in ("times", "prefill_times")
+    }
     times = dataclasses.asdict(r.times) if r.times is not None else dict.fromkeys(_TIMES_FIELDS)
-    return {**row, **times}
+    prefill = r.prefill_times
+    row.update({col: getattr(prefill, f) if prefill else None for f, col in _PREFILL_COLUMNS.items()})
+    decode_cached = times["num_cached_tokens"] if r.prefill_engine is not None else None
+    return {**row, **times, "decode_cached_tokens": decode_cached}
 
 
 def results_frame(results: list[RequestResult], design: str, rate: float, seed: int) -> pd.DataFrame:

@@ -31,7 +31,7 @@ from actors.engine.scheduler import ScheduledBatch, Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
-from messages import EngineOutput, EngineRequest, FinishedReason, KVPayload
+from messages import EngineOutput, EngineRequest, FinishedReason, KVPayload, KVPull
 from target.roofline import Roofline
 
 Role = Literal["mixed", "prefill", "decode"]
@@ -101,12 +101,12 @@ class EngineCore:
 
     # ---- KV source side (prefill role) --------------------------------------------------------------
 
-    async def get_kv(self, request_id: str, start_s: float, wire_s: float) -> KVPayload:
-        """A held request's KV; its transfer queues on this engine's link (`KVSource`)."""
-        req = self.scheduler.held.get(request_id)
+    async def get_kv(self, pull: KVPull) -> KVPayload:
+        """The held KV `pull` asks for; its transfer queues on this engine's link (`KVSource`)."""
+        req = self.scheduler.held.get(pull.request_id)
         if req is None:
-            raise KeyError(f"engine {self.engine_id} holds no KV for request {request_id!r}")
-        return self.kv_worker.read(req, start_s, wire_s)
+            raise KeyError(f"engine {self.engine_id} holds no KV for request {pull.request_id!r}")
+        return self.kv_worker.read(req, pull)
 
     async def free_kv(self, request_id: str) -> None:
         self.scheduler.release_held(request_id)

@@ -27,14 +27,14 @@ from actors.engine.kv_transfer import KVReceiver, LinkQueue, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
-from messages import KVPayload
+from messages import KVPayload, KVPull
 
 
 class KVSource(Protocol):
     """What a decode engine needs of a prefill engine (the engine itself, or a handle to its actor)."""
 
-    async def get_kv(self, request_id: str, start_s: float, wire_s: float) -> KVPayload:
-        """`request_id`'s held KV; its link queues `wire_s` of sending from `start_s` (emulated)."""
+    async def get_kv(self, pull: KVPull) -> KVPayload:
+        """The held KV `pull` asks for, queued on this engine's link."""
         ...
 
     async def free_kv(self, request_id: str) -> None: ...
@@ -64,7 +64,8 @@ class KVConnectorScheduler:
     def start_load(self, req: Request, now: float) -> TransferPlan:
         """`req` got its blocks at `now`: when its KV moves, in emulated time (stamped on its times)."""
         assert req.kv_transfer_params is not None
-        plan = self.receiver.plan(req.kv_transfer_params, now)
+        first_block = req.times.num_cached_tokens // self.scheduler.blocks.block_size
+        plan = self.receiver.plan(req.kv_transfer_params, now, first_block)
         req.times.kv_transfer_start_s = plan.start_s
         req.times.kv_bytes = plan.kv_bytes
         self._holding.add(req.request_id)
@@ -141,7 +142,12 @@ class KVConnectorScheduler:
 
 class KVConnectorWorker:
     def __init__(
-        self, executor: Executor, peers: Mapping[str, KVSource], stats: EngineStats, clock: Clock
+        self,
+        executor: Executor,
+        peers: Mapping[str, KVSource],
+        stats: EngineStats,
+        clock: Clock,
+        block_size: int,
     ) -> None:
         """`peers`: the prefill engines by id (the engines, or clients of their actors)."""
         self.link = LinkQueue()
@@ -150,11 +156,14 @@ class KVConnectorWorker:
         self.peers = peers
         self.stats = stats
         self.clock = clock
+        self.block_size = block_size
 
-    def read(self, req: Request, start_s: float, wire_s: float) -> KVPayload:
-        """A held request's prompt KV, for the decode engine pulling it, queued on this engine's link."""
-        kv = self.executor.read_kv(req.block_ids, req.num_prompt_tokens)
-        return KVPayload(req.request_id, kv, self.link.reserve(start_s, wire_s))
+    def read(self, req: Request, pull: KVPull) -> KVPayload:
+        """A held request's prompt KV from the pull's first block, queued on this engine's link."""
+        first = pull.first_block
+        num_tokens = req.num_prompt_tokens - first * self.block_size
+        kv = self.executor.read_kv(req.block_ids[first:], num_tokens)
+        return KVPayload(req.request_id, kv, self.link.reserve(pull.start_s, pull.wire_s))
 
     async def load(self, req: Request, plan: TransferPlan) -> bool:
         """Fetch `req`'s KV from its prefill engine and write it into `req`'s blocks; False if `req` was
@@ -171,8 +180,8 @@ class KVConnectorWorker:
         assert params is not None
         remote_id = str(params["remote_engine_id"])
         try:
-            peer = self.peers[remote_id]
-            return await peer.get_kv(str(params["remote_request_id"]), plan.start_s, plan.time.wire_s)
+            pull = KVPull(str(params["remote_request_id"]), plan.first_block, plan.start_s, plan.time.wire_s)
+            return await self.peers[remote_id].get_kv(pull)
         except Exception as e:
             self.stats.on_kv_transfer_failed()
             raise KVLoadError(f"KV pull from {remote_id} failed: {e!r}") from e
@@ -182,11 +191,12 @@ class KVConnectorWorker:
         the emulated one)."""
         assert req.kv_transfer_params is not None
         req.times.kv_transfer_done_s = plan.done_s
-        self.executor.write_kv(req.block_ids, payload.kv)
-        num_blocks = len(req.kv_transfer_params["remote_block_ids"])
+        self.executor.write_kv(req.block_ids[plan.first_block :], payload.kv)
         xfer_s = plan.done_s - plan.start_s
         overrun_s = self.clock.now() - plan.done_s
-        self.stats.on_kv_transfer_done(xfer_s, plan.time.overhead_s, plan.kv_bytes, num_blocks, overrun_s)
+        self.stats.on_kv_transfer_done(
+            xfer_s, plan.time.overhead_s, plan.kv_bytes, plan.num_blocks, overrun_s
+        )
 
     async def notify_done(self, req: Request) -> None:
         """Tell the prefill side it may free `req`'s KV (NIXL's completion notification); a dead peer has

@@ -32,6 +32,9 @@ from target.transfer import HandoffTime, handoff_time, layerwise_handoff_time
 
 @dataclass(frozen=True)
 class TransferPlan:
+    first_block: int
+    """The first of the request's blocks that moves (decode's prefix cache holds those before)."""
+    num_blocks: int
     start_s: float
     """When the transfer may start: decode's admission (pull) or prefill's send (push)."""
     kv_bytes: int
@@ -59,9 +62,10 @@ class KVReceiver:
         self.target = target
         self.block_size = block_size
 
-    def plan(self, params: dict[str, Any], admitted_s: float) -> TransferPlan:
-        """Emulated timing of pulling (or receiving the push of) the KV that `params` describes."""
-        num_blocks = len(params["remote_block_ids"])
+    def plan(self, params: dict[str, Any], admitted_s: float, first_block: int = 0) -> TransferPlan:
+        """Emulated timing of pulling (or receiving the push of) the KV that `params` describes, from
+        its `first_block` on (decode's prefix cache holds those before)."""
+        num_blocks = len(params["remote_block_ids"]) - first_block
         kv_bytes = num_blocks * self.block_size * self.target.kv_bytes_per_token
         if self.cfg.mode == "push":
             start = float(params["kv_sent_s"])
@@ -78,7 +82,7 @@ class KVReceiver:
         else:
             start = admitted_s
             t = handoff_time(kv_bytes, num_blocks, self.link)
-        return TransferPlan(start_s=start, kv_bytes=kv_bytes, time=t)
+        return TransferPlan(first_block, num_blocks, start, kv_bytes, t)
 
 
 class LinkQueue:

@@ -108,6 +108,8 @@ class Request:
 
     @property
     def num_external_computed_tokens(self) -> int:
-        """Prompt tokens whose KV a prefill engine computed: all but the last, which decode recomputes
-        for the logits of the first output token."""
-        return self.num_prompt_tokens - 1 if self.is_remote_prefill else 0
+        """Prompt tokens whose KV comes from a prefill engine: all but those decode's own prefix cache
+        held and the last, which decode recomputes for the logits of the first output token."""
+        if not self.is_remote_prefill:
+            return 0
+        return self.num_prompt_tokens - 1 - self.times.num_cached_tokens

@@ -107,7 +107,7 @@ class Scheduler:
             if req.times.queued_s > now:
                 break
             if req.is_remote_prefill and not req.remote_kv_loaded and req.status is RequestStatus.WAITING:
-                if not self.blocks.allocate_slots(req, req.num_prompt_tokens):
+                if not self._allocate_for_remote_kv(req):
                     break
                 self.waiting.popleft()
                 req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -134,6 +134,17 @@ class Scheduler:
             batch.add(req, n)
             budget -= n
         return budget
+
+    def _allocate_for_remote_kv(self, req: Request) -> bool:
+        """Decode side: blocks for the whole prompt, the leading ones from this engine's own prefix
+        cache (they need not move); False (nothing held) if they do not fit."""
+        req.num_computed_tokens = self.blocks.get_computed_blocks(req)
+        if not self.blocks.allocate_slots(req, req.num_prompt_tokens - req.num_computed_tokens):
+            self.blocks.free(req)
+            req.num_computed_tokens = 0
+            return False
+        req.times.num_cached_tokens = req.num_computed_tokens
+        return True
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -183,7 +194,7 @@ class Scheduler:
         """
         del self.recving[req.request_id]
         req.remote_kv_loaded = True
-        req.num_computed_tokens = req.num_external_computed_tokens
+        req.num_computed_tokens = req.times.num_cached_tokens + req.num_external_computed_tokens
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
 
