@@ -238,6 +238,13 @@ def _handoff_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
             (rate(m.NIXL_KV_EXPIRED) + PER_SIM_S, "expired KV"),
         ),
         panel(
+            "Handoff, itemised (median)",
+            "s",
+            "From prefill's token to decode's first, part by part (they add up): proxy hop, admission wait, "
+            "link queue, wire, fixed costs, notice wait, first decode step.",
+            (quantile(0.5, m.KV_HANDOFF_PARTS, "part"), "{{part}}"),
+        ),
+        panel(
             "KV held on prefill",
             "short",
             "Blocks of finished prefill requests held until decode's completion notice, per replica.",

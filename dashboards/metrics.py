@@ -133,6 +133,7 @@ BUSY = _c("testbed:busy_seconds", "Emulated seconds the engine spent in steps (u
 KV_HELD_BLOCKS = _g("testbed:kv_held_blocks", "Prefill side: KV blocks of finished requests held until decode's completion notice.")  # fmt: skip
 KV_HANDOFF = _h("testbed:kv_handoff_seconds", "KV handoff time per request (transfer start to done) by link.", HANDOFF_BUCKETS, ("link",))  # fmt: skip
 # Client-side (proxy): what the user sees, end to end through every role.
+KV_HANDOFF_PARTS = _h("testbed:kv_handoff_part_seconds", "A P/D request's path from prefill's token to decode's first, by part (they add up).", HANDOFF_BUCKETS, ("part",))  # fmt: skip
 CLIENT_TTFT = _h("testbed:time_to_first_token_seconds", "Client-visible time to first token (proxy).", TTFT_BUCKETS)  # fmt: skip
 CLIENT_E2E = _h("testbed:e2e_request_latency_seconds", "Client-visible end-to-end latency (proxy).", REQ_BUCKETS)  # fmt: skip
 MAX_GAP = _h("testbed:max_inter_token_gap_seconds", "Each request's worst gap between two tokens (proxy).", ITL_BUCKETS)  # fmt: skip
@@ -155,6 +156,15 @@ RENDER_CPU = _c("testbed:render_cpu_seconds", "CPU seconds spent rendering (temp
 RENDER_TOKENS = _c("testbed:render_tokens", "Tokens rendered (prompt) or derendered (output).", ("op",))
 RENDER_CALLS = _c("testbed:render_calls", "Render calls (one per request) and derender calls (one per chunk).", ("op",))  # fmt: skip
 
-PROXY_SERIES = (TIME_SCALE, CLIENT_TTFT, CLIENT_E2E, MAX_GAP, WORST_GAP, REQUESTS_FINISHED, SLO_MET)
+PROXY_SERIES = (
+    TIME_SCALE,
+    CLIENT_TTFT,
+    CLIENT_E2E,
+    MAX_GAP,
+    WORST_GAP,
+    REQUESTS_FINISHED,
+    SLO_MET,
+    KV_HANDOFF_PARTS,
+)
 RENDER_SERIES = (RENDER_CPU, RENDER_TOKENS, RENDER_CALLS)
 ALL_SERIES = tuple(dict.fromkeys(ENGINE_SERIES + PROXY_SERIES + RENDER_SERIES))

@@ -34,6 +34,7 @@ from dashboards.metrics import (
     ITL,
     KV_CACHE_USAGE,
     KV_HANDOFF,
+    KV_HANDOFF_PARTS,
     KV_HELD_BLOCKS,
     LAGGED_KV_TRANSFERS,
     LAGGED_STEPS,
@@ -78,7 +79,7 @@ from dashboards.metrics import (
     buckets_125,
 )  # fmt: skip
 from target.profiles import MODELS
-from workloads.latency import request_latencies
+from workloads.latency import HANDOFF_PARTS, handoff_parts, request_latencies
 
 if TYPE_CHECKING:
     from messages import RequestResult, RequestTimes
@@ -264,6 +265,8 @@ class ProxyMetrics(_Registry):
             self.child(REQUESTS_FINISHED, finished_reason=reason)
         for slo in self._slos:
             self.child(SLO_MET, slo=slo.name)
+        for part in HANDOFF_PARTS:
+            self.child(KV_HANDOFF_PARTS, part=part)
         self._worst_gap_s = 0.0
 
     def on_request_done(self, result: RequestResult) -> None:
@@ -281,6 +284,9 @@ class ProxyMetrics(_Registry):
         for slo in self._slos:
             if slo.met(ok, lat):
                 self.child(SLO_MET, slo=slo.name).inc()
+        parts = handoff_parts(result.prefill_done_s, result.times)
+        for part, seconds in (parts or {}).items():
+            self.child(KV_HANDOFF_PARTS, part=part).observe(seconds)
 
 
 class RenderMetrics(_Registry):

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 from target.kv_cache import cdiv
+from workloads.latency import HANDOFF_PARTS
 
 _SUMMARY_COLUMNS = [
     "design", "rate", "completed", "failed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms",
@@ -136,6 +137,25 @@ def handoff_histogram(df: pd.DataFrame) -> Figure | None:
     return fig
 
 
+def handoff_stack(df: pd.DataFrame) -> Figure | None:
+    """P/D designs: the handoff from prefill's token to decode's first, median of each part, stacked."""
+    cols = [f"handoff_{p}_s" for p in HANDOFF_PARTS]
+    pd_rows = df.dropna(subset=cols)
+    if pd_rows.empty:
+        return None
+    medians = pd_rows.groupby("design", sort=False)[cols].median() * 1000.0
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.5 * len(medians)))
+    left = np.zeros(len(medians))
+    for part, col in zip(HANDOFF_PARTS, cols, strict=True):
+        ax.barh(medians.index.astype(str), medians[col], left=left, label=part.replace("_", " "))
+        left += medians[col].to_numpy()
+    ax.set(xlabel="ms (median of each part)", title="Handoff, prefill's token to decode's first")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
 def goodput_curves(records: list[dict[str, Any]]) -> Figure | None:
     """Sweeps: SLO attainment and goodput against offered rate, one column per SLO set."""
     rates = {r["rate"] for r in records}
@@ -172,6 +192,7 @@ def write_report(
         ),
         ("stalls", "Token timelines around each design's worst stall", stall_timelines(results)),
         ("handoff", "KV handoff time (P/D designs)", handoff_histogram(results)),
+        ("handoff_parts", "Where the handoff's time goes (P/D designs)", handoff_stack(results)),
         ("goodput", "SLO attainment and goodput against offered rate", goodput_curves(records)),
     ]
     (out / "plots").mkdir(exist_ok=True)

@@ -63,6 +63,10 @@ class RequestTimes:
     """Decode side: the handoff began (pull) or was pushed."""
     kv_transfer_done_s: float | None = None
     """Decode side: the emulated transfer completed."""
+    kv_wire_start_s: float | None = None
+    """Decode side: the sender's link began sending it (after the transfers queued before it)."""
+    kv_wire_s: float = 0.0
+    """Decode side: emulated seconds its bytes occupied the link."""
     kv_noticed_s: float | None = None
     """Decode side: the engine noticed the completed transfer (a step boundary or push notification)."""
     kv_bytes: int = 0

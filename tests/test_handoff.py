@@ -10,8 +10,10 @@ from messages import ClientRequest
 from target.kv_cache import cdiv
 from target.profiles import LINKS, MODELS
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async
+from workloads.latency import HANDOFF_PARTS
 from workloads.replay import replay
 from workloads.results import results_frame
+from workloads.summary import summarize
 
 SKIP = {"runner": {"compute": "skip"}}
 
@@ -115,3 +117,25 @@ def test_pd_reusing_decodes_own_cache_gives_collocated_greedy_tokens():
     assert pd_one.output_token_ids == co_one.output_token_ids
     assert pd_two.times.num_cached_tokens > 100  # decode reused turn 1's KV
     assert pd_two.output_token_ids == co_two.output_token_ids
+
+
+def test_the_handoff_parts_add_up_to_ttft_minus_prefill():
+    """Under load (a busy decode, transfers queued on one link), every part shows and they add up."""
+    cfg = make_config(
+        {"pools": {"mixed": {"replicas": 0}, "prefill": {"replicas": 2}, "decode": {"replicas": 1}}},
+        SKIP,
+        kv_transfer={"link": "pcie4-x16"},
+        scheduler={"num_gpu_blocks_override": 200},
+        workload={"prompt_len": 600, "output_len": 120},
+    )
+    requests = make_requests(24, [300 + 13 * i for i in range(24)], 120, forced=True, gap_s=0.01)
+    results, _ = serve_recording_frees(cfg, requests)
+    df = results_frame(results, "pd", 0.0, 0)
+    parts = df[[f"handoff_{p}_s" for p in HANDOFF_PARTS]]
+    prefill_part = df["prefill_done_s"] - df["arrival_s"]
+    assert np.allclose(parts.sum(axis=1), df["ttft_s"] - prefill_part, rtol=0, atol=1e-9)
+    assert (parts >= -1e-12).all().all()
+    for busy in ("admission_wait", "link_queue", "notice_wait"):  # load shows in each waiting part
+        assert (df[f"handoff_{busy}_s"] > 1e-6).any(), busy
+    summary = summarize(df, cfg.slos)
+    assert summary["median_handoff_wire_ms"] > 0 and summary["p99_handoff_admission_wait_ms"] > 0

@@ -1,9 +1,12 @@
-"""One request's client-side latencies, shared by the results table and the proxy's metrics (numpy only:
-the proxy actor records them on a hot path and must not import pandas midway through a run)."""
+"""One request's latencies (client side, and its KV handoff itemised), shared by the results table and
+the proxy's metrics (numpy only: the proxy actor records them on a hot path and must not import pandas
+midway through a run)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from messages import RequestTimes
 
 
 def request_latencies(arrival_s: float, token_times_s: list[float]) -> dict[str, float]:
@@ -21,4 +24,35 @@ def request_latencies(arrival_s: float, token_times_s: list[float]) -> dict[str,
         "tpot_s": (last - first) / (n - 1) if n > 1 else nan,
         "max_gap_s": float(gaps.max()) if n > 1 else nan,
         "p99_itl_s": float(np.percentile(gaps, 99)) if n > 1 else nan,
+    }
+
+
+HANDOFF_PARTS = ("proxy_hop", "admission_wait", "link_queue", "wire", "fixed", "notice_wait", "first_step")
+"""A P/D request's path from prefill's token to decode's first one, in order::
+
+    prefill done ─ proxy hop ─ decode queued ─ admission wait ─ blocks, start ─ link queue ─ wire start
+      ─ wire ─ (bytes sent) ─ fixed (latency + per-transfer/per-block costs, net of layer-wise overlap)
+      ─ done ─ notice wait (next step boundary) ─ noticed ─ first step ─ first token
+
+The parts add up to decode's first token minus prefill's: TTFT minus the prefill part."""
+
+
+def handoff_parts(prefill_done_s: float | None, times: RequestTimes | None) -> dict[str, float] | None:
+    """The handoff of a P/D request in parts (emulated seconds), None unless it reached decode's first
+    token after a transfer."""
+    if prefill_done_s is None or times is None:
+        return None
+    t = times
+    marks = (t.kv_transfer_start_s, t.kv_wire_start_s, t.kv_transfer_done_s, t.kv_noticed_s, t.first_token_s)
+    start, wire_start, done, noticed, first_token = marks
+    if start is None or wire_start is None or done is None or noticed is None or first_token is None:
+        return None
+    return {
+        "proxy_hop": t.queued_s - prefill_done_s,
+        "admission_wait": start - t.queued_s,
+        "link_queue": wire_start - start,
+        "wire": t.kv_wire_s,
+        "fixed": done - (wire_start + t.kv_wire_s),
+        "notice_wait": noticed - done,
+        "first_step": first_token - noticed,
     }

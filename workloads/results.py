@@ -7,7 +7,7 @@ import dataclasses
 import pandas as pd
 
 from messages import RequestResult, RequestTimes
-from workloads.latency import request_latencies
+from workloads.latency import HANDOFF_PARTS, handoff_parts, request_latencies
 
 _TIMES_FIELDS = [f.name for f in dataclasses.fields(RequestTimes)]
 _PREFILL_COLUMNS = {
@@ -42,5 +42,8 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     for col in ("ttft_s", "e2el_s", "tpot_s", "max_gap_s", "p99_itl_s"):
         df[col] = [x[col] for x in lat] if lat else pd.Series(dtype=float)
     df["handoff_s"] = df["kv_transfer_done_s"] - df["kv_transfer_start_s"]
+    parts = [handoff_parts(r.prefill_done_s, r.times) for r in results]
+    for part in HANDOFF_PARTS:
+        df[f"handoff_{part}_s"] = [p[part] if p else float("nan") for p in parts]
     df["ok"] = df["finished_reason"].isin(["length", "stop"])
     return df

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from workloads.latency import HANDOFF_PARTS
 from workloads.slo import COLUMNS, Slo, parse_slo
 
 
@@ -58,6 +59,11 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
         "max_gap_ms": _ms(itls, 100),
         "median_handoff_ms": _ms(ok["handoff_s"], 50),
         "p99_handoff_ms": _ms(ok["handoff_s"], 99),
+        **{
+            f"{q}_handoff_{part}_ms": _ms(ok[f"handoff_{part}_s"], pct)
+            for part in HANDOFF_PARTS
+            for q, pct in (("median", 50), ("p99", 99))
+        },
         "num_preemptions": int(df["num_preemptions"].sum()),
         "slo_attainment": {},
         "goodput": {},
