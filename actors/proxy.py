@@ -1,17 +1,21 @@
 """The proxy: routes each client request through the engines and tells its story.
 
 collocated:  client -> mixed engine i (round robin over the data-parallel replicas)
-P/D:         client -> prefill engine (max_tokens=1, do_remote_decode) -> first token + KV descriptor
+P/D, pull:   client -> prefill engine (max_tokens=1, do_remote_decode) -> first token + KV descriptor
                     -> decode engine (kv_transfer_params from prefill) -> pulls the KV -> stream
+P/D, push:   client -> decode engine (reserves blocks) and prefill engine at once; prefill's descriptor
+                    -> decode (`kv_ready`) -> the KV is pushed into the reserved blocks -> stream
 The client's first token in P/D is decode's, as with vLLM's P/D proxies.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import Protocol
+from typing import Any, Protocol
 
 from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
 
@@ -29,6 +33,9 @@ class EngineClient(Protocol):
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]: ...
 
+    async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+        """Push: prefill finished `request_id`; its KV may now be pushed into this decode engine."""
+
 
 class Proxy:
     def __init__(
@@ -38,11 +45,14 @@ class Proxy:
         decode: Sequence[EngineClient] = (),
         recorder: ProxyRecorder | None = None,
         render: Callable[[RenderSpec], Awaitable[list[int]]] | None = None,
+        push: bool = False,
     ) -> None:
         """`recorder`: where finished requests are recorded (the client's view); None records nothing.
-        `render`: renders a request again for decode when prefill's token IDs cannot be reused."""
+        `render`: renders a request again for decode when prefill's token IDs cannot be reused.
+        `push` (kv_transfer.mode=push): decode gets each request first and prefill pushes into it."""
         self.recorder = recorder
         self._render = render
+        self._push = push
         if bool(mixed) == bool(prefill and decode):
             raise ValueError("a proxy needs mixed engines, or prefill and decode engines")
         self._mixed = itertools.cycle(mixed) if mixed else None
@@ -71,7 +81,7 @@ class Proxy:
                 )
                 inner = self._stream(next(self._mixed), ereq, result)
             else:
-                inner = self._disaggregated(creq, result)
+                inner = (self._decode_first if self._push else self._disaggregated)(creq, result)
             async with aclosing(inner):  # closing this stream closes the engine's: it aborts there
                 async for out in inner:
                     yield out
@@ -86,8 +96,61 @@ class Proxy:
     async def _disaggregated(
         self, creq: ClientRequest, result: RequestResult
     ) -> AsyncGenerator[EngineOutput, None]:
+        """Pull (vLLM's default): prefill first; decode gets prefill's kv_transfer_params and pulls."""
         assert self._prefill is not None and self._decode is not None
-        prefill = next(self._prefill)
+        final = await self._prefill_step(next(self._prefill), creq, result)
+        if final is None:
+            return
+        # The prompt travels once, as the decode request's own token IDs; the params keep the descriptor.
+        params = dict(final.kv_transfer_params or {})
+        prompt = await self._decode_prompt(creq, params.pop("prompt_token_ids", None))
+        decode_req = self._engine_request(creq, prompt, creq.max_tokens, result.prefill_done_s, params)
+        async with aclosing(self._stream(next(self._decode), decode_req, result)) as outs:
+            async for out in outs:
+                yield out
+
+    async def _decode_first(
+        self, creq: ClientRequest, result: RequestResult
+    ) -> AsyncGenerator[EngineOutput, None]:
+        """Push: decode gets the request first and reserves blocks for it while prefill computes; then
+        prefill's KV is pushed into those blocks (`kv_ready`), never before they exist."""
+        assert self._prefill is not None and self._decode is not None
+        prefill, decode = next(self._prefill), next(self._decode)
+        params = {"do_remote_prefill": True, "kv_push": True, "remote_engine_id": prefill.engine_id}
+        params["remote_request_id"] = creq.request_id
+        decode_req = self._engine_request(
+            creq, creq.prompt_token_ids, creq.max_tokens, creq.arrival_s, params
+        )
+        outs: asyncio.Queue[EngineOutput | None] = asyncio.Queue()
+
+        async def pump() -> None:  # decode's stream, opened now so that it reserves blocks
+            try:
+                async with aclosing(self._stream(decode, decode_req, result)) as stream:
+                    async for out in stream:
+                        outs.put_nowait(out)
+            finally:
+                outs.put_nowait(None)
+
+        task = asyncio.ensure_future(pump())
+        try:
+            final = await self._prefill_step(prefill, creq, result)
+            if final is None:
+                return
+            await decode.kv_ready(creq.request_id, dict(final.kv_transfer_params or {}))
+            while (out := await outs.get()) is not None:
+                yield out
+            await task  # a failed decode stream raises here
+        finally:
+            if not task.done():  # prefill failed, or the client left: decode aborts
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _prefill_step(
+        self, prefill: EngineClient, creq: ClientRequest, result: RequestResult
+    ) -> EngineOutput | None:
+        """Run the prompt on `prefill` (max_tokens=1, do_remote_decode); its final output, or None with
+        the failure recorded in `result`."""
         result.prefill_engine = prefill.engine_id
         final = None
         ereq = self._engine_request(
@@ -102,14 +165,8 @@ class Proxy:
         if final is None or final.finished_reason != "length" or not final.kv_transfer_params:
             result.finished_reason = final.finished_reason if final else "error"
             result.error = (final.error if final else None) or "prefill ended without KV to hand off"
-            return
-        # The prompt travels once, as the decode request's own token IDs; the params keep the descriptor.
-        params = dict(final.kv_transfer_params)
-        prompt = await self._decode_prompt(creq, params.pop("prompt_token_ids", None))
-        decode_req = self._engine_request(creq, prompt, creq.max_tokens, result.prefill_done_s, params)
-        async with aclosing(self._stream(next(self._decode), decode_req, result)) as outs:
-            async for out in outs:
-                yield out
+            return None
+        return final
 
     async def _decode_prompt(self, creq: ClientRequest, ids: object) -> list[int]:
         """The prompt decode computes: prefill's own token IDs (`ids`) when they can be reused, else

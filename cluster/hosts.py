@@ -61,6 +61,9 @@ class RemoteEngine:
     async def free_kv(self, request_id: str) -> None:
         await self._handle.free_kv.remote(request_id)
 
+    async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+        await self._handle.kv_ready.remote(request_id, kv_transfer_params)
+
 
 class EngineHost:
     """The body of an engine actor: builds the runner at construction, the engine on the actor's loop."""
@@ -113,6 +116,10 @@ class EngineHost:
         assert self.engine is not None
         await self.engine.free_kv(request_id)
 
+    async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+        assert self.engine is not None
+        await self.engine.kv_ready(request_id, kv_transfer_params)
+
     async def report(self) -> dict[str, Any]:
         assert self.engine is not None
         return self.engine.report()
@@ -137,7 +144,8 @@ class ProxyHost:
         }
         self._metrics = ProxyMetrics(cfg)
         render = render_again([actor_render(h) for h in renders]) if renders else None
-        self._proxy = Proxy(remote["mixed"], remote["prefill"], remote["decode"], self._metrics, render)
+        push = cfg.kv_transfer.mode == "push"
+        self._proxy = Proxy(remote["mixed"], remote["prefill"], remote["decode"], self._metrics, render, push)
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         return await self._proxy.submit(creq)

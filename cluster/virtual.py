@@ -74,7 +74,8 @@ def build_deployment(
             pools[role].append(engine)
     peers.update({e.engine_id: e for e in pools["prefill"]})
     proxy_metrics = ProxyMetrics(cfg)
-    proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], proxy_metrics, render)
+    push = cfg.kv_transfer.mode == "push"
+    proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], proxy_metrics, render, push)
     engines = [e for engines in pools.values() for e in engines]
     return Deployment(proxy, engines, clock, metrics, proxy_metrics)
 

@@ -59,8 +59,10 @@ class RequestTimes:
     num_cached_tokens: int = 0
     """Prompt tokens served from the local prefix cache."""
     num_preemptions: int = 0
+    kv_blocks_ready_s: float | None = None
+    """Decode side: blocks were allocated for the remote KV (no transfer starts before)."""
     kv_transfer_start_s: float | None = None
-    """Decode side: the handoff began (pull) or was pushed."""
+    """Decode side: the handoff began: at blocks_ready (pull), or once prefill finished too (push)."""
     kv_transfer_done_s: float | None = None
     """Decode side: the emulated transfer completed."""
     kv_wire_start_s: float | None = None

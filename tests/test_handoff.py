@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from actors.engine.clock import Clock
-from cluster.virtual import build_deployment
+from cluster.virtual import build_deployment, run_virtual
 from messages import ClientRequest
 from target.kv_cache import cdiv
 from target.profiles import LINKS, MODELS
@@ -139,3 +139,41 @@ def test_the_handoff_parts_add_up_to_ttft_minus_prefill():
         assert (df[f"handoff_{busy}_s"] > 1e-6).any(), busy
     summary = summarize(df, cfg.slos)
     assert summary["median_handoff_wire_ms"] > 0 and summary["p99_handoff_admission_wait_ms"] > 0
+
+
+def test_a_push_waits_for_decode_blocks_and_never_finishes_before_them():
+    """Decode-first push: a decode engine with no room for the second request reserves its blocks only
+    when the first one ends; the push starts then (visibly waiting), never earlier, so no lag."""
+    cfg = make_config(
+        PD,
+        SKIP,
+        kv_transfer={"link": "pcie4-x16", "mode": "push"},
+        scheduler={"num_gpu_blocks_override": 100},
+        workload={"prompt_len": 1000, "output_len": 200},
+    )
+    first, second = make_requests(2, 1000, 200, forced=True, gap_s=0.2)
+    run = run_virtual(cfg, [first, second])
+    a, b = run.results.iloc[0], run.results.iloc[1]
+    assert a["kv_transfer_start_s"] == pytest.approx(a["prefill_done_s"])  # blocks were ready before
+    assert b["kv_blocks_ready_s"] >= a["finished_s"] > b["prefill_done_s"]  # no room until a ended
+    assert b["kv_transfer_start_s"] == pytest.approx(b["kv_blocks_ready_s"])
+    assert b["handoff_admission_wait_s"] > 1.0
+    assert run.summary["lag_fraction"] == 0
+
+
+def test_layerwise_push_hides_only_prefill_compute_after_decode_blocks_exist():
+    """Layer-wise exposure never exceeds the full transfer and never credits compute that ran before
+    decode had blocks: the request decode had no room for hides nothing."""
+    base = {
+        "kv_transfer": {"link": "pcie4-x16", "mode": "push"},
+        "scheduler": {"num_gpu_blocks_override": 100},
+    }
+    small = {"workload": {"prompt_len": 1000, "output_len": 200}}
+    reqs = make_requests(2, 1000, 200, forced=True, gap_s=0.2)
+    push = run_virtual(make_config(PD, SKIP, base, small), reqs).results
+    layer = run_virtual(make_config(PD, SKIP, base, small, kv_transfer={"layerwise": True}), reqs).results
+    full = push["kv_transfer_done_s"] - push["kv_transfer_start_s"]
+    exposed = layer["kv_transfer_done_s"] - layer["kv_transfer_start_s"]
+    assert (exposed <= full + 1e-12).all()
+    assert exposed.iloc[0] == pytest.approx(full.iloc[0] / 28)  # blocks ready all along: hidden but a layer
+    assert exposed.iloc[1] == pytest.approx(full.iloc[1])  # blocks only after prefill ended: nothing hidden

@@ -54,6 +54,18 @@ def test_pd_across_nodes_emits_the_collocated_greedy_tokens(cluster):
     assert (pd.results["kv_bytes"] > 0).all()
 
 
+def test_push_across_nodes_reserves_decode_blocks_first_and_emits_the_pull_tokens(cluster):
+    """Decode-first push through the actors (`kv_ready` crosses them): the same greedy tokens as pull."""
+    push = run_live(design("pd-fast", *GREEDY, "kv_transfer.mode=push"))
+    pull = run_live(design("pd-fast", *GREEDY))
+    assert push.summary["completed"] == 6
+    assert (push.results["kv_blocks_ready_s"] <= push.results["kv_transfer_start_s"]).all()
+    assert (
+        push.results["output_token_ids"].map(list).tolist()
+        == pull.results["output_token_ids"].map(list).tolist()
+    )
+
+
 def test_live_timing_matches_virtual(cluster):
     overrides = [
         "runner.compute=skip",

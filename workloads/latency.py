@@ -31,6 +31,7 @@ HANDOFF_PARTS = ("proxy_hop", "admission_wait", "link_queue", "wire", "fixed", "
 """A P/D request's path from prefill's token to decode's first one, in order::
 
     prefill done ─ proxy hop ─ decode queued ─ admission wait ─ blocks, start ─ link queue ─ wire start
+    (push: decode was queued first; the hop is 0 and the wait runs from prefill done)
       ─ wire ─ (bytes sent) ─ fixed (latency + per-transfer/per-block costs, net of layer-wise overlap)
       ─ done ─ notice wait (next step boundary) ─ noticed ─ first step ─ first token
 
@@ -47,9 +48,12 @@ def handoff_parts(prefill_done_s: float | None, times: RequestTimes | None) -> d
     start, wire_start, done, noticed, first_token = marks
     if start is None or wire_start is None or done is None or noticed is None or first_token is None:
         return None
+    both = max(
+        t.queued_s, prefill_done_s
+    )  # decode has the request, prefill has finished (push: queued first)
     return {
-        "proxy_hop": t.queued_s - prefill_done_s,
-        "admission_wait": start - t.queued_s,
+        "proxy_hop": both - prefill_done_s,
+        "admission_wait": start - both,
         "link_queue": wire_start - start,
         "wire": t.kv_wire_s,
         "fixed": done - (wire_start + t.kv_wire_s),

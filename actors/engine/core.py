@@ -112,6 +112,16 @@ class EngineCore:
         self.scheduler.release_held(request_id)
         self.step_clock.wake()  # freed blocks may admit a waiting request
 
+    async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+        """Push, decode side: prefill finished `request_id` (`kv_transfer_params`: where its KV is); the
+        push starts once this engine has blocks for it too."""
+        req = self._requests.get(request_id)
+        if req is None:  # aborted meanwhile: prefill's hold timeout frees its KV
+            return
+        plan = self.kv_scheduler.push_ready(req, kv_transfer_params)
+        if plan is not None:
+            self._background(self._load_kv(req, plan))
+
     def expire_held(self, now: float) -> None:
         """Release KV no decode engine pulled within kv_transfer.hold_timeout_s (its decode died)."""
         num_expired = self.kv_scheduler.expire_held(now)
@@ -168,7 +178,9 @@ class EngineCore:
         for req in batch.preempted:
             self.executor.release(req.request_id)
         for req in batch.new_remote_requests:
-            self._background(self._load_kv(req, self.kv_scheduler.start_load(req, now)))
+            plan = self.kv_scheduler.start_load(req, now)
+            if plan is not None:  # None: a push not ready yet (`kv_ready` starts it)
+                self._background(self._load_kv(req, plan))
         return batch
 
     async def _step(self, batch: ScheduledBatch, start: float) -> float:
@@ -180,7 +192,7 @@ class EngineCore:
         end = start + step.total_s
         # Outputs leave as soon as they are computed, stamped with the step's end: consumers read
         # the stamps, and a peer on another actor gets the request early enough not to miss a step.
-        for req, token, stop in self.scheduler.update_from_output(batch, sampled, start):
+        for req, token, stop in self.scheduler.update_from_output(batch, sampled, start, step.total_s):
             self.stats.on_token(req, end)
             self.streams.push(req.request_id, token, end)
             if stop is not None:

@@ -61,14 +61,32 @@ class KVConnectorScheduler:
 
     # ---- decode side -------------------------------------------------------------------------------
 
-    def start_load(self, req: Request, now: float) -> TransferPlan:
-        """`req` got its blocks at `now`: when its KV moves, in emulated time (stamped on its times)."""
+    def start_load(self, req: Request, now: float) -> TransferPlan | None:
+        """`req` got its blocks at `now`: when its KV moves, in emulated time (stamped on its times);
+        None for a push whose prefill has not finished yet (`push_ready` plans it then)."""
         assert req.kv_transfer_params is not None
+        req.times.kv_blocks_ready_s = now
+        self._holding.add(req.request_id)
+        if req.kv_transfer_params.get("kv_push") and "kv_sent_s" not in req.kv_transfer_params:
+            return None
+        return self._plan(req)
+
+    def push_ready(self, req: Request, kv_transfer_params: dict[str, Any]) -> TransferPlan | None:
+        """Push: prefill finished `req` (`kv_transfer_params` from it); its plan if `req` has its
+        blocks, else None (`start_load` plans it when they come)."""
+        assert req.kv_transfer_params is not None
+        req.kv_transfer_params.update(kv_transfer_params)
+        req.kv_transfer_params.pop("prompt_token_ids", None)  # decode has the prompt already
+        if req.times.kv_blocks_ready_s is None or req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return None
+        return self._plan(req)
+
+    def _plan(self, req: Request) -> TransferPlan:
+        assert req.kv_transfer_params is not None and req.times.kv_blocks_ready_s is not None
         first_block = req.times.num_cached_tokens // self.scheduler.blocks.block_size
-        plan = self.receiver.plan(req.kv_transfer_params, now, first_block)
+        plan = self.receiver.plan(req.kv_transfer_params, req.times.kv_blocks_ready_s, first_block)
         req.times.kv_transfer_start_s = plan.start_s
         req.times.kv_bytes = plan.kv_bytes
-        self._holding.add(req.request_id)
         return plan
 
     def on_load_failed(self, req: Request) -> None:
@@ -102,8 +120,6 @@ class KVConnectorScheduler:
         self._holding.discard(req.request_id)
         if reason != "length" or not req.is_remote_decode:
             return None, holding
-        first = req.times.first_scheduled_s
-        compute_s = now - (now if first is None else first)
         return {
             "do_remote_prefill": True,  # decode: the prompt's KV comes from a prefill engine
             "remote_engine_id": self.engine_id,  # whom decode pulls from (its peer by id)
@@ -111,7 +127,7 @@ class KVConnectorScheduler:
             "remote_block_ids": list(req.block_ids),  # where the KV is (NIXL's descriptor; sizes it)
             "prompt_token_ids": list(req.prompt_token_ids),  # for the proxy: decode reuses prefill's IDs
             "kv_sent_s": now,  # push: when the send starts
-            "prefill_compute_s": compute_s,  # layer-wise push: the compute to hide under
+            "prefill_compute_s": req.compute_s,  # layer-wise push: its own compute, to hide under
         }, holding
 
     def expire_held(self, now: float) -> int:

@@ -62,27 +62,24 @@ class KVReceiver:
         self.target = target
         self.block_size = block_size
 
-    def plan(self, params: dict[str, Any], admitted_s: float, first_block: int = 0) -> TransferPlan:
+    def plan(self, params: dict[str, Any], blocks_ready_s: float, first_block: int = 0) -> TransferPlan:
         """Emulated timing of pulling (or receiving the push of) the KV that `params` describes, from
-        its `first_block` on (decode's prefix cache holds those before)."""
+        its `first_block` on (decode's prefix cache holds those before), into blocks that exist from
+        `blocks_ready_s` on.
+
+        A push starts when both prefill has finished and decode's blocks exist. Layer-wise, it hides
+        under prefill's own compute (not its queueing, nor other requests' chunks) that ran after the
+        blocks existed: at most min(own compute, kv_sent - blocks_ready)."""
         num_blocks = len(params["remote_block_ids"]) - first_block
         kv_bytes = num_blocks * self.block_size * self.target.kv_bytes_per_token
-        if self.cfg.mode == "push":
-            start = float(params["kv_sent_s"])
-            if self.cfg.layerwise:
-                t = layerwise_handoff_time(
-                    kv_bytes,
-                    num_blocks,
-                    self.link,
-                    float(params["prefill_compute_s"]),
-                    self.target.num_layers,
-                )
-            else:
-                t = handoff_time(kv_bytes, num_blocks, self.link)
-        else:
-            start = admitted_s
-            t = handoff_time(kv_bytes, num_blocks, self.link)
-        return TransferPlan(first_block, num_blocks, start, kv_bytes, t)
+        t = handoff_time(kv_bytes, num_blocks, self.link)
+        if self.cfg.mode == "pull":
+            return TransferPlan(first_block, num_blocks, blocks_ready_s, kv_bytes, t)
+        sent_s = float(params["kv_sent_s"])
+        if self.cfg.layerwise:
+            hideable_s = min(float(params["prefill_compute_s"]), max(0.0, sent_s - blocks_ready_s))
+            t = layerwise_handoff_time(kv_bytes, num_blocks, self.link, hideable_s, self.target.num_layers)
+        return TransferPlan(first_block, num_blocks, max(sent_s, blocks_ready_s), kv_bytes, t)
 
 
 class LinkQueue:

@@ -43,6 +43,7 @@ class Request:
     __slots__ = (
         "block_hashes",
         "block_ids",
+        "compute_s",
         "finished_reason",
         "forced_output_token_ids",
         "kv_transfer_params",
@@ -67,6 +68,8 @@ class Request:
         self.kv_transfer_params: dict[str, Any] | None = req.kv_transfer_params
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        self.compute_s = 0.0
+        """Emulated seconds of the steps that computed its tokens on this engine (its own compute)."""
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []
         """Chained hashes of the full blocks of tokens, extended as they are needed."""

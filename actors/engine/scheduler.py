@@ -156,11 +156,11 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def update_from_output(
-        self, batch: ScheduledBatch, sampled: list[int | None], start_s: float
+        self, batch: ScheduledBatch, sampled: list[int | None], start_s: float, step_s: float
     ) -> list[tuple[Request, int, FinishedReason | None]]:
-        """Advance each request of the step that began at `start_s` by the tokens it computed; the
-        requests that reached their end emit a token (the forced answer's, or `sampled`): returns each
-        with its token and the reason it now stops (None: it goes on)."""
+        """Advance each request of the step that began at `start_s` (and took `step_s`) by the tokens
+        it computed; the requests that reached their end emit a token (the forced answer's, or
+        `sampled`): returns each with its token and the reason it now stops (None: it goes on)."""
         emitted = []
         for req, n, token in zip(batch.requests, batch.num_new_tokens, sampled, strict=True):
             if req.status is not RequestStatus.RUNNING:  # aborted while the step ran
@@ -168,6 +168,7 @@ class Scheduler:
             if req.times.first_scheduled_s is None:
                 req.times.first_scheduled_s = start_s
             req.num_computed_tokens += n
+            req.compute_s += step_s
             self.blocks.cache_full_blocks(req)
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk short of the end: no token yet
