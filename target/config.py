@@ -85,9 +85,11 @@ class KVTransferConfig:
     """Link between prefill and decode engines, a name from target.profiles.LINKS."""
     mode: Literal["pull", "push"] = "pull"
     """pull: decode reads the KV once it has the request and notices completion at its next step
-    boundary (vLLM's NIXL connector); push: prefill sends as it finishes and decode is notified."""
+    boundary (vLLM's NIXL connector); push: decode gets the request first and reserves blocks, prefill
+    sends into them once it has finished and they exist (decode-first), and decode is notified."""
     layerwise: bool = False
-    """push only: stream each layer's KV while the next computes, hiding the transfer under compute."""
+    """push only: stream each layer's KV while the next computes, hiding the transfer under the
+    request's own prefill compute that ran after decode's blocks existed."""
     hold_timeout_s: float = 120.0
     """Prefill side: release a finished request's KV if no decode engine pulled it within this time."""
 
