@@ -86,15 +86,23 @@ async def serve(
     on_result: Callable[[RequestResult], None] | None = None,
 ) -> tuple[list[RequestResult], Deployment]:
     """Run the requests through a fresh deployment on the current loop; engines are empty afterwards."""
-    clock = Clock(1.0)
-    dep = build_deployment(cfg, clock)
+    dep = build_deployment(cfg, Clock(1.0))
+    return await replay_on(dep, requests, on_result), dep
+
+
+async def replay_on(
+    dep: Deployment,
+    requests: Sequence[ClientRequest],
+    on_result: Callable[[RequestResult], None] | None = None,
+) -> list[RequestResult]:
+    """Start `dep`'s engines, replay the requests through its proxy, drain; engines are checked empty."""
     for e in dep.engines:
         e.start()
-    results = await replay(dep.proxy.submit, requests, clock, on_result)
+    results = await replay(dep.proxy.submit, requests, dep.clock, on_result)
     await dep.drain()
     for e in dep.engines:
         e.assert_empty()
-    return results, dep
+    return results
 
 
 def run_virtual(

@@ -5,13 +5,12 @@ import numpy as np
 import pytest
 
 from actors.engine.clock import Clock
-from cluster.virtual import build_deployment, run_virtual
+from cluster.virtual import build_deployment, replay_on, run_virtual
 from messages import ClientRequest
 from target.kv_cache import cdiv
 from target.profiles import LINKS, MODELS
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async
 from workloads.latency import HANDOFF_PARTS
-from workloads.replay import replay
 from workloads.results import results_frame
 from workloads.summary import summarize
 
@@ -33,12 +32,7 @@ def serve_recording_frees(cfg, requests):
                     return release(rid)
 
                 e.scheduler.release_held = spy
-            e.start()
-        results = await replay(dep.proxy.submit, requests, dep.clock)
-        await dep.drain()
-        for e in dep.engines:
-            e.assert_empty()
-        return results
+        return await replay_on(dep, requests)
 
     return run_async(main()), freed
 

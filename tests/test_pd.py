@@ -5,11 +5,10 @@ import pytest
 
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import KVReceiver, LinkQueue
-from cluster.virtual import build_deployment
+from cluster.virtual import build_deployment, replay_on
 from target.profiles import LINKS, MODELS
 from target.transfer import handoff_time
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
-from workloads.replay import replay
 
 REAL_GREEDY = {"runner": {"compute": "real", "device": "cpu"}, "workload": {"output_policy": "greedy"}}
 PROMPTS = make_requests(20, [40 + 17 * i for i in range(20)], 12, seed=7, gap_s=0.3)
@@ -42,13 +41,7 @@ def serve_with_spies(cfg, requests, corrupt=False):
                     write(block_ids, np.zeros_like(kv) if corrupt else kv)
 
                 runner.write_kv = spy_write
-        for e in dep.engines:
-            e.start()
-        results = await replay(dep.proxy.submit, requests, dep.clock)
-        await dep.drain()
-        for e in dep.engines:
-            e.assert_empty()
-        return results
+        return await replay_on(dep, requests)
 
     return run_async(main()), computed, received
 
