@@ -68,7 +68,9 @@ class Proxy:
 
     @staticmethod
     def new_result(creq: ClientRequest) -> RequestResult:
-        return RequestResult(creq.request_id, creq.arrival_s, len(creq.prompt_token_ids), creq.max_tokens)
+        result = RequestResult(creq.request_id, creq.arrival_s, len(creq.prompt_token_ids), creq.max_tokens)
+        result.render_s = creq.render_s
+        return result
 
     async def stream(self, creq: ClientRequest, result: RequestResult) -> AsyncGenerator[EngineOutput, None]:
         """Serve one request, yielding the client's token batches as they come (`result` records
@@ -77,7 +79,7 @@ class Proxy:
         try:
             if self._mixed is not None:
                 ereq = self._engine_request(
-                    creq, creq.prompt_token_ids, creq.max_tokens, creq.arrival_s, None
+                    creq, creq.prompt_token_ids, creq.max_tokens, self._rendered_s(creq), None
                 )
                 inner = self._stream(next(self._mixed), ereq, result)
             else:
@@ -119,7 +121,7 @@ class Proxy:
         params = {"do_remote_prefill": True, "kv_push": True, "remote_engine_id": prefill.engine_id}
         params["remote_request_id"] = creq.request_id
         decode_req = self._engine_request(
-            creq, creq.prompt_token_ids, creq.max_tokens, creq.arrival_s, params
+            creq, creq.prompt_token_ids, creq.max_tokens, self._rendered_s(creq), params
         )
         outs: asyncio.Queue[EngineOutput | None] = asyncio.Queue()
 
@@ -154,7 +156,7 @@ class Proxy:
         result.prefill_engine = prefill.engine_id
         final = None
         ereq = self._engine_request(
-            creq, creq.prompt_token_ids, 1, creq.arrival_s, {"do_remote_decode": True}
+            creq, creq.prompt_token_ids, 1, self._rendered_s(creq), {"do_remote_decode": True}
         )
         ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
         async for out in prefill.generate(ereq):
@@ -179,6 +181,11 @@ class Proxy:
                 raise ValueError("kv_transfer_params.prompt_token_ids: expected a list of token IDs (ints)")
             return ids
         return await self._render(creq.render)
+
+    @staticmethod
+    def _rendered_s(creq: ClientRequest) -> float:
+        """When an engine first sees `creq`: its arrival, plus the time rendering it took."""
+        return creq.arrival_s + creq.render_s
 
     @staticmethod
     def _engine_request(

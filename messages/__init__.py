@@ -148,6 +148,9 @@ class ClientRequest:
     reuse_prompt_token_ids: bool = True
     """P/D: decode takes the prompt IDs prefill returns in kv_transfer_params; False (non-text content,
     echo) renders again."""
+    render_s: float = 0.0
+    """Emulated seconds the front end took to render it into token IDs: engines see it that much after
+    `arrival_s`, and the client's TTFT (from `arrival_s`) counts it, as vLLM's does."""
 
 
 @dataclass
@@ -172,3 +175,5 @@ class RequestResult:
     """P/D: the prefill engine's record of the request (its prefix-cache hits among them)."""
     times: RequestTimes | None = None
     """The producing engine's record of the request (None if it never finished there)."""
+    render_s: float = 0.0
+    """Emulated seconds of rendering before any engine saw it (part of TTFT)."""

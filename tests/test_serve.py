@@ -184,6 +184,16 @@ def test_prompt_token_ids_a_pd_proxy_sends_are_used_without_rendering(server, cl
     assert r.usage.prompt_tokens == _prompt_len(server, image)  # non-text content: rendered all the same
 
 
+def test_rendering_is_on_the_emulated_path(server, client):
+    """TTFT counts from the client's arrival; engines see a request only once it is rendered."""
+    long_chat = [{"role": "user", "content": "tell me about the weather " * 400}]
+    client.chat.completions.create(model=MODEL, messages=long_chat, max_tokens=4)
+    result = server.served.frontend.results[-1]
+    assert result.render_s > 0
+    assert result.prefill_times.queued_s == pytest.approx(result.arrival_s + result.render_s)
+    assert result.token_times_s[0] - result.arrival_s > result.render_s
+
+
 def test_completions_streamed_and_not_with_echo(server, client):
     r = client.completions.create(model=MODEL, prompt="Tell me about prefill", max_tokens=12, echo=True)
     assert r.choices[0].text.startswith("Tell me about prefill") and r.usage.completion_tokens == 12

@@ -103,7 +103,8 @@ class Frontend:
         spec = self.render_spec(req)
         given = self.requests.transfer_prompt(req)
         prompt = given if given is not None else await self.render(spec, replica)
-        return await asyncio.to_thread(self.requests.chat, req, prompt, spec, arrival_s), replica
+        creq = await asyncio.to_thread(self.requests.chat, req, prompt, spec, arrival_s)
+        return self._rendered(creq), replica
 
     async def render(self, spec: RenderSpec, replica: int | None = None) -> list[int]:
         """Render on pool replica `replica` (None: the next)."""
@@ -121,7 +122,13 @@ class Frontend:
             prompt = await self.renders[replica].render_text(req.prompt)
         else:
             prompt = self.requests.check_token_ids(req.prompt, "prompt")
-        return await asyncio.to_thread(self.requests.completion, req, prompt, arrival_s), replica
+        creq = await asyncio.to_thread(self.requests.completion, req, prompt, arrival_s)
+        return self._rendered(creq), replica
+
+    def _rendered(self, creq: ClientRequest) -> ClientRequest:
+        """`creq`, rendered now: the time since it arrived goes on its emulated path (`render_s`)."""
+        creq.render_s = max(0.0, self.clock.now() - creq.arrival_s)
+        return creq
 
     def generate_request(self, req: GenerateRequest) -> ClientRequest:
         """The token-ID request of `/inference/v1/generate` (arrived when called)."""
