@@ -118,8 +118,12 @@ class Proxy:
         prefill's KV is pushed into those blocks (`kv_ready`), never before they exist."""
         assert self._prefill is not None and self._decode is not None
         prefill, decode = next(self._prefill), next(self._decode)
-        params = {"do_remote_prefill": True, "kv_push": True, "remote_engine_id": prefill.engine_id}
-        params["remote_request_id"] = creq.request_id
+        params = {
+            "do_remote_prefill": True,
+            "kv_push": True,  # decode waits for prefill's kv_ready before the KV moves
+            "remote_engine_id": prefill.engine_id,
+            "remote_request_id": creq.request_id,
+        }
         decode_req = self._engine_request(
             creq, creq.prompt_token_ids, creq.max_tokens, self._rendered_s(creq), params
         )
