@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
+from actors.engine.clock import Clock
 from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
 
 
@@ -46,11 +47,14 @@ class Proxy:
         recorder: ProxyRecorder | None = None,
         render: Callable[[RenderSpec], Awaitable[list[int]]] | None = None,
         push: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         """`recorder`: where finished requests are recorded (the client's view); None records nothing.
         `render`: renders a request again for decode when prefill's token IDs cannot be reused.
-        `push` (kv_transfer.mode=push): decode gets each request first and prefill pushes into it."""
+        `push` (kv_transfer.mode=push): decode gets each request first and prefill pushes into it.
+        `clock`: the run's clock, to put a re-render for decode on the emulated path (None: free)."""
         self.recorder = recorder
+        self.clock = clock
         self._render = render
         self._push = push
         if bool(mixed) == bool(prefill and decode):
@@ -105,8 +109,10 @@ class Proxy:
             return
         # The prompt travels once, as the decode request's own token IDs; the params keep the descriptor.
         params = dict(final.kv_transfer_params or {})
-        prompt = await self._decode_prompt(creq, params.pop("prompt_token_ids", None))
-        decode_req = self._engine_request(creq, prompt, creq.max_tokens, result.prefill_done_s, params)
+        prompt, rerender_s = await self._decode_prompt(creq, params.pop("prompt_token_ids", None))
+        assert result.prefill_done_s is not None
+        sent_s = result.prefill_done_s + rerender_s  # a re-render delays decode (the handoff's proxy hop)
+        decode_req = self._engine_request(creq, prompt, creq.max_tokens, sent_s, params)
         async with aclosing(self._stream(next(self._decode), decode_req, result)) as outs:
             async for out in outs:
                 yield out
@@ -174,17 +180,19 @@ class Proxy:
             return None
         return final
 
-    async def _decode_prompt(self, creq: ClientRequest, ids: object) -> list[int]:
+    async def _decode_prompt(self, creq: ClientRequest, ids: object) -> tuple[list[int], float]:
         """The prompt decode computes: prefill's own token IDs (`ids`) when they can be reused, else
         rendered again (a template that reads the clock may then render different tokens: see the
-        tests)."""
+        tests); and the emulated seconds a re-render took (0 without a clock)."""
         if creq.render is None or self._render is None:
-            return creq.prompt_token_ids
+            return creq.prompt_token_ids, 0.0
         if creq.reuse_prompt_token_ids and ids is not None:
             if not (isinstance(ids, list) and all(type(t) is int for t in ids)):
                 raise ValueError("kv_transfer_params.prompt_token_ids: expected a list of token IDs (ints)")
-            return ids
-        return await self._render(creq.render)
+            return ids, 0.0
+        start = self.clock.now() if self.clock is not None else 0.0
+        prompt = await self._render(creq.render)
+        return prompt, (self.clock.now() - start if self.clock is not None else 0.0)
 
     @staticmethod
     def _rendered_s(creq: ClientRequest) -> float:

@@ -145,6 +145,7 @@ class ProxyHost:
         self._metrics = ProxyMetrics(cfg)
         render = render_again([actor_render(h) for h in renders]) if renders else None
         push = cfg.kv_transfer.mode == "push"
+        self._time_scale = cfg.clock.scale
         self._proxy = Proxy(remote["mixed"], remote["prefill"], remote["decode"], self._metrics, render, push)
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
@@ -160,6 +161,10 @@ class ProxyHost:
     def start(self) -> str:
         """Serve /metrics; returns its `host:port`."""
         return serve_node_metrics(self._metrics.registry)
+
+    def join_clock(self, epoch_s: float) -> None:
+        """The run's clock, so that a re-render for decode is on the emulated path."""
+        self._proxy.clock = Clock(self._time_scale, epoch_s=epoch_s)
 
     def metrics(self) -> str:
         return self._metrics.exposition()

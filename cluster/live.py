@@ -165,7 +165,8 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     targets = {"proxy": ray.get(proxy.start.remote())}
     targets.update({f"render-{i}": t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))})
     epoch = time.time() + _START_SLACK_S
-    targets.update(zip(engines, ray.get([h.start.remote(epoch) for h in engines.values()]), strict=True))
+    started = ray.get([proxy.join_clock.remote(epoch), *[h.start.remote(epoch) for h in engines.values()]])
+    targets.update(zip(engines, started[1:], strict=True))
     write_sd_file(cfg.metrics.sd_file, cfg.design, targets)
     return LiveDeployment(engines, nodes, proxy, epoch, targets, renders)
 

@@ -75,7 +75,7 @@ def build_deployment(
     peers.update({e.engine_id: e for e in pools["prefill"]})
     proxy_metrics = ProxyMetrics(cfg)
     push = cfg.kv_transfer.mode == "push"
-    proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], proxy_metrics, render, push)
+    proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], proxy_metrics, render, push, clock)
     engines = [e for engines in pools.values() for e in engines]
     return Deployment(proxy, engines, clock, metrics, proxy_metrics)
 

@@ -15,6 +15,7 @@ import pytest
 
 from dashboards.exposition import sum_series
 from tests.factories import ServeThread
+from workloads.latency import handoff_parts
 
 MODEL = "qwen2.5-7b"
 WEATHER = [
@@ -192,6 +193,10 @@ def test_rendering_is_on_the_emulated_path(server, client):
     assert result.render_s > 0
     assert result.prefill_times.queued_s == pytest.approx(result.arrival_s + result.render_s)
     assert result.token_times_s[0] - result.arrival_s > result.render_s
+    image = [{"role": "user", "content": [{"type": "text", "text": "see " * 400}, {"type": "image_url"}]}]
+    client.chat.completions.create(model=MODEL, messages=image, max_tokens=4)
+    result = server.served.frontend.results[-1]  # non-text content: decode's prompt is rendered again
+    assert handoff_parts(result.prefill_done_s, result.times)["proxy_hop"] > 0
 
 
 def test_completions_streamed_and_not_with_echo(server, client):
