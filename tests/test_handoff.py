@@ -6,7 +6,7 @@ import pytest
 
 from actors.engine.clock import Clock
 from cluster.virtual import build_deployment, replay_on, run_virtual
-from messages import ClientRequest
+from messages import ClientRequest, EngineRequest
 from target.kv_cache import cdiv
 from target.profiles import LINKS, MODELS
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async
@@ -171,3 +171,29 @@ def test_layerwise_push_hides_only_prefill_compute_after_decode_blocks_exist():
     assert (exposed <= full + 1e-12).all()
     assert exposed.iloc[0] == pytest.approx(full.iloc[0] / 28)  # blocks ready all along: hidden but a layer
     assert exposed.iloc[1] == pytest.approx(full.iloc[1])  # blocks only after prefill ended: nothing hidden
+
+
+def test_a_push_notice_that_overtakes_its_request_is_kept_until_the_request_arrives():
+    """Across actors, prefill's kv_ready may reach decode before decode's own copy of the request
+    (seen live: the run hung). Decode keeps the notice and pushes once the request has its blocks."""
+    cfg = make_config(PD, SKIP, kv_transfer={"mode": "push"}, workload={"prompt_len": 300, "output_len": 4})
+
+    async def main():
+        dep = build_deployment(cfg, Clock())
+        prefill, decode = (next(e for e in dep.engines if e.role == role) for role in ("prefill", "decode"))
+        for e in dep.engines:
+            e.start()
+        prompt = list(range(300))
+        to_prefill = EngineRequest("x", prompt, 1, 0.0, [7], {"do_remote_decode": True})
+        final = [out async for out in prefill.generate(to_prefill)][-1]
+        await decode.kv_ready("x", final.kv_transfer_params)  # before decode has heard of "x"
+        push = {"do_remote_prefill": True, "kv_push": True, "remote_engine_id": prefill.engine_id}
+        to_decode = EngineRequest("x", prompt, 4, 0.0, [7, 8, 9, 10], {**push, "remote_request_id": "x"})
+        outs = [out async for out in decode.generate(to_decode)]
+        await dep.drain()
+        for e in dep.engines:
+            e.assert_empty()
+        return outs[-1]
+
+    last = run_async(main())
+    assert last.finished_reason == "length" and last.times.kv_bytes > 0

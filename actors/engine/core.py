@@ -68,6 +68,8 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.streams = OutputStreams()
         self._requests: dict[str, Request] = {}
+        self._early_pushes: dict[str, dict[str, Any]] = {}
+        """Push: prefill's notices for requests not here yet (or aborted; dropped at drain)."""
         self._tasks: set[asyncio.Future[None]] = set()
         self._loop_task: asyncio.Future[None] | None = None
         self.step_clock = StepClock(clock)
@@ -84,6 +86,9 @@ class EngineCore:
         req = Request(request, self.clock.now() if sent is None else sent)
         stream = self.streams.open(req.request_id)
         self._requests[req.request_id] = req
+        early = self._early_pushes.pop(req.request_id, None)
+        if early is not None:  # prefill's notice overtook the request: its KV can move once it has blocks
+            self.kv_scheduler.push_ready(req, early)
         self.scheduler.add(req)
         self.step_clock.wake()
         try:
@@ -117,7 +122,8 @@ class EngineCore:
         """Push, decode side: prefill finished `request_id` (`kv_transfer_params`: where its KV is); the
         push starts once this engine has blocks for it too."""
         req = self._requests.get(request_id)
-        if req is None:  # aborted meanwhile: prefill's hold timeout frees its KV
+        if req is None:  # not here yet (another actor call may overtake the request), or aborted
+            self._early_pushes[request_id] = kv_transfer_params
             return
         plan = self.kv_scheduler.push_ready(req, kv_transfer_params)
         if plan is not None:
@@ -142,6 +148,7 @@ class EngineCore:
         if self._loop_task is not None:
             await self._loop_task
         self.expire_held(math.inf)
+        self._early_pushes.clear()
 
     async def run(self) -> None:
         """The step loop, until drained. If it breaks, every request in it fails visibly."""
