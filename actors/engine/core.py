@@ -40,7 +40,7 @@ Role = Literal["mixed", "prefill", "decode"]
 class EngineCore:
     """The step loop with the APIs it serves (clients; the KV source; push notices), each call a change
     to what the next step schedules. Every concern below it is a collaborator; what stays here (about
-    220 lines) is the order of events each step, which is what makes runs deterministic."""
+    230 lines) is the order of events each step, which is what makes runs deterministic."""
 
     def __init__(
         self,
