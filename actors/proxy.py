@@ -72,9 +72,10 @@ class Proxy:
 
     @staticmethod
     def new_result(creq: ClientRequest) -> RequestResult:
-        result = RequestResult(creq.request_id, creq.arrival_s, len(creq.prompt_token_ids), creq.max_tokens)
-        result.render_s = creq.render_s
-        return result
+        num_prompt = len(creq.prompt_token_ids)
+        return RequestResult(
+            creq.request_id, creq.arrival_s, num_prompt, creq.max_tokens, render_s=creq.render_s
+        )
 
     async def stream(self, creq: ClientRequest, result: RequestResult) -> AsyncGenerator[EngineOutput, None]:
         """Serve one request, yielding the client's token batches as they come (`result` records
@@ -190,9 +191,11 @@ class Proxy:
             if not (isinstance(ids, list) and all(type(t) is int for t in ids)):
                 raise ValueError("kv_transfer_params.prompt_token_ids: expected a list of token IDs (ints)")
             return ids, 0.0
-        start = self.clock.now() if self.clock is not None else 0.0
+        if self.clock is None:
+            return await self._render(creq.render), 0.0
+        start = self.clock.now()
         prompt = await self._render(creq.render)
-        return prompt, (self.clock.now() - start if self.clock is not None else 0.0)
+        return prompt, self.clock.now() - start
 
     @staticmethod
     def _rendered_s(creq: ClientRequest) -> float:

@@ -77,7 +77,7 @@ class EngineHost:
         pool: PoolConfig,
         prefill: dict[str, Any],
     ) -> None:
-        self._args = (engine_id, role, replica, cfg, pool)
+        self._args = (engine_id, role, cfg, pool)
         self._flush_s = cfg.clock.stream_flush_wall_s
         assert self._flush_s is not None  # resolved by live.deploy
         self._prefill = prefill
@@ -92,7 +92,7 @@ class EngineHost:
 
     async def start(self, epoch_s: float) -> str:
         """Start the engine on the shared clock and its /metrics endpoint; returns `host:port` of it."""
-        engine_id, role, _, cfg, pool = self._args
+        engine_id, role, cfg, pool = self._args
         peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
         clock = Clock(cfg.clock.scale, epoch_s=epoch_s)
         self.engine = build_engine(

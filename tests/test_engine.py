@@ -37,7 +37,7 @@ def test_repeated_prompt_hits_prefix_cache_and_is_faster():
     assert results[1].times.num_cached_tokens == 1008  # 63 of 64 blocks: the last token is recomputed
     ttft = [r.token_times_s[0] - r.arrival_s for r in results]
     assert ttft[1] < ttft[0] / 3  # one memory-bound step instead of a compute-bound prefill
-    assert dep.engines[0].blocks.num_prefix_cache_hits == 1008
+    assert dep.engines[0].scheduler.blocks.num_prefix_cache_hits == 1008
 
 
 def test_preemption_under_kv_pressure_keeps_greedy_tokens_exact():

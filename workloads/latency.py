@@ -48,9 +48,8 @@ def handoff_parts(prefill_done_s: float | None, times: RequestTimes | None) -> d
     start, wire_start, done, noticed, first_token = marks
     if start is None or wire_start is None or done is None or noticed is None or first_token is None:
         return None
-    both = max(
-        t.queued_s, prefill_done_s
-    )  # decode has the request, prefill has finished (push: queued first)
+    # From when decode has the request and prefill has finished (push: decode had it first).
+    both = max(t.queued_s, prefill_done_s)
     return {
         "proxy_hop": both - prefill_done_s,
         "admission_wait": start - both,

@@ -21,7 +21,6 @@ import math
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, Literal
 
-from actors.engine.block_manager import BlockManager
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVLoadError
@@ -60,7 +59,6 @@ class EngineCore:
         self.clock = clock
         self.roofline = roofline
         self.scheduler = scheduler
-        self.blocks: BlockManager = scheduler.blocks
         self.executor = executor
         self.kv_scheduler = kv_scheduler
         self.kv_worker = kv_worker

@@ -130,14 +130,14 @@ class KVConnectorScheduler:
             "prefill_compute_s": req.compute_s,  # layer-wise push: its own compute, to hide under
         }, holding
 
+    def _expires_s(self, req: Request) -> float:
+        """When the held KV of `req` (a finished prefill request) is released unpulled."""
+        assert req.times.finished_s is not None, "only finished requests hold KV"
+        return req.times.finished_s + self.hold_timeout_s
+
     def expire_held(self, now: float) -> int:
         """Release KV that no decode engine pulled within the hold timeout (its decode died); how many."""
-        held = self.scheduler.held
-        expired = [
-            rid
-            for rid, req in held.items()
-            if req.times.finished_s is not None and req.times.finished_s + self.hold_timeout_s <= now
-        ]
+        expired = [rid for rid, req in self.scheduler.held.items() if self._expires_s(req) <= now]
         for rid in expired:
             self.scheduler.release_held(rid)
         return len(expired)
@@ -150,10 +150,8 @@ class KVConnectorScheduler:
             for req in self._loaded.values()
             if (done := req.times.kv_transfer_done_s) is not None and done >= since
         ]
-        for req in self.scheduler.held.values():
-            if req.times.finished_s is not None and req.times.finished_s + self.hold_timeout_s > since:
-                times.append(req.times.finished_s + self.hold_timeout_s)
-        return times
+        expiries = (self._expires_s(req) for req in self.scheduler.held.values())
+        return times + [t for t in expiries if t > since]
 
 
 class KVConnectorWorker:
