@@ -302,6 +302,9 @@ def _check_rest(cfg: TestbedConfig) -> None:
         "kv_transfer.layerwise=True: allowed with kv_transfer.mode='push' only",
     )
     _require(cfg.render.replicas >= 1, f"render.replicas={cfg.render.replicas}: must be >= 1")
+    for key in ("s_per_call", "s_per_prompt_token"):
+        value = getattr(cfg.render, key)
+        _require(value >= 0, f"render.{key}={value}: must be >= 0 (seconds)")
     for key in ("tokenizer_path", "chat_template_path"):
         path = getattr(cfg.render, key)
         _require(path is None or Path(path).exists(), f"render.{key}={path!r}: no such file or directory")

@@ -31,6 +31,7 @@ from cluster.hosts import EngineHost, ProxyHost, RenderHost
 from dashboards.exposition import write_sd_file
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
+from workloads.render_tier import RenderTier
 from workloads.replay import replay
 from workloads.summary import lag_summary
 from workloads.synthetic import synthetic_requests
@@ -199,7 +200,8 @@ async def drive(
 
     ticker = asyncio.ensure_future(ticks())
     try:
-        return await replay(submit, requests, clock, on_result, lead_s=_SEND_LEAD_WALL_S / cfg.clock.scale)
+        lead_s = _SEND_LEAD_WALL_S / cfg.clock.scale
+        return await replay(submit, requests, clock, on_result, lead_s, RenderTier(cfg.render))
     finally:
         ticker.cancel()
 

@@ -19,6 +19,7 @@ from cluster.outcome import RunOutput, run_output
 from dashboards.recorders import EngineMetrics, ProxyMetrics
 from messages import ClientRequest, RenderSpec, RequestResult
 from target.config import TestbedConfig
+from workloads.render_tier import RenderTier
 from workloads.replay import replay
 from workloads.synthetic import synthetic_requests
 
@@ -31,6 +32,8 @@ class Deployment:
     engine_metrics: list[EngineMetrics]
     """Each engine's series, in the order of `engines`."""
     proxy_metrics: ProxyMetrics
+    render: RenderTier
+    """The render tier's cost model, for replayed requests (token IDs: nothing renders)."""
 
     async def drain(self) -> None:
         """Stop every engine and release KV nobody will pull (then each can be checked empty)."""
@@ -77,7 +80,7 @@ def build_deployment(
     push = cfg.kv_transfer.mode == "push"
     proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], proxy_metrics, render, push, clock)
     engines = [e for engines in pools.values() for e in engines]
-    return Deployment(proxy, engines, clock, metrics, proxy_metrics)
+    return Deployment(proxy, engines, clock, metrics, proxy_metrics, RenderTier(cfg.render))
 
 
 async def serve(
@@ -98,7 +101,7 @@ async def replay_on(
     """Start `dep`'s engines, replay the requests through its proxy, drain; engines are checked empty."""
     for e in dep.engines:
         e.start()
-    results = await replay(dep.proxy.submit, requests, dep.clock, on_result)
+    results = await replay(dep.proxy.submit, requests, dep.clock, on_result, render=dep.render)
     await dep.drain()
     for e in dep.engines:
         e.assert_empty()

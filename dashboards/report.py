@@ -1,7 +1,8 @@
 """The run report: one self-contained `report.html` (plots embedded) plus the plots as PNGs in `plots/`.
 
 Plots: TTFT and ITL CDFs per design, per-request token timelines around each design's worst stall, the
-KV handoff distribution (P/D designs), and SLO attainment and goodput against offered rate (sweeps).
+KV handoff distribution (P/D designs), TTFT in parts (rendering, prefill, the handoff's parts), and SLO
+attainment and goodput against offered rate (sweeps).
 Everything is drawn from the per-request results table, so every figure traces back to its rows.
 """
 
@@ -137,19 +138,26 @@ def handoff_histogram(df: pd.DataFrame) -> Figure | None:
     return fig
 
 
-def handoff_stack(df: pd.DataFrame) -> Figure | None:
-    """P/D designs: the handoff from prefill's token to decode's first, median of each part, stacked."""
-    cols = [f"handoff_{p}_s" for p in HANDOFF_PARTS]
-    pd_rows = df.dropna(subset=cols)
-    if pd_rows.empty:
+def ttft_stack(df: pd.DataFrame) -> Figure | None:
+    """Every design: TTFT in parts, the median of each stacked: rendering, the prompt's queue and compute
+    (collocated: up to the first token; P/D: up to prefill's token), then the handoff's parts (P/D)."""
+    ok = df[df["ok"]]
+    if ok.empty:
         return None
-    medians = pd_rows.groupby("design", sort=False)[cols].median() * 1000.0
+    prompt_done_s = ok["prefill_done_s"].astype(float).fillna(ok["arrival_s"] + ok["ttft_s"])
+    parts = {
+        "render": ok["render_s"],
+        "queue + prefill": prompt_done_s - ok["arrival_s"] - ok["render_s"],
+        **{f"handoff: {p.replace('_', ' ')}": ok[f"handoff_{p}_s"] for p in HANDOFF_PARTS},
+    }
+    frame = pd.DataFrame({"design": ok["design"], **parts})
+    medians = frame.groupby("design", sort=False).median().fillna(0.0) * 1000.0
     fig, ax = plt.subplots(figsize=(8, 1.6 + 0.5 * len(medians)))
     left = np.zeros(len(medians))
-    for part, col in zip(HANDOFF_PARTS, cols, strict=True):
-        ax.barh(medians.index.astype(str), medians[col], left=left, label=part.replace("_", " "))
-        left += medians[col].to_numpy()
-    ax.set(xlabel="ms (median of each part)", title="Handoff, prefill's token to decode's first")
+    for part in parts:
+        ax.barh(medians.index.astype(str), medians[part], left=left, label=part)
+        left += medians[part].to_numpy()
+    ax.set(xlabel="ms (median of each part)", title="Time to first token, from the client's request")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
@@ -192,7 +200,7 @@ def write_report(
         ),
         ("stalls", "Token timelines around each design's worst stall", stall_timelines(results)),
         ("handoff", "KV handoff time (P/D designs)", handoff_histogram(results)),
-        ("handoff_parts", "Where the handoff's time goes (P/D designs)", handoff_stack(results)),
+        ("ttft_parts", "Where TTFT goes: rendering, prefill, the handoff's parts", ttft_stack(results)),
         ("goodput", "SLO attainment and goodput against offered rate", goodput_curves(records)),
     ]
     (out / "plots").mkdir(exist_ok=True)

@@ -172,6 +172,15 @@ class RenderConfig:
     """How a stream is derendered. stateful: the replica that rendered a request keeps its decoder and
     parser, each engine batch sends only its new tokens; stateless: every batch carries the whole
     output so far to any replica, which rebuilds them and replays it (no affinity, O(N^2) work)."""
+    s_per_call: float = 9e-5
+    """Render tier CPU seconds per request besides its tokens (template, call overhead): with
+    `s_per_prompt_token`, the cost model a replayed request's `render_s` comes from (a trace holds token
+    IDs, so nothing renders). Defaults measured by `bench/render_cost.py`; behind `testbed serve` every
+    render is timed instead."""
+    s_per_prompt_token: float = 1.3e-6
+    """Render tier CPU seconds per prompt token (tokenizing), for the same cost model. Both defaults:
+    the project's render tier on a 2-core x86 VM, fitted over 80-33k-token chat requests (1.1-1.8 us
+    per token over repeated runs); a real model's tokenizer and template cost differently: measure."""
 
 
 @dataclass(frozen=True)
