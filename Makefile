@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) bench/guide_sweep.py
 	$(PY) bench/runner_speed.py
 	$(PY) bench/derender.py
+	$(PY) bench/render_cost.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
