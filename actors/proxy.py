@@ -1,24 +1,26 @@
 """The proxy: routes each client request through the engines and tells its story.
 
-collocated:  client -> mixed engine i (round robin over the data-parallel replicas)
+collocated:  client -> mixed engine i (chosen by the router: round robin, session affinity, on KV)
 P/D, pull:   client -> prefill engine (max_tokens=1, do_remote_decode) -> first token + KV descriptor
                     -> decode engine (kv_transfer_params from prefill) -> pulls the KV -> stream
 P/D, push:   client -> decode engine (reserves blocks) and prefill engine at once; prefill's descriptor
                     -> decode (`kv_ready`) -> the KV is pushed into the reserved blocks -> stream
-The client's first token in P/D is decode's, as with vLLM's P/D proxies.
+The client's first token in P/D is decode's, as with vLLM's P/D proxies. Each pool has its router
+(`actors.router`); in P/D a KV policy picks prefill by overlap and decode by load.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
 from actors.engine.clock import Clock
+from actors.router import Router
 from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
+from target.config import RouterConfig
 
 
 class ProxyRecorder(Protocol):
@@ -38,6 +40,14 @@ class EngineClient(Protocol):
         """Push: prefill finished `request_id`; its KV may now be pushed into this decode engine."""
 
 
+class _Pool:
+    """A pool's engines and their router."""
+
+    def __init__(self, engines: Sequence[EngineClient], router: Router) -> None:
+        self.engines = list(engines)
+        self.router = router
+
+
 class Proxy:
     def __init__(
         self,
@@ -48,20 +58,34 @@ class Proxy:
         render: Callable[[RenderSpec], Awaitable[list[int]]] | None = None,
         push: bool = False,
         clock: Clock | None = None,
+        router: RouterConfig | None = None,
+        block_size: int = 16,
     ) -> None:
         """`recorder`: where finished requests are recorded (the client's view); None records nothing.
         `render`: renders a request again for decode when prefill's token IDs cannot be reused.
         `push` (kv_transfer.mode=push): decode gets each request first and prefill pushes into it.
-        `clock`: the run's clock, to put a re-render for decode on the emulated path (None: free)."""
+        `clock`: the run's clock, to put a re-render for decode on the emulated path (None: free).
+        `router`: how each pool picks its engine (None: round robin); `block_size`: the engines' (a KV
+        router hashes prompts as they do)."""
         self.recorder = recorder
         self.clock = clock
         self._render = render
         self._push = push
         if bool(mixed) == bool(prefill and decode):
             raise ValueError("a proxy needs mixed engines, or prefill and decode engines")
-        self._mixed = itertools.cycle(mixed) if mixed else None
-        self._prefill = itertools.cycle(prefill) if prefill else None
-        self._decode = itertools.cycle(decode) if decode else None
+        cfg = router or RouterConfig()
+
+        def now() -> float:  # the clock a live proxy joins later (`ProxyHost.join_clock`)
+            return self.clock.now() if self.clock is not None else 0.0
+
+        decode_policy = cfg.policy if cfg.policy in ("round_robin", "session_affinity") else "least_loaded"
+
+        def pool(engines: Sequence[EngineClient], policy: str | None = None) -> _Pool | None:
+            return _Pool(engines, Router(len(engines), cfg, block_size, now, policy)) if engines else None
+
+        self._mixed = pool(mixed)
+        self._prefill = pool(prefill)
+        self._decode = pool(decode, decode_policy)
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         """Serve one request to the end; failures are recorded in the result, never raised."""
@@ -74,7 +98,14 @@ class Proxy:
     def new_result(creq: ClientRequest) -> RequestResult:
         num_prompt = len(creq.prompt_token_ids)
         return RequestResult(
-            creq.request_id, creq.arrival_s, num_prompt, creq.max_tokens, render_s=creq.render_s
+            creq.request_id,
+            creq.arrival_s,
+            num_prompt,
+            creq.max_tokens,
+            render_s=creq.render_s,
+            session_id=creq.session_id,
+            turn=creq.turn,
+            parent_session_id=creq.parent_session_id,
         )
 
     async def stream(self, creq: ClientRequest, result: RequestResult) -> AsyncGenerator[EngineOutput, None]:
@@ -86,7 +117,7 @@ class Proxy:
                 ereq = self._engine_request(
                     creq, creq.prompt_token_ids, creq.max_tokens, self._rendered_s(creq), None
                 )
-                inner = self._stream(next(self._mixed), ereq, result)
+                inner = self._stream(self._mixed, self._mixed.router.pick(creq), ereq, result)
             else:
                 inner = (self._decode_first if self._push else self._disaggregated)(creq, result)
             async with aclosing(inner):  # closing this stream closes the engine's: it aborts there
@@ -105,7 +136,7 @@ class Proxy:
     ) -> AsyncGenerator[EngineOutput, None]:
         """Pull (vLLM's default): prefill first; decode gets prefill's kv_transfer_params and pulls."""
         assert self._prefill is not None and self._decode is not None
-        final = await self._prefill_step(next(self._prefill), creq, result)
+        final = await self._prefill_step(self._prefill.router.pick(creq), creq, result)
         if final is None:
             return
         # The prompt travels once, as the decode request's own token IDs; the params keep the descriptor.
@@ -114,7 +145,8 @@ class Proxy:
         assert result.prefill_done_s is not None
         sent_s = result.prefill_done_s + rerender_s  # a re-render delays decode (the handoff's proxy hop)
         decode_req = self._engine_request(creq, prompt, creq.max_tokens, sent_s, params)
-        async with aclosing(self._stream(next(self._decode), decode_req, result)) as outs:
+        engine = self._decode.router.pick(creq)
+        async with aclosing(self._stream(self._decode, engine, decode_req, result)) as outs:
             async for out in outs:
                 yield out
 
@@ -124,11 +156,13 @@ class Proxy:
         """Push: decode gets the request first and reserves blocks for it while prefill computes; then
         prefill's KV is pushed into those blocks (`kv_ready`), never before they exist."""
         assert self._prefill is not None and self._decode is not None
-        prefill, decode = next(self._prefill), next(self._decode)
+        decode_pool = self._decode
+        p, d = self._prefill.router.pick(creq), decode_pool.router.pick(creq)
+        decode = decode_pool.engines[d]
         params = {
             "do_remote_prefill": True,
             "kv_push": True,  # decode waits for prefill's kv_ready before the KV moves
-            "remote_engine_id": prefill.engine_id,
+            "remote_engine_id": self._prefill.engines[p].engine_id,
             "remote_request_id": creq.request_id,
         }
         decode_req = self._engine_request(
@@ -138,7 +172,7 @@ class Proxy:
 
         async def pump() -> None:  # decode's stream, opened now so that it reserves blocks
             try:
-                async with aclosing(self._stream(decode, decode_req, result)) as stream:
+                async with aclosing(self._stream(decode_pool, d, decode_req, result)) as stream:
                     async for out in stream:
                         outs.put_nowait(out)
             finally:
@@ -146,7 +180,7 @@ class Proxy:
 
         task = asyncio.ensure_future(pump())
         try:
-            final = await self._prefill_step(prefill, creq, result)
+            final = await self._prefill_step(p, creq, result)
             if final is None:
                 return
             await decode.kv_ready(creq.request_id, dict(final.kv_transfer_params or {}))
@@ -159,18 +193,17 @@ class Proxy:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    async def _prefill_step(
-        self, prefill: EngineClient, creq: ClientRequest, result: RequestResult
-    ) -> EngineOutput | None:
-        """Run the prompt on `prefill` (max_tokens=1, do_remote_decode); its final output, or None with
-        the failure recorded in `result`."""
-        result.prefill_engine = prefill.engine_id
+    async def _prefill_step(self, p: int, creq: ClientRequest, result: RequestResult) -> EngineOutput | None:
+        """Run the prompt on prefill engine `p` (max_tokens=1, do_remote_decode); its final output, or
+        None with the failure recorded in `result`."""
+        assert self._prefill is not None
+        result.prefill_engine = self._prefill.engines[p].engine_id
         final = None
         ereq = self._engine_request(
             creq, creq.prompt_token_ids, 1, self._rendered_s(creq), {"do_remote_decode": True}
         )
         ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
-        async for out in prefill.generate(ereq):
+        async for out in self._outputs(self._prefill, p, ereq):
             if out.token_times_s:
                 result.prefill_done_s = out.token_times_s[-1]
             final = out
@@ -217,11 +250,23 @@ class Proxy:
         )
 
     @staticmethod
+    async def _outputs(pool: _Pool, i: int, ereq: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+        """`ereq` on engine `i` of `pool`: its outputs. The engine's KV events go to the pool's router,
+        which is told when the request has ended there."""
+        try:
+            async with aclosing(pool.engines[i].generate(ereq)) as outs:
+                async for out in outs:
+                    if out.kv_events is not None:
+                        pool.router.on_kv_events(i, out.kv_events)
+                    yield out
+        finally:
+            pool.router.finished(ereq.request_id)
+
     async def _stream(
-        engine: EngineClient, ereq: EngineRequest, result: RequestResult
+        self, pool: _Pool, i: int, ereq: EngineRequest, result: RequestResult
     ) -> AsyncGenerator[EngineOutput, None]:
-        result.engine = engine.engine_id
-        async with aclosing(engine.generate(ereq)) as outs:
+        result.engine = pool.engines[i].engine_id
+        async with aclosing(self._outputs(pool, i, ereq)) as outs:
             async for out in outs:
                 result.output_token_ids.extend(out.new_token_ids)
                 result.token_times_s.extend(out.token_times_s)

@@ -18,6 +18,7 @@ from target.config import PoolConfig, TestbedConfig
 from target.kv_cache import cdiv, num_gpu_blocks
 from target.profiles import GPUS, LINKS, MODELS
 from workloads.slo import SloError, parse_slo
+from workloads.traces.multi_turn import parse_dist
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 _ADAPTER = TypeAdapter(TestbedConfig)
@@ -188,7 +189,15 @@ def _check_named(kind: str, key: str, value: str, table: dict[str, Any]) -> None
 
 def _check_semantics(cfg: TestbedConfig) -> None:
     """What the schema cannot say: names from the profiles, ranges, and how sections fit together."""
-    for check in (_check_target, _check_scheduler, _check_pools, _check_workload, _check_runner, _check_rest):
+    checks = (
+        _check_target,
+        _check_scheduler,
+        _check_pools,
+        _check_workload,
+        _check_replay,
+        _check_multi_turn,
+    )
+    for check in (*checks, _check_runner, _check_rest):
         check(cfg)
 
 
@@ -263,6 +272,42 @@ def _check_workload(cfg: TestbedConfig) -> None:
             parse_slo(text)
         except SloError as e:
             raise ConfigError(str(e)) from None
+
+
+def _check_replay(cfg: TestbedConfig) -> None:
+    r, router = cfg.replay, cfg.router
+    if cfg.workload.kind == "trace":
+        _require(r.trace is not None, "workload.kind='trace': needs replay.trace (a trace file or directory)")
+    if r.trace is not None:
+        _require(Path(r.trace).exists(), f"replay.trace={r.trace!r}: no such file or directory")
+    _require(r.speedup > 0, f"replay.speedup={r.speedup}: must be > 0")
+    _require(r.api_time_scale >= 0, f"replay.api_time_scale={r.api_time_scale}: must be >= 0")
+    if r.window_s is not None:
+        start, end = r.window_s
+        _require(
+            0 <= start < end,
+            f"replay.window_s={list(r.window_s)}: must be [start, end) with 0 <= start < end",
+        )
+    _require(
+        r.max_sessions is None or r.max_sessions >= 1, f"replay.max_sessions={r.max_sessions}: must be >= 1"
+    )
+    _require(router.overlap_weight >= 0, f"router.overlap_weight={router.overlap_weight}: must be >= 0")
+    _require(router.temperature >= 0, f"router.temperature={router.temperature}: must be >= 0")
+    _require(router.estimate_ttl_s > 0, f"router.estimate_ttl_s={router.estimate_ttl_s}: must be > 0")
+
+
+def _check_multi_turn(cfg: TestbedConfig) -> None:
+    m = cfg.multi_turn
+    _require(m.num_conversations >= 1, f"multi_turn.num_conversations={m.num_conversations}: must be >= 1")
+    _require(
+        m.common_prefix_tokens >= 0, f"multi_turn.common_prefix_tokens={m.common_prefix_tokens}: must be >= 0"
+    )
+    _require(m.conversation_rate > 0, f"multi_turn.conversation_rate={m.conversation_rate}: must be > 0")
+    for key in ("num_turns", "prefix_tokens", "user_tokens", "output_tokens", "think_s"):
+        try:
+            parse_dist(getattr(m, key))
+        except ValueError as e:
+            raise ConfigError(f"multi_turn.{key}={e}") from None
 
 
 def _check_runner(cfg: TestbedConfig) -> None:

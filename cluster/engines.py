@@ -21,7 +21,7 @@ from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
 from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVSource
-from actors.engine.kv_transfer import KVReceiver
+from actors.engine.kv_transfer import KVReceiver, Link
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from dashboards.recorders import EngineMetrics
@@ -55,18 +55,22 @@ def build_engine(
     peers: Mapping[str, KVSource],
     metrics: EngineMetrics,
     compute_in_thread: bool = False,
+    link: Link | None = None,
 ) -> EngineCore:
     """An engine of `pool` in `role`; `peers`: the prefill engines a decode engine pulls from
-    (filled in later is fine); `metrics`: its series; `compute_in_thread`: see `Executor`."""
+    (filled in later is fine); `metrics`: its series; `compute_in_thread`: see `Executor`; `link`: the
+    shared link a prefill engine sends on (kv_transfer.link_scope=fabric), None: its own."""
     s = cfg.scheduler
     roofline = roofline_for(cfg, pool)
     blocks = BlockManager(num_gpu_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
+    if cfg.router.policy == "kv_aware":
+        blocks.publish_kv_events()
     scheduler = Scheduler(blocks, s.max_num_batched_tokens, s.max_num_seqs)
     executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread)
     stats = EngineStats(metrics)
     receiver = KVReceiver(cfg.kv_transfer, LINKS[cfg.kv_transfer.link], roofline.model, s.block_size)
     kv_scheduler = KVConnectorScheduler(engine_id, receiver, scheduler, cfg.kv_transfer.hold_timeout_s)
-    kv_worker = KVConnectorWorker(executor, peers, stats, clock, s.block_size)
+    kv_worker = KVConnectorWorker(executor, peers, stats, clock, s.block_size, link)
     return EngineCore(
         engine_id, role, clock, roofline, scheduler, executor, kv_scheduler, kv_worker, stats, s.max_model_len
     )

@@ -65,6 +65,17 @@ class RemoteEngine:
         await self._handle.kv_ready.remote(request_id, kv_transfer_params)
 
 
+class RemoteLink:
+    """The shared link's actor (kv_transfer.link_scope=fabric) seen as a `Link`: one call per transfer."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    async def reserve(self, start_s: float, wire_s: float) -> float:
+        wire_start_s: float = await self._handle.reserve.remote(start_s, wire_s)
+        return wire_start_s
+
+
 class EngineHost:
     """The body of an engine actor: builds the runner at construction, the engine on the actor's loop."""
 
@@ -76,8 +87,12 @@ class EngineHost:
         cfg: TestbedConfig,
         pool: PoolConfig,
         prefill: dict[str, Any],
+        link: Any = None,
     ) -> None:
+        """`prefill`: the prefill engines' actors by id (a decode engine's peers); `link`: the shared
+        link's actor a prefill engine sends on (kv_transfer.link_scope=fabric), None: its own."""
         self._args = (engine_id, role, cfg, pool)
+        self._link = RemoteLink(link) if link is not None else None
         self._flush_s = cfg.clock.stream_flush_wall_s
         assert self._flush_s is not None  # resolved by live.deploy
         self._prefill = prefill
@@ -96,7 +111,7 @@ class EngineHost:
         peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
         clock = Clock(cfg.clock.scale, epoch_s=epoch_s)
         self.engine = build_engine(
-            engine_id, role, cfg, pool, clock, self._runner, peers, self._metrics, compute_in_thread=True
+            engine_id, role, cfg, pool, clock, self._runner, peers, self._metrics, True, self._link
         )
         self.engine.start()
         return serve_node_metrics(self._metrics.registry)
@@ -146,7 +161,16 @@ class ProxyHost:
         render = render_again([actor_render(h) for h in renders]) if renders else None
         push = cfg.kv_transfer.mode == "push"
         self._time_scale = cfg.clock.scale
-        self._proxy = Proxy(remote["mixed"], remote["prefill"], remote["decode"], self._metrics, render, push)
+        self._proxy = Proxy(
+            remote["mixed"],
+            remote["prefill"],
+            remote["decode"],
+            self._metrics,
+            render,
+            push,
+            router=cfg.router,
+            block_size=cfg.scheduler.block_size,
+        )
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         return await self._proxy.submit(creq)

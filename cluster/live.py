@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from actors.engine.clock import Clock
+from actors.engine.kv_transfer import LinkQueue
 from cluster.config_load import ConfigError
 from cluster.hosts import EngineHost, ProxyHost, RenderHost
 from dashboards.exposition import write_sd_file
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
 from workloads.render_tier import RenderTier
-from workloads.replay import replay
+from workloads.replay import Workload, run_workload, workload_for
 from workloads.summary import lag_summary
-from workloads.synthetic import synthetic_requests
 
 if TYPE_CHECKING:
     from cluster.outcome import RunOutput
@@ -73,6 +73,8 @@ class LiveDeployment:
     """actor id (engine ids, `proxy`, `render-i`) -> `host:port` of its /metrics."""
     renders: list[Any] = field(default_factory=list)
     """The render pool's actor handles (only a server renders: replayed traces are token IDs)."""
+    link: Any = None
+    """The shared link's actor (kv_transfer.link_scope=fabric), else None."""
 
 
 def connect(configs: Sequence[TestbedConfig], address: str | None) -> bool:
@@ -148,13 +150,17 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
 
         ensure_model(cfg.runner)  # build once here, so actors on this node only load it
     host = ray.remote(EngineHost)
+    fabric = None
+    if cfg.kv_transfer.link_scope == "fabric":
+        fabric = ray.remote(LinkQueue).options(num_cpus=0).remote()
     pools: dict[str, dict[str, Any]] = {"mixed": {}, "prefill": {}, "decode": {}}
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
             eid = f"{role}-{i}"
             opts = {"num_cpus": 0, "num_gpus": cfg.runner.num_gpus, "resources": {role: 1}}
+            peers = dict(pools["prefill"]) if role == "decode" else {}
             pools[role][eid] = host.options(**opts).remote(
-                eid, role, i, cfg, pool, dict(pools["prefill"]) if role == "decode" else {}
+                eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None
             )
     engines = {eid: h for per in pools.values() for eid, h in per.items()}
     nodes = dict(zip(engines, ray.get([h.node_id.remote() for h in engines.values()]), strict=True))
@@ -169,13 +175,13 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     started = ray.get([proxy.join_clock.remote(epoch), *[h.start.remote(epoch) for h in engines.values()]])
     targets.update(zip(engines, started[1:], strict=True))
     write_sd_file(cfg.metrics.sd_file, cfg.design, targets)
-    return LiveDeployment(engines, nodes, proxy, epoch, targets, renders)
+    return LiveDeployment(engines, nodes, proxy, epoch, targets, renders, fabric)
 
 
 async def drive(
     dep: LiveDeployment,
     cfg: TestbedConfig,
-    requests: Sequence[ClientRequest],
+    requests: Workload,
     on_result: Callable[[RequestResult], None] | None = None,
     on_tick: Callable[[float, dict[str, Any]], None] | None = None,
 ) -> list[RequestResult]:
@@ -201,7 +207,7 @@ async def drive(
     ticker = asyncio.ensure_future(ticks())
     try:
         lead_s = _SEND_LEAD_WALL_S / cfg.clock.scale
-        return await replay(submit, requests, clock, on_result, lead_s, RenderTier(cfg.render))
+        return await run_workload(submit, requests, clock, cfg, RenderTier(cfg.render), on_result, lead_s)
     finally:
         ticker.cancel()
 
@@ -209,7 +215,7 @@ async def drive(
 def run_live(
     cfg: TestbedConfig,
     address: str | None = None,
-    requests: Sequence[ClientRequest] | None = None,
+    requests: Workload | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
     on_tick: Callable[[float, dict[str, Any]], None] | None = None,
     on_deployed: Callable[[LiveDeployment], None] | None = None,
@@ -225,7 +231,7 @@ def run_live(
         if on_deployed is not None:
             on_deployed(dep)
         if requests is None:
-            requests = synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed)
+            requests = workload_for(cfg)
         results = asyncio.run(drive(dep, cfg, requests, on_result, on_tick))
         time.sleep(cfg.metrics.linger_s)
         reports, metrics = shutdown(dep, cfg)
@@ -263,5 +269,5 @@ def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[st
 
 
 def kill(dep: LiveDeployment) -> None:
-    for handle in [*dep.engines.values(), dep.proxy, *dep.renders]:
+    for handle in [*dep.engines.values(), dep.proxy, *dep.renders, *([dep.link] if dep.link else [])]:
         ray.kill(handle)

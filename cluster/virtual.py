@@ -7,21 +7,21 @@ jumps from event to event, so a run costs only its real work and is deterministi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from actors.engine.clock import Clock, VirtualTimeLoop
 from actors.engine.core import EngineCore, Role
 from actors.engine.kv_connector import KVSource
+from actors.engine.kv_transfer import LinkQueue
 from actors.proxy import Proxy
 from cluster.engines import build_engine, runner_for
 from cluster.outcome import RunOutput, run_output
 from dashboards.recorders import EngineMetrics, ProxyMetrics
-from messages import ClientRequest, RenderSpec, RequestResult
+from messages import RenderSpec, RequestResult
 from target.config import TestbedConfig
 from workloads.render_tier import RenderTier
-from workloads.replay import replay
-from workloads.synthetic import synthetic_requests
+from workloads.replay import Workload, run_workload, workload_for
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Deployment:
     proxy_metrics: ProxyMetrics
     render: RenderTier
     """The render tier's cost model, for replayed requests (token IDs: nothing renders)."""
+    cfg: TestbedConfig
 
     async def drain(self) -> None:
         """Stop every engine and release KV nobody will pull (then each can be checked empty)."""
@@ -60,6 +61,7 @@ def build_deployment(
     peers: dict[str, KVSource] = {}
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
     metrics = []
+    fabric = LinkQueue() if cfg.kv_transfer.link_scope == "fabric" else None
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
             metrics.append(EngineMetrics(cfg, role, i))
@@ -73,35 +75,48 @@ def build_deployment(
                 peers,
                 metrics[-1],
                 compute_in_thread,
+                fabric,
             )
             pools[role].append(engine)
     peers.update({e.engine_id: e for e in pools["prefill"]})
     proxy_metrics = ProxyMetrics(cfg)
     push = cfg.kv_transfer.mode == "push"
-    proxy = Proxy(pools["mixed"], pools["prefill"], pools["decode"], proxy_metrics, render, push, clock)
+    proxy = Proxy(
+        pools["mixed"],
+        pools["prefill"],
+        pools["decode"],
+        proxy_metrics,
+        render,
+        push,
+        clock,
+        cfg.router,
+        cfg.scheduler.block_size,
+    )
     engines = [e for engines in pools.values() for e in engines]
-    return Deployment(proxy, engines, clock, metrics, proxy_metrics, RenderTier(cfg.render))
+    return Deployment(proxy, engines, clock, metrics, proxy_metrics, RenderTier(cfg.render), cfg)
 
 
 async def serve(
     cfg: TestbedConfig,
-    requests: Sequence[ClientRequest],
+    requests: Workload,
     on_result: Callable[[RequestResult], None] | None = None,
 ) -> tuple[list[RequestResult], Deployment]:
-    """Run the requests through a fresh deployment on the current loop; engines are empty afterwards."""
+    """Run the requests (or trace) through a fresh deployment on the current loop; engines are empty
+    afterwards."""
     dep = build_deployment(cfg, Clock(1.0))
     return await replay_on(dep, requests, on_result), dep
 
 
 async def replay_on(
     dep: Deployment,
-    requests: Sequence[ClientRequest],
+    requests: Workload,
     on_result: Callable[[RequestResult], None] | None = None,
 ) -> list[RequestResult]:
-    """Start `dep`'s engines, replay the requests through its proxy, drain; engines are checked empty."""
+    """Start `dep`'s engines, replay the requests (or trace) through its proxy, drain; engines are
+    checked empty."""
     for e in dep.engines:
         e.start()
-    results = await replay(dep.proxy.submit, requests, dep.clock, on_result, render=dep.render)
+    results = await run_workload(dep.proxy.submit, requests, dep.clock, dep.cfg, dep.render, on_result)
     await dep.drain()
     for e in dep.engines:
         e.assert_empty()
@@ -110,11 +125,11 @@ async def replay_on(
 
 def run_virtual(
     cfg: TestbedConfig,
-    requests: Sequence[ClientRequest] | None = None,
+    requests: Workload | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
 ) -> RunOutput:
     if requests is None:
-        requests = synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed)
+        requests = workload_for(cfg)
     loop = VirtualTimeLoop()
     try:
         results, dep = loop.run_until_complete(serve(cfg, requests, on_result))

@@ -93,6 +93,19 @@ class EngineOutput:
     """On the final output only."""
     error: str | None = None
     """Why a request ended with finished_reason 'error'."""
+    kv_events: KVEvents | None = None
+    """The engine's prefix-cache changes since its last output (any request's), for a KV-aware router:
+    piggybacked on the outputs the engine streams anyway, so they cost no message of their own."""
+
+
+@dataclass
+class KVEvents:
+    """engine -> router: block hashes the engine's prefix cache gained and lost since its last batch
+    (vLLM's BlockStored / BlockRemoved, net: a block stored and evicted within one batch is only
+    removed). Hashes are the stable chained ones (`block_hash`), comparable across actors."""
+
+    stored: list[bytes]
+    removed: list[bytes]
 
 
 @dataclass
@@ -151,6 +164,13 @@ class ClientRequest:
     render_s: float = 0.0
     """Emulated seconds the front end took to render it into token IDs: engines see it that much after
     `arrival_s`, and the client's TTFT (from `arrival_s`) counts it, as vLLM's does."""
+    session_id: str | None = None
+    """The replayed session (conversation, agent) it belongs to: the key of session-affinity routing
+    (vLLM's multi-turn benchmark sends it as `conversation_id`); None outside sessions."""
+    turn: int | None = None
+    """Its index among its session's turns (0 first), carried into results."""
+    parent_session_id: str | None = None
+    """The session that spawned its session (a sub-agent's parent), carried into results."""
 
 
 @dataclass
@@ -177,3 +197,7 @@ class RequestResult:
     """The producing engine's record of the request (None if it never finished there)."""
     render_s: float = 0.0
     """Emulated seconds of rendering before any engine saw it (part of TTFT)."""
+    session_id: str | None = None
+    turn: int | None = None
+    parent_session_id: str | None = None
+    """The request's place in a replayed trace (`ClientRequest`'s fields of the same names)."""

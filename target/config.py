@@ -90,6 +90,10 @@ class KVTransferConfig:
     layerwise: bool = False
     """push only: stream each layer's KV while the next computes, hiding the transfer under the
     request's own prefill compute that ran after decode's blocks existed."""
+    link_scope: Literal["prefill", "fabric"] = "prefill"
+    """Which transfers share a link's wire. prefill: each prefill engine's own egress (every pull from
+    it queues there, whichever decode engine started it); fabric: one link for the whole deployment (a
+    shared switch or PCIe root), every transfer queues on it."""
     hold_timeout_s: float = 120.0
     """Prefill side: release a finished request's KV if no decode engine pulled it within this time."""
 
@@ -145,8 +149,10 @@ class ClockConfig:
 class WorkloadConfig:
     __pydantic_config__ = _STRICT
 
-    kind: Literal["synthetic"] = "synthetic"
-    """synthetic: random prompts of fixed lengths (the guide's `vllm bench serve --dataset random`)."""
+    kind: Literal["synthetic", "trace", "multi_turn"] = "synthetic"
+    """synthetic: random prompts of fixed lengths (the guide's `vllm bench serve --dataset random`);
+    trace: the sessions of `replay.trace`; multi_turn: conversations as `multi_turn` describes them
+    (the fields below apply to synthetic only)."""
     rate: float = 0.2
     """Offered load, requests per emulated second (Poisson arrivals)."""
     num_requests: int = 100
@@ -156,6 +162,79 @@ class WorkloadConfig:
     """Output tokens per request (max_tokens, EOS ignored)."""
     output_policy: Literal["forced", "greedy"] = "forced"
     """forced: emit the workload's answer tokens; greedy: argmax of the runner's real logits."""
+
+
+@dataclass(frozen=True)
+class MultiTurnConfig:
+    """Synthetic conversations (workload.kind=multi_turn), in the shape of vLLM's
+    benchmarks/multi_turn generator; lengths are distributions (`constant:N`, `uniform:LO:HI`,
+    `lognormal:MEAN:SIGMA`, `zipf:A`, `poisson:MEAN`, each optionally `:max=M`). The defaults are
+    vLLM's example; `testbed replay --scenario six-turn` is 6 turns of 3,600 + 400 then 600 / 400."""
+
+    __pydantic_config__ = _STRICT
+
+    num_conversations: int = 32
+    num_turns: str = "uniform:6:9"
+    """Turns per conversation (user messages, each answered)."""
+    common_prefix_tokens: int = 500
+    """A prefix every conversation's first prompt starts with (a shared system prompt)."""
+    prefix_tokens: str = "lognormal:1000:0.5:max=5000"
+    """Each conversation's own prefix on its first turn (a document, a task)."""
+    user_tokens: str = "uniform:120:160"
+    """Each user message."""
+    output_tokens: str = "uniform:80:120"
+    """Each answer (max_tokens; EOS ignored)."""
+    think_s: str = "constant:0"
+    """Seconds between an answer and the next user message."""
+    conversation_rate: float = 1.0
+    """New conversations per second (Poisson)."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """How a trace is replayed (workload.kind=trace)."""
+
+    __pydantic_config__ = _STRICT
+
+    trace: str | None = None
+    """The trace: a file, or a directory of WEKA session files."""
+    format: Literal["auto", "mooncake", "azure", "weka"] = "auto"
+    """auto: from the file (JSON lines: mooncake; CSV: azure; a JSON object or a directory: weka)."""
+    timing: Literal["think", "original", "api-scaled"] = "think"
+    """When a session's next turn goes, after the previous one finished. think: its think time;
+    original: at its trace time if later; api-scaled: the previous send + its API time x
+    api_time_scale + think time, if later. One-turn sessions always go at their timestamps."""
+    speedup: float = 1.0
+    """Divides every trace time and delay (2: twice the offered load)."""
+    api_time_scale: float = 1.0
+    """api-scaled timing: the share of each original call's duration kept between sends."""
+    window_s: tuple[float, float] | None = None
+    """Replay only sessions starting in [start, end) trace seconds, shifted to start at 0."""
+    max_sessions: int | None = None
+    """Most top-level sessions running at once (a closed-loop user count); None: no cap."""
+    session_salt: bool = False
+    """Give each session private blocks (no prefix shared across sessions), as one replayed user per
+    trace session on a shared server would have."""
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """How the proxy picks an engine among a pool's replicas (llm-d's and Dynamo's routers)."""
+
+    __pydantic_config__ = _STRICT
+
+    policy: Literal["round_robin", "session_affinity", "kv_aware", "kv_estimated"] = "round_robin"
+    """round_robin; session_affinity: a session's turns stay on the engine its first turn went to;
+    kv_aware: lowest overlap_weight x blocks to prefill + active blocks, from the engines' KV events;
+    kv_estimated: the same cost from the router's own routing history (no events), entries expiring
+    after estimate_ttl_s. In P/D the policy picks prefill; decode goes to the least loaded."""
+    overlap_weight: float = 1.0
+    """Weight of the blocks an engine would have to prefill against its active blocks (Dynamo's
+    --kv-overlap-score-weight; 0: pure load balancing)."""
+    temperature: float = 0.0
+    """0: the lowest cost wins; > 0: softmax over -cost / (max - min) / temperature (seeded)."""
+    estimate_ttl_s: float = 120.0
+    """kv_estimated: how long a routed prompt's blocks count as cached on its engine (Dynamo: 120 s)."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +292,9 @@ class TestbedConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     render: RenderConfig = field(default_factory=RenderConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
     slos: tuple[str, ...] = ("ttft<=2s,tpot<=30ms", "ttft<=2s,gap<=100ms")
     """SLO sets: comma-joined `metric<=value` terms over ttft, tpot, itl (per-request p99), gap, e2el."""
     seed: int = 0

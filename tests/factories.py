@@ -19,6 +19,7 @@ from cluster.serve import build_server
 from cluster.virtual import Deployment, serve
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
+from workloads.replay import Workload, workload_for
 
 COLLOCATED: dict[str, Any] = {"pools": {"mixed": {"replicas": 1}}}
 PD: dict[str, Any] = {
@@ -65,13 +66,12 @@ def make_requests(
     ]
 
 
-def run_requests(
-    cfg: TestbedConfig, requests: Sequence[ClientRequest]
-) -> tuple[list[RequestResult], Deployment]:
-    """Serve `requests` on a fresh virtual deployment; engines are checked empty afterwards."""
+def run_requests(cfg: TestbedConfig, requests: Workload | None) -> tuple[list[RequestResult], Deployment]:
+    """Serve `requests` (a trace's sessions; None: the config's workload) on a fresh virtual deployment;
+    engines are checked empty afterwards."""
     loop = VirtualTimeLoop()
     try:
-        return loop.run_until_complete(serve(cfg, requests))
+        return loop.run_until_complete(serve(cfg, requests if requests is not None else workload_for(cfg)))
     finally:
         loop.close()
 

@@ -63,6 +63,21 @@ def test_two_decodes_pulling_from_one_prefill_queue_on_its_link():
     assert second - first == pytest.approx(wire_s)
 
 
+@pytest.mark.parametrize("link_scope", ["prefill", "fabric"])
+def test_on_a_shared_fabric_pulls_from_two_prefill_engines_queue(link_scope):
+    """Two prefill engines finish a prompt each at once; two decode engines pull them at once. Each
+    prefill engine's own link: both wires start together; one fabric: the second waits for the first's
+    bytes."""
+    two_by_two = {"mixed": {"replicas": 0}, "prefill": {"replicas": 2}, "decode": {"replicas": 2}}
+    cfg = make_config(SKIP, pools=two_by_two, kv_transfer={"link": "pcie4-x16", "link_scope": link_scope})
+    (a, b), _ = serve_recording_frees(cfg, make_requests(2, 1008, 4, forced=True, gap_s=0.0))
+    ta, tb = a.times, b.times
+    assert a.prefill_engine != b.prefill_engine and ta.kv_transfer_start_s == tb.kv_transfer_start_s
+    wire_s = 1008 * MODELS["qwen2.5-7b"].kv_bytes_per_token / LINKS["pcie4-x16"].bytes_per_s
+    first, second = sorted((ta.kv_wire_start_s, tb.kv_wire_start_s))
+    assert second - first == pytest.approx(wire_s if link_scope == "fabric" else 0.0)
+
+
 def serve_two_turns(cfg, first_prompt, follow_up, max_tokens, forced=None):
     """Turn 1, then turn 2 = turn 1's prompt + its answer + `follow_up` (a chat's next turn), on one
     deployment; both results."""

@@ -83,6 +83,29 @@ def test_live_timing_matches_virtual(cluster):
     assert live["median_render_ms"] == virtual["median_render_ms"] > 2.0
 
 
+def test_a_shared_fabric_queues_live_transfers_as_in_virtual_time(cluster):
+    """Two prefill and two decode engines on one fabric (the link's actor), a burst of 8k prompts: pulls
+    from both prefill engines queue on it, and the wire starts are virtual mode's."""
+    overrides = [
+        "runner.compute=skip",
+        "pools.prefill.replicas=2",
+        "pools.decode.replicas=2",
+        "kv_transfer.link=pcie4-x16",
+        "kv_transfer.link_scope=fabric",
+        "workload.num_requests=4",
+        "workload.rate=1000",
+        "workload.output_len=8",
+    ]
+    virtual = run_virtual(design("pd-fast", *overrides)).results
+    live = run_live(design("pd-fast", *overrides, "clock.mode=live")).results
+    assert (virtual["handoff_link_queue_s"] > 0).any()  # the burst contends on the fabric
+    for df in (virtual, live):
+        wires = df.sort_values("kv_wire_start_s")
+        ends = wires["kv_wire_start_s"] + wires["kv_wire_s"]
+        assert (wires["kv_wire_start_s"].to_numpy()[1:] >= ends.to_numpy()[:-1] - 1e-9).all()  # one wire
+    assert sorted(live["kv_wire_start_s"]) == pytest.approx(sorted(virtual["kv_wire_start_s"]), abs=1e-6)
+
+
 def test_lag_is_counted_when_the_host_cannot_keep_up(cluster):
     cfg = design("collocated", *GREEDY[:-1], "clock.time_scale=0.02", "workload.num_requests=3")
     out = run_live(cfg)

@@ -1,5 +1,7 @@
 """P/D against collocated with real compute: same greedy tokens, same KV; handoff timing and modes."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -123,9 +125,9 @@ def test_wire_is_shared_fixed_costs_overlap():
     params = {"remote_block_ids": list(range(512)), "remote_engine_id": "prefill-0"}
     link, other = LinkQueue(), LinkQueue()
     a, b, c = (rx.plan(params, 10.0) for _ in range(3))
-    a = a.queued(link.reserve(a.start_s, a.time.wire_s))
-    b = b.queued(link.reserve(b.start_s, b.time.wire_s))
-    c = c.queued(other.reserve(c.start_s, c.time.wire_s))
+    a = a.queued(asyncio.run(link.reserve(a.start_s, a.time.wire_s)))
+    b = b.queued(asyncio.run(link.reserve(b.start_s, b.time.wire_s)))
+    c = c.queued(asyncio.run(other.reserve(c.start_s, c.time.wire_s)))
     assert a.done_s == pytest.approx(10.0 + 1.3, rel=1e-3)
     assert b.done_s - a.done_s == pytest.approx(a.time.wire_s)  # queued behind a's bytes only
     assert c.done_s == pytest.approx(a.done_s)  # another link: no queueing

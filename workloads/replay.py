@@ -1,4 +1,5 @@
-"""The replay driver: sends each request at its arrival time and collects every result."""
+"""The replay driver: sends each request at its arrival time (or a trace's sessions, turn by turn:
+`session_replay`) and collects every result."""
 
 from __future__ import annotations
 
@@ -8,13 +9,51 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from messages import ClientRequest, RequestResult
+from target.config import TestbedConfig
 from workloads.render_tier import RenderTier
+from workloads.session_replay import SessionReplay
+from workloads.synthetic import synthetic_requests
+from workloads.traces import load_trace
+from workloads.traces.multi_turn import multi_turn_trace
+from workloads.traces.session import Trace
+from workloads.traces.tokens import TokenSynthesizer
+
+Workload = Sequence[ClientRequest] | Trace
+"""Requests to send at their arrival times, or a trace's sessions."""
 
 
 class Clock(Protocol):
     """The run's one clock (`actors.engine.clock.Clock`), as the driver uses it."""
 
+    def now(self) -> float: ...
+
     async def sleep_until(self, sim_t: float) -> float: ...
+
+
+def workload_for(cfg: TestbedConfig) -> Workload:
+    """What `cfg` replays: the synthetic requests, or the trace (loaded and checked here)."""
+    if cfg.workload.kind == "trace":
+        assert cfg.replay.trace is not None  # checked with the config
+        return load_trace(cfg.replay.trace, cfg.replay.format)
+    if cfg.workload.kind == "multi_turn":
+        return multi_turn_trace(cfg.multi_turn, cfg.runner.vocab_size, cfg.seed)
+    return synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed)
+
+
+async def run_workload(
+    submit: Callable[[ClientRequest], Awaitable[RequestResult]],
+    workload: Workload,
+    clock: Clock,
+    cfg: TestbedConfig,
+    render: RenderTier | None,
+    on_result: Callable[[RequestResult], None] | None = None,
+    lead_s: float = 0.0,
+) -> list[RequestResult]:
+    """Replay `workload` through `submit` (see `replay` and `SessionReplay`)."""
+    if isinstance(workload, Trace):
+        synth = TokenSynthesizer(cfg.runner.vocab_size, workload.block_size, cfg.seed)
+        return await SessionReplay(submit, clock, synth, cfg.replay, render, on_result, lead_s).run(workload)
+    return await replay(submit, workload, clock, on_result, lead_s, render)
 
 
 async def replay(

@@ -12,6 +12,7 @@ from collections import OrderedDict
 
 from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
 from actors.engine.request import Request
+from messages import KVEvents
 from target.kv_cache import cdiv
 
 
@@ -28,6 +29,22 @@ class BlockManager:
         self.num_prefix_cache_queries = 0
         """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
         self.num_prefix_cache_hits = 0
+        self._events: dict[BlockHash, bool] | None = None
+        """Net prefix-cache changes not yet published (hash -> stored), when KV events are on."""
+
+    def publish_kv_events(self) -> None:
+        """Record every block stored in and evicted from the prefix cache (for a KV-aware router)."""
+        self._events = {}
+
+    def take_kv_events(self) -> KVEvents | None:
+        """The changes since the last call, or None (none, or events off)."""
+        if not self._events:
+            return None
+        events = KVEvents(
+            [h for h, s in self._events.items() if s], [h for h, s in self._events.items() if not s]
+        )
+        self._events = {}
+        return events
 
     @property
     def num_free_blocks(self) -> int:
@@ -81,6 +98,8 @@ class BlockManager:
             if h is not None:
                 if self._cached.get(h) == block:
                     del self._cached[h]
+                    if self._events is not None:
+                        self._events[h] = False
                 self._hash_of[block] = None
             self._ref_cnt[block] = 1
             req.block_ids.append(block)
@@ -98,7 +117,8 @@ class BlockManager:
             block, h = req.block_ids[i], req.block_hashes[i]
             if self._hash_of[block] is None:
                 self._hash_of[block] = h
-                self._cached.setdefault(h, block)
+                if self._cached.setdefault(h, block) == block and self._events is not None:
+                    self._events[h] = True
         req.num_published_blocks = num_full
 
     def free(self, req: Request) -> None:

@@ -90,7 +90,7 @@ class EngineCore:
         self.scheduler.add(req)
         self.step_clock.wake()
         try:
-            async for out in stream.outputs(req.request_id):
+            async for out in stream.outputs(req.request_id, self.scheduler.blocks.take_kv_events):
                 yield out
         finally:
             if stream.final is None:
@@ -110,7 +110,7 @@ class EngineCore:
         req = self.scheduler.held.get(pull.request_id)
         if req is None:
             raise KeyError(f"engine {self.engine_id} holds no KV for request {pull.request_id!r}")
-        return self.kv_worker.read(req, pull)
+        return await self.kv_worker.read(req, pull)
 
     async def free_kv(self, request_id: str) -> None:
         self.scheduler.release_held(request_id)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
-from actors.engine.kv_transfer import KVReceiver, LinkQueue, TransferPlan
+from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
@@ -162,22 +162,24 @@ class KVConnectorWorker:
         stats: EngineStats,
         clock: Clock,
         block_size: int,
+        link: Link | None = None,
     ) -> None:
-        """`peers`: the prefill engines by id (the engines, or clients of their actors)."""
-        self.link = LinkQueue()
-        """Prefill side: this engine's outgoing link, which every pull from it queues on."""
+        """`peers`: the prefill engines by id (the engines, or clients of their actors); `link`: the
+        link this engine sends on when it is shared (kv_transfer.link_scope=fabric), None: its own."""
+        self.link: Link = link if link is not None else LinkQueue()
+        """Prefill side: the link every pull from this engine queues on."""
         self.executor = executor
         self.peers = peers
         self.stats = stats
         self.clock = clock
         self.block_size = block_size
 
-    def read(self, req: Request, pull: KVPull) -> KVPayload:
+    async def read(self, req: Request, pull: KVPull) -> KVPayload:
         """A held request's prompt KV from the pull's first block, queued on this engine's link."""
         first = pull.first_block
         num_tokens = req.num_prompt_tokens - first * self.block_size
         kv = self.executor.read_kv(req.block_ids[first:], num_tokens)
-        return KVPayload(req.request_id, kv, self.link.reserve(pull.start_s, pull.wire_s))
+        return KVPayload(req.request_id, kv, await self.link.reserve(pull.start_s, pull.wire_s))
 
     async def load(self, req: Request, plan: TransferPlan) -> bool:
         """Fetch `req`'s KV from its prefill engine and write it into `req`'s blocks; False if `req` was

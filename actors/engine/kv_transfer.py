@@ -7,10 +7,10 @@ overheads overlap between transfers::
     A      start ------------------------- overhead ----> done A
     B        start (queued)   ----------------- overhead ----> done B
 
-The link is the sending engine's: every pull from one prefill engine crosses it, whichever decode
-engine started it, so the sender keeps the queue (`LinkQueue`) and answers each pull with the time
-its wire starts. (One queue per prefill engine: its egress path; decode engines on other nodes share
-it as NIXL's reads from one GPU do.)
+The sender asks the link for each transfer's wire start (`Link.reserve`), whichever decode engine
+started it. By default each prefill engine has its own queue (`LinkQueue`: its egress path; decode
+engines on other nodes share it as NIXL's reads from one GPU do); `kv_transfer.link_scope=fabric`
+gives every prefill engine the same one (in live mode an actor holding it).
 
 pull: the decode engine starts reading at the step boundary that admits the request, and sees the
       completed transfer at its first step boundary at or after `done` (at `done` itself when it has
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from target.config import KVTransferConfig
 from target.profiles import LinkProfile, ModelProfile
@@ -82,14 +82,20 @@ class KVReceiver:
         return TransferPlan(first_block, num_blocks, max(sent_s, blocks_ready_s), kv_bytes, t)
 
 
+class Link(Protocol):
+    """A link's wire as senders see it: a `LinkQueue`, or a client of the actor holding one."""
+
+    async def reserve(self, start_s: float, wire_s: float) -> float: ...
+
+
 class LinkQueue:
-    """The sending side's link: wire time is granted first come, first served."""
+    """A link's wire, granted first come, first served."""
 
     def __init__(self) -> None:
         self._free_s = 0.0
         """When the wire is next free (emulated)."""
 
-    def reserve(self, start_s: float, wire_s: float) -> float:
+    async def reserve(self, start_s: float, wire_s: float) -> float:
         """Queue `wire_s` of sending that may start at `start_s`; when its wire starts."""
         wire_start = max(start_s, self._free_s)
         self._free_s = wire_start + wire_s

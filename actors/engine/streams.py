@@ -8,9 +8,9 @@ instead of one per step.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
-from messages import EngineOutput
+from messages import EngineOutput, KVEvents
 
 
 class RequestStream:
@@ -25,13 +25,17 @@ class RequestStream:
         self.final: EngineOutput | None = None
         """The request's last output (finished_reason set), once it ended."""
 
-    async def outputs(self, request_id: str) -> AsyncGenerator[EngineOutput, None]:
-        """Everything pending at each wake-up, as one output; ends after the final one."""
+    async def outputs(
+        self, request_id: str, take_kv_events: Callable[[], KVEvents | None]
+    ) -> AsyncGenerator[EngineOutput, None]:
+        """Everything pending at each wake-up, as one output (with the engine's KV events since its last
+        output, if any); ends after the final one."""
         while True:
             await self.event.wait()
             self.event.clear()
             out = self.final or EngineOutput(request_id, [], [])
             out.new_token_ids, out.token_times_s = self.tokens, self.times
+            out.kv_events = take_kv_events()
             self.tokens, self.times = [], []
             yield out
             if out.finished_reason is not None:

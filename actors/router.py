@@ -1,0 +1,125 @@
+"""Choosing an engine among a pool's replicas: round robin, session affinity, or on KV (llm-d, Dynamo).
+
+`kv_aware` and `kv_estimated` score every engine with Dynamo's cost::
+
+    cost = overlap_weight x blocks it would prefill + its active blocks
+         = overlap_weight x (prompt blocks - leading blocks it holds) + blocks of requests routed there
+                                                                       and not finished
+
+and the lowest wins (ties: the fewest active blocks, then round robin). `kv_aware` knows what each
+engine holds from the engines' KV events (block hashes stored and removed, piggybacked on their output
+batches: never a message per block); `kv_estimated` assumes a routed prompt's blocks stay cached on its
+engine for `estimate_ttl_s` (llm-d's estimated prefix scorer, Dynamo's ApproxKvIndexer). Both hash the
+prompt the engines' way (`block_hash`), so hashes compare across actors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from actors.engine.block_hash import BlockHash, hash_blocks
+from messages import ClientRequest, KVEvents
+from target.config import RouterConfig
+from target.kv_cache import cdiv
+
+
+class Router:
+    """One pool's router (the proxy keeps one per pool it routes). Engines are named by index."""
+
+    def __init__(
+        self,
+        num_engines: int,
+        cfg: RouterConfig,
+        block_size: int,
+        now: Callable[[], float],
+        policy: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        """`policy` overrides `cfg.policy`; `least_loaded` (decode in P/D under a KV policy) picks the
+        fewest active blocks. `now`: the run's clock, for the estimate's TTL."""
+        self.cfg = cfg
+        self.policy = policy or cfg.policy
+        self.block_size = block_size
+        self.now = now
+        self._next = itertools.cycle(range(num_engines))
+        self._sessions: dict[str, int] = {}
+        self._active_blocks = [0] * num_engines
+        self._inflight: dict[str, tuple[int, int]] = {}
+        """request id -> (engine, its blocks)"""
+        self._held: list[dict[BlockHash, float]] = [{} for _ in range(num_engines)]
+        """What each engine holds: block hash -> when the entry expires (events: never)."""
+        self._rng = np.random.default_rng(seed)
+        self.num_routed = 0
+        self.num_routed_hit_blocks = 0
+        """Leading prompt blocks the chosen engines held when chosen (the router's expected reuse)."""
+
+    def pick(self, creq: ClientRequest) -> int:
+        """The engine for `creq`; call `finished` when it ends."""
+        n = len(self._active_blocks)
+        hashes: list[BlockHash] = []
+        overlaps = [0] * n
+        if self.policy in ("kv_aware", "kv_estimated"):
+            hashes = hash_blocks(creq.prompt_token_ids, self.block_size)
+            overlaps = [self._overlap(i, hashes) for i in range(n)]
+            engine = self._lowest_cost(creq, overlaps, self.cfg.overlap_weight)
+        elif self.policy == "least_loaded":
+            engine = self._lowest_cost(creq, overlaps, 0.0)
+        elif self.policy == "session_affinity" and creq.session_id is not None:
+            engine = self._sessions.get(creq.session_id, -1)
+            if engine < 0:
+                engine = self._sessions[creq.session_id] = min(range(n), key=self._active_blocks.__getitem__)
+        else:
+            engine = next(self._next)
+        blocks = cdiv(len(creq.prompt_token_ids) + creq.max_tokens, self.block_size)
+        self._active_blocks[engine] += blocks
+        self._inflight[creq.request_id] = (engine, blocks)
+        if self.policy == "kv_estimated":
+            expires = self.now() + self.cfg.estimate_ttl_s
+            self._held[engine].update(dict.fromkeys(hashes, expires))
+        self.num_routed += 1
+        self.num_routed_hit_blocks += overlaps[engine]
+        return engine
+
+    def finished(self, request_id: str) -> None:
+        engine, blocks = self._inflight.pop(request_id, (0, 0))
+        self._active_blocks[engine] -= blocks
+
+    def on_kv_events(self, engine: int, events: KVEvents) -> None:
+        """An engine's prefix cache changed (`kv_aware`): blocks it now holds, and blocks it evicted."""
+        held = self._held[engine]
+        held.update(dict.fromkeys(events.stored, math.inf))
+        for h in events.removed:
+            held.pop(h, None)
+
+    def _overlap(self, engine: int, hashes: Sequence[BlockHash]) -> int:
+        """Leading blocks of the prompt `engine` holds (chained hashes: a match covers all before it)."""
+        held, now = self._held[engine], self.now()
+        num = 0
+        for h in hashes:
+            expires = held.get(h)
+            if expires is None or expires <= now:
+                break
+            num += 1
+        return num
+
+    def _lowest_cost(self, creq: ClientRequest, overlaps: list[int], w: float) -> int:
+        num_blocks = cdiv(len(creq.prompt_token_ids), self.block_size)
+        costs = np.array(
+            [w * (num_blocks - o) + a for o, a in zip(overlaps, self._active_blocks, strict=True)]
+        )
+        if self.cfg.temperature > 0 and costs.max() > costs.min():
+            logits = -(costs - costs.min()) / (costs.max() - costs.min()) / self.cfg.temperature
+            p = np.exp(logits - logits.max())
+            return int(self._rng.choice(len(costs), p=p / p.sum()))
+        best = np.flatnonzero(costs == costs.min())
+        if len(best) == 1:
+            return int(best[0])
+        fewest = min(self._active_blocks[i] for i in best)
+        ties = [int(i) for i in best if self._active_blocks[i] == fewest]
+        while (i := next(self._next)) not in ties:
+            pass
+        return i

@@ -1,0 +1,123 @@
+"""Replaying a trace's sessions: each session's turns in closed loop, sessions side by side.
+
+A turn is sent only after the session's previous turn finished, then waits as the timing says::
+
+    think        prev done ── think_s ──► send             (the default: faithful load for agents)
+    original     max(prev done, the turn's trace time)     (open loop where the system keeps up)
+    api-scaled   max(prev done, prev sent + api_s x scale + think_s)
+
+all divided by `speedup`. A turn's sub-agents start when it has finished and the session's next turn
+waits for all of them. One-turn sessions (traces without sessions) are plain open loop: each request at
+its timestamp. At most `max_sessions` top-level sessions run at once; a session waits for a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from messages import ClientRequest, RequestResult
+from target.config import ReplayConfig
+from workloads.render_tier import RenderTier
+from workloads.traces.session import Session, Trace, Turn
+from workloads.traces.tokens import TokenSynthesizer
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    async def sleep_until(self, sim_t: float) -> float: ...
+
+
+class SessionReplay:
+    def __init__(
+        self,
+        submit: Callable[[ClientRequest], Awaitable[RequestResult]],
+        clock: Clock,
+        synth: TokenSynthesizer,
+        cfg: ReplayConfig,
+        render: RenderTier | None = None,
+        on_result: Callable[[RequestResult], None] | None = None,
+        lead_s: float = 0.0,
+    ) -> None:
+        """`lead_s`: send each request that much ahead of its time (live mode: the real hops)."""
+        self.submit, self.clock, self.synth, self.cfg = submit, clock, synth, cfg
+        self.render, self.on_result, self.lead_s = render, on_result, lead_s
+        self.results: list[RequestResult] = []
+
+    async def run(self, trace: Trace) -> list[RequestResult]:
+        """Every session of `trace` (within the window) to its end; results in send order."""
+        sessions = trace.sessions
+        offset_s = 0.0
+        if self.cfg.window_s is not None:
+            start, end = self.cfg.window_s
+            sessions = [s for s in sessions if start <= s.start_s < end]
+            offset_s = start
+        slots = asyncio.Semaphore(self.cfg.max_sessions) if self.cfg.max_sessions else None
+        await asyncio.gather(*(self._top(s, offset_s, slots) for s in sessions))
+        return sorted(self.results, key=lambda r: r.arrival_s)
+
+    async def _top(self, session: Session, offset_s: float, slots: asyncio.Semaphore | None) -> None:
+        origin_s = (session.start_s - offset_s) / self.cfg.speedup
+        await self.clock.sleep_until(origin_s - self.lead_s)
+        async with slots if slots is not None else contextlib.nullcontext():
+            await self._session(session, max(origin_s, self.clock.now()))
+
+    async def _session(self, session: Session, origin_s: float) -> float:
+        """Run `session` from `origin_s` (emulated: when its first turn's trace time falls); returns when
+        its last turn (and every sub-agent) finished. Times come from the results' emulated stamps, so
+        live mode paces exactly as virtual mode does."""
+        sent_s = done_s = origin_s
+        for k, turn in enumerate(session.turns):
+            due_s = self._due_s(session, k, origin_s, sent_s, done_s)
+            await self.clock.sleep_until(due_s - self.lead_s)
+            nxt = session.turns[k + 1] if k + 1 < len(session.turns) else None
+            result = await self._send(session, k, turn, nxt, due_s)
+            sent_s, done_s = due_s, (result.token_times_s[-1] if result.token_times_s else due_s)
+            if turn.subagents:
+                ends = await asyncio.gather(*(self._session(sub, done_s) for sub in turn.subagents))
+                done_s = max(done_s, *ends)
+        return done_s
+
+    def _due_s(
+        self, session: Session, k: int, origin_s: float, prev_sent_s: float, prev_done_s: float
+    ) -> float:
+        """When turn `k` is due (emulated), by the timing strategy (see the module's docstring)."""
+        turn, speedup, timing = session.turns[k], self.cfg.speedup, self.cfg.timing
+        think_s = turn.think_s / speedup
+        if k == 0:
+            return origin_s if timing == "original" else origin_s + think_s
+        if timing == "original":
+            return max(prev_done_s, origin_s + (turn.t_s - session.turns[0].t_s) / speedup)
+        api_s = session.turns[k - 1].api_s
+        if timing == "api-scaled" and api_s is not None:
+            return max(prev_done_s, prev_sent_s + api_s * self.cfg.api_time_scale / speedup + think_s)
+        return prev_done_s + think_s
+
+    async def _send(
+        self, session: Session, k: int, turn: Turn, nxt: Turn | None, sent_s: float
+    ) -> RequestResult:
+        root = session.session_id.split("/")[0]
+        salt = f"/{root}" if self.cfg.session_salt else ""
+        prompt = self.synth.tokens(turn.prompt, salt)
+        next_prompt = self.synth.tokens(nxt.prompt, salt) if nxt is not None else None
+        rid = f"{session.session_id}#{k}"
+        creq = ClientRequest(
+            request_id=rid,
+            arrival_s=sent_s,
+            prompt_token_ids=prompt,
+            max_tokens=turn.max_tokens,
+            forced_output_token_ids=self.synth.answer(prompt, next_prompt, turn.max_tokens, rid),
+            session_id=session.session_id,
+            turn=k,
+            parent_session_id=session.parent,
+        )
+        if self.render is not None:
+            creq.render_s = self.render.render_s(sent_s, len(prompt))
+        result = await self.submit(creq)
+        self.results.append(result)
+        if self.on_result is not None:
+            self.on_result(result)
+        return result

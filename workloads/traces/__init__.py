@@ -1,0 +1,54 @@
+"""Trace loaders: each turns one trace family's file into sessions of turns (`session.Trace`).
+
+mooncake   JSONL, hash IDs of 512-token blocks, optional session_id / delay   (mooncake.py)
+azure      CSV arrivals and lengths, no prefix information                    (azure.py)
+weka       JSON per agentic session, 64-token hash IDs, sub-agents            (weka.py)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from workloads.traces.azure import load_azure
+from workloads.traces.mooncake import load_mooncake
+from workloads.traces.session import Trace, TraceError
+from workloads.traces.weka import load_weka
+
+FORMATS = ("mooncake", "azure", "weka")
+
+
+def detect_format(path: str | Path) -> str:
+    """A trace's format from its name (a directory or `.json`: weka; `.jsonl`: mooncake; `.csv`: azure),
+    else from its first line."""
+    p = Path(path)
+    by_suffix = {".json": "weka", ".jsonl": "mooncake", ".csv": "azure"}
+    if p.is_dir():
+        return "weka"
+    if p.suffix in by_suffix:
+        return by_suffix[p.suffix]
+    with open(p) as f:
+        head = f.read(4096).lstrip()
+    if head.startswith("TIMESTAMP,"):
+        return "azure"
+    first = head.split("\n", 1)[0]
+    if first.startswith("{") and '"hash_ids"' in first and '"input_length"' in first:
+        return "mooncake"
+    if head.startswith("{"):
+        return "weka"
+    raise TraceError(
+        str(path), 1, "format", f"cannot tell the format; allowed: {', '.join(FORMATS)} (--format)"
+    )
+
+
+def load_trace(path: str | Path, fmt: str = "auto") -> Trace:
+    """Load `path` as `fmt` (auto: detected); errors are one-line `TraceError`s."""
+    if not Path(path).exists():
+        raise TraceError(str(path), None, "trace", "no such file or directory")
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt == "mooncake":
+        return load_mooncake(path)
+    if fmt == "azure":
+        return load_azure(path)
+    if fmt == "weka":
+        return load_weka(path)
+    raise TraceError(str(path), None, "format", f"{fmt!r}: unknown; allowed: {', '.join(FORMATS)}")

@@ -1,0 +1,54 @@
+"""A trace's theoretical prefix-hit rate: what an infinite prefix cache could serve.
+
+Requests in send order (the trace's timestamps); each one's longest prefix of full blocks that any
+earlier request also had counts as hits. Hash-ID prompts compare IDs at the trace's block size (as
+kv-cache-tester and InferenceX compute it); token prompts compare 16-token blocks. Blocks are chained,
+so a block hits only with everything before it::
+
+    hit tokens / prompt tokens, summed over every request
+
+An engine gets less: a finite cache, its own block size, the last prompt token always computed, and
+(with several replicas) the router choosing where each prompt's prefix is.
+"""
+
+from __future__ import annotations
+
+from workloads.traces.session import HashPrompt, TokenPrompt, Trace
+
+TOKEN_BLOCK_SIZE = 16
+
+
+def _blocks(prompt: HashPrompt | TokenPrompt, block_size: int | None) -> list[object]:
+    """The prompt's full blocks, as keys comparable across requests of one trace."""
+    if isinstance(prompt, HashPrompt):
+        assert block_size is not None
+        num_full = prompt.num_tokens // block_size
+        return [(prompt.namespace, h) for h in prompt.hash_ids[:num_full]]
+    ids = prompt.token_ids
+    return [
+        ids[i : i + TOKEN_BLOCK_SIZE] for i in range(0, len(ids) - TOKEN_BLOCK_SIZE + 1, TOKEN_BLOCK_SIZE)
+    ]
+
+
+def theoretical_hit_rate(trace: Trace) -> float:
+    """Hit tokens / prompt tokens with an infinite cache (0 for a trace of chat prompts: not known
+    before rendering)."""
+    turns = sorted((t for s in trace.all_sessions() for t in s.turns), key=lambda t: t.t_s)
+    seen: set[int] = set()
+    hit_tokens = prompt_tokens = 0
+    for turn in turns:
+        prompt = turn.prompt
+        prompt_tokens += prompt.num_tokens
+        if not isinstance(prompt, HashPrompt | TokenPrompt):
+            continue
+        size = trace.block_size if isinstance(prompt, HashPrompt) else TOKEN_BLOCK_SIZE
+        assert size is not None
+        key, matching = 0, True
+        for block in _blocks(prompt, trace.block_size):
+            key = hash((key, block))  # chained: a block's key covers every block before it
+            if matching and key in seen:
+                hit_tokens += size
+            else:
+                matching = False
+                seen.add(key)
+    return hit_tokens / prompt_tokens if prompt_tokens else 0.0

@@ -1,0 +1,111 @@
+"""A replayable trace: sessions of turns, as every loader produces them.
+
+A session is one user (or agent) sending its turns in order; a turn may first spawn sub-agent sessions
+and waits for all of them before it is sent (an agent delegating work). A trace without sessions (the
+Azure CSV, Mooncake rows without `session_id`) is one single-turn session per request, replayed open
+loop at its timestamps.
+
+Prompts stay descriptors until a turn is sent (`Prompt`): a 20-minute Mooncake window is 44M prompt
+tokens, too many to hold as Python lists at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed: one line naming the file, line and field."""
+
+    def __init__(self, path: str, line: int | None, key: str, message: str) -> None:
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {key}: {message}")
+
+
+@dataclass(frozen=True)
+class HashPrompt:
+    """A prompt as a hash-ID trace gives it: one token block per hash ID (`trace_block_size` tokens
+    each, from `workloads.traces.tokens`), the last one cut so the prompt has `num_tokens`."""
+
+    hash_ids: tuple[int, ...]
+    num_tokens: int
+    namespace: str
+    """Where the IDs are unique: a file for per-trace (`local`) IDs, the trace family for global ones."""
+
+
+@dataclass(frozen=True)
+class TokenPrompt:
+    """A prompt given as token IDs (synthetic generators)."""
+
+    token_ids: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A prompt given as chat messages, rendered by the render tier when sent (full-text traces)."""
+
+    messages: tuple[dict, ...]
+    num_tokens: int
+    """Prompt tokens as the trace reports them (the rendered count may differ)."""
+
+
+Prompt = HashPrompt | TokenPrompt | ChatPrompt
+
+
+@dataclass
+class Turn:
+    prompt: Prompt
+    max_tokens: int
+    """Output tokens (the trace's output length; EOS ignored)."""
+    t_s: float
+    """Send time in the trace, seconds from the trace's start (open loop and the `original` timing)."""
+    think_s: float = 0.0
+    """Client-side delay before this turn, after the previous one finished (tool execution, the user)."""
+    api_s: float | None = None
+    """How long the original call took (the `api-scaled` timing), when the trace says."""
+    subagents: list[Session] = field(default_factory=list)
+    """Sessions spawned before this turn is sent; it waits until all of them have finished."""
+
+
+@dataclass
+class Session:
+    session_id: str
+    turns: list[Turn]
+    parent: str | None = None
+    """The session that spawned this one (a sub-agent), or None."""
+
+    @property
+    def start_s(self) -> float:
+        return self.turns[0].t_s if self.turns else 0.0
+
+
+@dataclass
+class Trace:
+    name: str
+    sessions: list[Session]
+    block_size: int | None = None
+    """Tokens per hash ID (512 Mooncake, 64 WEKA); None where the trace has no hash IDs."""
+    closed_loop: bool = True
+    """Replay each session's turns one after another (False: every turn at its timestamp, open loop)."""
+
+    def all_sessions(self) -> list[Session]:
+        """Every session, sub-agents after their parents (depth first)."""
+        out: list[Session] = []
+
+        def visit(s: Session) -> None:
+            out.append(s)
+            for turn in s.turns:
+                for sub in turn.subagents:
+                    visit(sub)
+
+        for s in self.sessions:
+            visit(s)
+        return out
+
+    @property
+    def num_requests(self) -> int:
+        return sum(len(s.turns) for s in self.all_sessions())

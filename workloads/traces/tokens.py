@@ -1,0 +1,64 @@
+"""Token synthesis that keeps a trace's sharing: hash IDs -> token IDs, deterministically.
+
+Each hash ID becomes one block of `trace_block_size` token IDs drawn from a generator seeded by
+(seed, namespace, ID), so equal IDs in one namespace are equal tokens and nothing else is (IDs local to
+a file get the file as namespace: two files never share by accident). The engine hashes the tokens at
+its own `block_size`, so trace and engine block sizes are independent::
+
+    hash_ids   [  7  ][  8  ][  9  ]          trace blocks (512 tokens: Mooncake; 64: WEKA)
+    tokens     |.......|.......|...|          the last block cut to num_tokens
+    engine     |..|..|..|..|..|..|.|          re-hashed every block_size (16) tokens, chained
+
+Token IDs are drawn from the runner's vocabulary, so the real-compute runner can run them too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xxhash
+
+from workloads.traces.session import HashPrompt, Prompt, TokenPrompt
+
+
+class TokenSynthesizer:
+    def __init__(self, vocab_size: int, block_size: int | None, seed: int = 0) -> None:
+        """`block_size`: tokens per hash ID of the trace (None: it has no hash IDs)."""
+        self.vocab_size = vocab_size
+        self.block_size = block_size
+        self.seed = seed
+        self._blocks: dict[tuple[str, int], np.ndarray] = {}
+
+    def block(self, namespace: str, hash_id: int) -> np.ndarray:
+        """One hash ID's tokens (cached: a trace's shared blocks are drawn once)."""
+        key = (namespace, hash_id)
+        tokens = self._blocks.get(key)
+        if tokens is None:
+            assert self.block_size is not None
+            ns = xxhash.xxh3_64_intdigest(namespace.encode())
+            rng = np.random.default_rng([self.seed, ns, hash_id & (2**63 - 1), hash_id < 0])
+            tokens = self._blocks[key] = rng.integers(0, self.vocab_size, self.block_size, dtype=np.int32)
+        return tokens
+
+    def tokens(self, prompt: Prompt, salt: str = "") -> list[int]:
+        """A hash-ID or token-ID prompt's token IDs (chat prompts are rendered, not synthesised).
+        `salt` extends a hash-ID prompt's namespace: a replayed user's private blocks."""
+        if isinstance(prompt, TokenPrompt):
+            return list(prompt.token_ids)
+        assert isinstance(prompt, HashPrompt), "a chat prompt is rendered by the render tier"
+        blocks = [self.block(prompt.namespace + salt, h) for h in prompt.hash_ids]
+        return np.concatenate(blocks)[: prompt.num_tokens].tolist() if blocks else []
+
+    def answer(
+        self, prompt: list[int], next_prompt: list[int] | None, max_tokens: int, salt: str
+    ) -> list[int]:
+        """The forced answer of a turn: where the session's next prompt continues this one, the tokens
+        it continues with (so an engine that kept the answer's KV hits on the next turn); the rest
+        drawn from `salt` (the request's own)."""
+        n = len(prompt)
+        reused = (
+            next_prompt[n : n + max_tokens] if next_prompt is not None and next_prompt[:n] == prompt else []
+        )
+        if len(reused) == max_tokens:
+            return reused
+        rng = np.random.default_rng([self.seed, xxhash.xxh3_64_intdigest(salt.encode())])
+        return reused + rng.integers(0, self.vocab_size, max_tokens - len(reused)).tolist()
