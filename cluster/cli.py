@@ -1,6 +1,7 @@
 """`testbed`: run one design or sweep designs × rates × seeds, writing a reproducible run directory.
 
 testbed run   --preset guide-l40s [--design collocated] [--rate 0.4] [--set key=value ...] [--out DIR]
+testbed replay --trace PATH [--router kv_aware] [--mode live] ...       (see cluster/cli_run.py)
 testbed sweep --preset guide-l40s --rates 0.2,0.4 --seeds 5 --num-requests 100 [--out DIR]
 testbed dashboards up [--host 127.0.0.1] [--port 9090] | testbed dashboards down
 testbed serve --preset guide-l40s --design pd-fast [--host 127.0.0.1] [--port 8000] [--api-key KEY]
@@ -10,15 +11,14 @@ testbed serve --preset guide-l40s --design pd-fast [--host 127.0.0.1] [--port 80
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cluster.config_load import ConfigError, available_presets, dump_config, load_designs
+from cluster.cli_run import ERRORS, add_replay_args, add_run_args, cmd_replay, cmd_run, configs_of, out_dir
+from cluster.config_load import ConfigError, available_presets, dump_config
 from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report
 from target.config import TestbedConfig
@@ -35,117 +35,6 @@ def _parse_rates(text: str) -> list[float]:
     return rates
 
 
-def _overrides(args: argparse.Namespace) -> list[str]:
-    """CLI shortcuts become `--set` overrides, so every path goes through one validation."""
-    out = []
-    for flag, key in (
-        ("compute", "runner.compute"),
-        ("mode", "clock.mode"),
-        ("rate", "workload.rate"),
-        ("num_requests", "workload.num_requests"),
-        ("seed", "seed"),
-        ("output_policy", "workload.output_policy"),
-        ("time_scale", "clock.time_scale"),
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            out.append(f"{key}={value}")
-    return out + list(args.set or [])
-
-
-def _configs(args: argparse.Namespace) -> list[TestbedConfig]:
-    source = args.config or args.preset
-    designs = [d for d in (args.design or "").split(",") if d] or None
-    return load_designs(source, designs, _overrides(args))
-
-
-def _out_dir(args: argparse.Namespace, kind: str) -> Path:
-    out = Path(args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "configs").mkdir(exist_ok=True)
-    return out
-
-
-def _run_one(cfg: TestbedConfig, address: str | None) -> Any:
-    """One design, virtual or live, under a progress display (requests, emulated time, lag)."""
-    from rich.progress import Progress
-
-    with Progress(transient=True) as progress:
-        task = progress.add_task(f"{cfg.design}: requests", total=cfg.workload.num_requests)
-
-        def on_result(_: Any) -> None:
-            progress.advance(task)
-
-        if cfg.clock.mode == "virtual":
-            from cluster.virtual import run_virtual
-
-            return run_virtual(cfg, on_result=on_result)
-        from cluster.live import run_live
-
-        def on_tick(sim_s: float, lag: dict[str, Any]) -> None:
-            progress.update(
-                task, description=f"{cfg.design}: t={sim_s:.1f} s emulated, lag {lag['lag_fraction']:.1%}"
-            )
-
-        return run_live(cfg, address, on_result=on_result, on_tick=on_tick)
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from cluster.calibrate import resolve_time_scale
-    from dashboards.console import lag_warning, run_table, show
-
-    configs = [resolve_time_scale(c) if c.clock.mode == "live" else c for c in _configs(args)]
-    out = _out_dir(args, "run")
-    records, frames, engines = [], [], {}
-    with _ray_session(configs, args.address):
-        for cfg in configs:
-            dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
-            result = _run_one(cfg, args.address)
-            records.append(clean_json(result.summary))
-            (out / "metrics" / cfg.design).mkdir(parents=True, exist_ok=True)
-            for actor, text in result.metrics.items():
-                (out / "metrics" / cfg.design / f"{actor}.prom").write_text(text)
-            frames.append(result.results)
-            engines[cfg.design] = result.engine_reports
-            if cfg.clock.mode == "live" and result.summary["lag_fraction"] > 0.01:
-                lag_warning(result.summary)
-    results = pd.concat(frames, ignore_index=True)
-    results.to_parquet(out / "results.parquet", index=False)
-    write_json(out / "summary.json", records)
-    write_json(out / "engines.json", clean_json(engines))
-    c = configs[0]
-    notes = [
-        f"target {c.target.model}; designs {', '.join(x.design for x in configs)}",
-        f"{c.clock.mode} mode, compute {c.runner.compute}, time_scale "
-        + ", ".join(f"{x.clock.time_scale:g}" for x in configs if x.clock.time_scale != "auto"),
-        f"workload: {c.workload.num_requests} requests at {c.workload.rate:g} req/s, prompt "
-        f"{c.workload.prompt_len}, output {c.workload.output_len}, seed {c.seed}",
-        "final Prometheus exposition of every actor: metrics/<design>/<actor>.prom",
-    ]
-    report = write_report(out, results, records, f"testbed run: {c.target.model}", notes)
-    show(run_table(records))
-    print(f"run directory: {out}  (report: {report})")
-    return 0
-
-
-@contextlib.contextmanager
-def _ray_session(configs: list[TestbedConfig], address: str | None) -> Iterator[None]:
-    """One Ray for all live runs of a command: joined at `address`, or started here and stopped after."""
-    if not any(c.clock.mode == "live" for c in configs):
-        yield
-        return
-    from cluster.live import connect, disconnect
-
-    started = connect(configs, address)
-    try:
-        yield
-    finally:
-        if started:
-            disconnect()
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
@@ -158,8 +47,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"--mode={args.mode}: testbed sweep runs virtual mode; use testbed run --mode live")
     if args.seeds < 1:
         raise ConfigError(f"--seeds={args.seeds}: must be >= 1 (the number of seeds per point)")
-    configs = _configs(args)
-    out = _out_dir(args, "sweep")
+    configs = configs_of(args)
+    out = out_dir(args, "sweep")
     for cfg in configs:
         dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
     points = sweep_points(configs, rates, [configs[0].seed + i for i in range(args.seeds)])
@@ -234,7 +123,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from cluster.calibrate import resolve_time_scale
     from cluster.serve import serve
 
-    configs = _configs(args)
+    configs = configs_of(args)
     if args.design and len(configs) != 1:
         names = ", ".join(c.design for c in configs)
         raise ConfigError(f"--design={args.design}: serve runs one design; choose one of: {names}")
@@ -286,31 +175,38 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", help="write every request's results here at shutdown")
     v.add_argument("--ray", action="store_true", help="run render pool, proxy and engines as Ray actors")
     v.add_argument("--address", help="with --ray: join this Ray cluster (e.g. auto) instead of starting one")
-    for name, helptext in (("run", "run each design once"), ("sweep", "designs x rates x seeds")):
-        s = sub.add_parser(name, help=helptext)
-        _config_args(s, "comma-separated designs of the preset (default: all)")
-        s.add_argument("--mode", help="virtual | live (run only)")
-        s.add_argument("--num-requests", type=int)
-        s.add_argument("--out", help="run directory (default: runs/<time>-<command>)")
-        if name == "run":
-            s.add_argument("--rate", type=float, help="requests per emulated second")
-            s.add_argument("--time-scale", help="live: wall seconds per emulated second, or auto")
-            s.add_argument(
-                "--address", help="live: join this Ray cluster (e.g. auto) instead of starting one"
-            )
-        else:
-            s.add_argument("--rates", default="0.2,0.4,0.6,1.0,1.5,2.0", help="comma-separated req/s")
-            s.add_argument("--seeds", type=int, default=1, help="seeds per point (base seed, base+1, ...)")
-            s.add_argument("--jobs", type=int, default=os.cpu_count(), help="parallel processes")
+    r = sub.add_parser("run", help="run each design once")
+    add_run_args(r, _config_args)
+    r.add_argument("--num-requests", type=int)
+    r.add_argument("--rate", type=float, help="requests per emulated second")
+    t = sub.add_parser(
+        "replay", help="replay a trace's sessions (or a multi-turn scenario) through each design"
+    )
+    add_run_args(t, _config_args)
+    add_replay_args(t)
+    s = sub.add_parser("sweep", help="designs x rates x seeds")
+    _config_args(s, "comma-separated designs of the preset (default: all)")
+    s.add_argument("--mode", help="virtual (sweeps run virtual mode)")
+    s.add_argument("--num-requests", type=int)
+    s.add_argument("--out", help="run directory (default: runs/<time>-<command>)")
+    s.add_argument("--rates", default="0.2,0.4,0.6,1.0,1.5,2.0", help="comma-separated req/s")
+    s.add_argument("--seeds", type=int, default=1, help="seeds per point (base seed, base+1, ...)")
+    s.add_argument("--jobs", type=int, default=os.cpu_count(), help="parallel processes")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        commands = {"run": cmd_run, "sweep": cmd_sweep, "dashboards": cmd_dashboards, "serve": cmd_serve}
+        commands = {
+            "run": cmd_run,
+            "replay": cmd_replay,
+            "sweep": cmd_sweep,
+            "dashboards": cmd_dashboards,
+            "serve": cmd_serve,
+        }
         return commands[args.command](args)
-    except ConfigError as e:
+    except ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

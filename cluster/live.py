@@ -33,7 +33,7 @@ from dashboards.exposition import write_sd_file
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
 from workloads.render_tier import RenderTier
-from workloads.replay import Workload, run_workload, workload_for
+from workloads.replay import Workload, run_workload, workload_for, workload_info
 from workloads.summary import lag_summary
 
 if TYPE_CHECKING:
@@ -236,7 +236,7 @@ def run_live(
         time.sleep(cfg.metrics.linger_s)
         reports, metrics = shutdown(dep, cfg)
         dep = None
-        return run_output(cfg, results, reports, metrics)
+        return run_output(cfg, results, reports, metrics, workload_info(requests, cfg.replay.speedup))
     finally:
         if dep is not None:
             kill(dep)

@@ -32,12 +32,18 @@ def run_output(
     results: list[RequestResult],
     reports: dict[str, dict[str, Any]],
     metrics: dict[str, str],
+    workload_info: dict[str, Any] | None = None,
 ) -> RunOutput:
-    df = results_frame(results, cfg.design, cfg.workload.rate, cfg.seed)
+    """`workload_info`: what the workload says of itself (a trace's nominal rate, its theoretical
+    prefix-hit rate), overriding `workload.rate` where it has one."""
+    info = workload_info or {}
+    rate = info.get("rate", cfg.workload.rate)
+    df = results_frame(results, cfg.design, rate, cfg.seed)
     summary = {
         "design": cfg.design,
-        "rate": cfg.workload.rate,
+        "rate": rate,
         **summarize(df, cfg.slos),
+        **info,
         "time_scale": cfg.clock.time_scale,
         **lag_summary(reports),
     }

@@ -21,7 +21,7 @@ from dashboards.recorders import EngineMetrics, ProxyMetrics
 from messages import RenderSpec, RequestResult
 from target.config import TestbedConfig
 from workloads.render_tier import RenderTier
-from workloads.replay import Workload, run_workload, workload_for
+from workloads.replay import Workload, run_workload, workload_for, workload_info
 
 
 @dataclass
@@ -135,4 +135,5 @@ def run_virtual(
         results, dep = loop.run_until_complete(serve(cfg, requests, on_result))
     finally:
         loop.close()
-    return run_output(cfg, results, {e.engine_id: e.report() for e in dep.engines}, dep.expositions())
+    reports = {e.engine_id: e.report() for e in dep.engines}
+    return run_output(cfg, results, reports, dep.expositions(), workload_info(requests, cfg.replay.speedup))

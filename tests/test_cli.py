@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -209,3 +210,48 @@ def test_a_model_the_runner_cannot_compute_is_refused_in_one_line(config, needle
     assert err.startswith("error: ") and err.count("\n") == 1, err
     for needle in ["runner.model_path", str(model), "allowed: Qwen2ForCausalLM", *needles]:
         assert needle in err, (needle, err)
+
+
+WEKA_0007 = str(
+    Path(__file__).resolve().parents[2] / "shared" / "traces" / "weka_claude_code" / "trace_0007.json"
+)
+
+
+def test_replay_writes_the_run_directory_with_sessions_and_reuse(tmp_path):
+    argv = ["replay", "--preset", "agentic-h200", "--trace", WEKA_0007, "--compute", "skip"]
+    assert main([*argv, "--router", "kv_aware", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["design"] for r in records] == ["collocated", "pd"]
+    for r in records:
+        assert r["completed"] == 12 and r["trace"] == "trace_0007" and r["num_sessions"] == 1
+        # one session, kv_aware: near an infinite cache's (finer engine blocks can hit a bit more)
+        assert r["prefix_hit_rate"] == pytest.approx(r["theoretical_prefix_hit_rate_with_answers"], abs=0.02)
+        assert set(r["median_ttft_ms_by_turn"]) == {str(k) for k in range(12)}
+    df = pd.read_parquet(tmp_path / "results.parquet")
+    assert df["session_id"].eq("trace_0007").all() and sorted(df["turn"].unique()) == list(range(12))
+    cfg = yaml.safe_load((tmp_path / "configs" / "pd.yaml").read_text())
+    assert cfg["router"]["policy"] == "kv_aware" and cfg["replay"]["trace"] == WEKA_0007
+    _assert_report(tmp_path, {"ttft_cdf", "itl_cdf", "stalls", "handoff", "ttft_parts"})
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--trace", "nope.jsonl"], "replay.trace='nope.jsonl': no such file or directory"),
+        (["--trace", WEKA_0007, "--router", "magic"], "router.policy"),
+        (["--trace", WEKA_0007, "--window", "5"], "--window='5': expected START:END"),
+        ([], "give --trace PATH or --scenario NAME"),
+    ],
+)
+def test_replay_bad_input_is_one_line(argv, message, capsys):
+    assert main(["replay", "--compute", "skip", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_replay_of_a_broken_trace_names_file_line_and_field(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 0, "hash_ids": [1]}\n')
+    assert main(["replay", "--compute", "skip", "--trace", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:1: output_length: 0: expected an integer >= 1" in err and err.count("\n") == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
@@ -15,6 +15,7 @@ from workloads.session_replay import SessionReplay
 from workloads.synthetic import synthetic_requests
 from workloads.traces import load_trace
 from workloads.traces.multi_turn import multi_turn_trace
+from workloads.traces.prefix_reuse import theoretical_hit_rate
 from workloads.traces.session import Trace
 from workloads.traces.tokens import TokenSynthesizer
 
@@ -38,6 +39,24 @@ def workload_for(cfg: TestbedConfig) -> Workload:
     if cfg.workload.kind == "multi_turn":
         return multi_turn_trace(cfg.multi_turn, cfg.runner.vocab_size, cfg.seed)
     return synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed)
+
+
+def workload_info(workload: Workload, speedup: float = 1.0) -> dict[str, Any]:
+    """Summary keys the workload contributes: a trace's nominal rate (its requests over its time span
+    as the trace paces them, sped up: the same for every design, though closed loop sends as the
+    system answers), size, and theoretical prefix-hit rate (an infinite cache's; compare
+    `prefix_hit_rate`, what the engines achieved)."""
+    if not isinstance(workload, Trace):
+        return {}
+    times = [t.t_s for s in workload.all_sessions() for t in s.turns]
+    span_s = (max(times) - min(times)) / speedup
+    return {
+        "rate": round(len(times) / span_s, 4) if span_s > 0 else 0.0,
+        "trace": workload.name,
+        "num_sessions": len(workload.sessions),
+        "theoretical_prefix_hit_rate": theoretical_hit_rate(workload),
+        "theoretical_prefix_hit_rate_with_answers": theoretical_hit_rate(workload, with_answers=True),
+    }
 
 
 async def run_workload(

@@ -46,4 +46,6 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     for part in HANDOFF_PARTS:
         df[f"handoff_{part}_s"] = [p[part] if p else float("nan") for p in parts]
     df["ok"] = df["finished_reason"].isin(["length", "stop"])
+    # Where the prompt was computed (prefill in P/D), how much of it the prefix cache served.
+    df["prompt_cached_tokens"] = df["prefill_cached_tokens"].fillna(df["num_cached_tokens"]).fillna(0)
     return df

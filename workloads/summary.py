@@ -66,6 +66,10 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
             for q, pct in (("median", 50), ("p99", 99))
         },
         "num_preemptions": int(df["num_preemptions"].sum()),
+        "prefix_hit_rate": _ratio(df["prompt_cached_tokens"].sum(), df["num_prompt_tokens"].sum()),
+        "median_ttft_ms_by_turn": {
+            f"{turn:g}": _ms(part["ttft_s"], 50) for turn, part in ok.groupby("turn", dropna=True)
+        },
         "slo_attainment": {},
         "goodput": {},
     }
@@ -77,12 +81,17 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
     return record
 
 
+def _ratio(num: float, den: float) -> float:
+    return float(num) / float(den) if den else 0.0
+
+
 def mean_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Average records of the same design and rate over seeds (None where no seed had a value)."""
     out: dict[str, Any] = {}
     for key, first in records[0].items():
         if isinstance(first, dict):
-            out[key] = {k: float(np.mean([r[key][k] for r in records])) for k in first}
+            keys = dict.fromkeys(k for r in records for k in r[key])  # per-turn keys differ by seed
+            out[key] = {k: float(np.mean([r[key][k] for r in records if k in r[key]])) for k in keys}
         elif isinstance(first, int | float) or first is None:
             vals = [r[key] for r in records if r[key] is not None]
             out[key] = float(np.mean(vals)) if vals else None

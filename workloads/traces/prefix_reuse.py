@@ -7,8 +7,9 @@ so a block hits only with everything before it::
 
     hit tokens / prompt tokens, summed over every request
 
-An engine gets less: a finite cache, its own block size, the last prompt token always computed, and
-(with several replicas) the router choosing where each prompt's prefix is.
+An engine gets less: a finite cache, the last prompt token always computed, and (with several
+replicas) the router choosing where each prompt's prefix is; its blocks, finer than a trace's, can hit
+a little more of a partly shared trace block.
 """
 
 from __future__ import annotations
@@ -30,13 +31,23 @@ def _blocks(prompt: HashPrompt | TokenPrompt, block_size: int | None) -> list[ob
     ]
 
 
-def theoretical_hit_rate(trace: Trace) -> float:
+def theoretical_hit_rate(trace: Trace, with_answers: bool = False) -> float:
     """Hit tokens / prompt tokens with an infinite cache (0 for a trace of chat prompts: not known
-    before rendering)."""
-    turns = sorted((t for s in trace.all_sessions() for t in s.turns), key=lambda t: t.t_s)
+    before rendering). Prompts only, as published for these traces; `with_answers`: the cache also
+    keeps each answer where the session's next prompt repeats it (an engine keeps its output's KV,
+    and replayed answers are forced to those tokens), which an engine can reach and the published
+    figure does not count."""
+    turns = sorted(
+        (
+            (t, s.turns[i + 1] if i + 1 < len(s.turns) else None)
+            for s in trace.all_sessions()
+            for i, t in enumerate(s.turns)
+        ),
+        key=lambda pair: pair[0].t_s,
+    )
     seen: set[int] = set()
     hit_tokens = prompt_tokens = 0
-    for turn in turns:
+    for turn, nxt in turns:
         prompt = turn.prompt
         prompt_tokens += prompt.num_tokens
         if not isinstance(prompt, HashPrompt | TokenPrompt):
@@ -50,5 +61,12 @@ def theoretical_hit_rate(trace: Trace) -> float:
                 hit_tokens += size
             else:
                 matching = False
+                seen.add(key)
+        if with_answers and nxt is not None and type(nxt.prompt) is type(prompt):
+            # The next prompt's full blocks within this prompt + answer: in the cache from now on.
+            key = 0
+            num_blocks = (prompt.num_tokens + turn.max_tokens) // size
+            for block in _blocks(nxt.prompt, trace.block_size)[:num_blocks]:  # type: ignore[arg-type]
+                key = hash((key, block))
                 seen.add(key)
     return hit_tokens / prompt_tokens if prompt_tokens else 0.0

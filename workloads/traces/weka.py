@@ -97,7 +97,9 @@ def load_weka_file(path: str | Path) -> Trace:
 def load_weka(path: str | Path) -> Trace:
     """One file, or a directory of `*.json` files: one session each, all starting at time 0."""
     p = Path(path)
-    files = sorted(p.glob("*.json")) if p.is_dir() else [p]
+    if not p.is_dir():
+        return load_weka_file(p)
+    files = sorted(p.glob("*.json"))
     if not files:
         raise TraceError(str(path), None, "files", "no *.json trace in this directory")
     traces = [load_weka_file(f) for f in files]

@@ -1,0 +1,226 @@
+"""`testbed run` and `testbed replay`: each design once (virtual or live), into one run directory.
+
+testbed run    --preset guide-l40s [--design collocated] [--rate 0.4] [--mode live] [--out DIR]
+testbed replay --trace PATH [--format auto|mooncake|azure|weka] [--router kv_aware] [--timing think]
+               [--speedup X] [--window A:B] [--max-sessions N] [--session-salt]   (or --scenario six-turn)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from cluster.config_load import ConfigError, dump_config, load_designs
+from cluster.outcome import clean_json, write_json
+from dashboards.report import write_report
+from target.config import TestbedConfig
+from workloads.traces import load_trace
+from workloads.traces.prefix_reuse import theoretical_hit_rate
+from workloads.traces.session import TraceError
+
+SCENARIOS: dict[str, list[str]] = {
+    "six-turn": [
+        "workload.kind=multi_turn",
+        "multi_turn.num_conversations=1",
+        "multi_turn.num_turns=constant:6",
+        "multi_turn.common_prefix_tokens=0",
+        "multi_turn.prefix_tokens=constant:3600",
+        "multi_turn.user_tokens=constant:400",
+        "multi_turn.output_tokens=constant:600",
+        "multi_turn.think_s=constant:5",
+    ],
+}
+"""Named multi-turn workloads: six-turn is a chat whose first prompt is 4,000 tokens, then answers of
+600 and follow-ups of 400, six turns."""
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """CLI shortcuts become `--set` overrides, so every path goes through one validation."""
+    out = []
+    for flag, key in (
+        ("compute", "runner.compute"),
+        ("mode", "clock.mode"),
+        ("rate", "workload.rate"),
+        ("num_requests", "workload.num_requests"),
+        ("seed", "seed"),
+        ("output_policy", "workload.output_policy"),
+        ("time_scale", "clock.time_scale"),
+        ("trace", "replay.trace"),
+        ("format", "replay.format"),
+        ("timing", "replay.timing"),
+        ("speedup", "replay.speedup"),
+        ("max_sessions", "replay.max_sessions"),
+        ("router", "router.policy"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            out.append(f"{key}={value}")
+    return out + list(args.set or [])
+
+
+def configs_of(args: argparse.Namespace, extra: Sequence[str] = ()) -> list[TestbedConfig]:
+    source = args.config or args.preset
+    designs = [d for d in (args.design or "").split(",") if d] or None
+    return load_designs(source, designs, [*extra, *overrides(args)])
+
+
+def out_dir(args: argparse.Namespace, kind: str) -> Path:
+    out = Path(args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "configs").mkdir(exist_ok=True)
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    configs = configs_of(args)
+    c = configs[0]
+    notes = [
+        f"workload: {c.workload.num_requests} requests at {c.workload.rate:g} req/s, prompt "
+        f"{c.workload.prompt_len}, output {c.workload.output_len}, seed {c.seed}"
+    ]
+    return _run_designs(args, configs, "run", notes, c.workload.num_requests)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """A trace's sessions (or a named multi-turn scenario) through each design."""
+    if (args.trace is None) == (args.scenario is None):
+        raise ConfigError("testbed replay: give --trace PATH or --scenario NAME (one of them)")
+    extra = ["workload.kind=trace"] if args.trace else list(SCENARIOS[args.scenario])
+    if args.window:
+        try:
+            start, end = (float(x) for x in args.window.split(":"))
+        except ValueError:
+            raise ConfigError(
+                f"--window={args.window!r}: expected START:END in trace seconds, e.g. 0:600"
+            ) from None
+        extra.append(f"replay.window_s=[{start},{end}]")
+    if args.session_salt:
+        extra.append("replay.session_salt=true")
+    configs = configs_of(args, extra)
+    c = configs[0]
+    if args.trace:
+        trace = load_trace(c.replay.trace or "", c.replay.format)  # checked here, before any run
+        what = f"trace {trace.name}: {len(trace.sessions)} sessions, {trace.num_requests} requests"
+        total: int | None = trace.num_requests
+        reuse = (
+            f"theoretical prefix-hit rate {theoretical_hit_rate(trace):.1%} (infinite cache, prompts only)"
+        )
+    else:
+        what, total, reuse = f"scenario {args.scenario}", None, "multi-turn conversations"
+    r = c.replay
+    notes = [
+        f"{what}; timing {r.timing}, speedup {r.speedup:g}, router {c.router.policy}; {reuse}",
+    ]
+    return _run_designs(args, configs, "replay", notes, total)
+
+
+def _run_designs(
+    args: argparse.Namespace, configs: list[TestbedConfig], kind: str, notes: list[str], total: int | None
+) -> int:
+    import pandas as pd
+
+    from cluster.calibrate import resolve_time_scale
+    from dashboards.console import lag_warning, run_table, show
+
+    configs = [resolve_time_scale(c) if c.clock.mode == "live" else c for c in configs]
+    out = out_dir(args, kind)
+    records, frames, engines = [], [], {}
+    with _ray_session(configs, args.address):
+        for cfg in configs:
+            dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
+            result = _run_one(cfg, args.address, total)
+            records.append(clean_json(result.summary))
+            (out / "metrics" / cfg.design).mkdir(parents=True, exist_ok=True)
+            for actor, text in result.metrics.items():
+                (out / "metrics" / cfg.design / f"{actor}.prom").write_text(text)
+            frames.append(result.results)
+            engines[cfg.design] = result.engine_reports
+            if cfg.clock.mode == "live" and result.summary["lag_fraction"] > 0.01:
+                lag_warning(result.summary)
+    results = pd.concat(frames, ignore_index=True)
+    results.to_parquet(out / "results.parquet", index=False)
+    write_json(out / "summary.json", records)
+    write_json(out / "engines.json", clean_json(engines))
+    c = configs[0]
+    notes = [
+        f"target {c.target.model}; designs {', '.join(x.design for x in configs)}",
+        f"{c.clock.mode} mode, compute {c.runner.compute}, time_scale "
+        + ", ".join(f"{x.clock.time_scale:g}" for x in configs if x.clock.time_scale != "auto"),
+        *notes,
+        "final Prometheus exposition of every actor: metrics/<design>/<actor>.prom",
+    ]
+    report = write_report(out, results, records, f"testbed {kind}: {c.target.model}", notes)
+    show(run_table(records))
+    print(f"run directory: {out}  (report: {report})")
+    return 0
+
+
+def _run_one(cfg: TestbedConfig, address: str | None, total: int | None) -> Any:
+    """One design, virtual or live, under a progress display (requests, emulated time, lag)."""
+    from rich.progress import Progress
+
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"{cfg.design}: requests", total=total)
+
+        def on_result(_: Any) -> None:
+            progress.advance(task)
+
+        if cfg.clock.mode == "virtual":
+            from cluster.virtual import run_virtual
+
+            return run_virtual(cfg, on_result=on_result)
+        from cluster.live import run_live
+
+        def on_tick(sim_s: float, lag: dict[str, Any]) -> None:
+            progress.update(
+                task, description=f"{cfg.design}: t={sim_s:.1f} s emulated, lag {lag['lag_fraction']:.1%}"
+            )
+
+        return run_live(cfg, address, on_result=on_result, on_tick=on_tick)
+
+
+@contextlib.contextmanager
+def _ray_session(configs: list[TestbedConfig], address: str | None) -> Iterator[None]:
+    """One Ray for all live runs of a command: joined at `address`, or started here and stopped after."""
+    if not any(c.clock.mode == "live" for c in configs):
+        yield
+        return
+    from cluster.live import connect, disconnect
+
+    started = connect(configs, address)
+    try:
+        yield
+    finally:
+        if started:
+            disconnect()
+
+
+def add_run_args(
+    s: argparse.ArgumentParser, add_config_args: Callable[[argparse.ArgumentParser, str], None]
+) -> None:
+    """The flags `run` and `replay` share."""
+    add_config_args(s, "comma-separated designs of the preset (default: all)")
+    s.add_argument("--mode", help="virtual | live")
+    s.add_argument("--out", help="run directory (default: runs/<time>-<command>)")
+    s.add_argument("--time-scale", help="live: wall seconds per emulated second, or auto")
+    s.add_argument("--address", help="live: join this Ray cluster (e.g. auto) instead of starting one")
+
+
+def add_replay_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--trace", help="a trace file, or a directory of WEKA session files")
+    s.add_argument("--scenario", choices=sorted(SCENARIOS), help="a named multi-turn workload instead")
+    s.add_argument("--format", help="auto | mooncake | azure | weka (default: auto)")
+    s.add_argument("--router", help="round_robin | session_affinity | kv_aware | kv_estimated")
+    s.add_argument("--timing", help="think | original | api-scaled (when a session's next turn goes)")
+    s.add_argument("--speedup", type=float, help="divide every trace time and delay by this")
+    s.add_argument("--window", help="START:END trace seconds: only sessions starting in it")
+    s.add_argument("--max-sessions", type=int, help="most sessions at once (closed-loop users)")
+    s.add_argument("--session-salt", action="store_true", help="no prefix shared across sessions")
+
+
+ERRORS = (ConfigError, TraceError)
+"""What ends a command with one line and exit code 2."""
