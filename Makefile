@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/runner_speed.py
 	$(PY) bench/derender.py
 	$(PY) bench/render_cost.py
+	$(PY) bench/trace_replay.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy

@@ -78,8 +78,12 @@ class Router:
         self._active_blocks[engine] += blocks
         self._inflight[creq.request_id] = (engine, blocks)
         if self.policy == "kv_estimated":
-            expires = self.now() + self.cfg.estimate_ttl_s
-            self._held[engine].update(dict.fromkeys(hashes, expires))
+            now = self.now()
+            self._held[engine].update(dict.fromkeys(hashes, now + self.cfg.estimate_ttl_s))
+            if self.num_routed % 256 == 0:  # drop what expired, now and then (a long trace's worth)
+                for held in self._held:
+                    for h in [h for h, expires in held.items() if expires <= now]:
+                        del held[h]
         self.num_routed += 1
         self.num_routed_hit_blocks += overlaps[engine]
         return engine
@@ -90,6 +94,8 @@ class Router:
 
     def on_kv_events(self, engine: int, events: KVEvents) -> None:
         """An engine's prefix cache changed (`kv_aware`): blocks it now holds, and blocks it evicted."""
+        if self.policy != "kv_aware":  # decode's pool in P/D is routed by load: nothing to index
+            return
         held = self._held[engine]
         held.update(dict.fromkeys(events.stored, math.inf))
         for h in events.removed:

@@ -77,8 +77,13 @@ def sum_series(expositions: list[str], name: str, **match: str) -> float:
 
 
 def write_sd_file(path: str, design: str, targets: dict[str, str]) -> None:
-    """Prometheus file-based service discovery: one target per actor (Prometheus re-reads the file)."""
-    groups = [{"targets": [t], "labels": {"design": design, "actor": a}} for a, t in targets.items()]
+    """Prometheus file-based service discovery: one target per actor (Prometheus re-reads the file).
+    Besides ours, each target has the labels Kubernetes scraping adds (`namespace`: the design, `pod`:
+    the actor, e.g. `decode-0`), so boards written for llm-d (`pod=~".*decode.*"`) work unchanged."""
+    groups = [
+        {"targets": [t], "labels": {"design": design, "actor": a, "namespace": design, "pod": a}}
+        for a, t in targets.items()
+    ]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")

@@ -1,8 +1,9 @@
 """The run report: one self-contained `report.html` (plots embedded) plus the plots as PNGs in `plots/`.
 
 Plots: TTFT and ITL CDFs per design, per-request token timelines around each design's worst stall, the
-KV handoff distribution (P/D designs), TTFT in parts (rendering, prefill, the handoff's parts), and SLO
-attainment and goodput against offered rate (sweeps).
+KV handoff distribution (P/D designs), TTFT in parts (rendering, prefill, the handoff's parts), SLO
+attainment and goodput against offered rate (sweeps), and for replayed sessions TTFT by turn and by
+context length.
 Everything is drawn from the per-request results table, so every figure traces back to its rows.
 """
 
@@ -24,6 +25,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
+from dashboards.session_plots import ttft_by_context, ttft_by_turn
 from target.kv_cache import cdiv
 from workloads.latency import HANDOFF_PARTS
 
@@ -202,6 +204,12 @@ def write_report(
         ("handoff", "KV handoff time (P/D designs)", handoff_histogram(results)),
         ("ttft_parts", "Where TTFT goes: rendering, prefill, the handoff's parts", ttft_stack(results)),
         ("goodput", "SLO attainment and goodput against offered rate", goodput_curves(records)),
+        ("ttft_by_turn", "Replayed sessions: TTFT by turn", ttft_by_turn(results)),
+        (
+            "ttft_by_context",
+            "Replayed sessions: TTFT and prefix hits by context length",
+            ttft_by_context(results),
+        ),
     ]
     (out / "plots").mkdir(exist_ok=True)
     sections = []

@@ -231,7 +231,10 @@ def test_replay_writes_the_run_directory_with_sessions_and_reuse(tmp_path):
     assert df["session_id"].eq("trace_0007").all() and sorted(df["turn"].unique()) == list(range(12))
     cfg = yaml.safe_load((tmp_path / "configs" / "pd.yaml").read_text())
     assert cfg["router"]["policy"] == "kv_aware" and cfg["replay"]["trace"] == WEKA_0007
-    _assert_report(tmp_path, {"ttft_cdf", "itl_cdf", "stalls", "handoff", "ttft_parts"})
+    _assert_report(
+        tmp_path,
+        {"ttft_cdf", "itl_cdf", "stalls", "handoff", "ttft_parts", "ttft_by_turn", "ttft_by_context"},
+    )
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,10 @@ def test_prometheus_scrapes_every_actor(scraped):
     up_targets = _query(url, 'up{job="disagg-testbed"}')
     assert {t["metric"]["actor"] for t in up_targets} == {*dep.metrics_targets, "serve"}
     assert all(t["value"][1] == "1" for t in up_targets)
+    # llm-d's boards select by the labels Kubernetes scraping adds: namespace and pod
+    decode = _query(url, 'up{job="disagg-testbed", pod=~".*decode.*"}')
+    assert {t["metric"]["pod"] for t in decode} == {a for a in dep.metrics_targets if "decode" in a}
+    assert {t["metric"]["namespace"] for t in decode} == {"pd-fast"}
 
 
 @pytest.mark.parametrize("board", list(grafana.BOARDS))

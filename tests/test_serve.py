@@ -392,7 +392,8 @@ def test_the_serve_command_binds_loopback_and_writes_results_when_stopped(tmp_pa
                 assert time.monotonic() < deadline, "serve never answered /health"
                 time.sleep(0.2)
         (group,) = json.loads((tmp_path / "targets-serve.json").read_text())  # for `dashboards up`
-        assert group == {"targets": [f"127.0.0.1:{port}"], "labels": {"design": "pd-fast", "actor": "serve"}}
+        labels = {"design": "pd-fast", "actor": "serve", "namespace": "pd-fast", "pod": "serve"}
+        assert group == {"targets": [f"127.0.0.1:{port}"], "labels": labels}
         chat = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         assert (
             chat.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5).usage.completion_tokens == 5

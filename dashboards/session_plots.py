@@ -1,0 +1,49 @@
+"""Report plots for replayed sessions: TTFT by turn, and TTFT by context length (every design)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+
+def ttft_by_turn(df: pd.DataFrame) -> Figure | None:
+    """Median TTFT of each turn index (sessions only): later turns should hit the prefix cache."""
+    ok = df[df["ok"] & df["turn"].notna()]
+    if ok.empty or ok["turn"].nunique() < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for design, part in ok.groupby("design", sort=False):
+        medians = part.groupby("turn")["ttft_s"].median() * 1000.0
+        ax.plot(medians.index.astype(int), medians.to_numpy(), "o-", ms=3, label=str(design))
+    ax.set(xlabel="turn (0: a session's first)", ylabel="median TTFT (ms)", title="TTFT by turn")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def ttft_by_context(df: pd.DataFrame) -> Figure | None:
+    """Median TTFT per prompt-length bin (powers of two), with the cached share of the prompt: a long
+    context is cheap where its prefix hits (sessions only)."""
+    ok = df[df["ok"] & df["turn"].notna()]
+    if ok.empty:
+        return None
+    bins = 2.0 ** np.floor(np.log2(ok["num_prompt_tokens"].clip(lower=1)))
+    fig, (ax, hit) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for design, part in ok.assign(bin=bins).groupby("design", sort=False):
+        by = part.groupby("bin")
+        ax.plot(by["ttft_s"].median().index, by["ttft_s"].median() * 1000.0, "o-", ms=3, label=str(design))
+        share = by["prompt_cached_tokens"].sum() / by["num_prompt_tokens"].sum()
+        hit.plot(share.index, share.to_numpy(), "o-", ms=3, label=str(design))
+    ax.set(xscale="log", yscale="log", xlabel="prompt tokens (bin start)", ylabel="median TTFT (ms)")
+    ax.set_title("TTFT by context length")
+    hit.set(xscale="log", ylim=(0, 1.02), xlabel="prompt tokens (bin start)", ylabel="prompt tokens cached")
+    hit.set_title("Prefix-cache hits by context length")
+    for a in (ax, hit):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
