@@ -26,7 +26,12 @@ from target.config import RouterConfig
 class ProxyRecorder(Protocol):
     """Where the proxy records each finished request (`dashboards.recorders.ProxyMetrics`)."""
 
+    def on_request_start(self, result: RequestResult) -> None: ...
+
     def on_request_done(self, result: RequestResult) -> None: ...
+
+    def on_routed(self, pool: str, engine_id: str, overlap_blocks: int, prompt_blocks: int) -> None:
+        """A pool's router chose `engine_id`, which held `overlap_blocks` of the prompt's blocks."""
 
 
 class EngineClient(Protocol):
@@ -80,12 +85,19 @@ class Proxy:
 
         decode_policy = cfg.policy if cfg.policy in ("round_robin", "session_affinity") else "least_loaded"
 
-        def pool(engines: Sequence[EngineClient], policy: str | None = None) -> _Pool | None:
-            return _Pool(engines, Router(len(engines), cfg, block_size, now, policy)) if engines else None
+        def pool(name: str, engines: Sequence[EngineClient], policy: str | None = None) -> _Pool | None:
+            if not engines:
+                return None
 
-        self._mixed = pool(mixed)
-        self._prefill = pool(prefill)
-        self._decode = pool(decode, decode_policy)
+            def on_routed(i: int, overlap_blocks: int, prompt_blocks: int) -> None:
+                if self.recorder is not None:
+                    self.recorder.on_routed(name, engines[i].engine_id, overlap_blocks, prompt_blocks)
+
+            return _Pool(engines, Router(len(engines), cfg, block_size, now, policy, on_routed=on_routed))
+
+        self._mixed = pool("mixed", mixed)
+        self._prefill = pool("prefill", prefill)
+        self._decode = pool("decode", decode, decode_policy)
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         """Serve one request to the end; failures are recorded in the result, never raised."""
@@ -112,6 +124,8 @@ class Proxy:
         """Serve one request, yielding the client's token batches as they come (`result` records
         everything). Failures end the stream and are recorded, never raised; closing the stream early
         aborts the request ('abort')."""
+        if self.recorder is not None:
+            self.recorder.on_request_start(result)
         try:
             if self._mixed is not None:
                 ereq = self._engine_request(

@@ -38,9 +38,12 @@ class Router:
         now: Callable[[], float],
         policy: str | None = None,
         seed: int = 0,
+        on_routed: Callable[[int, int, int], None] | None = None,
     ) -> None:
         """`policy` overrides `cfg.policy`; `least_loaded` (decode in P/D under a KV policy) picks the
-        fewest active blocks. `now`: the run's clock, for the estimate's TTL."""
+        fewest active blocks. `now`: the run's clock, for the estimate's TTL. `on_routed(engine,
+        overlap_blocks, prompt_blocks)` hears of every decision."""
+        self.on_routed = on_routed
         self.cfg = cfg
         self.policy = policy or cfg.policy
         self.block_size = block_size
@@ -54,8 +57,6 @@ class Router:
         """What each engine holds: block hash -> when the entry expires (events: never)."""
         self._rng = np.random.default_rng(seed)
         self.num_routed = 0
-        self.num_routed_hit_blocks = 0
-        """Leading prompt blocks the chosen engines held when chosen (the router's expected reuse)."""
 
     def pick(self, creq: ClientRequest) -> int:
         """The engine for `creq`; call `finished` when it ends."""
@@ -85,7 +86,8 @@ class Router:
                     for h in [h for h, expires in held.items() if expires <= now]:
                         del held[h]
         self.num_routed += 1
-        self.num_routed_hit_blocks += overlaps[engine]
+        if self.on_routed is not None:
+            self.on_routed(engine, overlaps[engine], cdiv(len(creq.prompt_token_ids), self.block_size))
         return engine
 
     def finished(self, request_id: str) -> None:

@@ -1,8 +1,9 @@
 """The Grafana dashboards, generated from code with grafana-foundation-sdk; `python -m dashboards.grafana`
 rewrites the checked-in JSON under `dashboards/grafana/` (a test keeps the two identical).
 
-Three boards: an overview (the client's view and the engines' state), the P/D handoff, and one row per
-role. Every expression names its series through `dashboards.metrics`. Counters are rated per wall second
+Four boards: an overview (the client's view and the engines' state), the P/D handoff, one row per
+role, and replayed sessions with their routing (`grafana_sessions.py`). Every expression names its
+series through `dashboards.metrics` (helpers: `grafana_panels.py`). Counters are rated per wall second
 by Prometheus; throughput panels multiply by `testbed:time_scale` to show per *emulated* second.
 """
 
@@ -11,71 +12,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grafana_foundation_sdk.builders import common, dashboard, prometheus, timeseries
+from grafana_foundation_sdk.builders import dashboard, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import (
-    LegendDisplayMode,
-    LegendPlacement,
-    SortOrder,
-    TooltipDisplayMode,
-)
-from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
+from grafana_foundation_sdk.models.dashboard import VariableRefresh
 
 from dashboards import metrics as m
-from dashboards.metrics import MetricSpec
+from dashboards.grafana_panels import DATASOURCE, PER_SIM_S, ROLE, mean, panel, quantile, rate, sel
+from dashboards.grafana_sessions import sessions_panels
 
 OUT_DIR = Path(__file__).parent / "grafana"
-DATASOURCE = DataSourceRef(type_val="prometheus", uid="testbed-prometheus")
-"""The provisioned datasource (dashboards/grafana/provisioning/datasources/testbed.yaml)."""
-RATE = "$__rate_interval"
 VARIABLES = ("model_name", "design", "role")
-
-
-def sel(**labels: str) -> str:
-    """A selector with the dashboard's filters (`$model_name`, `$design`) and `labels` (values that are
-    variables match as regexes, so `All` = `.*` works)."""
-    terms = [f'{k}=~"{v}"' if v.startswith("$") else f'{k}="{v}"' for k, v in labels.items()]
-    terms += ['model_name=~"$model_name"', 'design=~"$design"']
-    return "{" + ", ".join(terms) + "}"
-
-
-ROLE = {"role": "$role"}
-"""Rows repeat per role; a regex match also works with the variable's `All`."""
-PER_SIM_S = f" * scalar(max({m.TIME_SCALE.name}{sel()}))"
-"""Turns a per-wall-second rate into a per-emulated-second one."""
-
-
-def rate(spec: MetricSpec | str, by: str = "", **labels: str) -> str:
-    name = spec if isinstance(spec, str) else spec.exposed
-    group = f" by ({by})" if by else ""
-    return f"sum{group} (rate({name}{sel(**labels)}[{RATE}]))"
-
-
-def quantile(q: float, spec: MetricSpec, by: str = "", **labels: str) -> str:
-    return f"histogram_quantile({q}, {rate(spec.bucket, ', '.join(['le', *filter(None, [by])]), **labels)})"
-
-
-def mean(spec: MetricSpec, by: str = "", **labels: str) -> str:
-    return f"{rate(spec.sum, by, **labels)} / {rate(spec.count, by, **labels)}"
-
-
-_LEGEND = (
-    common.VizLegendOptions()
-    .display_mode(LegendDisplayMode.LIST)
-    .placement(LegendPlacement.BOTTOM)
-    .show_legend(True)
-)
-_TOOLTIP = common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)
-
-
-def panel(title: str, unit: str, desc: str, *queries: tuple[str, str], w: int = 12) -> timeseries.Panel:
-    p = timeseries.Panel().title(title).description(desc).unit(unit).datasource(DATASOURCE)
-    p = p.height(8).span(w).legend(_LEGEND).tooltip(_TOOLTIP)
-    for i, (expr, legend) in enumerate(queries):
-        p = p.with_target(
-            prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).range()
-        )
-    return p
 
 
 def _variable(name: str, query: str) -> dashboard.QueryVariable:
@@ -355,7 +301,16 @@ def _with_panels(board: dashboard.Dashboard, panels: list[timeseries.Panel]) -> 
     return board
 
 
-BOARDS = {"overview": overview, "handoff": handoff, "roles": roles}
+def sessions() -> dashboard.Dashboard:
+    board = _board(
+        "testbed-sessions",
+        "disagg-testbed: sessions and routing",
+        "Replayed multi-turn and agentic sessions: per-turn TTFT, prefix reuse, the routers' choices.",
+    )
+    return _with_panels(board, sessions_panels())
+
+
+BOARDS = {"overview": overview, "handoff": handoff, "roles": roles, "sessions": sessions}
 
 
 def render(name: str) -> str:

@@ -140,6 +140,14 @@ MAX_GAP = _h("testbed:max_inter_token_gap_seconds", "Each request's worst gap be
 WORST_GAP = _g("testbed:worst_inter_token_gap_seconds", "The worst gap between two tokens of any request so far.")  # fmt: skip
 REQUESTS_FINISHED = _c("testbed:requests_finished", "Requests the proxy finished, by how they ended.", ("finished_reason",))  # fmt: skip
 SLO_MET = _c("testbed:slo_met", "Requests that finished within every bound of an SLO set (goodput = rate).", ("slo",))  # fmt: skip
+# Replayed sessions and the router (proxy): what each pool's router chose and the prefix it expected.
+ROUTED = _c("testbed:router_decisions", "Requests routed, by pool and the engine chosen.", ("pool", "routed_to"))  # fmt: skip
+ROUTED_PROMPT_BLOCKS = _c("testbed:router_prompt_blocks", "Prompt blocks of routed requests, by pool.", ("pool",))  # fmt: skip
+ROUTED_OVERLAP_BLOCKS = _c("testbed:router_overlap_blocks", "Leading prompt blocks the chosen engine held when chosen (the router's view), by pool.", ("pool",))  # fmt: skip
+SESSIONS_ACTIVE = _g("testbed:sessions_active", "Replayed sessions with a request in flight at the proxy.")  # fmt: skip
+SESSION_TTFT = _h("testbed:session_time_to_first_token_seconds", "Client TTFT of replayed session turns, by turn (1: a session's first).", TTFT_BUCKETS, ("turn",))  # fmt: skip
+TURN_BUCKETS = ("1", "2", "3-4", "5-8", "9-16", "17+")
+"""`turn` label values of SESSION_TTFT: a turn's 1-based index, bucketed."""
 
 ENGINE_SERIES = (
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS,
@@ -165,6 +173,11 @@ PROXY_SERIES = (
     REQUESTS_FINISHED,
     SLO_MET,
     KV_HANDOFF_PARTS,
+    ROUTED,
+    ROUTED_PROMPT_BLOCKS,
+    ROUTED_OVERLAP_BLOCKS,
+    SESSIONS_ACTIVE,
+    SESSION_TTFT,
 )
 RENDER_SERIES = (RENDER_CPU, RENDER_TOKENS, RENDER_CALLS)
 ALL_SERIES = tuple(dict.fromkeys(ENGINE_SERIES + PROXY_SERIES + RENDER_SERIES))

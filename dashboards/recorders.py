@@ -68,12 +68,18 @@ from dashboards.metrics import (
     REQUEST_PROMPT_TOKENS,
     REQUEST_SUCCESS,
     REQUESTS_FINISHED,
+    ROUTED,
+    ROUTED_OVERLAP_BLOCKS,
+    ROUTED_PROMPT_BLOCKS,
+    SESSION_TTFT,
+    SESSIONS_ACTIVE,
     SLO_MET,
     STEPS,
     TIME_SCALE,
     TOKENS_125,
     TPOT,
     TTFT,
+    TURN_BUCKETS,
     WORST_GAP,
     MetricSpec,
     buckets_125,
@@ -267,7 +273,36 @@ class ProxyMetrics(_Registry):
             self.child(SLO_MET, slo=slo.name)
         for part in HANDOFF_PARTS:
             self.child(KV_HANDOFF_PARTS, part=part)
+        for turn in TURN_BUCKETS:
+            self.child(SESSION_TTFT, turn=turn)
         self._worst_gap_s = 0.0
+        self._sessions: dict[str, int] = {}
+        """session id -> its requests in flight"""
+
+    def on_routed(self, pool: str, engine_id: str, overlap_blocks: int, prompt_blocks: int) -> None:
+        """A pool's router chose `engine_id`, which held `overlap_blocks` of the prompt's blocks."""
+        self.child(ROUTED, pool=pool, routed_to=engine_id).inc()
+        self.child(ROUTED_PROMPT_BLOCKS, pool=pool).inc(prompt_blocks)
+        self.child(ROUTED_OVERLAP_BLOCKS, pool=pool).inc(overlap_blocks)
+
+    def on_request_start(self, result: RequestResult) -> None:
+        """The proxy took a request (its result so far: ids and session)."""
+        if result.session_id is not None:
+            self._sessions[result.session_id] = self._sessions.get(result.session_id, 0) + 1
+            self.child(SESSIONS_ACTIVE).set(len(self._sessions))
+
+    def _session_done(self, result: RequestResult, ttft_s: float) -> None:
+        sid = result.session_id
+        if sid is None:
+            return
+        left = self._sessions.get(sid, 1) - 1
+        if left > 0:
+            self._sessions[sid] = left
+        else:
+            self._sessions.pop(sid, None)
+        self.child(SESSIONS_ACTIVE).set(len(self._sessions))
+        if result.turn is not None and not math.isnan(ttft_s):
+            self.child(SESSION_TTFT, turn=turn_bucket(result.turn)).observe(ttft_s)
 
     def on_request_done(self, result: RequestResult) -> None:
         """The proxy finished `result` (any outcome); the same figures as its row of the results table."""
@@ -287,6 +322,18 @@ class ProxyMetrics(_Registry):
         parts = handoff_parts(result.prefill_done_s, result.times)
         for part, seconds in (parts or {}).items():
             self.child(KV_HANDOFF_PARTS, part=part).observe(seconds)
+        self._session_done(result, lat["ttft_s"])
+
+
+def turn_bucket(turn: int) -> str:
+    """The `turn` label of a 0-based turn index (`TURN_BUCKETS`)."""
+    n = turn + 1
+    if n <= 2:
+        return str(n)
+    for bucket in TURN_BUCKETS[2:-1]:
+        if n <= int(bucket.split("-")[1]):
+            return bucket
+    return TURN_BUCKETS[-1]
 
 
 class RenderMetrics(_Registry):

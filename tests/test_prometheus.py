@@ -21,7 +21,7 @@ from dashboards import grafana
 from dashboards import metrics as m
 from dashboards.stack import down, up
 from tests.factories import ServeThread
-from workloads.synthetic import synthetic_requests
+from workloads.replay import workload_for
 
 MODEL = "qwen2.5-7b"
 # vLLM's stock Grafana dashboard (examples/online_serving/prometheus_grafana) queries, in its own shape:
@@ -98,10 +98,17 @@ def scraped(tmp_path_factory):
         [
             "clock.mode=live",
             "runner.compute=skip",
-            "workload.num_requests=16",
-            "workload.rate=1",
-            "workload.prompt_len=2048",
-            "workload.output_len=32",
+            # sessions, so that the sessions board has its data; KV events cross actors
+            "workload.kind=multi_turn",
+            "multi_turn.num_conversations=4",
+            "multi_turn.num_turns=constant:4",
+            "multi_turn.common_prefix_tokens=256",
+            "multi_turn.prefix_tokens=constant:1500",
+            "multi_turn.user_tokens=constant:200",
+            "multi_turn.output_tokens=constant:32",
+            "multi_turn.think_s=constant:0.5",
+            "multi_turn.conversation_rate=1",
+            "router.policy=kv_aware",
             f"metrics.sd_file={sd_file}",
         ],
     )[0]
@@ -114,7 +121,7 @@ def scraped(tmp_path_factory):
         groups.append({"targets": [serve_target], "labels": {"design": "serve", "actor": "serve"}})
         Path(sd_file).write_text(json.dumps(groups))
         results = asyncio.run(
-            drive(dep, cfg, synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed))
+            drive(dep, cfg, workload_for(cfg))
         )
         chat = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
         for content in ("What is the weather in Paris?", "Hello there"):  # after its first scrape
