@@ -109,7 +109,8 @@ def cmd_dashboards(args: argparse.Namespace) -> int:
         raise ConfigError(str(e)) from None
     print(f"Prometheus: {stack.prometheus_url}  (targets: {stack.prometheus_url}/targets)")
     if stack.grafana_url:
-        print(f"Grafana:    {stack.grafana_url}  (folder disagg-testbed: overview, P/D handoff, roles, sessions)")
+        boards = "overview, P/D handoff, roles, sessions"
+        print(f"Grafana:    {stack.grafana_url}  (folder disagg-testbed: {boards})")
     else:
         print(
             "Grafana:    not installed; provision yours from dashboards/grafana/provisioning/\n"

@@ -120,9 +120,7 @@ def scraped(tmp_path_factory):
         serve_target = served.url.removeprefix("http://")
         groups.append({"targets": [serve_target], "labels": {"design": "serve", "actor": "serve"}})
         Path(sd_file).write_text(json.dumps(groups))
-        results = asyncio.run(
-            drive(dep, cfg, workload_for(cfg))
-        )
+        results = asyncio.run(drive(dep, cfg, workload_for(cfg)))
         chat = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
         for content in ("What is the weather in Paris?", "Hello there"):  # after its first scrape
             chat.chat.completions.create(
