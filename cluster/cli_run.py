@@ -106,8 +106,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         trace = load_trace(c.replay.trace or "", c.replay.format)  # checked here, before any run
         what = f"trace {trace.name}: {len(trace.sessions)} sessions, {trace.num_requests} requests"
         total: int | None = trace.num_requests
+        hit_rate = theoretical_hit_rate(trace)
         reuse = (
-            f"theoretical prefix-hit rate {theoretical_hit_rate(trace):.1%} (infinite cache, prompts only)"
+            f"theoretical prefix-hit rate {hit_rate:.1%} (infinite cache, prompts only)"
+            if hit_rate is not None
+            else "chat prompts, rendered when sent"
         )
     else:
         what, total, reuse = f"scenario {args.scenario}", None, "multi-turn conversations"

@@ -13,8 +13,8 @@ same way wherever it runs::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.clock import Clock
@@ -29,6 +29,7 @@ from target.config import PoolConfig, TestbedConfig
 from target.kv_cache import num_gpu_blocks
 from target.profiles import LINKS
 from target.roofline import roofline_for
+from workloads.replay import Workload, needs_render
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
     from actors.engine.runner import ModelRunner
@@ -74,3 +75,15 @@ def build_engine(
     return EngineCore(
         engine_id, role, clock, roofline, scheduler, executor, kv_scheduler, kv_worker, stats, s.max_model_len
     )
+
+
+def chat_renderer(
+    cfg: TestbedConfig, workload: Workload
+) -> Callable[[list[dict[str, Any]]], list[int]] | None:
+    """The render tier's template and tokenizer in this process, when `workload` holds chat prompts (a
+    full-text trace: its prompt tokens come from rendering the real text); else None."""
+    if not needs_render(workload):
+        return None
+    from actors.render.client import render_for
+
+    return render_for(cfg).render_chat

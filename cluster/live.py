@@ -28,6 +28,7 @@ import ray
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import LinkQueue
 from cluster.config_load import ConfigError
+from cluster.engines import chat_renderer
 from cluster.hosts import EngineHost, ProxyHost, RenderHost
 from dashboards.exposition import write_sd_file
 from messages import ClientRequest, RequestResult
@@ -207,7 +208,9 @@ async def drive(
     ticker = asyncio.ensure_future(ticks())
     try:
         lead_s = _SEND_LEAD_WALL_S / cfg.clock.scale
-        return await run_workload(submit, requests, clock, cfg, RenderTier(cfg.render), on_result, lead_s)
+        render_chat = chat_renderer(cfg, requests)
+        tier = RenderTier(cfg.render)
+        return await run_workload(submit, requests, clock, cfg, tier, on_result, lead_s, render_chat)
     finally:
         ticker.cancel()
 

@@ -15,7 +15,7 @@ from actors.engine.core import EngineCore, Role
 from actors.engine.kv_connector import KVSource
 from actors.engine.kv_transfer import LinkQueue
 from actors.proxy import Proxy
-from cluster.engines import build_engine, runner_for
+from cluster.engines import build_engine, chat_renderer, runner_for
 from cluster.outcome import RunOutput, run_output
 from dashboards.recorders import EngineMetrics, ProxyMetrics
 from messages import RenderSpec, RequestResult
@@ -116,7 +116,10 @@ async def replay_on(
     checked empty."""
     for e in dep.engines:
         e.start()
-    results = await run_workload(dep.proxy.submit, requests, dep.clock, dep.cfg, dep.render, on_result)
+    render_chat = chat_renderer(dep.cfg, requests)
+    results = await run_workload(
+        dep.proxy.submit, requests, dep.clock, dep.cfg, dep.render, on_result, render_chat=render_chat
+    )
     await dep.drain()
     for e in dep.engines:
         e.assert_empty()

@@ -198,8 +198,9 @@ class ReplayConfig:
 
     trace: str | None = None
     """The trace: a file, or a directory of WEKA session files."""
-    format: Literal["auto", "mooncake", "azure", "weka"] = "auto"
-    """auto: from the file (JSON lines: mooncake; CSV: azure; a JSON object or a directory: weka)."""
+    format: Literal["auto", "mooncake", "azure", "weka", "swe-agent"] = "auto"
+    """auto: from the name (`.traj.json` or a directory of them: swe-agent; `.jsonl`: mooncake; `.csv`:
+    azure; `.json` or a directory: weka), else from the first line."""
     timing: Literal["think", "original", "api-scaled"] = "think"
     """When a session's next turn goes, after the previous one finished. think: its think time;
     original: at its trace time if later; api-scaled: the previous send + its API time x

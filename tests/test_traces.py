@@ -157,3 +157,31 @@ def test_weka_rows_draw_the_same_answer_for_the_same_request():
     prompt = list(np.arange(10))
     assert synth.answer(prompt, None, 5, "r1") == synth.answer(prompt, None, 5, "r1")
     assert synth.answer(prompt, None, 5, "r1") != synth.answer(prompt, None, 5, "r2")
+
+
+SWE = TRACES / "swebench_mini_swe_agent_gemini3" / "trajs"
+
+
+def test_swe_agent_excerpt_is_sixteen_concurrent_sessions_of_chat_prompts():
+    trace = load_trace(SWE)
+    assert len(trace.sessions) == 16 and trace.num_requests == 579  # the README's 579 LLM calls
+    assert min(s.start_s for s in trace.sessions) == 0.0
+    assert max(t.t_s for s in trace.sessions for t in s.turns) < 14 * 60  # 22:55:06 to 23:08:58
+    first = trace.sessions[0].turns
+    assert [m["role"] for m in first[0].prompt.messages] == ["system", "user"]
+    assert len(first[1].prompt.messages) == 4  # + the first answer and its tool output
+    assert all(t.api_s is not None and t.api_s >= 0 for t in first[:-1])
+    assert theoretical_hit_rate(trace) is None  # known once rendered
+
+
+def test_swe_agent_prompts_render_to_growing_prefixes():
+    from actors.render.client import render_for
+    from tests.factories import make_config
+
+    render = render_for(make_config())
+    trace = load_trace(SWE / "django__django-11299.traj.json")
+    synth = TokenSynthesizer(8192, None, render_chat=render.render_chat)
+    turns = trace.sessions[0].turns
+    prompts = [synth.tokens(t.prompt) for t in turns[:4]]
+    for a, b in itertools.pairwise(prompts):
+        assert len(b) > len(a) and b[: len(a)] == a  # strict prefix growth: forced answers can hit

@@ -16,7 +16,7 @@ from workloads.synthetic import synthetic_requests
 from workloads.traces import load_trace
 from workloads.traces.multi_turn import multi_turn_trace
 from workloads.traces.prefix_reuse import theoretical_hit_rate
-from workloads.traces.session import Trace
+from workloads.traces.session import ChatPrompt, Trace
 from workloads.traces.tokens import TokenSynthesizer
 
 Workload = Sequence[ClientRequest] | Trace
@@ -39,6 +39,13 @@ def workload_for(cfg: TestbedConfig) -> Workload:
     if cfg.workload.kind == "multi_turn":
         return multi_turn_trace(cfg.multi_turn, cfg.runner.vocab_size, cfg.seed)
     return synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed)
+
+
+def needs_render(workload: Workload) -> bool:
+    """Whether `workload` holds chat prompts, which the render tier's template turns into tokens."""
+    return isinstance(workload, Trace) and any(
+        isinstance(t.prompt, ChatPrompt) for s in workload.all_sessions() for t in s.turns
+    )
 
 
 def workload_info(workload: Workload, speedup: float = 1.0) -> dict[str, Any]:
@@ -67,10 +74,12 @@ async def run_workload(
     render: RenderTier | None,
     on_result: Callable[[RequestResult], None] | None = None,
     lead_s: float = 0.0,
+    render_chat: Callable[[list[dict[str, Any]]], list[int]] | None = None,
 ) -> list[RequestResult]:
-    """Replay `workload` through `submit` (see `replay` and `SessionReplay`)."""
+    """Replay `workload` through `submit` (see `replay` and `SessionReplay`); `render_chat`: the render
+    tier's template and tokenizer, for a trace of chat prompts."""
     if isinstance(workload, Trace):
-        synth = TokenSynthesizer(cfg.runner.vocab_size, workload.block_size, cfg.seed)
+        synth = TokenSynthesizer(cfg.runner.vocab_size, workload.block_size, cfg.seed, render_chat)
         return await SessionReplay(submit, clock, synth, cfg.replay, render, on_result, lead_s).run(workload)
     return await replay(submit, workload, clock, on_result, lead_s, render)
 

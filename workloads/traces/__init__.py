@@ -3,6 +3,7 @@
 mooncake   JSONL, hash IDs of 512-token blocks, optional session_id / delay   (mooncake.py)
 azure      CSV arrivals and lengths, no prefix information                    (azure.py)
 weka       JSON per agentic session, 64-token hash IDs, sub-agents            (weka.py)
+swe-agent  mini-SWE-agent trajectories: full chat text, rendered when sent  (swe_agent.py)
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from pathlib import Path
 from workloads.traces.azure import load_azure
 from workloads.traces.mooncake import load_mooncake
 from workloads.traces.session import Trace, TraceError
+from workloads.traces.swe_agent import load_swe_agent
 from workloads.traces.weka import load_weka
 
-FORMATS = ("mooncake", "azure", "weka")
+FORMATS = ("mooncake", "azure", "weka", "swe-agent")
 
 
 def detect_format(path: str | Path) -> str:
@@ -22,6 +24,8 @@ def detect_format(path: str | Path) -> str:
     else from its first line."""
     p = Path(path)
     by_suffix = {".json": "weka", ".jsonl": "mooncake", ".csv": "azure"}
+    if p.name.endswith(".traj.json") or (p.is_dir() and next(p.rglob("*.traj.json"), None)):
+        return "swe-agent"
     if p.is_dir():
         return "weka"
     if p.suffix in by_suffix:
@@ -51,4 +55,6 @@ def load_trace(path: str | Path, fmt: str = "auto") -> Trace:
         return load_azure(path)
     if fmt == "weka":
         return load_weka(path)
+    if fmt == "swe-agent":
+        return load_swe_agent(path)
     raise TraceError(str(path), None, "format", f"{fmt!r}: unknown; allowed: {', '.join(FORMATS)}")

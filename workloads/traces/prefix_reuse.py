@@ -14,7 +14,7 @@ a little more of a partly shared trace block.
 
 from __future__ import annotations
 
-from workloads.traces.session import HashPrompt, TokenPrompt, Trace
+from workloads.traces.session import ChatPrompt, HashPrompt, TokenPrompt, Trace
 
 TOKEN_BLOCK_SIZE = 16
 
@@ -31,12 +31,14 @@ def _blocks(prompt: HashPrompt | TokenPrompt, block_size: int | None) -> list[ob
     ]
 
 
-def theoretical_hit_rate(trace: Trace, with_answers: bool = False) -> float:
-    """Hit tokens / prompt tokens with an infinite cache (0 for a trace of chat prompts: not known
+def theoretical_hit_rate(trace: Trace, with_answers: bool = False) -> float | None:
+    """Hit tokens / prompt tokens with an infinite cache (None for a trace of chat prompts: not known
     before rendering). Prompts only, as published for these traces; `with_answers`: the cache also
     keeps each answer where the session's next prompt repeats it (an engine keeps its output's KV,
     and replayed answers are forced to those tokens), which an engine can reach and the published
     figure does not count."""
+    if any(isinstance(t.prompt, ChatPrompt) for s in trace.all_sessions() for t in s.turns):
+        return None  # chat prompts: their tokens are known only once rendered
     turns = sorted(
         (
             (t, s.turns[i + 1] if i + 1 < len(s.turns) else None)

@@ -14,18 +14,32 @@ Token IDs are drawn from the runner's vocabulary, so the real-compute runner can
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import xxhash
 
-from workloads.traces.session import HashPrompt, Prompt, TokenPrompt
+from workloads.traces.session import ChatPrompt, Prompt, TokenPrompt
 
 
 class TokenSynthesizer:
-    def __init__(self, vocab_size: int, block_size: int | None, seed: int = 0) -> None:
-        """`block_size`: tokens per hash ID of the trace (None: it has no hash IDs)."""
+    def __init__(
+        self,
+        vocab_size: int,
+        block_size: int | None,
+        seed: int = 0,
+        render_chat: Callable[[list[dict[str, Any]]], list[int]] | None = None,
+    ) -> None:
+        """`block_size`: tokens per hash ID of the trace (None: it has no hash IDs); `render_chat`: the
+        render tier's template and tokenizer, for chat prompts (full-text traces)."""
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.seed = seed
+        self.render_chat = render_chat
+        self._rendered: dict[int, list[int]] = {}
+        """Recent chat prompts' tokens by object id: a turn's prompt is rendered once as the previous
+        turn's next prompt and once as its own."""
         self._blocks: dict[tuple[str, int], np.ndarray] = {}
 
     def block(self, namespace: str, hash_id: int) -> np.ndarray:
@@ -40,11 +54,18 @@ class TokenSynthesizer:
         return tokens
 
     def tokens(self, prompt: Prompt, salt: str = "") -> list[int]:
-        """A hash-ID or token-ID prompt's token IDs (chat prompts are rendered, not synthesised).
+        """A prompt's token IDs: hash IDs drawn as blocks, token IDs as they are, chat messages rendered.
         `salt` extends a hash-ID prompt's namespace: a replayed user's private blocks."""
         if isinstance(prompt, TokenPrompt):
             return list(prompt.token_ids)
-        assert isinstance(prompt, HashPrompt), "a chat prompt is rendered by the render tier"
+        if isinstance(prompt, ChatPrompt):
+            assert self.render_chat is not None, "a chat trace needs the render tier (render_chat)"
+            tokens = self._rendered.pop(id(prompt), None)
+            if tokens is None:
+                tokens = self._rendered[id(prompt)] = self.render_chat(list(prompt.messages))
+                while len(self._rendered) > 256:  # a session's next prompt is asked for right after
+                    del self._rendered[next(iter(self._rendered))]
+            return tokens
         blocks = [self.block(prompt.namespace + salt, h) for h in prompt.hash_ids]
         return np.concatenate(blocks)[: prompt.num_tokens].tolist() if blocks else []
 
