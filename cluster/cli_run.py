@@ -54,6 +54,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
         ("timing", "replay.timing"),
         ("speedup", "replay.speedup"),
         ("max_sessions", "replay.max_sessions"),
+        ("max_turns", "replay.max_turns"),
         ("router", "router.policy"),
     ):
         value = getattr(args, flag, None)
@@ -118,6 +119,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     notes = [
         f"{what}; timing {r.timing}, speedup {r.speedup:g}, router {c.router.policy}; {reuse}",
     ]
+    if args.target:
+        notes.append(f"against {args.target}: client-side times, in wall seconds")
     return _run_designs(args, configs, "replay", notes, total)
 
 
@@ -132,10 +135,11 @@ def _run_designs(
     configs = [resolve_time_scale(c) if c.clock.mode == "live" else c for c in configs]
     out = out_dir(args, kind)
     records, frames, engines = [], [], {}
-    with _ray_session(configs, args.address):
+    live = [] if getattr(args, "target", None) else configs  # a target needs no Ray
+    with _ray_session(live, args.address):
         for cfg in configs:
             dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
-            result = _run_one(cfg, args.address, total)
+            result = _run_one(cfg, args, total)
             records.append(clean_json(result.summary))
             (out / "metrics" / cfg.design).mkdir(parents=True, exist_ok=True)
             for actor, text in result.metrics.items():
@@ -162,8 +166,8 @@ def _run_designs(
     return 0
 
 
-def _run_one(cfg: TestbedConfig, address: str | None, total: int | None) -> Any:
-    """One design, virtual or live, under a progress display (requests, emulated time, lag)."""
+def _run_one(cfg: TestbedConfig, args: argparse.Namespace, total: int | None) -> Any:
+    """One design, virtual or live (or against a `--target` server), under a progress display."""
     from rich.progress import Progress
 
     with Progress(transient=True) as progress:
@@ -172,6 +176,11 @@ def _run_one(cfg: TestbedConfig, address: str | None, total: int | None) -> Any:
         def on_result(_: Any) -> None:
             progress.advance(task)
 
+        target = getattr(args, "target", None)
+        if target:
+            from cluster.target_run import run_against_target
+
+            return run_against_target(cfg, target, args.model, args.api_key, on_result)
         if cfg.clock.mode == "virtual":
             from cluster.virtual import run_virtual
 
@@ -183,7 +192,7 @@ def _run_one(cfg: TestbedConfig, address: str | None, total: int | None) -> Any:
                 task, description=f"{cfg.design}: t={sim_s:.1f} s emulated, lag {lag['lag_fraction']:.1%}"
             )
 
-        return run_live(cfg, address, on_result=on_result, on_tick=on_tick)
+        return run_live(cfg, args.address, on_result=on_result, on_tick=on_tick)
 
 
 @contextlib.contextmanager
@@ -222,7 +231,11 @@ def add_replay_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--speedup", type=float, help="divide every trace time and delay by this")
     s.add_argument("--window", help="START:END trace seconds: only sessions starting in it")
     s.add_argument("--max-sessions", type=int, help="most sessions at once (closed-loop users)")
+    s.add_argument("--max-turns", type=int, help="replay at most each session's first N turns")
     s.add_argument("--session-salt", action="store_true", help="no prefix shared across sessions")
+    s.add_argument("--target", help="replay against this OpenAI-compatible server (e.g. http://host:8000)")
+    s.add_argument("--model", help="with --target: the model to ask for (default: the first it lists)")
+    s.add_argument("--api-key", help="with --target: sent as `Authorization: Bearer KEY`")
 
 
 ERRORS = (ConfigError, TraceError)

@@ -288,9 +288,9 @@ def _check_replay(cfg: TestbedConfig) -> None:
             0 <= start < end,
             f"replay.window_s={list(r.window_s)}: must be [start, end) with 0 <= start < end",
         )
-    _require(
-        r.max_sessions is None or r.max_sessions >= 1, f"replay.max_sessions={r.max_sessions}: must be >= 1"
-    )
+    for key in ("max_sessions", "max_turns"):
+        value = getattr(r, key)
+        _require(value is None or value >= 1, f"replay.{key}={value}: must be >= 1")
     _require(router.overlap_weight >= 0, f"router.overlap_weight={router.overlap_weight}: must be >= 0")
     _require(router.temperature >= 0, f"router.temperature={router.temperature}: must be >= 0")
     _require(router.estimate_ttl_s > 0, f"router.estimate_ttl_s={router.estimate_ttl_s}: must be > 0")

@@ -201,3 +201,5 @@ class RequestResult:
     turn: int | None = None
     parent_session_id: str | None = None
     """The request's place in a replayed trace (`ClientRequest`'s fields of the same names)."""
+    server_request_id: str | None = None
+    """Replayed against a server (`replay --target`): the id it gave the request, to match its records."""

@@ -211,6 +211,8 @@ class ReplayConfig:
     """api-scaled timing: the share of each original call's duration kept between sends."""
     window_s: tuple[float, float] | None = None
     """Replay only sessions starting in [start, end) trace seconds, shifted to start at 0."""
+    max_turns: int | None = None
+    """Replay at most each session's first N turns (vLLM's multi-turn benchmark: --max-turns)."""
     max_sessions: int | None = None
     """Most top-level sessions running at once (a closed-loop user count); None: no cap."""
     session_salt: bool = False

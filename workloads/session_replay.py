@@ -18,10 +18,10 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from messages import ClientRequest, RequestResult
+from messages import ClientRequest, RenderSpec, RequestResult
 from target.config import ReplayConfig
 from workloads.render_tier import RenderTier
-from workloads.traces.session import Session, Trace, Turn
+from workloads.traces.session import ChatPrompt, Session, Trace, Turn
 from workloads.traces.tokens import TokenSynthesizer
 
 
@@ -70,10 +70,11 @@ class SessionReplay:
         its last turn (and every sub-agent) finished. Times come from the results' emulated stamps, so
         live mode paces exactly as virtual mode does."""
         sent_s = done_s = origin_s
-        for k, turn in enumerate(session.turns):
+        turns = session.turns[: self.cfg.max_turns]
+        for k, turn in enumerate(turns):
             due_s = self._due_s(session, k, origin_s, sent_s, done_s)
             await self.clock.sleep_until(due_s - self.lead_s)
-            nxt = session.turns[k + 1] if k + 1 < len(session.turns) else None
+            nxt = turns[k + 1] if k + 1 < len(turns) else None
             result = await self._send(session, k, turn, nxt, due_s)
             sent_s, done_s = due_s, (result.token_times_s[-1] if result.token_times_s else due_s)
             if turn.subagents:
@@ -113,6 +114,7 @@ class SessionReplay:
             session_id=session.session_id,
             turn=k,
             parent_session_id=session.parent,
+            render=RenderSpec(list(turn.prompt.messages)) if isinstance(turn.prompt, ChatPrompt) else None,
         )
         if self.render is not None:
             creq.render_s = self.render.render_s(sent_s, len(prompt))

@@ -1,0 +1,59 @@
+"""Composition root for `testbed replay --target URL`: the trace's sessions against a server outside
+the testbed, on a wall clock; what comes back is a run's output without engines (client-side times)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from actors.engine.clock import Clock
+from cluster.config_load import ConfigError
+from cluster.outcome import RunOutput, run_output
+from messages import RequestResult
+from target.config import TestbedConfig
+from workloads.openai_target import OpenAITarget
+from workloads.replay import run_workload, workload_for, workload_info
+
+
+def _served_model(url: str, api_key: str | None) -> str:
+    """The first model the server lists (`/v1/models`)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        resp = httpx.get(f"{url.rstrip('/')}/v1/models", headers=headers, timeout=30)
+        resp.raise_for_status()
+        return str(resp.json()["data"][0]["id"])
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+        raise ConfigError(
+            f"--target={url}: no model listed at /v1/models ({type(e).__name__}: {e})"
+        ) from None
+
+
+def run_against_target(
+    cfg: TestbedConfig,
+    url: str,
+    model: str | None = None,
+    api_key: str | None = None,
+    on_result: Callable[[RequestResult], None] | None = None,
+) -> RunOutput:
+    """Replay `cfg`'s workload against the server at `url` (its first listed model unless `model`)."""
+    workload = workload_for(cfg)
+    model = model or _served_model(url, api_key)
+
+    async def main() -> list[RequestResult]:
+        clock = Clock(1.0, epoch_s=time.time())
+        target = OpenAITarget(url, model, clock.now, api_key)
+        try:
+            # The server renders chat prompts itself: nothing to render here.
+            return await run_workload(
+                target.submit, workload, clock, cfg, None, on_result, render_chat=lambda _: []
+            )
+        finally:
+            await target.close()
+
+    results = asyncio.run(main())
+    info: dict[str, Any] = {**workload_info(workload, cfg.replay.speedup), "target": url, "model": model}
+    return run_output(cfg, results, {}, {}, info)

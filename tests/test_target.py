@@ -1,0 +1,98 @@
+"""`testbed replay --target`: a trace's sessions against a running `testbed serve` (HTTP, streaming),
+client-side times against the server's own records."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+
+from cluster.cli import main
+from tests.factories import free_port
+
+SWE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "swebench_mini_swe_agent_gemini3" / "trajs"
+MOONCAKE = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "traces"
+    / "mooncake_fast25"
+    / "conversation_trace.window_0s_1200s.jsonl"
+)
+
+
+class Server:
+    """`testbed serve` in a process of its own (as a real server is: no interpreter shared with the
+    client); its own results are read once it has stopped."""
+
+    def __init__(self, out: Path) -> None:
+        self.port, self.out = free_port(), out
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "cluster.cli", "serve", "--design", "pd-fast", "--compute", "skip",
+               "--port", str(self.port), "--out", str(out), "--set", "scheduler.max_model_len=131072",
+               "--set", f"metrics.sd_file={out / 'targets.json'}"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while True:
+            assert self.proc.poll() is None, self.proc.stderr.read() if self.proc.stderr else ""
+            try:
+                if httpx.get(f"{self.url}/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "serve never answered /health"
+                time.sleep(0.2)
+
+    def stop(self) -> pd.DataFrame:
+        """Stop the server; its own results table."""
+        self.proc.send_signal(signal.SIGINT)
+        _, err = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, err[-2000:]
+        return pd.read_parquet(self.out / "results.parquet").set_index("request_id")
+
+
+@pytest.fixture
+def server(tmp_path):
+    served = Server(tmp_path / "server")
+    yield served
+    if served.proc.poll() is None:
+        served.proc.kill()
+
+
+def test_swe_agent_sessions_against_testbed_serve_agree_with_its_own_ttft(server, tmp_path):
+    argv = ["replay", "--trace", str(SWE), "--target", server.url, "--window", "0:3", "--max-turns", "2"]
+    assert main([*argv, "--design", "pd-fast", "--out", str(tmp_path / "client")]) == 0
+    client = pd.read_parquet(tmp_path / "client" / "results.parquet")
+    own = server.stop()
+    assert client["ok"].all() and len(client) >= 4 and client["server_request_id"].notna().all()
+    assert client["session_id"].nunique() == len(client) // 2 and set(client["turn"]) == {0, 1}
+    ids = client["server_request_id"]
+    pairs = [(c, own.loc[rid, "ttft_s"]) for c, rid in zip(client["ttft_s"], ids, strict=True)]
+    long = [(c, s) for c, s in pairs if s > 0.2]
+    assert long, pairs
+    for c, s in long:  # the client adds HTTP and streaming to the server's emulated TTFT
+        assert c == pytest.approx(s, rel=0.10), pairs
+    record = json.loads((tmp_path / "client" / "summary.json").read_text())[0]
+    assert record["target"] == server.url and record["completed"] == len(client)
+
+
+def test_hash_id_trace_goes_as_token_id_prompts(server, tmp_path):
+    argv = ["replay", "--trace", str(MOONCAKE), "--target", server.url, "--window", "0:1", "--speedup", "4"]
+    assert main([*argv, "--design", "pd-fast", "--out", str(tmp_path / "client")]) == 0
+    client = pd.read_parquet(tmp_path / "client" / "results.parquet")
+    own = server.stop()
+    fits = client["num_prompt_tokens"] + client["max_tokens"] <= 131072
+    assert fits.sum() >= 2 and client.loc[fits, "ok"].all()
+    # the server counted the very prompts the trace gave (token IDs: nothing rendered)
+    sent = client[fits]
+    for rid, n in zip(sent["server_request_id"], sent["num_prompt_tokens"], strict=True):
+        assert own.loc[rid, "num_prompt_tokens"] == n
+
+
+def test_an_unreachable_target_is_one_line(capsys):
+    assert main(["replay", "--trace", str(MOONCAKE), "--target", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert "--target=http://127.0.0.1:9: no model listed at /v1/models" in err and err.count("\n") == 1

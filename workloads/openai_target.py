@@ -1,0 +1,94 @@
+"""Replaying against any OpenAI-compatible server (`testbed replay --target URL`): a running `testbed
+serve`, or a real vLLM.
+
+Each request goes out streaming: a chat completion with the trace's messages for a full-text trace
+(the server renders them), a completion with the prompt's token IDs for a hash-ID trace (as vLLM
+accepts). `ignore_eos` asks for exactly `max_tokens` (vLLM's extension; servers that do not know it
+ignore it). The client stamps every streamed chunk on its own clock: TTFT and ITL as the client sees
+them, in the same results table a testbed run writes (wall seconds; the server's `id` kept to match
+the server's own records).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from messages import ClientRequest, RequestResult
+
+
+class OpenAITarget:
+    def __init__(
+        self, base_url: str, model: str, now: Callable[[], float], api_key: str | None = None
+    ) -> None:
+        """`now`: the replay's clock (wall seconds from its start), which stamps every chunk."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=httpx.Timeout(600.0)
+        )
+        self.model = model
+        self.now = now
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def submit(self, creq: ClientRequest) -> RequestResult:
+        """Send `creq` and stream its answer; failures are recorded in the result, never raised."""
+        result = RequestResult(
+            creq.request_id,
+            creq.arrival_s,
+            len(creq.prompt_token_ids),
+            creq.max_tokens,
+            session_id=creq.session_id,
+            turn=creq.turn,
+            parent_session_id=creq.parent_session_id,
+        )
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": creq.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+        if creq.render is not None:
+            path, body["messages"] = "/v1/chat/completions", creq.render.messages
+        else:
+            path, body["prompt"] = "/v1/completions", creq.prompt_token_ids
+        try:
+            async with self.client.stream("POST", path, json=body) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")
+                    result.finished_reason, result.error = "error", f"HTTP {resp.status_code}: {text[:300]}"
+                    return result
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        self._chunk(json.loads(line[6:]), result)
+        except (httpx.HTTPError, json.JSONDecodeError) as e:
+            result.finished_reason, result.error = "error", f"{type(e).__name__}: {e}"
+        if result.finished_reason is None:
+            result.finished_reason, result.error = "error", "the stream ended without a finish_reason"
+        return result
+
+    def _chunk(self, chunk: dict[str, Any], result: RequestResult) -> None:
+        """One SSE chunk: a token (stamped now), a finish reason, or the usage. The first chunk with a
+        choice is the first token, even without text (vLLM sends the role chunk with the first token,
+        and `vllm bench serve` stamps TTFT there); later ones count where they carry text."""
+        result.server_request_id = chunk.get("id", result.server_request_id)
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            text = (
+                delta.get("content")
+                or delta.get("reasoning_content")
+                or delta.get("tool_calls")
+                or choice.get("text")
+            )
+            if text or not result.token_times_s:
+                result.token_times_s.append(self.now())
+            if choice.get("finish_reason"):
+                result.finished_reason = choice["finish_reason"]
+        usage = chunk.get("usage")
+        if usage:
+            result.num_prompt_tokens = int(usage.get("prompt_tokens") or result.num_prompt_tokens)
