@@ -18,9 +18,9 @@ from cluster.config_load import ConfigError, dump_config, load_designs
 from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report
 from target.config import TestbedConfig
-from workloads.traces import load_trace
+from workloads.replay import workload_for
 from workloads.traces.prefix_reuse import theoretical_hit_rate
-from workloads.traces.session import TraceError
+from workloads.traces.session import Trace, TraceError
 
 SCENARIOS: dict[str, list[str]] = {
     "six-turn": [
@@ -104,7 +104,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     configs = configs_of(args, extra)
     c = configs[0]
     if args.trace:
-        trace = load_trace(c.replay.trace or "", c.replay.format)  # checked here, before any run
+        trace = workload_for(c)  # loaded and checked here, before any run
+        assert isinstance(trace, Trace)
         what = f"trace {trace.name}: {len(trace.sessions)} sessions, {trace.num_requests} requests"
         total: int | None = trace.num_requests
         hit_rate = theoretical_hit_rate(trace)

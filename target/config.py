@@ -198,9 +198,12 @@ class ReplayConfig:
 
     trace: str | None = None
     """The trace: a file, or a directory of WEKA session files."""
-    format: Literal["auto", "mooncake", "azure", "weka", "swe-agent"] = "auto"
-    """auto: from the name (`.traj.json` or a directory of them: swe-agent; `.jsonl`: mooncake; `.csv`:
-    azure; `.json` or a directory: weka), else from the first line."""
+    format: Literal["auto", "mooncake", "azure", "weka", "swe-agent", "servegen"] = "auto"
+    """auto: from the name (`.traj.json` or a directory of them: swe-agent; a directory of
+    `chunk-*-trace.csv`: servegen; `.jsonl`: mooncake; `.csv`: azure; `.json` or a directory: weka),
+    else from the first line."""
+    clients: tuple[int, ...] | None = None
+    """servegen: the clients (chunk ids) to sample; None: all of the directory's."""
     timing: Literal["think", "original", "api-scaled"] = "think"
     """When a session's next turn goes, after the previous one finished. think: its think time;
     original: at its trace time if later; api-scaled: the previous send + its API time x
@@ -210,7 +213,8 @@ class ReplayConfig:
     api_time_scale: float = 1.0
     """api-scaled timing: the share of each original call's duration kept between sends."""
     window_s: tuple[float, float] | None = None
-    """Replay only sessions starting in [start, end) trace seconds, shifted to start at 0."""
+    """Replay only sessions starting in [start, end) trace seconds, shifted to start at 0 (servegen:
+    sample arrivals in it; None there: the chosen clients' busiest 600 s)."""
     max_turns: int | None = None
     """Replay at most each session's first N turns (vLLM's multi-turn benchmark: --max-turns)."""
     max_sessions: int | None = None

@@ -87,7 +87,8 @@ def test_live_timing_matches_virtual(cluster):
 
 def test_a_shared_fabric_queues_live_transfers_as_in_virtual_time(cluster):
     """Two prefill and two decode engines on one fabric (the link's actor), a burst of 8k prompts: pulls
-    from both prefill engines queue on it, and the wire starts are virtual mode's."""
+    from both prefill engines queue on it, one wire at a time, as in virtual mode. (Arrivals 1 ms apart
+    may meet a prefill step boundary differently live, so the starts may differ by about that much.)"""
     overrides = [
         "runner.compute=skip",
         "pools.prefill.replicas=2",
@@ -100,12 +101,12 @@ def test_a_shared_fabric_queues_live_transfers_as_in_virtual_time(cluster):
     ]
     virtual = run_virtual(design("pd-fast", *overrides)).results
     live = run_live(design("pd-fast", *overrides, "clock.mode=live")).results
-    assert (virtual["handoff_link_queue_s"] > 0).any()  # the burst contends on the fabric
     for df in (virtual, live):
+        assert (df["handoff_link_queue_s"] > 0).any()  # the burst contends on the fabric
         wires = df.sort_values("kv_wire_start_s")
         ends = wires["kv_wire_start_s"] + wires["kv_wire_s"]
         assert (wires["kv_wire_start_s"].to_numpy()[1:] >= ends.to_numpy()[:-1] - 1e-9).all()  # one wire
-    assert sorted(live["kv_wire_start_s"]) == pytest.approx(sorted(virtual["kv_wire_start_s"]), abs=1e-6)
+    assert sorted(live["kv_wire_start_s"]) == pytest.approx(sorted(virtual["kv_wire_start_s"]), abs=5e-3)
 
 
 def test_lag_is_counted_when_the_host_cannot_keep_up(cluster):

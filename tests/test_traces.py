@@ -185,3 +185,42 @@ def test_swe_agent_prompts_render_to_growing_prefixes():
     prompts = [synth.tokens(t.prompt) for t in turns[:4]]
     for a, b in itertools.pairwise(prompts):
         assert len(b) > len(a) and b[: len(a)] == a  # strict prefix growth: forced answers can hit
+
+
+SERVEGEN = TRACES / "servegen" / "data"
+
+
+def test_servegen_samples_the_busiest_window_of_the_chosen_clients():
+    trace = load_trace(SERVEGEN / "reason" / "deepseek-r1", seed=0)
+    assert not trace.closed_loop and len(trace.sessions) > 1000
+    times = [s.start_s for s in trace.sessions]
+    start = min(times)
+    assert times == sorted(times) and max(times) - start < 600 and start % 600 < 600
+    again = load_trace(SERVEGEN / "reason" / "deepseek-r1", seed=0)
+    assert [s.turns[0].prompt.num_tokens for s in again.sessions] == [
+        s.turns[0].prompt.num_tokens for s in trace.sessions
+    ]  # deterministic for a seed
+    one = load_trace(SERVEGEN / "multimodal" / "mm-image", window_s=(36000.0, 36600.0), clients=(0,))
+    assert one.sessions and {s.session_id.split("-")[0] for s in one.sessions} == {"client0"}
+    # image requests: text (136 or 372) plus image tokens (525 and up)
+    assert all(s.turns[0].prompt.num_tokens >= 136 + 525 for s in one.sessions)
+    assert theoretical_hit_rate(one) == 0.0
+
+
+def test_servegen_rates_follow_the_fitted_windows():
+    """Client 0's mm-image rate in each 600 s window is its trace row's; the sample's count matches
+    within Poisson-like noise."""
+    import csv
+
+    text = (SERVEGEN / "multimodal" / "mm-image" / "chunk-0-trace.csv").read_text()
+    rows = list(csv.reader(text.splitlines()))
+    busy = max(rows, key=lambda r: float(r[1]))
+    start, rate = float(busy[0]), float(busy[1])
+    trace = load_trace(SERVEGEN / "multimodal" / "mm-image", window_s=(start, start + 600), clients=(0,))
+    expected = rate * 600
+    assert abs(len(trace.sessions) - expected) < 5 * expected**0.5 + 5
+
+
+def test_servegen_unknown_client_is_one_line():
+    with pytest.raises(TraceError, match=r"clients: \[99\]: no such client here; allowed: \[0, 1"):
+        load_trace(SERVEGEN / "reason" / "deepseek-r1", clients=(99,))

@@ -34,8 +34,9 @@ class Clock(Protocol):
 def workload_for(cfg: TestbedConfig) -> Workload:
     """What `cfg` replays: the synthetic requests, or the trace (loaded and checked here)."""
     if cfg.workload.kind == "trace":
-        assert cfg.replay.trace is not None  # checked with the config
-        return load_trace(cfg.replay.trace, cfg.replay.format)
+        r = cfg.replay
+        assert r.trace is not None  # checked with the config
+        return load_trace(r.trace, r.format, r.window_s, r.clients, cfg.seed)
     if cfg.workload.kind == "multi_turn":
         return multi_turn_trace(cfg.multi_turn, cfg.runner.vocab_size, cfg.seed)
     return synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed)

@@ -4,6 +4,7 @@ mooncake   JSONL, hash IDs of 512-token blocks, optional session_id / delay   (m
 azure      CSV arrivals and lengths, no prefix information                    (azure.py)
 weka       JSON per agentic session, 64-token hash IDs, sub-agents            (weka.py)
 swe-agent  mini-SWE-agent trajectories: full chat text, rendered when sent  (swe_agent.py)
+servegen   per-client rate/burstiness fits and length PMFs, sampled         (servegen.py)
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from pathlib import Path
 
 from workloads.traces.azure import load_azure
 from workloads.traces.mooncake import load_mooncake
+from workloads.traces.servegen import load_servegen
 from workloads.traces.session import Trace, TraceError
 from workloads.traces.swe_agent import load_swe_agent
 from workloads.traces.weka import load_weka
 
-FORMATS = ("mooncake", "azure", "weka", "swe-agent")
+FORMATS = ("mooncake", "azure", "weka", "swe-agent", "servegen")
 
 
 def detect_format(path: str | Path) -> str:
@@ -26,6 +28,8 @@ def detect_format(path: str | Path) -> str:
     by_suffix = {".json": "weka", ".jsonl": "mooncake", ".csv": "azure"}
     if p.name.endswith(".traj.json") or (p.is_dir() and next(p.rglob("*.traj.json"), None)):
         return "swe-agent"
+    if p.is_dir() and next(p.glob("chunk-*-trace.csv"), None):
+        return "servegen"
     if p.is_dir():
         return "weka"
     if p.suffix in by_suffix:
@@ -44,8 +48,15 @@ def detect_format(path: str | Path) -> str:
     )
 
 
-def load_trace(path: str | Path, fmt: str = "auto") -> Trace:
-    """Load `path` as `fmt` (auto: detected); errors are one-line `TraceError`s."""
+def load_trace(
+    path: str | Path,
+    fmt: str = "auto",
+    window_s: tuple[float, float] | None = None,
+    clients: tuple[int, ...] | None = None,
+    seed: int = 0,
+) -> Trace:
+    """Load `path` as `fmt` (auto: detected); errors are one-line `TraceError`s. ServeGen samples its
+    `clients` in `window_s` with `seed` (the other formats are cut to a window when replayed)."""
     if not Path(path).exists():
         raise TraceError(str(path), None, "trace", "no such file or directory")
     fmt = detect_format(path) if fmt == "auto" else fmt
@@ -57,4 +68,6 @@ def load_trace(path: str | Path, fmt: str = "auto") -> Trace:
         return load_weka(path)
     if fmt == "swe-agent":
         return load_swe_agent(path)
+    if fmt == "servegen":
+        return load_servegen(path, window_s, clients, seed)
     raise TraceError(str(path), None, "format", f"{fmt!r}: unknown; allowed: {', '.join(FORMATS)}")
