@@ -160,7 +160,9 @@ MOONCAKE = str(
 
 def test_a_mooncake_window_replays_live_as_in_virtual_time(cluster):
     """The trace's first 15 s on two engines with KV-aware routing (events cross actors on the output
-    batches): every request completes, lag stays under 1 %, and the figures are virtual mode's."""
+    batches): every request completes, lag stays under 1 %, and the cache reuse is virtual mode's.
+    (TTFT is not: Mooncake stamps arrivals in ~3 s buckets, and requests of one stamp reach the proxy
+    actor in whatever order Ray delivers them, so engines see another order than in virtual time.)"""
     overrides = [
         "runner.compute=skip",
         "workload.kind=trace",
@@ -176,4 +178,4 @@ def test_a_mooncake_window_replays_live_as_in_virtual_time(cluster):
     assert live.summary["completed"] == virtual.summary["completed"] == len(live.results) > 30
     assert live.summary["lag_fraction"] < 0.01
     assert live.summary["prefix_hit_rate"] == pytest.approx(virtual.summary["prefix_hit_rate"], abs=0.02)
-    assert live.summary["median_ttft_ms"] == pytest.approx(virtual.summary["median_ttft_ms"], rel=0.05)
+    assert live.results["ok"].all()
