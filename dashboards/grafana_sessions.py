@@ -24,6 +24,12 @@ def sessions_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
             (quantile(0.5, m.SESSION_TTFT, "turn"), "turn {{turn}}"),
         ),
         panel(
+            "TTFT by turn (p90)",
+            "s",
+            "The slow tail of each turn: where a session's prefix was not where its turn went.",
+            (quantile(0.9, m.SESSION_TTFT, "turn"), "turn {{turn}}"),
+        ),
+        panel(
             "Prefix-cache hit rate",
             "percentunit",
             "Engines' prefix-cache hits over queries (prompt tokens), per role: what routing achieves.",
@@ -40,6 +46,5 @@ def sessions_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
             "short",
             "Requests routed to each engine (per wall second): how evenly a policy spreads the load.",
             (rate(m.ROUTED, "pool, routed_to"), "{{pool}} -> {{routed_to}}"),
-            w=24,
         ),
     ]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +24,8 @@ from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
 from workloads.replay import Workload, workload_for
 
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+"""The public trace excerpts beside the project (`../shared/traces`)."""
 COLLOCATED: dict[str, Any] = {"pools": {"mixed": {"replicas": 1}}}
 PD: dict[str, Any] = {
     "pools": {"mixed": {"replicas": 0}, "prefill": {"replicas": 1}, "decode": {"replicas": 1}}
@@ -152,3 +157,22 @@ __all__ = [
     "run_async",
     "run_requests",
 ]
+
+
+def serve_process(port: int, out: Path, *sets: str) -> subprocess.Popen[str]:
+    """`testbed serve` (pd-fast, compute skip) in a process of its own on `port`, writing its results to
+    `out` when stopped (SIGINT); returned once it answers /health."""
+    cmd = [sys.executable, "-m", "cluster.cli", "serve", "--design", "pd-fast", "--compute", "skip",
+           "--port", str(port), "--out", str(out)]  # fmt: skip
+    for s in (f"metrics.sd_file={out / 'targets.json'}", *sets):
+        cmd += ["--set", s]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "serve never answered /health"
+            time.sleep(0.2)

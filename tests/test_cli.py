@@ -4,13 +4,13 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
 from cluster.cli import main
+from tests.factories import TRACES
 
 BENCH_KEYS = {
     "mean_ttft_ms",
@@ -212,9 +212,7 @@ def test_a_model_the_runner_cannot_compute_is_refused_in_one_line(config, needle
         assert needle in err, (needle, err)
 
 
-WEKA_0007 = str(
-    Path(__file__).resolve().parents[2] / "shared" / "traces" / "weka_claude_code" / "trace_0007.json"
-)
+WEKA_0007 = str(TRACES / "weka_claude_code" / "trace_0007.json")
 
 
 def test_replay_writes_the_run_directory_with_sessions_and_reuse(tmp_path):

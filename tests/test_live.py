@@ -3,7 +3,6 @@
 import dataclasses
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import ray
@@ -12,6 +11,7 @@ from ray.cluster_utils import Cluster
 from cluster.config_load import ConfigError, load_designs
 from cluster.live import run_live
 from cluster.virtual import run_virtual
+from tests.factories import TRACES
 
 NODE = {"node_ip_address": "127.0.0.2", "num_cpus": 1, "object_store_memory": 200 * 1024**2}
 GREEDY = [
@@ -149,13 +149,7 @@ def test_a_pool_larger_than_the_cluster_offers_is_a_clear_error(cluster):
         run_live(cfg)
 
 
-MOONCAKE = str(
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "traces"
-    / "mooncake_fast25"
-    / "conversation_trace.window_0s_1200s.jsonl"
-)
+MOONCAKE = str(TRACES / "mooncake_fast25" / "conversation_trace.window_0s_1200s.jsonl")
 
 
 def test_a_mooncake_window_replays_live_as_in_virtual_time(cluster):

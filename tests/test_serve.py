@@ -374,23 +374,11 @@ def test_the_serve_command_binds_loopback_and_writes_results_when_stopped(tmp_pa
 
     import pandas as pd
 
-    from tests.factories import free_port
+    from tests.factories import free_port, serve_process
 
     port = free_port()
-    cmd = [sys.executable, "-m", "cluster.cli", "serve", "--design", "pd-fast", "--compute", "skip",
-           "--port", str(port), "--out", str(tmp_path), "--set", "workload.prompt_len=512",
-           "--set", f"metrics.sd_file={tmp_path / 'targets.json'}"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = serve_process(port, tmp_path, "workload.prompt_len=512")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "serve never answered /health"
-                time.sleep(0.2)
         (group,) = json.loads((tmp_path / "targets-serve.json").read_text())  # for `dashboards up`
         labels = {"design": "pd-fast", "actor": "serve", "namespace": "pd-fast", "pod": "serve"}
         assert group == {"targets": [f"127.0.0.1:{port}"], "labels": labels}

@@ -1,14 +1,13 @@
 """Sessions in closed loop and KV-aware routing (virtual time, compute skip)."""
 
 import itertools
-from pathlib import Path
 
 import pytest
 
 from actors.router import Router
 from messages import ClientRequest, KVEvents
 from target.config import RouterConfig
-from tests.factories import make_config, run_requests
+from tests.factories import TRACES, make_config, run_requests
 from workloads.results import results_frame
 from workloads.traces import load_trace
 from workloads.traces.prefix_reuse import theoretical_hit_rate
@@ -24,7 +23,7 @@ SIX_TURN = {
     "output_tokens": "constant:600",
     "think_s": "constant:1",
 }
-WEKA = Path(__file__).resolve().parents[2] / "shared" / "traces" / "weka_claude_code"
+WEKA = TRACES / "weka_claude_code"
 
 
 def six_turn(replicas, policy):

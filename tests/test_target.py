@@ -3,26 +3,16 @@ client-side times against the server's own records."""
 
 import json
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pandas as pd
 import pytest
 
 from cluster.cli import main
-from tests.factories import free_port
+from tests.factories import TRACES, free_port, serve_process
 
-SWE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "swebench_mini_swe_agent_gemini3" / "trajs"
-MOONCAKE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "traces"
-    / "mooncake_fast25"
-    / "conversation_trace.window_0s_1200s.jsonl"
-)
+SWE = TRACES / "swebench_mini_swe_agent_gemini3" / "trajs"
+MOONCAKE = TRACES / "mooncake_fast25" / "conversation_trace.window_0s_1200s.jsonl"
 
 
 class Server:
@@ -32,19 +22,7 @@ class Server:
     def __init__(self, out: Path) -> None:
         self.port, self.out = free_port(), out
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "cluster.cli", "serve", "--design", "pd-fast", "--compute", "skip",
-               "--port", str(self.port), "--out", str(out), "--set", "scheduler.max_model_len=131072",
-               "--set", f"metrics.sd_file={out / 'targets.json'}"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.proc.poll() is None, self.proc.stderr.read() if self.proc.stderr else ""
-            try:
-                if httpx.get(f"{self.url}/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "serve never answered /health"
-                time.sleep(0.2)
+        self.proc = serve_process(self.port, out, "scheduler.max_model_len=131072")
 
     def stop(self) -> pd.DataFrame:
         """Stop the server; its own results table."""

@@ -2,17 +2,16 @@
 
 import itertools
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.factories import TRACES
 from workloads.traces import load_trace
 from workloads.traces.prefix_reuse import theoretical_hit_rate
 from workloads.traces.session import HashPrompt, Session, Trace, TraceError, Turn
 from workloads.traces.tokens import TokenSynthesizer
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 MOONCAKE = TRACES / "mooncake_fast25" / "conversation_trace.window_0s_1200s.jsonl"
 AZURE_CODE = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_code.before_1845.csv"
 AZURE_CONV = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.before_1845.csv"
