@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 
+from actors.engine.block_hash import hash_blocks
 from actors.router import Router
 from messages import ClientRequest, KVEvents
 from target.config import RouterConfig
@@ -110,8 +111,6 @@ def test_kv_aware_router_follows_events_and_counts_active_blocks():
     prompt = list(range(64))  # 4 blocks
     first = router.pick(_req("a", prompt))
     router.finished("a")
-    from actors.engine.block_hash import hash_blocks
-
     hashes = hash_blocks(prompt, 16)
     other = 1 - first
     router.on_kv_events(other, KVEvents(stored=hashes, removed=[]))
@@ -154,3 +153,19 @@ def test_weka_on_four_replicas_kv_aware_reaches_the_traces_reuse_and_round_robin
         ttft[policy] = df["ttft_s"].median()
     assert abs(rates["kv_aware"] - theoretical) < 0.10
     assert rates["kv_aware"] > rates["round_robin"] + 0.05 and ttft["kv_aware"] < ttft["round_robin"]
+
+
+def test_router_temperature_samples_by_seed_and_favours_the_cheaper_engine():
+    def picks(seed):
+        router = Router(2, RouterConfig(policy="kv_aware", temperature=0.5), 16, lambda: 0.0, seed=seed)
+        prompt = list(range(320))  # 20 blocks, all held by engine 1
+        router.on_kv_events(1, KVEvents(stored=hash_blocks(prompt, 16), removed=[]))
+        out = []
+        for i in range(200):
+            out.append(router.pick(_req(f"r{i}", prompt, max_tokens=1)))
+            router.finished(f"r{i}")
+        return out
+
+    a = picks(0)
+    assert a == picks(0) and a != picks(1)  # deterministic for a seed
+    assert 0.6 < sum(a) / len(a) < 1.0  # softmax: mostly the engine holding the prefix, not always
