@@ -65,13 +65,19 @@ class Proxy:
         clock: Clock | None = None,
         router: RouterConfig | None = None,
         block_size: int = 16,
+        bidirectional: bool = False,
     ) -> None:
         """`recorder`: where finished requests are recorded (the client's view); None records nothing.
         `render`: renders a request again for decode when prefill's token IDs cannot be reused.
         `push` (kv_transfer.mode=push): decode gets each request first and prefill pushes into it.
         `clock`: the run's clock, to put a re-render for decode on the emulated path (None: free).
         `router`: how each pool picks its engine (None: round robin); `block_size`: the engines' (a KV
-        router hashes prompts as they do)."""
+        router hashes prompts as they do). `bidirectional`: decode keeps each conversation's (session's)
+        finished turn, and its next turn goes to that decode engine while prefill pulls back what it
+        lacks of it."""
+        self._bidirectional = bidirectional
+        self._conversations: dict[str, tuple[int, dict[str, Any]]] = {}
+        """session id -> (its decode engine, where that engine holds its last turn's blocks)"""
         self.recorder = recorder
         self.clock = clock
         self._render = render
@@ -150,7 +156,10 @@ class Proxy:
     ) -> AsyncGenerator[EngineOutput, None]:
         """Pull (vLLM's default): prefill first; decode gets prefill's kv_transfer_params and pulls."""
         assert self._prefill is not None and self._decode is not None
-        final = await self._prefill_step(self._prefill.router.pick(creq), creq, result)
+        sid = creq.session_id if self._bidirectional else None
+        held = self._conversations.pop(sid, None) if sid is not None else None
+        pull_back = {"do_remote_prefill": True, "pull_back": True, **held[1]} if held else {}
+        final = await self._prefill_step(self._prefill.router.pick(creq), creq, result, pull_back)
         if final is None:
             return
         # The prompt travels once, as the decode request's own token IDs; the params keep the descriptor.
@@ -158,10 +167,14 @@ class Proxy:
         prompt, rerender_s = await self._decode_prompt(creq, params.pop("prompt_token_ids", None))
         assert result.prefill_done_s is not None
         sent_s = result.prefill_done_s + rerender_s  # a re-render delays decode (the handoff's proxy hop)
+        if sid is not None:
+            params["do_remote_decode"] = True  # decode keeps this turn's blocks for the next one
         decode_req = self._engine_request(creq, prompt, creq.max_tokens, sent_s, params)
-        engine = self._decode.router.pick(creq)
+        engine = self._decode.router.pick(creq, held[0] if held else None)
         async with aclosing(self._stream(self._decode, engine, decode_req, result)) as outs:
             async for out in outs:
+                if sid is not None and out.finished_reason is not None and out.kv_transfer_params:
+                    self._conversations[sid] = (engine, out.kv_transfer_params)
                 yield out
 
     async def _decode_first(
@@ -207,15 +220,17 @@ class Proxy:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    async def _prefill_step(self, p: int, creq: ClientRequest, result: RequestResult) -> EngineOutput | None:
-        """Run the prompt on prefill engine `p` (max_tokens=1, do_remote_decode); its final output, or
-        None with the failure recorded in `result`."""
+    async def _prefill_step(
+        self, p: int, creq: ClientRequest, result: RequestResult, pull_back: dict[str, Any] | None = None
+    ) -> EngineOutput | None:
+        """Run the prompt on prefill engine `p` (max_tokens=1, do_remote_decode; `pull_back`: where
+        decode holds the conversation's last turn); its final output, or None with the failure
+        recorded in `result`."""
         assert self._prefill is not None
         result.prefill_engine = self._prefill.engines[p].engine_id
         final = None
-        ereq = self._engine_request(
-            creq, creq.prompt_token_ids, 1, self._rendered_s(creq), {"do_remote_decode": True}
-        )
+        params = {"do_remote_decode": True, **(pull_back or {})}
+        ereq = self._engine_request(creq, creq.prompt_token_ids, 1, self._rendered_s(creq), params)
         ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
         async for out in self._outputs(self._prefill, p, ereq):
             if out.token_times_s:

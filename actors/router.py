@@ -58,12 +58,15 @@ class Router:
         self._rng = np.random.default_rng(seed)
         self.num_routed = 0
 
-    def pick(self, creq: ClientRequest) -> int:
-        """The engine for `creq`; call `finished` when it ends."""
+    def pick(self, creq: ClientRequest, engine: int | None = None) -> int:
+        """The engine for `creq` (or `engine`, where the caller must send it: a conversation's decode
+        engine holds its blocks); call `finished` when it ends."""
         n = len(self._active_blocks)
         hashes: list[BlockHash] = []
         overlaps = [0] * n
-        if self.policy in ("kv_aware", "kv_estimated"):
+        if engine is not None:
+            pass
+        elif self.policy in ("kv_aware", "kv_estimated"):
             hashes = hash_blocks(creq.prompt_token_ids, self.block_size)
             overlaps = [self._overlap(i, hashes) for i in range(n)]
             engine = self._lowest_cost(creq, overlaps, self.cfg.overlap_weight)

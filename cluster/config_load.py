@@ -346,6 +346,18 @@ def _check_rest(cfg: TestbedConfig) -> None:
         kv.mode == "push" or not kv.layerwise,
         "kv_transfer.layerwise=True: allowed with kv_transfer.mode='push' only",
     )
+    _require(
+        kv.mode == "pull" or not kv.bidirectional,
+        "kv_transfer.bidirectional=True: allowed with kv_transfer.mode='pull' only",
+    )
+    _require(
+        cfg.scheduler.enable_prefix_caching or not kv.bidirectional,
+        "kv_transfer.bidirectional=True: needs scheduler.enable_prefix_caching=True (matched by hash)",
+    )
+    _require(
+        kv.decoder_kv_blocks_ttl_s > 0,
+        f"kv_transfer.decoder_kv_blocks_ttl_s={kv.decoder_kv_blocks_ttl_s}: must be > 0",
+    )
     _require(cfg.render.replicas >= 1, f"render.replicas={cfg.render.replicas}: must be >= 1")
     for key in ("s_per_call", "s_per_prompt_token"):
         value = getattr(cfg.render, key)

@@ -70,7 +70,12 @@ def build_engine(
     executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread)
     stats = EngineStats(metrics)
     receiver = KVReceiver(cfg.kv_transfer, LINKS[cfg.kv_transfer.link], roofline.model, s.block_size)
-    kv_scheduler = KVConnectorScheduler(engine_id, receiver, scheduler, cfg.kv_transfer.hold_timeout_s)
+    kv = cfg.kv_transfer
+    # decode, bidirectional: a finished turn's blocks wait for the conversation's next turn
+    hold_timeout_s = (
+        kv.decoder_kv_blocks_ttl_s if role == "decode" and kv.bidirectional else kv.hold_timeout_s
+    )
+    kv_scheduler = KVConnectorScheduler(engine_id, receiver, scheduler, hold_timeout_s, kv.reuse)
     kv_worker = KVConnectorWorker(executor, peers, stats, clock, s.block_size, link)
     return EngineCore(
         engine_id, role, clock, roofline, scheduler, executor, kv_scheduler, kv_worker, stats, s.max_model_len

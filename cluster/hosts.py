@@ -105,6 +105,11 @@ class EngineHost:
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
 
+    def add_peers(self, engines: dict[str, Any]) -> None:
+        """More engines this one pulls from (bidirectional: a prefill engine pulls back from decode
+        engines, which exist only after it); call before `start`."""
+        self._prefill.update(engines)
+
     async def start(self, epoch_s: float) -> str:
         """Start the engine on the shared clock and its /metrics endpoint; returns `host:port` of it."""
         engine_id, role, cfg, pool = self._args
@@ -170,6 +175,7 @@ class ProxyHost:
             push,
             router=cfg.router,
             block_size=cfg.scheduler.block_size,
+            bidirectional=cfg.kv_transfer.bidirectional,
         )
 
     async def submit(self, creq: ClientRequest) -> RequestResult:

@@ -163,6 +163,8 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
             pools[role][eid] = host.options(**opts).remote(
                 eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None
             )
+    if cfg.kv_transfer.bidirectional:  # prefill pulls a conversation's blocks back from decode
+        ray.get([h.add_peers.remote(dict(pools["decode"])) for h in pools["prefill"].values()])
     engines = {eid: h for per in pools.values() for eid, h in per.items()}
     nodes = dict(zip(engines, ray.get([h.node_id.remote() for h in engines.values()]), strict=True))
     renders: list[Any] = [

@@ -79,6 +79,8 @@ def build_deployment(
             )
             pools[role].append(engine)
     peers.update({e.engine_id: e for e in pools["prefill"]})
+    if cfg.kv_transfer.bidirectional:  # prefill pulls a conversation's blocks back from decode
+        peers.update({e.engine_id: e for e in pools["decode"]})
     proxy_metrics = ProxyMetrics(cfg)
     push = cfg.kv_transfer.mode == "push"
     proxy = Proxy(
@@ -91,6 +93,7 @@ def build_deployment(
         clock,
         cfg.router,
         cfg.scheduler.block_size,
+        cfg.kv_transfer.bidirectional,
     )
     engines = [e for engines in pools.values() for e in engines]
     return Deployment(proxy, engines, clock, metrics, proxy_metrics, RenderTier(cfg.render), cfg)

@@ -58,6 +58,12 @@ class RequestTimes:
     finished_s: float | None = None
     num_cached_tokens: int = 0
     """Prompt tokens served from the local prefix cache."""
+    num_external_tokens: int = 0
+    """Prompt tokens whose KV came from another engine (decode: from prefill; prefill, bidirectional:
+    pulled back from decode's last turn of the conversation)."""
+    kv_pull_back_failed: bool = False
+    """Bidirectional: decode's blocks of the last turn were gone (expired, or its engine died), so
+    prefill computed those tokens again."""
     num_preemptions: int = 0
     kv_blocks_ready_s: float | None = None
     """Decode side: blocks were allocated for the remote KV (no transfer starts before)."""
@@ -120,6 +126,9 @@ class KVPull:
     """When the transfer may start: decode's admission (pull) or prefill's send (push)."""
     wire_s: float
     """How long its bytes occupy the sender's link, where pulls from one prefill engine queue."""
+    num_blocks: int | None = None
+    """A pull back (bidirectional): only this many blocks from `first_block` (the full ones prefill
+    takes); None: all the request holds from there."""
 
 
 @dataclass

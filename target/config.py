@@ -96,6 +96,17 @@ class KVTransferConfig:
     shared switch or PCIe root), every transfer queues on it."""
     hold_timeout_s: float = 120.0
     """Prefill side: release a finished request's KV if no decode engine pulled it within this time."""
+    bidirectional: bool = False
+    """pull only: decode keeps a finished turn's blocks (prompt and answer) for the conversation's next
+    turn, and prefill pulls back the blocks of them it lacks instead of computing them again (vLLM's
+    NixlConnector bidirectional mode; conversations are the replayed sessions)."""
+    decoder_kv_blocks_ttl_s: float = 480.0
+    """bidirectional: how long decode keeps a conversation's blocks waiting for its next turn."""
+    reuse: Literal["verified", "positional"] = "verified"
+    """bidirectional: which of decode's blocks prefill takes. verified: the leading blocks whose chained
+    hashes match its own prompt's (the prefix cache's rule; stops at the first difference);
+    positional: decode's blocks by position, as if the new prompt began with decode's sequence (what
+    vLLM issue #43094 describes: wrong KV when the template or harness edited the history)."""
 
 
 @dataclass(frozen=True)

@@ -173,3 +173,29 @@ def test_a_mooncake_window_replays_live_as_in_virtual_time(cluster):
     assert live.summary["lag_fraction"] < 0.01
     assert live.summary["prefix_hit_rate"] == pytest.approx(virtual.summary["prefix_hit_rate"], abs=0.02)
     assert live.results["ok"].all()
+
+
+def test_bidirectional_pulls_back_across_nodes(cluster):
+    """Real compute, three short turns of one conversation: prefill pulls each answer's KV back from
+    the decode node (real tensors across actors) and computes only the new message, as in virtual
+    time. (Greedy numerics with pulled-back KV are checked in tests/test_bidirectional.py.)"""
+    overrides = [
+        "runner.compute=real",
+        "workload.kind=multi_turn",
+        "multi_turn.num_conversations=1",
+        "multi_turn.num_turns=constant:3",
+        "multi_turn.common_prefix_tokens=0",
+        "multi_turn.prefix_tokens=constant:200",
+        "multi_turn.user_tokens=constant:40",
+        "multi_turn.output_tokens=constant:48",
+        "multi_turn.think_s=constant:0.2",
+        "clock.mode=live",
+        "clock.time_scale=2",
+    ]
+    cfg = design("pd-fast", *overrides, "kv_transfer.bidirectional=true")
+    live = run_live(cfg).results
+    virtual = run_virtual(
+        dataclasses.replace(cfg, clock=dataclasses.replace(cfg.clock, mode="virtual"))
+    ).results
+    assert live["ok"].all() and (live["prefill_pulled_back_tokens"].iloc[1:] > 0).all()
+    assert live["prompt_computed_tokens"].tolist() == virtual["prompt_computed_tokens"].tolist()

@@ -81,7 +81,9 @@ async def run_workload(
     tier's template and tokenizer, for a trace of chat prompts."""
     if isinstance(workload, Trace):
         synth = TokenSynthesizer(cfg.runner.vocab_size, workload.block_size, cfg.seed, render_chat)
-        return await SessionReplay(submit, clock, synth, cfg.replay, render, on_result, lead_s).run(workload)
+        forced = cfg.workload.output_policy == "forced"
+        driver = SessionReplay(submit, clock, synth, cfg.replay, render, on_result, lead_s, forced)
+        return await driver.run(workload)
     return await replay(submit, workload, clock, on_result, lead_s, render)
 
 

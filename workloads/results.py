@@ -15,6 +15,8 @@ _PREFILL_COLUMNS = {
     "scheduled_s": "prefill_scheduled_s",
     "first_token_s": "prefill_first_token_s",
     "num_cached_tokens": "prefill_cached_tokens",
+    "num_external_tokens": "prefill_pulled_back_tokens",
+    "kv_pull_back_failed": "prefill_kv_pull_back_failed",
     "num_preemptions": "prefill_num_preemptions",
 }
 """P/D: the prefill engine's times kept beside the producing (decode) engine's."""
@@ -48,4 +50,7 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     df["ok"] = df["finished_reason"].isin(["length", "stop"])
     # Where the prompt was computed (prefill in P/D), how much of it the prefix cache served.
     df["prompt_cached_tokens"] = df["prefill_cached_tokens"].fillna(df["num_cached_tokens"]).fillna(0)
+    # The prompt tokens computed where the prompt was computed: not cached there, nor pulled back.
+    pulled = df["prefill_pulled_back_tokens"].fillna(0)
+    df["prompt_computed_tokens"] = df["num_prompt_tokens"] - df["prompt_cached_tokens"] - pulled
     return df

@@ -41,8 +41,12 @@ class SessionReplay:
         render: RenderTier | None = None,
         on_result: Callable[[RequestResult], None] | None = None,
         lead_s: float = 0.0,
+        forced: bool = True,
     ) -> None:
-        """`lead_s`: send each request that much ahead of its time (live mode: the real hops)."""
+        """`lead_s`: send each request that much ahead of its time (live mode: the real hops).
+        `forced`: answers are the tokens the next turn repeats (False: the runner's greedy tokens,
+        which a trace's next prompt does not contain)."""
+        self.forced = forced
         self.submit, self.clock, self.synth, self.cfg = submit, clock, synth, cfg
         self.render, self.on_result, self.lead_s = render, on_result, lead_s
         self.results: list[RequestResult] = []
@@ -110,7 +114,9 @@ class SessionReplay:
             arrival_s=sent_s,
             prompt_token_ids=prompt,
             max_tokens=turn.max_tokens,
-            forced_output_token_ids=self.synth.answer(prompt, next_prompt, turn.max_tokens, rid),
+            forced_output_token_ids=(
+                self.synth.answer(prompt, next_prompt, turn.max_tokens, rid) if self.forced else None
+            ),
             session_id=session.session_id,
             turn=k,
             parent_session_id=session.parent,

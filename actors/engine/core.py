@@ -244,13 +244,17 @@ class EngineCore:
 
     async def _load_kv(self, req: Request, plan: TransferPlan) -> None:
         """Move `req`'s KV from its prefill engine into this engine's blocks (the loop notices it at its
-        next step boundary); a failed pull fails the request."""
+        next step boundary); a failed pull fails the request, a failed pull back (decode's blocks
+        expired, or its engine died) computes those tokens here instead."""
         try:
             if not await self.kv_worker.load(req, plan):
                 return  # aborted meanwhile
         except KVLoadError as e:
             self.kv_scheduler.on_load_failed(req)
-            self.abort(req.request_id, "error", str(e))
+            if req.is_pull_back and req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.scheduler.recompute_instead(req)
+            else:
+                self.abort(req.request_id, "error", str(e))
         else:
             self.kv_scheduler.on_loaded(req)
         self.step_clock.wake()

@@ -46,14 +46,22 @@ class KVLoadError(RuntimeError):
 
 class KVConnectorScheduler:
     def __init__(
-        self, engine_id: str, receiver: KVReceiver, scheduler: Scheduler, hold_timeout_s: float
+        self,
+        engine_id: str,
+        receiver: KVReceiver,
+        scheduler: Scheduler,
+        hold_timeout_s: float,
+        reuse: str = "verified",
     ) -> None:
-        """`receiver`: the emulated timing of transfers into this engine. `hold_timeout_s`: prefill side,
-        how long a finished request's KV waits for its pull."""
+        """`receiver`: the emulated timing of transfers into this engine. `hold_timeout_s`: how long a
+        finished request's KV waits for its pull (prefill: the decode engine's; decode, bidirectional:
+        the conversation's next turn's). `reuse`: which of decode's blocks a pull back takes."""
         self.engine_id = engine_id
         self.receiver = receiver
         self.scheduler = scheduler
         self.hold_timeout_s = hold_timeout_s
+        self.reuse = reuse
+        scheduler.pull_back_rule = self._pull_back_tokens
         self._loaded: dict[str, Request] = {}
         """Decode side: requests whose KV is in this engine's blocks, not yet noticed by a step."""
         self._holding: set[str] = set()
@@ -83,11 +91,35 @@ class KVConnectorScheduler:
 
     def _plan(self, req: Request) -> TransferPlan:
         assert req.kv_transfer_params is not None and req.times.kv_blocks_ready_s is not None
-        first_block = req.times.num_cached_tokens // self.scheduler.blocks.block_size
-        plan = self.receiver.plan(req.kv_transfer_params, req.times.kv_blocks_ready_s, first_block)
+        bs = self.scheduler.blocks.block_size
+        first_block = req.times.num_cached_tokens // bs
+        params = req.kv_transfer_params
+        if req.is_pull_back:  # only the blocks it takes, none it holds already
+            end = max(first_block, req.pull_back_tokens // bs)
+            params = {**params, "remote_block_ids": params["remote_block_ids"][:end]}
+        plan = self.receiver.plan(params, req.times.kv_blocks_ready_s, first_block)
         req.times.kv_transfer_start_s = plan.start_s
         req.times.kv_bytes = plan.kv_bytes
         return plan
+
+    def _pull_back_tokens(self, req: Request) -> int:
+        """How many leading tokens of decode's sequence a pull back takes: full blocks, never the
+        prompt's last token (computed here, for the first output token's logits). verified: as far as
+        the chained block hashes agree with this prompt's; positional: as far as decode's sequence
+        reaches, whatever its tokens (the bug vLLM issue #43094 describes, kept to reproduce it)."""
+        params = req.kv_transfer_params
+        assert params is not None
+        bs = self.scheduler.blocks.block_size
+        limit = (req.num_prompt_tokens - 1) // bs
+        theirs = params["remote_block_hashes"]
+        if self.reuse == "positional":
+            return min(len(theirs), limit) * bs
+        num = 0
+        for own, other in zip(req.block_hashes[:limit], theirs, strict=False):
+            if own != other:
+                break
+            num += 1
+        return num * bs
 
     def on_load_failed(self, req: Request) -> None:
         """The pull failed: the prefill side holds nothing for `req` (it died or lost the KV)."""
@@ -120,6 +152,8 @@ class KVConnectorScheduler:
         self._holding.discard(req.request_id)
         if reason != "length" or not req.is_remote_decode:
             return None, holding
+        if req.is_remote_prefill and not req.is_pull_back:  # decode, bidirectional: a finished turn
+            return self._conversation_params(req), holding
         return {
             "do_remote_prefill": True,  # decode: the prompt's KV comes from a prefill engine
             "remote_engine_id": self.engine_id,  # whom decode pulls from (its peer by id)
@@ -129,6 +163,18 @@ class KVConnectorScheduler:
             "kv_sent_s": now,  # push: when the send starts
             "prefill_compute_s": req.compute_s,  # layer-wise push: its own compute, to hide under
         }, holding
+
+    def _conversation_params(self, req: Request) -> dict[str, Any]:
+        """Decode side, bidirectional: where a finished turn's blocks are, for the conversation's next
+        turn to pull back. Only the full blocks whose KV is computed (prompt and answer but its last
+        token), with their chained hashes (so that prefill can verify them)."""
+        num_full = req.num_computed_tokens // self.scheduler.blocks.block_size
+        return {
+            "remote_engine_id": self.engine_id,  # whom prefill pulls back from
+            "remote_request_id": req.request_id,  # what the pull and the free are keyed by
+            "remote_block_ids": list(req.block_ids[:num_full]),  # where decode's KV is
+            "remote_block_hashes": list(req.block_hashes[:num_full]),  # what is in them (verified reuse)
+        }
 
     def _expires_s(self, req: Request) -> float:
         """When the held KV of `req` (a finished prefill request) is released unpulled."""
@@ -175,10 +221,17 @@ class KVConnectorWorker:
         self.block_size = block_size
 
     async def read(self, req: Request, pull: KVPull) -> KVPayload:
-        """A held request's prompt KV from the pull's first block, queued on this engine's link."""
+        """A held request's KV from the pull's first block (its prompt's; a pull back: the blocks it
+        asks for), queued on this engine's link."""
         first = pull.first_block
-        num_tokens = req.num_prompt_tokens - first * self.block_size
-        kv = self.executor.read_kv(req.block_ids[first:], num_tokens)
+        if pull.num_blocks is None:
+            block_ids, num_tokens = req.block_ids[first:], req.num_prompt_tokens - first * self.block_size
+        else:
+            block_ids, num_tokens = (
+                req.block_ids[first : first + pull.num_blocks],
+                pull.num_blocks * self.block_size,
+            )
+        kv = self.executor.read_kv(block_ids, num_tokens)
         return KVPayload(req.request_id, kv, await self.link.reserve(pull.start_s, pull.wire_s))
 
     async def load(self, req: Request, plan: TransferPlan) -> bool:
@@ -196,7 +249,10 @@ class KVConnectorWorker:
         assert params is not None
         remote_id = str(params["remote_engine_id"])
         try:
-            pull = KVPull(str(params["remote_request_id"]), plan.first_block, plan.start_s, plan.time.wire_s)
+            num_blocks = plan.num_blocks if req.is_pull_back else None
+            pull = KVPull(
+                str(params["remote_request_id"]), plan.first_block, plan.start_s, plan.time.wire_s, num_blocks
+            )
             return await self.peers[remote_id].get_kv(pull)
         except Exception as e:
             self.stats.on_kv_transfer_failed()

@@ -52,6 +52,7 @@ class Request:
         "num_published_blocks",
         "output_token_ids",
         "prompt_token_ids",
+        "pull_back_tokens",
         "remote_kv_loaded",
         "request_id",
         "status",
@@ -75,6 +76,8 @@ class Request:
         """Chained hashes of the full blocks of tokens, extended as they are needed."""
         self.num_published_blocks = 0
         """Leading blocks of `block_ids` already in the prefix cache."""
+        self.pull_back_tokens = 0
+        """Pull back: the tokens of decode's leading blocks this request takes (set when admitted)."""
         self.remote_kv_loaded = False
         """Decode side: the prefill engine's KV is in this engine's blocks (never pulled twice: a 1-token
         prompt has no external tokens, and a preempted request recomputes locally, as in vLLM)."""
@@ -110,9 +113,22 @@ class Request:
         return bool(self.kv_transfer_params and self.kv_transfer_params.get("do_remote_prefill"))
 
     @property
+    def is_pull_back(self) -> bool:
+        """A prefill-engine request of a conversation's later turn that pulls back, from the decode
+        engine of the turn before, the blocks of that turn it lacks (bidirectional)."""
+        return bool(self.kv_transfer_params and self.kv_transfer_params.get("pull_back"))
+
+    @property
+    def remote_kv_end(self) -> int:
+        """Tokens up to which the remote KV reaches: decode, all of the prompt but the last token (it
+        recomputes that one for the logits of the first output token); a pull back, the tokens of the
+        leading blocks of decode's sequence that it takes (`pull_back_tokens`)."""
+        return self.pull_back_tokens if self.is_pull_back else self.num_prompt_tokens - 1
+
+    @property
     def num_external_computed_tokens(self) -> int:
-        """Prompt tokens whose KV comes from a prefill engine: all but those decode's own prefix cache
-        held and the last, which decode recomputes for the logits of the first output token."""
+        """Prompt tokens whose KV comes from another engine: up to `remote_kv_end`, less what this
+        engine's own prefix cache held."""
         if not self.is_remote_prefill:
             return 0
-        return self.num_prompt_tokens - 1 - self.times.num_cached_tokens
+        return max(0, self.remote_kv_end - self.times.num_cached_tokens)

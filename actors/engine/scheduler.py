@@ -13,6 +13,7 @@ keeps its blocks after finishing until the decode side has pulled them; a decode
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from actors.engine.block_manager import BlockManager
@@ -56,6 +57,8 @@ class Scheduler:
         self.recving: dict[str, Request] = {}
         """Decode side: requests whose blocks are allocated and whose remote KV is in flight."""
         self.held: dict[str, Request] = {}
+        self.pull_back_rule: Callable[[Request], int] | None = None
+        """Bidirectional: the tokens of decode's sequence a pull back takes (set by the KV connector)."""
         """Prefill side: finished requests whose blocks wait for the decode side's pull."""
         self.num_preemptions = 0
 
@@ -136,9 +139,13 @@ class Scheduler:
         return budget
 
     def _allocate_for_remote_kv(self, req: Request) -> bool:
-        """Decode side: blocks for the whole prompt, the leading ones from this engine's own prefix
-        cache (they need not move); False (nothing held) if they do not fit."""
+        """Blocks for the whole prompt, the leading ones from this engine's own prefix cache (they need
+        not move); False (nothing held) if they do not fit. A pull back learns here how much of
+        decode's sequence it takes (`pull_back_rule`, the KV connector's reuse rule)."""
         req.num_computed_tokens = self.blocks.get_computed_blocks(req)
+        if req.is_pull_back:
+            assert self.pull_back_rule is not None, "a pull back needs the KV connector's reuse rule"
+            req.pull_back_tokens = self.pull_back_rule(req)
         if not self.blocks.allocate_slots(req, req.num_prompt_tokens - req.num_computed_tokens):
             self.blocks.free(req)
             req.num_computed_tokens = 0
@@ -195,9 +202,16 @@ class Scheduler:
         """
         del self.recving[req.request_id]
         req.remote_kv_loaded = True
+        req.times.num_external_tokens = req.num_external_computed_tokens
         req.num_computed_tokens = req.times.num_cached_tokens + req.num_external_computed_tokens
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
+
+    def recompute_instead(self, req: Request) -> None:
+        """A pull back failed: `req` computes the tokens it meant to take (recorded on its times)."""
+        req.pull_back_tokens = 0
+        req.times.kv_pull_back_failed, req.times.kv_bytes = True, 0
+        self.kv_received(req)
 
     def finish(self, req: Request, reason: FinishedReason) -> None:
         """End `req`: free its blocks, or hold them for a decode engine's pull."""

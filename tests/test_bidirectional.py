@@ -1,0 +1,101 @@
+"""Bidirectional KV (multi-turn P/D): decode keeps a conversation's last turn, prefill pulls back what
+it lacks of it; verified reuse never hands prefill KV of other tokens, positional does when the
+history was edited (vLLM issue #43094)."""
+
+import numpy as np
+import pytest
+
+from actors.engine.clock import Clock
+from cluster.virtual import build_deployment
+from messages import ClientRequest
+from tests.factories import COLLOCATED, PD, make_config, run_async, run_requests
+from workloads.results import results_frame
+
+SIX_TURN = {
+    "num_conversations": 1,
+    "num_turns": "constant:6",
+    "common_prefix_tokens": 0,
+    "prefix_tokens": "constant:3600",
+    "user_tokens": "constant:400",
+    "output_tokens": "constant:600",
+    "think_s": "constant:1",
+}
+
+
+def six_turn(**kv_transfer):
+    cfg = make_config(
+        PD,
+        runner={"compute": "skip"},
+        workload={"kind": "multi_turn"},
+        multi_turn=SIX_TURN,
+        kv_transfer={"link": "rdma-400g", **kv_transfer},
+    )
+    results, _ = run_requests(cfg, None)
+    return results_frame(results, "pd", 0.0, 0)
+
+
+def test_six_turn_one_way_recomputes_each_answer_and_bidirectional_pulls_it_back():
+    one_way, both = six_turn(), six_turn(bidirectional=True)
+    # one way: prefill's own cache holds the previous prompt, not the answer decode produced:
+    # 600 answer tokens + 400 new ones (+8 where a turn's prompt ends mid-block)
+    assert one_way["prompt_computed_tokens"].tolist() == [4000, 1000, 1008, 1000, 1008, 1000]
+    # bidirectional: the answer's blocks come back from decode; only the new message is computed
+    assert both["prompt_computed_tokens"].tolist() == [4000, 408, 416, 408, 416, 408]
+    assert (both["prefill_pulled_back_tokens"].iloc[1:] == 592).all()
+    assert (both["ttft_s"].iloc[1:].to_numpy() < one_way["ttft_s"].iloc[1:].to_numpy()).all()
+    assert both["ok"].all() and not both["prefill_kv_pull_back_failed"].fillna(False).any()
+
+
+def test_expired_conversation_blocks_fall_back_to_recompute_and_say_so():
+    df = six_turn(bidirectional=True, decoder_kv_blocks_ttl_s=0.5)  # turns come 1 s after answers
+    assert df["ok"].all()
+    assert df["prefill_kv_pull_back_failed"].iloc[1:].all()
+    assert df["prompt_computed_tokens"].tolist() == [4000, 1000, 1008, 1000, 1008, 1000]
+
+
+ANSWER = 128
+"""Turn 1's answer: its first 32 tokens stand for reasoning a template drops from the history."""
+REAL = {"runner": {"compute": "real", "device": "cpu"}, "workload": {"output_policy": "greedy"}}
+
+
+def two_turns(cfg, first, follow_up, edit):
+    """Turn 1, then turn 2 = turn 1's prompt + `edit`(its answer) + `follow_up`, one conversation."""
+
+    async def main():
+        dep = build_deployment(cfg, Clock())
+        for e in dep.engines:
+            e.start()
+        one = await dep.proxy.submit(ClientRequest("t1", 0.0, first, ANSWER, session_id="c"))
+        prompt = first + edit(one.output_token_ids) + follow_up
+        two = await dep.proxy.submit(ClientRequest("t2", dep.clock.now(), prompt, 16, session_id="c"))
+        await dep.drain()
+        for e in dep.engines:
+            e.assert_empty()
+        return one, two
+
+    return run_async(main())
+
+
+@pytest.mark.parametrize(
+    ("edited", "reuse"), [(True, "verified"), (True, "positional"), (False, "positional")]
+)
+def test_positional_reuse_gives_wrong_tokens_after_an_edited_history_and_verified_never(edited, reuse):
+    """Real compute, greedy: the second turn's tokens against the same conversation served collocated
+    with prefix caching. Dropping the answer's first 32 tokens from the history (a template stripping
+    past reasoning) makes positional reuse load KV of other tokens at those positions (128 tokens'
+    worth here: the tiny runner's greedy tokens shrug off a few wrong ones); verified stops at the
+    edit and takes nothing."""
+    rng = np.random.default_rng(5)
+    first, follow_up = rng.integers(0, 8192, 150).tolist(), rng.integers(0, 8192, 40).tolist()
+
+    def edit(answer):
+        return answer[32:] if edited else answer
+
+    bidi = make_config(PD, REAL, kv_transfer={"bidirectional": True, "reuse": reuse})
+    _, two = two_turns(bidi, first, follow_up, edit)
+    _, reference = two_turns(make_config(COLLOCATED, REAL), first, follow_up, edit)
+    assert two.prefill_times.num_external_tokens > 0 or (edited and reuse == "verified")
+    if edited and reuse == "positional":
+        assert two.output_token_ids != reference.output_token_ids  # KV of other tokens: wrong logits
+    else:
+        assert two.output_token_ids == reference.output_token_ids
