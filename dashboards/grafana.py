@@ -152,8 +152,8 @@ def _handoff_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
             "s",
             "NIXL transfer duration (decode side); the testbed's handoff time by link.",
             *[(quantile(q, m.NIXL_XFER_TIME), f"xfer p{round(q * 100)}") for q in (0.5, 0.99)],
-            (quantile(0.99, m.KV_HANDOFF, "link"), "handoff p99 {{link}}"),
-            (mean(m.KV_HANDOFF, "link"), "handoff mean {{link}}"),
+            (quantile(0.99, m.KV_HANDOFF, "link, direction"), "handoff p99 {{link}} {{direction}}"),
+            (mean(m.KV_HANDOFF, "link, direction"), "handoff mean {{link}} {{direction}}"),
         ),
         panel(
             "KV bytes",
@@ -191,10 +191,17 @@ def _handoff_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
             (quantile(0.5, m.KV_HANDOFF_PARTS, "part"), "{{part}}"),
         ),
         panel(
-            "KV held on prefill",
+            "KV held for a pull",
             "short",
-            "Blocks of finished prefill requests held until decode's completion notice, per replica.",
+            "Blocks of finished requests held for a pull, per replica: prefill's until decode's completion "
+            "notice; decode's (bidirectional) for a conversation's next turn; and pull backs that found "
+            "them gone and recomputed.",
             (f"max by (replica) ({m.KV_HELD_BLOCKS.name}{sel(role='prefill')})", "prefill-{{replica}}"),
+            (
+                f"max by (replica) ({m.KV_CONVERSATION_BLOCKS.name}{sel(role='decode')})",
+                "decode-{{replica}}: conversations (bidirectional)",
+            ),
+            (rate(m.KV_PULL_BACK_FAILED) + PER_SIM_S, "pull backs recomputed per s"),
         ),
         panel(
             "Lag",

@@ -131,7 +131,9 @@ LAGGED_KV_TRANSFERS = _c("testbed:lagged_kv_transfers", "KV pulls whose real mov
 MAX_OVERRUN = _g("testbed:max_overrun_seconds", "Worst overrun of a step or KV pull so far, emulated seconds.")  # fmt: skip
 BUSY = _c("testbed:busy_seconds", "Emulated seconds the engine spent in steps (utilisation = its rate).")
 KV_HELD_BLOCKS = _g("testbed:kv_held_blocks", "Prefill side: KV blocks of finished requests held until decode's completion notice.")  # fmt: skip
-KV_HANDOFF = _h("testbed:kv_handoff_seconds", "KV handoff time per request (transfer start to done) by link.", HANDOFF_BUCKETS, ("link",))  # fmt: skip
+KV_HANDOFF = _h("testbed:kv_handoff_seconds", "KV handoff time per request (transfer start to done) by link and direction (p2d: prefill to decode; d2p: a conversation's blocks pulled back, bidirectional).", HANDOFF_BUCKETS, ("link", "direction"))  # fmt: skip
+KV_CONVERSATION_BLOCKS = _g("testbed:kv_conversation_held_blocks", "Decode side, bidirectional: KV blocks of finished turns kept for their conversation's next turn.")  # fmt: skip
+KV_PULL_BACK_FAILED = _c("testbed:kv_pull_back_failed", "Bidirectional: pull backs that found decode's blocks gone (expired, engine lost) and recomputed.")  # fmt: skip
 # Client-side (proxy): what the user sees, end to end through every role.
 KV_HANDOFF_PARTS = _h("testbed:kv_handoff_part_seconds", "A P/D request's path from prefill's token to decode's first, by part (they add up).", HANDOFF_BUCKETS, ("part",))  # fmt: skip
 CLIENT_TTFT = _h("testbed:time_to_first_token_seconds", "Client-visible time to first token (proxy).", TTFT_BUCKETS)  # fmt: skip
@@ -157,6 +159,7 @@ ENGINE_SERIES = (
     REQUEST_MAX_GENERATION_TOKENS, REQUEST_PREFILL_KV_COMPUTED, ITERATION_TOKENS, NIXL_XFER_TIME,
     NIXL_POST_TIME, NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS,
     NIXL_KV_EXPIRED, TIME_SCALE, STEPS, LAGGED_STEPS, LAGGED_KV_TRANSFERS, MAX_OVERRUN, BUSY, KV_HANDOFF,
+    KV_CONVERSATION_BLOCKS, KV_PULL_BACK_FAILED,
     KV_HELD_BLOCKS,
 )  # fmt: skip
 # Render tier: CPU seconds of real work (CPU ms per 1k tokens = cpu rate / tokens rate), calls per replica.

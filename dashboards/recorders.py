@@ -33,9 +33,11 @@ from dashboards.metrics import (
     ITERATION_TOKENS,
     ITL,
     KV_CACHE_USAGE,
+    KV_CONVERSATION_BLOCKS,
     KV_HANDOFF,
     KV_HANDOFF_PARTS,
     KV_HELD_BLOCKS,
+    KV_PULL_BACK_FAILED,
     LAGGED_KV_TRANSFERS,
     LAGGED_STEPS,
     MAX_GAP,
@@ -146,15 +148,16 @@ class EngineMetrics(_Registry):
         super().__init__(ENGINE_SERIES, cfg, role, replica)
         self._num_layers = MODELS[cfg.target.model].num_layers
         self._link = cfg.kv_transfer.link
+        self._direction = "d2p" if role == "prefill" else "p2d"  # who pulls: prefill only pulls back
         for reason in FINISHED_REASONS:
             self.child(REQUEST_SUCCESS, finished_reason=reason)
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             self.child(PROMPT_TOKENS_BY_SOURCE, source=source)
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
         self._ttft, self._itl, self._gen = self.child(TTFT), self.child(ITL), self.child(GENERATION_TOKENS)
+        held = KV_CONVERSATION_BLOCKS if role == "decode" else KV_HELD_BLOCKS  # what holds blocks there
         self._state = [
-            self.child(s)
-            for s in (KV_HELD_BLOCKS, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE)
+            self.child(s) for s in (held, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE)
         ]
 
     def on_step(self, step_s: float, num_scheduled_tokens: int) -> None:
@@ -240,7 +243,7 @@ class EngineMetrics(_Registry):
         self.child(NIXL_POST_TIME).observe(post_s)
         self.child(NIXL_BYTES).observe(kv_bytes)
         self.child(NIXL_DESCRIPTORS).observe(num_blocks * self._num_layers * 2)
-        self.child(KV_HANDOFF, link=self._link).observe(xfer_s)
+        self.child(KV_HANDOFF, link=self._link, direction=self._direction).observe(xfer_s)
 
     def on_lag(self, what: str, max_overrun_s: float) -> None:
         """A step or KV transfer overran its emulated budget; `max_overrun_s`: the worst so far."""
@@ -249,6 +252,9 @@ class EngineMetrics(_Registry):
 
     def on_kv_transfer_failed(self) -> None:
         self.child(NIXL_FAILED_TRANSFERS).inc()
+
+    def on_kv_pull_back_failed(self) -> None:
+        self.child(KV_PULL_BACK_FAILED).inc()
 
     def on_kv_notification_failed(self) -> None:
         """The prefill side could not be told to release the KV (it died)."""

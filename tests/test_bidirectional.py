@@ -99,3 +99,22 @@ def test_positional_reuse_gives_wrong_tokens_after_an_edited_history_and_verifie
         assert two.output_token_ids != reference.output_token_ids  # KV of other tokens: wrong logits
     else:
         assert two.output_token_ids == reference.output_token_ids
+
+
+def test_pull_backs_are_labelled_d2p_and_held_conversations_are_gauged():
+    from cluster.virtual import run_virtual
+    from dashboards import metrics as m
+    from dashboards.exposition import sum_series
+
+    cfg = make_config(
+        PD,
+        runner={"compute": "skip"},
+        workload={"kind": "multi_turn"},
+        multi_turn=SIX_TURN,
+        kv_transfer={"link": "rdma-400g", "bidirectional": True},
+    )
+    out = run_virtual(cfg)
+    expos = list(out.metrics.values())
+    assert sum_series(expos, m.KV_HANDOFF.count, direction="d2p", role="prefill") == 5  # turns 2-6
+    assert sum_series(expos, m.KV_HANDOFF.count, direction="p2d", role="decode") == 6
+    assert sum_series(expos, m.KV_PULL_BACK_FAILED.exposed) == 0

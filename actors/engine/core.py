@@ -253,6 +253,7 @@ class EngineCore:
             self.kv_scheduler.on_load_failed(req)
             if req.is_pull_back and req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
                 self.scheduler.recompute_instead(req)
+                self.stats.on_kv_pull_back_failed()
             else:
                 self.abort(req.request_id, "error", str(e))
         else:

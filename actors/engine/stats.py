@@ -32,7 +32,8 @@ class EngineRecorder(Protocol):
         num_kv_held_blocks: int,
     ) -> None:
         """The engine's state (at steps and on arrivals); the counts are totals since its start.
-        `num_kv_held_blocks`: prefill side, blocks of finished requests waiting for decode's notice."""
+        `num_kv_held_blocks`: blocks of finished requests held for a pull: prefill side, until decode's
+        notice; decode side (bidirectional), for the conversation's next turn."""
 
     def on_first_token(
         self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
@@ -56,6 +57,9 @@ class EngineRecorder(Protocol):
     def on_kv_transfer_failed(self) -> None: ...
 
     def on_kv_notification_failed(self) -> None: ...
+
+    def on_kv_pull_back_failed(self) -> None:
+        """Bidirectional: decode's blocks were gone; prefill recomputes them."""
 
     def on_kv_expired(self, num_requests: int) -> None: ...
 
@@ -160,6 +164,9 @@ class EngineStats:
     def on_kv_notification_failed(self) -> None:
         """The prefill side could not be told to release the KV (it died)."""
         self.recorder.on_kv_notification_failed()
+
+    def on_kv_pull_back_failed(self) -> None:
+        self.recorder.on_kv_pull_back_failed()
 
     def on_kv_expired(self, num_requests: int) -> None:
         """Prefill side: `num_requests` held KV released unpulled (their decode died)."""
