@@ -87,10 +87,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    """A trace's sessions (or a named multi-turn scenario) through each design."""
-    if (args.trace is None) == (args.scenario is None):
-        raise ConfigError("testbed replay: give --trace PATH or --scenario NAME (one of them)")
-    extra = ["workload.kind=trace"] if args.trace else list(SCENARIOS[args.scenario])
+    """A trace's sessions (or a named multi-turn scenario, or the preset's own sessions) through each
+    design."""
+    if args.trace is not None and args.scenario is not None:
+        raise ConfigError("testbed replay: give --trace PATH or --scenario NAME, not both")
+    extra = ["workload.kind=trace"] if args.trace else list(SCENARIOS.get(args.scenario, []))
     if args.window:
         try:
             start, end = (float(x) for x in args.window.split(":"))
@@ -103,7 +104,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         extra.append("replay.session_salt=true")
     configs = configs_of(args, extra)
     c = configs[0]
-    if args.trace:
+    if c.workload.kind == "synthetic":
+        raise ConfigError(
+            "testbed replay: give --trace PATH or --scenario NAME (the preset has no sessions of its own)"
+        )
+    if c.workload.kind == "trace":
         trace = workload_for(c)  # loaded and checked here, before any run
         assert isinstance(trace, Trace)
         what = f"trace {trace.name}: {len(trace.sessions)} sessions, {trace.num_requests} requests"
@@ -115,7 +120,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             else "chat prompts, rendered when sent"
         )
     else:
-        what, total, reuse = f"scenario {args.scenario}", None, "multi-turn conversations"
+        what, total, reuse = f"scenario {args.scenario or c.design}", None, "multi-turn conversations"
     r = c.replay
     notes = [
         f"{what}; timing {r.timing}, speedup {r.speedup:g}, router {c.router.policy}; {reuse}",
@@ -131,7 +136,7 @@ def _run_designs(
     import pandas as pd
 
     from cluster.calibrate import resolve_time_scale
-    from dashboards.console import lag_warning, run_table, show
+    from dashboards.console import lag_warning, run_table, show, turns_table
 
     configs = [resolve_time_scale(c) if c.clock.mode == "live" else c for c in configs]
     out = out_dir(args, kind)
@@ -162,7 +167,7 @@ def _run_designs(
         "final Prometheus exposition of every actor: metrics/<design>/<actor>.prom",
     ]
     report = write_report(out, results, records, f"testbed {kind}: {c.target.model}", notes)
-    show(run_table(records))
+    show(run_table(records), *filter(None, [turns_table(results)]))
     print(f"run directory: {out}  (report: {report})")
     return 0
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:  # the CLI has pandas loaded by then; importing this module needs none
+    import pandas as pd
 
 
 def _fmt(value: Any, scale: float = 1.0, digits: int = 1) -> str:
@@ -101,3 +104,28 @@ def lag_warning(summary: dict[str, Any]) -> None:
         "fewer engines per host, or --compute skip."
     )
     Console(stderr=True).print(Panel(text, title="LAG", style="bold red"))
+
+
+def turns_table(results: pd.DataFrame, max_turns: int = 12) -> Table | None:
+    """Replayed sessions, per design and turn (medians over sessions): prompt tokens computed where
+    the prompt was computed, those pulled back from decode (bidirectional), TTFT."""
+    rows = results[results["ok"] & results["turn"].notna()]
+    if rows.empty or rows["turn"].nunique() < 2:
+        return None
+    table = Table(title="per turn (medians over sessions; emulated time)")
+    for col in ("design", "turn", "sessions", "new tokens computed", "MiB pulled back", "TTFT ms"):
+        table.add_column(col, justify="right")
+    rows = rows.assign(pulled_mib=rows["prefill_pulled_back_bytes"].fillna(0) / 2**20)
+    for (design, turn), part in rows.groupby(["design", "turn"], sort=False):
+        index = int(cast(float, turn))  # a float column of ints (NaN outside sessions)
+        if index >= max_turns:
+            continue
+        table.add_row(
+            str(design),
+            f"{index + 1}",
+            str(len(part)),
+            _fmt(part["prompt_computed_tokens"].median(), digits=0),
+            _fmt(part["pulled_mib"].median(), digits=1),
+            _fmt(part["ttft_s"].median(), 1000.0),
+        )
+    return table

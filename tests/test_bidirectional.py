@@ -118,3 +118,17 @@ def test_pull_backs_are_labelled_d2p_and_held_conversations_are_gauged():
     assert sum_series(expos, m.KV_HANDOFF.count, direction="d2p", role="prefill") == 5  # turns 2-6
     assert sum_series(expos, m.KV_HANDOFF.count, direction="p2d", role="decode") == 6
     assert sum_series(expos, m.KV_PULL_BACK_FAILED.exposed) == 0
+
+
+def test_six_turn_preset_prints_each_turn_for_the_three_designs(tmp_path, capsys):
+    import pandas as pd
+
+    from cluster.cli import main
+
+    assert main(["replay", "--preset", "six-turn-l40s", "--compute", "skip", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "per turn" in out and "MiB pulled back" in out
+    df = pd.read_parquet(tmp_path / "results.parquet")
+    computed = {d: part["prompt_computed_tokens"].tolist() for d, part in df.groupby("design")}
+    assert computed["collocated"][1:] == computed["pd-bidirectional"][1:] == [408, 416, 408, 416, 408]
+    assert computed["pd-one-way"][1:] == [1000, 1008, 1000, 1008, 1000]

@@ -17,6 +17,7 @@ _PREFILL_COLUMNS = {
     "num_cached_tokens": "prefill_cached_tokens",
     "num_external_tokens": "prefill_pulled_back_tokens",
     "kv_pull_back_failed": "prefill_kv_pull_back_failed",
+    "kv_bytes": "prefill_pulled_back_bytes",
     "num_preemptions": "prefill_num_preemptions",
 }
 """P/D: the prefill engine's times kept beside the producing (decode) engine's."""
