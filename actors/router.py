@@ -61,37 +61,44 @@ class Router:
     def pick(self, creq: ClientRequest, engine: int | None = None) -> int:
         """The engine for `creq` (or `engine`, where the caller must send it: a conversation's decode
         engine holds its blocks); call `finished` when it ends."""
-        n = len(self._active_blocks)
         hashes: list[BlockHash] = []
-        overlaps = [0] * n
-        if engine is not None:
-            pass
-        elif self.policy in ("kv_aware", "kv_estimated"):
+        overlaps = [0] * len(self._active_blocks)
+        if self.policy in ("kv_aware", "kv_estimated"):
             hashes = hash_blocks(creq.prompt_token_ids, self.block_size)
-            overlaps = [self._overlap(i, hashes) for i in range(n)]
-            engine = self._lowest_cost(creq, overlaps, self.cfg.overlap_weight)
-        elif self.policy == "least_loaded":
-            engine = self._lowest_cost(creq, overlaps, 0.0)
-        elif self.policy == "session_affinity" and creq.session_id is not None:
-            engine = self._sessions.get(creq.session_id, -1)
-            if engine < 0:
-                engine = self._sessions[creq.session_id] = min(range(n), key=self._active_blocks.__getitem__)
-        else:
-            engine = next(self._next)
+            overlaps = [self._overlap(i, hashes) for i in range(len(overlaps))]
+        if engine is None:
+            engine = self._choose(creq, overlaps)
         blocks = cdiv(len(creq.prompt_token_ids) + creq.max_tokens, self.block_size)
         self._active_blocks[engine] += blocks
         self._inflight[creq.request_id] = (engine, blocks)
         if self.policy == "kv_estimated":
-            now = self.now()
-            self._held[engine].update(dict.fromkeys(hashes, now + self.cfg.estimate_ttl_s))
-            if self.num_routed % 256 == 0:  # drop what expired, now and then (a long trace's worth)
-                for held in self._held:
-                    for h in [h for h, expires in held.items() if expires <= now]:
-                        del held[h]
+            self._remember(engine, hashes)
         self.num_routed += 1
         if self.on_routed is not None:
             self.on_routed(engine, overlaps[engine], cdiv(len(creq.prompt_token_ids), self.block_size))
         return engine
+
+    def _choose(self, creq: ClientRequest, overlaps: list[int]) -> int:
+        if self.policy in ("kv_aware", "kv_estimated"):
+            return self._lowest_cost(creq, overlaps, self.cfg.overlap_weight)
+        if self.policy == "least_loaded":
+            return self._lowest_cost(creq, overlaps, 0.0)
+        if self.policy == "session_affinity" and creq.session_id is not None:
+            engine = self._sessions.get(creq.session_id)
+            if engine is None:
+                engines = range(len(self._active_blocks))
+                engine = self._sessions[creq.session_id] = min(engines, key=self._active_blocks.__getitem__)
+            return engine
+        return next(self._next)
+
+    def _remember(self, engine: int, hashes: list[BlockHash]) -> None:
+        """kv_estimated: a routed prompt's blocks count as cached on `engine` for the TTL."""
+        now = self.now()
+        self._held[engine].update(dict.fromkeys(hashes, now + self.cfg.estimate_ttl_s))
+        if self.num_routed % 256 == 0:  # drop what expired, now and then (a long trace's worth)
+            for held in self._held:
+                for h in [h for h, expires in held.items() if expires <= now]:
+                    del held[h]
 
     def finished(self, request_id: str) -> None:
         engine, blocks = self._inflight.pop(request_id, (0, 0))
