@@ -26,6 +26,16 @@ from workloads.replay import Workload, workload_for
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 """The public trace excerpts beside the project (`../shared/traces`)."""
+SIX_TURN: dict[str, Any] = {
+    "num_conversations": 1,
+    "num_turns": "constant:6",
+    "common_prefix_tokens": 0,
+    "prefix_tokens": "constant:3600",
+    "user_tokens": "constant:400",
+    "output_tokens": "constant:600",
+    "think_s": "constant:1",
+}
+"""`multi_turn` of one six-turn chat: a 4,000-token first prompt, answers of 600, follow-ups of 400."""
 COLLOCATED: dict[str, Any] = {"pools": {"mixed": {"replicas": 1}}}
 PD: dict[str, Any] = {
     "pools": {"mixed": {"replicas": 0}, "prefill": {"replicas": 1}, "decode": {"replicas": 1}}

@@ -8,18 +8,8 @@ import pytest
 from actors.engine.clock import Clock
 from cluster.virtual import build_deployment
 from messages import ClientRequest
-from tests.factories import COLLOCATED, PD, make_config, run_async, run_requests
+from tests.factories import COLLOCATED, PD, SIX_TURN, make_config, run_async, run_requests
 from workloads.results import results_frame
-
-SIX_TURN = {
-    "num_conversations": 1,
-    "num_turns": "constant:6",
-    "common_prefix_tokens": 0,
-    "prefix_tokens": "constant:3600",
-    "user_tokens": "constant:400",
-    "output_tokens": "constant:600",
-    "think_s": "constant:1",
-}
 
 
 def six_turn(**kv_transfer):

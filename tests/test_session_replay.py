@@ -8,22 +8,13 @@ from actors.engine.block_hash import hash_blocks
 from actors.router import Router
 from messages import ClientRequest, KVEvents
 from target.config import RouterConfig
-from tests.factories import TRACES, make_config, run_requests
+from tests.factories import SIX_TURN, TRACES, make_config, run_requests
 from workloads.results import results_frame
 from workloads.traces import load_trace
 from workloads.traces.prefix_reuse import theoretical_hit_rate
 from workloads.traces.session import Session, TokenPrompt, Trace, Turn
 
 SKIP = {"runner": {"compute": "skip"}}
-SIX_TURN = {
-    "num_conversations": 1,
-    "num_turns": "constant:6",
-    "common_prefix_tokens": 0,
-    "prefix_tokens": "constant:3600",
-    "user_tokens": "constant:400",
-    "output_tokens": "constant:600",
-    "think_s": "constant:1",
-}
 WEKA = TRACES / "weka_claude_code"
 
 
