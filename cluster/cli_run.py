@@ -18,6 +18,7 @@ from cluster.config_load import ConfigError, dump_config, load_designs
 from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report
 from target.config import TestbedConfig
+from workloads.divergence import diverged_at
 from workloads.replay import workload_for
 from workloads.traces.prefix_reuse import theoretical_hit_rate
 from workloads.traces.session import Trace, TraceError
@@ -138,6 +139,7 @@ def _run_designs(
     from cluster.calibrate import resolve_time_scale
     from dashboards.console import lag_warning, run_table, show, turns_table
 
+    reference = _reference(args, configs)  # checked before anything runs
     configs = [resolve_time_scale(c) if c.clock.mode == "live" else c for c in configs]
     out = out_dir(args, kind)
     records, frames, engines = [], [], {}
@@ -155,6 +157,12 @@ def _run_designs(
             if cfg.clock.mode == "live" and result.summary["lag_fraction"] > 0.01:
                 lag_warning(result.summary)
     results = pd.concat(frames, ignore_index=True)
+    if reference is not None:  # greedy tokens against the reference design's: wrong KV shows here
+        results["diverged_at"] = diverged_at(results, reference)
+        for r in records:
+            rows = results[results["design"] == r["design"]]
+            r["diverged_fraction"] = float(rows["diverged_at"].notna().mean()) if len(rows) else 0.0
+            r["reference"] = reference
     results.to_parquet(out / "results.parquet", index=False)
     write_json(out / "summary.json", records)
     write_json(out / "engines.json", clean_json(engines))
@@ -170,6 +178,21 @@ def _run_designs(
     show(run_table(records), *filter(None, [turns_table(results)]))
     print(f"run directory: {out}  (report: {report})")
     return 0
+
+
+def _reference(args: argparse.Namespace, configs: list[TestbedConfig]) -> str | None:
+    """The design whose greedy tokens the others are checked against: `--reference`, or `collocated`
+    when the run has it, computes for real and samples greedy."""
+    names = [c.design for c in configs]
+    chosen = getattr(args, "reference", None)
+    if chosen is not None:
+        if chosen not in names:
+            raise ConfigError(
+                f"--reference={chosen!r}: not a design of this run; allowed: {', '.join(names)}"
+            )
+        return str(chosen)
+    greedy = all(c.workload.output_policy == "greedy" and c.runner.compute == "real" for c in configs)
+    return "collocated" if greedy and "collocated" in names and len(names) > 1 else None
 
 
 def _run_one(cfg: TestbedConfig, args: argparse.Namespace, total: int | None) -> Any:
@@ -239,6 +262,7 @@ def add_replay_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-sessions", type=int, help="most sessions at once (closed-loop users)")
     s.add_argument("--max-turns", type=int, help="replay at most each session's first N turns")
     s.add_argument("--session-salt", action="store_true", help="no prefix shared across sessions")
+    s.add_argument("--reference", help="compare every design's greedy tokens with this design's")
     s.add_argument("--target", help="replay against this OpenAI-compatible server (e.g. http://host:8000)")
     s.add_argument("--model", help="with --target: the model to ask for (default: the first it lists)")
     s.add_argument("--api-key", help="with --target: sent as `Authorization: Bearer KEY`")

@@ -3,7 +3,7 @@
 Plots: TTFT and ITL CDFs per design, per-request token timelines around each design's worst stall, the
 KV handoff distribution (P/D designs), TTFT in parts (rendering, prefill, the handoff's parts), SLO
 attainment and goodput against offered rate (sweeps), and for replayed sessions TTFT by turn and by
-context length.
+context length, and (greedy, with a reference design) the share of each turn's tokens that diverged.
 Everything is drawn from the per-request results table, so every figure traces back to its rows.
 """
 
@@ -25,7 +25,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
-from dashboards.session_plots import ttft_by_context, ttft_by_turn
+from dashboards.session_plots import divergence_by_turn, ttft_by_context, ttft_by_turn
 from target.kv_cache import cdiv
 from workloads.latency import HANDOFF_PARTS
 
@@ -210,6 +210,7 @@ def write_report(
             "Replayed sessions: TTFT and prefix hits by context length",
             ttft_by_context(results),
         ),
+        ("divergence", "Greedy tokens against the reference design, by turn", divergence_by_turn(results)),
     ]
     (out / "plots").mkdir(exist_ok=True)
     sections = []

@@ -47,3 +47,20 @@ def ttft_by_context(df: pd.DataFrame) -> Figure | None:
         a.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def divergence_by_turn(df: pd.DataFrame) -> Figure | None:
+    """Share of each turn's requests whose greedy tokens left the reference design's (`diverged_at`):
+    wrong KV reused, shown as wrong tokens."""
+    if "diverged_at" not in df or df["turn"].isna().all():
+        return None
+    rows = df[df["turn"].notna()]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for design, part in rows.groupby("design", sort=False):
+        share = part.groupby("turn")["diverged_at"].apply(lambda s: s.notna().mean())
+        ax.plot(share.index.astype(int) + 1, share.to_numpy(), "o-", ms=3, label=str(design))
+    ax.set(xlabel="turn", ylabel="share diverged", ylim=(-0.02, 1.02), title="Tokens against the reference")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

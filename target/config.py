@@ -199,6 +199,13 @@ class MultiTurnConfig:
     """Seconds between an answer and the next user message."""
     conversation_rate: float = 1.0
     """New conversations per second (Poisson)."""
+    history: Literal["generated", "model"] = "generated"
+    """generated: each turn's prompt repeats the generator's own answers (forced answers match it);
+    model: it repeats the answers the model actually gave (greedy: real logits), so a wrong KV reuse
+    changes every later turn."""
+    strip_answer_tokens: int = 0
+    """history=model: leave each answer's first N tokens out of the history (a template dropping past
+    reasoning: the next prompt is no longer a prefix of what decode generated)."""
 
 
 @dataclass(frozen=True)

@@ -122,3 +122,45 @@ def test_six_turn_preset_prints_each_turn_for_the_three_designs(tmp_path, capsys
     computed = {d: part["prompt_computed_tokens"].tolist() for d, part in df.groupby("design")}
     assert computed["collocated"][1:] == computed["pd-bidirectional"][1:] == [408, 416, 408, 416, 408]
     assert computed["pd-one-way"][1:] == [1000, 1008, 1000, 1008, 1000]
+
+
+def test_a_conversation_on_the_models_own_answers_diverges_only_under_positional_reuse(tmp_path):
+    """Four turns whose history is the model's own greedy answers with their first 32 tokens dropped
+    (a template stripping past reasoning), through the six-turn-l40s designs: every turn of one-way and
+    verified bidirectional P/D matches the collocated reference token for token; positional reuse
+    diverges after the first turn (and is checked to match where the history was not edited)."""
+    import json
+
+    import pandas as pd
+
+    from cluster.cli import main
+
+    small = [
+        "--compute", "real", "--output-policy", "greedy",
+        "--set", "multi_turn.num_turns=constant:4", "--set", "multi_turn.prefix_tokens=constant:150",
+        "--set", "multi_turn.user_tokens=constant:40", "--set", "multi_turn.output_tokens=constant:128",
+        "--set", "multi_turn.history=model", "--set", "runner.device=cpu",
+    ]  # fmt: skip
+
+    def run(out, *extra):
+        assert main(["replay", "--preset", "six-turn-l40s", *small, *extra, "--out", str(out)]) == 0
+        df = pd.read_parquet(out / "results.parquet")
+        records = {r["design"]: r for r in json.loads((out / "summary.json").read_text())}
+        return df, records
+
+    df, records = run(tmp_path / "verified", "--set", "multi_turn.strip_answer_tokens=32")
+    assert {r["reference"] for r in records.values()} == {"collocated"}
+    assert records["pd-one-way"]["diverged_fraction"] == records["pd-bidirectional"]["diverged_fraction"] == 0
+    # verified stops where the history was edited: nothing of decode's answer is taken
+    assert (df[df["design"] == "pd-bidirectional"]["prefill_pulled_back_tokens"].iloc[1:] == 0).all()
+    assert (tmp_path / "verified" / "plots" / "divergence.png").exists()
+    _, positional = run(
+        tmp_path / "positional",
+        "--set",
+        "multi_turn.strip_answer_tokens=32",
+        "--set",
+        "kv_transfer.reuse=positional",
+    )
+    assert positional["pd-bidirectional"]["diverged_fraction"] >= 0.5  # turns 2-4: most of them
+    _, unedited = run(tmp_path / "unedited", "--set", "kv_transfer.reuse=positional")
+    assert unedited["pd-bidirectional"]["diverged_fraction"] == 0

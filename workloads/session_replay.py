@@ -21,7 +21,7 @@ from typing import Protocol
 from messages import ClientRequest, RenderSpec, RequestResult
 from target.config import ReplayConfig
 from workloads.render_tier import RenderTier
-from workloads.traces.session import ChatPrompt, Session, Trace, Turn
+from workloads.traces.session import ChatPrompt, FollowUp, Session, Trace, Turn
 from workloads.traces.tokens import TokenSynthesizer
 
 
@@ -75,11 +75,12 @@ class SessionReplay:
         live mode paces exactly as virtual mode does."""
         sent_s = done_s = origin_s
         turns = session.turns[: self.cfg.max_turns]
+        history: list[int] = []  # the last prompt and the answer the model gave (FollowUp turns)
         for k, turn in enumerate(turns):
             due_s = self._due_s(session, k, origin_s, sent_s, done_s)
             await self.clock.sleep_until(due_s - self.lead_s)
             nxt = turns[k + 1] if k + 1 < len(turns) else None
-            result = await self._send(session, k, turn, nxt, due_s)
+            result = await self._send(session, k, turn, nxt, due_s, history)
             sent_s, done_s = due_s, (result.token_times_s[-1] if result.token_times_s else due_s)
             if turn.subagents:
                 ends = await asyncio.gather(*(self._session(sub, done_s) for sub in turn.subagents))
@@ -102,12 +103,17 @@ class SessionReplay:
         return prev_done_s + think_s
 
     async def _send(
-        self, session: Session, k: int, turn: Turn, nxt: Turn | None, sent_s: float
+        self, session: Session, k: int, turn: Turn, nxt: Turn | None, sent_s: float, history: list[int]
     ) -> RequestResult:
+        """Send turn `k`; `history` (the previous prompt, then its answer as given) is updated."""
         root = session.session_id.split("/")[0]
         salt = f"/{root}" if self.cfg.session_salt else ""
-        prompt = self.synth.tokens(turn.prompt, salt)
-        next_prompt = self.synth.tokens(nxt.prompt, salt) if nxt is not None else None
+        if isinstance(turn.prompt, FollowUp):
+            prompt = history + list(turn.prompt.token_ids)
+        else:
+            prompt = self.synth.tokens(turn.prompt, salt)
+        following = nxt is not None and not isinstance(nxt.prompt, FollowUp)
+        next_prompt = self.synth.tokens(nxt.prompt, salt) if nxt is not None and following else None
         rid = f"{session.session_id}#{k}"
         creq = ClientRequest(
             request_id=rid,
@@ -125,6 +131,8 @@ class SessionReplay:
         if self.render is not None:
             creq.render_s = self.render.render_s(sent_s, len(prompt))
         result = await self.submit(creq)
+        strip = nxt.prompt.strip_answer_tokens if nxt is not None and isinstance(nxt.prompt, FollowUp) else 0
+        history[:] = prompt + result.output_token_ids[strip:]
         self.results.append(result)
         if self.on_result is not None:
             self.on_result(result)

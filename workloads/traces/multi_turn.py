@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from target.config import MultiTurnConfig
-from workloads.traces.session import Session, TokenPrompt, Trace, Turn
+from workloads.traces.session import FollowUp, Prompt, Session, TokenPrompt, Trace, Turn
 
 DIST_KINDS = ("constant", "uniform", "lognormal", "zipf", "poisson")
 
@@ -65,14 +65,20 @@ def multi_turn_trace(cfg: MultiTurnConfig, vocab_size: int, seed: int) -> Trace:
     sessions = []
     for c in range(cfg.num_conversations):
         history = common + tokens(own_of(rng), minimum=0)
+        num_seen = len(history)  # history=model: its length with each answer stripped
         turns = []
         t_s = start_s
         for k in range(max(1, round(turns_of(rng)))):
             think_s = think_of(rng) if k else 0.0
-            history = history + tokens(user_of(rng))
+            user = tokens(user_of(rng))
             answer = tokens(answer_of(rng))
-            turns.append(Turn(TokenPrompt(tuple(history)), len(answer), t_s, think_s=think_s))
-            history = history + answer
+            if cfg.history == "model" and k:  # the model's own answers make the history, when sent
+                prompt: Prompt = FollowUp(tuple(user), cfg.strip_answer_tokens, num_seen)
+            else:
+                prompt = TokenPrompt(tuple(history + user))
+            turns.append(Turn(prompt, len(answer), t_s, think_s=think_s))
+            history = history + user + answer
+            num_seen += len(user) + len(answer) - min(cfg.strip_answer_tokens, len(answer))
             t_s += think_s
         sessions.append(Session(f"conv-{c:04d}", turns))
         start_s += rng.exponential(1.0 / cfg.conversation_rate)

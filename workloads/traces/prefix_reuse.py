@@ -14,7 +14,7 @@ a little more of a partly shared trace block.
 
 from __future__ import annotations
 
-from workloads.traces.session import ChatPrompt, HashPrompt, TokenPrompt, Trace
+from workloads.traces.session import ChatPrompt, FollowUp, HashPrompt, TokenPrompt, Trace
 
 TOKEN_BLOCK_SIZE = 16
 
@@ -37,8 +37,8 @@ def theoretical_hit_rate(trace: Trace, with_answers: bool = False) -> float | No
     keeps each answer where the session's next prompt repeats it (an engine keeps its output's KV,
     and replayed answers are forced to those tokens), which an engine can reach and the published
     figure does not count."""
-    if any(isinstance(t.prompt, ChatPrompt) for s in trace.all_sessions() for t in s.turns):
-        return None  # chat prompts: their tokens are known only once rendered
+    if any(isinstance(t.prompt, ChatPrompt | FollowUp) for s in trace.all_sessions() for t in s.turns):
+        return None  # chat prompts, or the model's own answers: tokens known only once sent
     turns = sorted(
         (
             (t, s.turns[i + 1] if i + 1 < len(s.turns) else None)

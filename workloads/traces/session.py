@@ -53,7 +53,24 @@ class ChatPrompt:
     """Prompt tokens as the trace reports them (the rendered count may differ)."""
 
 
-Prompt = HashPrompt | TokenPrompt | ChatPrompt
+@dataclass(frozen=True)
+class FollowUp:
+    """A later turn of a conversation driven by the model's own answers: the session's history so far
+    (each earlier prompt, then its answer as the model gave it, less its first `strip_answer_tokens`,
+    as a template that drops past reasoning does) followed by these new tokens."""
+
+    token_ids: tuple[int, ...]
+    strip_answer_tokens: int = 0
+    """Leading tokens of the previous answer the history leaves out (its reasoning)."""
+    num_history_tokens: int = 0
+    """The history's length had the model given the trace's answer (for sizes known before sending)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_history_tokens + len(self.token_ids)
+
+
+Prompt = HashPrompt | TokenPrompt | ChatPrompt | FollowUp
 
 
 @dataclass

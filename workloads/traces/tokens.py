@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from workloads.traces.session import ChatPrompt, Prompt, TokenPrompt
+from workloads.traces.session import ChatPrompt, HashPrompt, Prompt, TokenPrompt
 
 
 class TokenSynthesizer:
@@ -66,6 +66,7 @@ class TokenSynthesizer:
                 while len(self._rendered) > 256:  # a session's next prompt is asked for right after
                     del self._rendered[next(iter(self._rendered))]
             return tokens
+        assert isinstance(prompt, HashPrompt), "a follow-up's history is the session's, not the trace's"
         blocks = [self.block(prompt.namespace + salt, h) for h in prompt.hash_ids]
         return np.concatenate(blocks)[: prompt.num_tokens].tolist() if blocks else []
 
