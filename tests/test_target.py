@@ -47,6 +47,8 @@ def test_swe_agent_sessions_against_testbed_serve_agree_with_its_own_ttft(server
     own = server.stop()
     assert client["ok"].all() and len(client) >= 4 and client["server_request_id"].notna().all()
     assert client["session_id"].nunique() == len(client) // 2 and set(client["turn"]) == {0, 1}
+    # the session went as `conversation_id`: the server's proxy keys routing and bidirectional KV on it
+    assert own.loc[client["server_request_id"], "session_id"].tolist() == client["session_id"].tolist()
     ids = client["server_request_id"]
     pairs = [(c, own.loc[rid, "ttft_s"]) for c, rid in zip(client["ttft_s"], ids, strict=True)]
     long = [(c, s) for c, s in pairs if s > 0.2]

@@ -53,6 +53,8 @@ class OpenAITarget:
             "stream_options": {"include_usage": True},
             "ignore_eos": True,
         }
+        if creq.session_id is not None:  # as vLLM's multi-turn benchmark sends it (--send-conversation-id)
+            body["conversation_id"] = creq.session_id
         if creq.render is not None:
             path, body["messages"] = "/v1/chat/completions", creq.render.messages
         else:

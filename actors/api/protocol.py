@@ -87,6 +87,9 @@ class ChatCompletionRequest(_Lenient):
     chat_template_kwargs: dict[str, Any] | None = None
     kv_transfer_params: dict[str, Any] | None = None
     echo: bool = False
+    conversation_id: str | None = None
+    """The conversation this turn belongs to (vLLM's multi-turn benchmark sends it): session-affinity
+    routing and bidirectional KV key on it."""
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -102,6 +105,8 @@ class CompletionRequest(_Lenient):
     echo: bool = False
     n: int = Field(default=1, ge=1, le=1)
     kv_transfer_params: dict[str, Any] | None = None
+    conversation_id: str | None = None
+    """As in a chat completion: the conversation this request belongs to."""
 
 
 class RenderRequest(_Lenient):

@@ -35,6 +35,7 @@ class RequestBuilder:
         forced = self._forced_answer(max_tokens, prompt, spec.messages, spec.tools, thinking)
         creq = self._request("chatcmpl", arrival_s, prompt, max_tokens, forced, [self.answers.eos_token_id])
         creq.render, creq.reuse_prompt_token_ids = spec, self.reusable(req)
+        creq.session_id = req.conversation_id
         return creq
 
     def completion(self, req: CompletionRequest, prompt: list[int], arrival_s: float) -> ClientRequest:
@@ -43,7 +44,9 @@ class RequestBuilder:
         max_tokens = self._max_tokens(req.max_tokens, len(prompt))
         chat = [{"role": "user", "content": str(req.prompt)}]
         forced = self._forced_answer(max_tokens, prompt, chat, None, reasoning=False)
-        return self._request("cmpl", arrival_s, prompt, max_tokens, forced, [self.answers.eos_token_id])
+        creq = self._request("cmpl", arrival_s, prompt, max_tokens, forced, [self.answers.eos_token_id])
+        creq.session_id = req.conversation_id
+        return creq
 
     def generate(self, req: GenerateRequest, arrival_s: float) -> ClientRequest:
         ids = self.check_token_ids(req.token_ids, "token_ids")
