@@ -171,6 +171,24 @@ class Proxy:
             params["do_remote_decode"] = True  # decode keeps this turn's blocks for the next one
         decode_req = self._engine_request(creq, prompt, creq.max_tokens, sent_s, params)
         engine = self._decode.router.pick(creq, held[0] if held else None)
+        try:
+            async with aclosing(self._decode_turn(decode_req, result, sid, engine)) as outs:
+                async for out in outs:
+                    yield out
+        except Exception:
+            if held is None or result.token_times_s:
+                raise
+            # The conversation's decode engine is gone: another one takes the turn, pulling from prefill.
+            engine = self._decode.router.pick(creq)
+            async with aclosing(self._decode_turn(decode_req, result, sid, engine)) as outs:
+                async for out in outs:
+                    yield out
+
+    async def _decode_turn(
+        self, decode_req: EngineRequest, result: RequestResult, sid: str | None, engine: int
+    ) -> AsyncGenerator[EngineOutput, None]:
+        """Decode's part on `engine`; a conversation's (bidirectional) finished turn is remembered."""
+        assert self._decode is not None
         async with aclosing(self._stream(self._decode, engine, decode_req, result)) as outs:
             async for out in outs:
                 if sid is not None and out.finished_reason is not None and out.kv_transfer_params:

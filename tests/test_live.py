@@ -199,3 +199,41 @@ def test_bidirectional_pulls_back_across_nodes(cluster):
     ).results
     assert live["ok"].all() and (live["prefill_pulled_back_tokens"].iloc[1:] > 0).all()
     assert live["prompt_computed_tokens"].tolist() == virtual["prompt_computed_tokens"].tolist()
+
+
+def test_a_conversation_whose_decode_engine_died_completes_with_recompute(cluster):
+    """Two decode engines, one conversation: its decode engine is killed after turn 1. Turn 2's pull
+    back finds nothing (prefill recomputes, and the results say so) and another decode engine takes
+    the turn; the run completes."""
+    overrides = [
+        "runner.compute=skip",
+        "pools.decode.replicas=2",
+        "kv_transfer.bidirectional=true",
+        "workload.kind=multi_turn",
+        "multi_turn.num_conversations=1",
+        "multi_turn.num_turns=constant:3",
+        "multi_turn.common_prefix_tokens=0",
+        "multi_turn.prefix_tokens=constant:1000",
+        "multi_turn.user_tokens=constant:100",
+        "multi_turn.output_tokens=constant:40",
+        "multi_turn.think_s=constant:1",
+        "clock.mode=live",
+    ]
+    handles = {}
+    killed = []
+
+    def kill_after_first(result):
+        if result.turn == 0 and not killed:
+            killed.append(result.engine)
+            ray.kill(handles[result.engine])
+
+    out = run_live(
+        design("pd-fast", *overrides),
+        on_result=kill_after_first,
+        on_deployed=lambda d: handles.update(d.engines),
+    )
+    df = out.results
+    assert df["ok"].all() and len(df) == 3
+    assert bool(df["prefill_kv_pull_back_failed"].iloc[1]) and df["engine"].iloc[1] != killed[0]
+    assert df["prefill_pulled_back_tokens"].iloc[2] > 0  # turn 3 pulls back from the new decode engine
+    assert out.summary["num_engines_lost"] == 1
