@@ -52,6 +52,38 @@ class _Pool:
         self.engines = list(engines)
         self.router = router
 
+    async def outputs(self, i: int, ereq: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+        """`ereq` on engine `i`: its outputs. The engine's KV events go to the router, which is told
+        when the request has ended there."""
+        try:
+            async with aclosing(self.engines[i].generate(ereq)) as outs:
+                async for out in outs:
+                    if out.kv_events is not None:
+                        self.router.on_kv_events(i, out.kv_events)
+                    yield out
+        finally:
+            self.router.finished(ereq.request_id)
+
+
+def rendered_s(creq: ClientRequest) -> float:
+    """When an engine first sees `creq`: its arrival, plus the time rendering it took."""
+    return creq.arrival_s + creq.render_s
+
+
+def engine_request(
+    creq: ClientRequest, prompt: list[int], max_tokens: int, sent_s: float | None, params: dict | None
+) -> EngineRequest:
+    """The token-ID request an engine gets for `creq`."""
+    return EngineRequest(
+        request_id=creq.request_id,
+        prompt_token_ids=prompt,
+        max_tokens=max_tokens,
+        arrival_time_s=sent_s,
+        forced_output_token_ids=creq.forced_output_token_ids,
+        kv_transfer_params=params,
+        stop_token_ids=creq.stop_token_ids,
+    )
+
 
 class Proxy:
     def __init__(
@@ -134,9 +166,7 @@ class Proxy:
             self.recorder.on_request_start(result)
         try:
             if self._mixed is not None:
-                ereq = self._engine_request(
-                    creq, creq.prompt_token_ids, creq.max_tokens, self._rendered_s(creq), None
-                )
+                ereq = engine_request(creq, creq.prompt_token_ids, creq.max_tokens, rendered_s(creq), None)
                 inner = self._stream(self._mixed, self._mixed.router.pick(creq), ereq, result)
             else:
                 inner = (self._decode_first if self._push else self._disaggregated)(creq, result)
@@ -169,7 +199,7 @@ class Proxy:
         sent_s = result.prefill_done_s + rerender_s  # a re-render delays decode (the handoff's proxy hop)
         if sid is not None:
             params["do_remote_decode"] = True  # decode keeps this turn's blocks for the next one
-        decode_req = self._engine_request(creq, prompt, creq.max_tokens, sent_s, params)
+        decode_req = engine_request(creq, prompt, creq.max_tokens, sent_s, params)
         engine = self._decode.router.pick(creq, held[0] if held else None)
         try:
             async with aclosing(self._decode_turn(decode_req, result, sid, engine)) as outs:
@@ -210,9 +240,7 @@ class Proxy:
             "remote_engine_id": self._prefill.engines[p].engine_id,
             "remote_request_id": creq.request_id,
         }
-        decode_req = self._engine_request(
-            creq, creq.prompt_token_ids, creq.max_tokens, self._rendered_s(creq), params
-        )
+        decode_req = engine_request(creq, creq.prompt_token_ids, creq.max_tokens, rendered_s(creq), params)
         outs: asyncio.Queue[EngineOutput | None] = asyncio.Queue()
 
         async def pump() -> None:  # decode's stream, opened now so that it reserves blocks
@@ -248,9 +276,9 @@ class Proxy:
         result.prefill_engine = self._prefill.engines[p].engine_id
         final = None
         params = {"do_remote_decode": True, **(pull_back or {})}
-        ereq = self._engine_request(creq, creq.prompt_token_ids, 1, self._rendered_s(creq), params)
+        ereq = engine_request(creq, creq.prompt_token_ids, 1, rendered_s(creq), params)
         ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
-        async for out in self._outputs(self._prefill, p, ereq):
+        async for out in self._prefill.outputs(p, ereq):
             if out.token_times_s:
                 result.prefill_done_s = out.token_times_s[-1]
             final = out
@@ -277,43 +305,11 @@ class Proxy:
         prompt = await self._render(creq.render)
         return prompt, self.clock.now() - start
 
-    @staticmethod
-    def _rendered_s(creq: ClientRequest) -> float:
-        """When an engine first sees `creq`: its arrival, plus the time rendering it took."""
-        return creq.arrival_s + creq.render_s
-
-    @staticmethod
-    def _engine_request(
-        creq: ClientRequest, prompt: list[int], max_tokens: int, sent_s: float | None, params: dict | None
-    ) -> EngineRequest:
-        return EngineRequest(
-            request_id=creq.request_id,
-            prompt_token_ids=prompt,
-            max_tokens=max_tokens,
-            arrival_time_s=sent_s,
-            forced_output_token_ids=creq.forced_output_token_ids,
-            kv_transfer_params=params,
-            stop_token_ids=creq.stop_token_ids,
-        )
-
-    @staticmethod
-    async def _outputs(pool: _Pool, i: int, ereq: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
-        """`ereq` on engine `i` of `pool`: its outputs. The engine's KV events go to the pool's router,
-        which is told when the request has ended there."""
-        try:
-            async with aclosing(pool.engines[i].generate(ereq)) as outs:
-                async for out in outs:
-                    if out.kv_events is not None:
-                        pool.router.on_kv_events(i, out.kv_events)
-                    yield out
-        finally:
-            pool.router.finished(ereq.request_id)
-
     async def _stream(
         self, pool: _Pool, i: int, ereq: EngineRequest, result: RequestResult
     ) -> AsyncGenerator[EngineOutput, None]:
         result.engine = pool.engines[i].engine_id
-        async with aclosing(self._outputs(pool, i, ereq)) as outs:
+        async with aclosing(pool.outputs(i, ereq)) as outs:
             async for out in outs:
                 result.output_token_ids.extend(out.new_token_ids)
                 result.token_times_s.extend(out.token_times_s)
