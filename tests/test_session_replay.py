@@ -86,7 +86,7 @@ def test_subagents_run_together_and_the_parent_waits_for_all(timing):
 def test_window_and_session_cap():
     sessions = [Session(f"s{i}", [Turn(TokenPrompt(tuple(range(i, i + 100))), 4, 5.0 * i)]) for i in range(6)]
     cfg = make_config(SKIP, replay={"window_s": [10.0, 25.0], "max_sessions": 1})
-    results, _ = run_requests(cfg, Trace("t", sessions, closed_loop=False))
+    results, _ = run_requests(cfg, Trace("t", sessions))
     assert [r.session_id for r in results] == ["s2", "s3", "s4"]
     assert results[0].arrival_s == 0.0  # shifted to the window's start
     for a, b in itertools.pairwise(results):  # one at a time

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
 from workloads.render_tier import RenderTier
-from workloads.session_replay import SessionReplay
+from workloads.session_replay import Clock, SessionReplay
 from workloads.synthetic import synthetic_requests
 from workloads.traces import load_trace
 from workloads.traces.multi_turn import multi_turn_trace
@@ -21,14 +21,6 @@ from workloads.traces.tokens import TokenSynthesizer
 
 Workload = Sequence[ClientRequest] | Trace
 """Requests to send at their arrival times, or a trace's sessions."""
-
-
-class Clock(Protocol):
-    """The run's one clock (`actors.engine.clock.Clock`), as the driver uses it."""
-
-    def now(self) -> float: ...
-
-    async def sleep_until(self, sim_t: float) -> float: ...
 
 
 def workload_for(cfg: TestbedConfig) -> Workload:

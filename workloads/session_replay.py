@@ -26,6 +26,8 @@ from workloads.traces.tokens import TokenSynthesizer
 
 
 class Clock(Protocol):
+    """The run's one clock (`actors.engine.clock.Clock`), as the replay drivers use it."""
+
     def now(self) -> float: ...
 
     async def sleep_until(self, sim_t: float) -> float: ...

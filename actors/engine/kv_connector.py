@@ -177,7 +177,8 @@ class KVConnectorScheduler:
         }
 
     def _expires_s(self, req: Request) -> float:
-        """When the held KV of `req` (a finished prefill request) is released unpulled."""
+        """When the held KV of `req` (a finished prefill request, or decode's finished turn of a
+        conversation) is released unpulled."""
         assert req.times.finished_s is not None, "only finished requests hold KV"
         return req.times.finished_s + self.hold_timeout_s
 

@@ -57,9 +57,10 @@ class Scheduler:
         self.recving: dict[str, Request] = {}
         """Decode side: requests whose blocks are allocated and whose remote KV is in flight."""
         self.held: dict[str, Request] = {}
+        """Finished requests whose blocks wait for a pull: prefill side, decode's; decode side
+        (bidirectional), the conversation's next turn's."""
         self.pull_back_rule: Callable[[Request], int] | None = None
         """Bidirectional: the tokens of decode's sequence a pull back takes (set by the KV connector)."""
-        """Prefill side: finished requests whose blocks wait for the decode side's pull."""
         self.num_preemptions = 0
 
     @property

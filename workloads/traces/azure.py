@@ -73,4 +73,4 @@ def load_azure(path: str | Path) -> Trace:
             sessions.append(Session(f"request_{line_no}", [Turn(prompt, max_tokens, t - start)]))
     if not sessions:
         raise TraceError(path, None, "rows", "the file holds no requests")
-    return Trace(name, sessions, BLOCK_SIZE, closed_loop=False)
+    return Trace(name, sessions, BLOCK_SIZE)

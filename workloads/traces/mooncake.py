@@ -61,8 +61,7 @@ def load_mooncake(path: str | Path, block_size: int = BLOCK_SIZE) -> Trace:
                 session.turns.append(turn)
     if not sessions:
         raise TraceError(path, None, "rows", "the file holds no requests")
-    trace = Trace(Path(path).name, list(sessions.values()), block_size, closed_loop=False)
-    trace.closed_loop = any(len(s.turns) > 1 for s in trace.sessions)
+    trace = Trace(Path(path).name, list(sessions.values()), block_size)
     for s in trace.sessions:
         link_partial_blocks(s, block_size)
     return trace

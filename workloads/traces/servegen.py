@@ -135,7 +135,7 @@ def load_servegen(
                 for t_s in _arrivals(rng, start, rate, pattern, shape, scale, lo, hi):
                     sessions.append(_request(c, t_s, pmfs[c], rng, len(sessions)))
     sessions.sort(key=lambda s: s.start_s)
-    return Trace(p.name, sessions, BLOCK_SIZE, closed_loop=False)
+    return Trace(p.name, sessions, BLOCK_SIZE)
 
 
 def _request(

@@ -106,8 +106,6 @@ class Trace:
     sessions: list[Session]
     block_size: int | None = None
     """Tokens per hash ID (512 Mooncake, 64 WEKA); None where the trace has no hash IDs."""
-    closed_loop: bool = True
-    """Replay each session's turns one after another (False: every turn at its timestamp, open loop)."""
 
     def all_sessions(self) -> list[Session]:
         """Every session, sub-agents after their parents (depth first)."""
@@ -122,6 +120,12 @@ class Trace:
         for s in self.sessions:
             visit(s)
         return out
+
+    @property
+    def closed_loop(self) -> bool:
+        """Whether any session has turns that wait for each other (else: every request at its
+        timestamp, open loop)."""
+        return any(len(s.turns) > 1 or s.turns[0].subagents for s in self.sessions if s.turns)
 
     @property
     def num_requests(self) -> int:

@@ -37,9 +37,10 @@ class TokenSynthesizer:
         self.block_size = block_size
         self.seed = seed
         self.render_chat = render_chat
-        self._rendered: dict[int, list[int]] = {}
-        """Recent chat prompts' tokens by object id: a turn's prompt is rendered once as the previous
-        turn's next prompt and once as its own."""
+        self._made: dict[tuple[int, str], tuple[Prompt, list[int]]] = {}
+        """Recent prompts' tokens by (object id, salt), with the prompt (so an id is never mistaken for
+        a later object's): a session asks for a turn's prompt twice, as the turn before's next prompt
+        and then as its own; it is made (drawn, rendered) once."""
         self._blocks: dict[tuple[str, int], np.ndarray] = {}
 
     def block(self, namespace: str, hash_id: int) -> np.ndarray:
@@ -56,16 +57,22 @@ class TokenSynthesizer:
     def tokens(self, prompt: Prompt, salt: str = "") -> list[int]:
         """A prompt's token IDs: hash IDs drawn as blocks, token IDs as they are, chat messages rendered.
         `salt` extends a hash-ID prompt's namespace: a replayed user's private blocks."""
+        key = (id(prompt), salt)
+        made = self._made.pop(key, None)  # its second ask: made for the turn before
+        if made is not None and made[0] is prompt:
+            return made[1]
+        tokens = self._make(prompt, salt)
+        self._made[key] = (prompt, tokens)
+        while len(self._made) > 256:  # the second ask comes right after the first
+            del self._made[next(iter(self._made))]
+        return tokens
+
+    def _make(self, prompt: Prompt, salt: str) -> list[int]:
         if isinstance(prompt, TokenPrompt):
             return list(prompt.token_ids)
         if isinstance(prompt, ChatPrompt):
             assert self.render_chat is not None, "a chat trace needs the render tier (render_chat)"
-            tokens = self._rendered.pop(id(prompt), None)
-            if tokens is None:
-                tokens = self._rendered[id(prompt)] = self.render_chat(list(prompt.messages))
-                while len(self._rendered) > 256:  # a session's next prompt is asked for right after
-                    del self._rendered[next(iter(self._rendered))]
-            return tokens
+            return self.render_chat(list(prompt.messages))
         assert isinstance(prompt, HashPrompt), "a follow-up's history is the session's, not the trace's"
         blocks = [self.block(prompt.namespace + salt, h) for h in prompt.hash_ids]
         return np.concatenate(blocks)[: prompt.num_tokens].tolist() if blocks else []
