@@ -115,6 +115,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         what = f"trace {trace.name}: {len(trace.sessions)} sessions, {trace.num_requests} requests"
         total: int | None = trace.num_requests
         hit_rate = theoretical_hit_rate(trace)
+        if c.replay.history == "model" and hit_rate is None and not args.target:
+            raise ConfigError(
+                "replay.history='model': a chat trace's next turns need the server's answers as messages:"
+                " replay it with --target URL (a `testbed serve` or vLLM), or with replay.history=trace"
+            )
         reuse = (
             f"theoretical prefix-hit rate {hit_rate:.1%} (infinite cache, prompts only)"
             if hit_rate is not None

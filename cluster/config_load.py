@@ -291,6 +291,10 @@ def _check_replay(cfg: TestbedConfig) -> None:
     for key in ("max_sessions", "max_turns"):
         value = getattr(r, key)
         _require(value is None or value >= 1, f"replay.{key}={value}: must be >= 1")
+    _require(
+        r.harness_edit == "none" or r.history == "model",
+        f"replay.harness_edit={r.harness_edit!r}: edits the server's answers, needs replay.history=model",
+    )
     _require(router.overlap_weight >= 0, f"router.overlap_weight={router.overlap_weight}: must be >= 0")
     _require(router.temperature >= 0, f"router.temperature={router.temperature}: must be >= 0")
     _require(router.estimate_ttl_s > 0, f"router.estimate_ttl_s={router.estimate_ttl_s}: must be > 0")
@@ -303,6 +307,13 @@ def _check_multi_turn(cfg: TestbedConfig) -> None:
         m.common_prefix_tokens >= 0, f"multi_turn.common_prefix_tokens={m.common_prefix_tokens}: must be >= 0"
     )
     _require(m.conversation_rate > 0, f"multi_turn.conversation_rate={m.conversation_rate}: must be > 0")
+    for key in ("strip_answer_tokens", "rewrite_answer_tokens"):
+        value = getattr(m, key)
+        _require(value >= 0, f"multi_turn.{key}={value}: must be >= 0")
+        _require(
+            value == 0 or m.history == "model",
+            f"multi_turn.{key}={value}: edits the model's answers, needs multi_turn.history=model",
+        )
     for key in ("num_turns", "prefix_tokens", "user_tokens", "output_tokens", "think_s"):
         try:
             parse_dist(getattr(m, key))

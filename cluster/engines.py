@@ -13,6 +13,7 @@ same way wherever it runs::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -91,4 +92,4 @@ def chat_renderer(
         return None
     from actors.render.client import render_for
 
-    return render_for(cfg).render_chat
+    return functools.partial(render_for(cfg).render_chat, **(cfg.replay.chat_template_kwargs or {}))

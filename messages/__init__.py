@@ -212,3 +212,6 @@ class RequestResult:
     """The request's place in a replayed trace (`ClientRequest`'s fields of the same names)."""
     server_request_id: str | None = None
     """Replayed against a server (`replay --target`): the id it gave the request, to match its records."""
+    answer_message: dict[str, Any] | None = None
+    """Replayed against a server: the assistant message it streamed (content, reasoning_content,
+    tool_calls), which the client sends back as history (`replay.history=model`)."""

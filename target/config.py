@@ -7,7 +7,7 @@ edge); everything inside the testbed takes these objects as given.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict
 
@@ -206,6 +206,9 @@ class MultiTurnConfig:
     strip_answer_tokens: int = 0
     """history=model: leave each answer's first N tokens out of the history (a template dropping past
     reasoning: the next prompt is no longer a prefix of what decode generated)."""
+    rewrite_answer_tokens: int = 0
+    """history=model: replace each answer's last N tokens in the history by others of the same count
+    (an agent harness re-serialising the tool call an answer ends with: same length, other tokens)."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,17 @@ class ReplayConfig:
     session_salt: bool = False
     """Give each session private blocks (no prefix shared across sessions), as one replayed user per
     trace session on a shared server would have."""
+    history: Literal["trace", "model"] = "trace"
+    """Chat traces: trace: each turn sends the trace's messages; model: each turn sends the messages the
+    conversation really had, the answer the server gave (content, reasoning, tool calls) in place of
+    the trace's, then the messages the trace adds after it (an agent harness's loop; `--target`)."""
+    harness_edit: Literal["none", "reserialize_tool_calls"] = "none"
+    """history=model: how the harness changes an answer before sending it back. reserialize_tool_calls:
+    every tool call's arguments parsed and dumped compact (`{"a":1}` for `{"a": 1}`), as harnesses that
+    keep calls as objects do: the next prompt is no longer a prefix of what decode generated."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Sent with every chat request (vLLM's extension), e.g. `{keep_past_reasoning: true}` (the testbed's
+    template) or `{enable_thinking: false}`."""
 
 
 @dataclass(frozen=True)

@@ -169,10 +169,12 @@ __all__ = [
 ]
 
 
-def serve_process(port: int, out: Path, *sets: str) -> subprocess.Popen[str]:
-    """`testbed serve` (pd-fast, compute skip) in a process of its own on `port`, writing its results to
-    `out` when stopped (SIGINT); returned once it answers /health."""
-    cmd = [sys.executable, "-m", "cluster.cli", "serve", "--design", "pd-fast", "--compute", "skip",
+def serve_process(
+    port: int, out: Path, *sets: str, design: tuple[str, ...] = ("--design", "pd-fast")
+) -> subprocess.Popen[str]:
+    """`testbed serve` (`design`: its arguments; compute skip) in a process of its own on `port`,
+    writing its results to `out` when stopped (SIGINT); returned once it answers /health."""
+    cmd = [sys.executable, "-m", "cluster.cli", "serve", *design, "--compute", "skip",
            "--port", str(port), "--out", str(out)]  # fmt: skip
     for s in (f"metrics.sd_file={out / 'targets.json'}", *sets):
         cmd += ["--set", s]

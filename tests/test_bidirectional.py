@@ -9,7 +9,9 @@ from actors.engine.clock import Clock
 from cluster.virtual import build_deployment
 from messages import ClientRequest
 from tests.factories import COLLOCATED, PD, SIX_TURN, make_config, run_async, run_requests
+from workloads.harness import answer_in_history
 from workloads.results import results_frame
+from workloads.traces.session import FollowUp
 
 
 def six_turn(**kv_transfer):
@@ -66,26 +68,42 @@ def two_turns(cfg, first, follow_up, edit):
     return run_async(main())
 
 
+EDITS = {
+    "none": FollowUp(()),
+    "strip": FollowUp((), strip_answer_tokens=32),  # a template dropping past reasoning
+    "rewrite": FollowUp((), rewrite_answer_tokens=64),  # a harness re-serialising the tool call
+}
+
+
 @pytest.mark.parametrize(
-    ("edited", "reuse"), [(True, "verified"), (True, "positional"), (False, "positional")]
-)
-def test_positional_reuse_gives_wrong_tokens_after_an_edited_history_and_verified_never(edited, reuse):
+    ("edit", "reuse"),
+    [("strip", "verified"), ("strip", "positional"), ("rewrite", "verified"), ("rewrite", "positional"),
+     ("none", "positional")],
+)  # fmt: skip
+def test_positional_reuse_gives_wrong_tokens_after_an_edited_history_and_verified_never(edit, reuse):
     """Real compute, greedy: the second turn's tokens against the same conversation served collocated
     with prefix caching. Dropping the answer's first 32 tokens from the history (a template stripping
     past reasoning) makes positional reuse load KV of other tokens at those positions (128 tokens'
-    worth here: the tiny runner's greedy tokens shrug off a few wrong ones); verified stops at the
-    edit and takes nothing."""
+    worth here: the tiny runner's greedy tokens shrug off a few wrong ones); rewriting its last 64 (a
+    harness) does at those 64. Verified stops at the edit: nothing of the answer after a strip, all
+    but the rewritten tail's blocks after a rewrite."""
     rng = np.random.default_rng(5)
     first, follow_up = rng.integers(0, 8192, 150).tolist(), rng.integers(0, 8192, 40).tolist()
 
-    def edit(answer):
-        return answer[32:] if edited else answer
+    def edited(answer):
+        return answer_in_history(answer, EDITS[edit], 8192)
 
     bidi = make_config(PD, REAL, kv_transfer={"bidirectional": True, "reuse": reuse})
-    _, two = two_turns(bidi, first, follow_up, edit)
-    _, reference = two_turns(make_config(COLLOCATED, REAL), first, follow_up, edit)
-    assert two.prefill_times.num_external_tokens > 0 or (edited and reuse == "verified")
-    if edited and reuse == "positional":
+    _, two = two_turns(bidi, first, follow_up, edited)
+    _, reference = two_turns(make_config(COLLOCATED, REAL), first, follow_up, edited)
+    pulled = two.prefill_times.num_external_tokens
+    if reuse == "verified":
+        # prefill's cache holds turn 1's prompt (144 of its 150 tokens: full blocks); a rewrite keeps
+        # the answer's head, whose full blocks come back: (150 + 128 - 64) // 16 * 16 - 144
+        assert pulled == {"strip": 0, "rewrite": 64}[edit]
+    else:
+        assert pulled > 0
+    if edit != "none" and reuse == "positional":
         assert two.output_token_ids != reference.output_token_ids  # KV of other tokens: wrong logits
     else:
         assert two.output_token_ids == reference.output_token_ids
@@ -164,3 +182,7 @@ def test_a_conversation_on_the_models_own_answers_diverges_only_under_positional
     assert positional["pd-bidirectional"]["diverged_fraction"] >= 0.5  # turns 2-4: most of them
     _, unedited = run(tmp_path / "unedited", "--set", "kv_transfer.reuse=positional")
     assert unedited["pd-bidirectional"]["diverged_fraction"] == 0
+    # a harness rewriting each answer's last 64 tokens: verified takes the answer's head, still exact
+    df, rewritten = run(tmp_path / "rewritten", "--set", "multi_turn.rewrite_answer_tokens=64")
+    assert rewritten["pd-bidirectional"]["diverged_fraction"] == 0
+    assert (df[df["design"] == "pd-bidirectional"]["prefill_pulled_back_tokens"].iloc[1:] >= 64).all()

@@ -76,3 +76,42 @@ def test_an_unreachable_target_is_one_line(capsys):
     assert main(["replay", "--trace", str(MOONCAKE), "--target", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
     assert "--target=http://127.0.0.1:9: no model listed at /v1/models" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("keep_reasoning", [True, False])
+def test_swe_agent_on_its_own_answers_through_bidirectional_pd_pulls_each_answer_back(
+    tmp_path, keep_reasoning
+):
+    """The SWE-agent sessions through `testbed serve` in P/D with bidirectional KV (verified reuse),
+    each turn sending the server's own answer back (`replay.history=model`). With the answer's
+    reasoning kept in the history, prefill pulls each answer back from decode and computes only the
+    rest (one-way P/D computes prompt - cached); where the template drops past reasoning (its
+    default), the history differs from decode's sequence from the answer's first token on: nothing is
+    pulled and nothing moves."""
+    design = ("--preset", "six-turn-l40s", "--design", "pd-bidirectional", "--time-scale", "0.2")
+    port, out = free_port(), tmp_path / "server"
+    proc = serve_process(port, out, "scheduler.max_model_len=65536", design=design)
+    try:
+        argv = ["replay", "--trace", str(SWE), "--target", f"http://127.0.0.1:{port}", "--window", "0:3",
+                "--max-turns", "3", "--preset", "six-turn-l40s", "--design", "pd-bidirectional",
+                "--set", "replay.history=model", "--out", str(tmp_path / "client")]  # fmt: skip
+        if keep_reasoning:
+            argv += ["--set", "replay.chat_template_kwargs={keep_past_reasoning: true}"]
+        assert main(argv) == 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    own = pd.read_parquet(out / "results.parquet").sort_values("arrival_s")
+    assert own["ok"].all() and own["session_id"].nunique() >= 4
+    own["previous_answer"] = own.groupby("session_id")["max_tokens"].shift()
+    later = own[own["previous_answer"].notna()]
+    answers = later["previous_answer"].to_numpy()
+    pulled = later["prefill_pulled_back_tokens"].fillna(0).to_numpy()
+    one_way = later["num_prompt_tokens"] - later["prefill_cached_tokens"]  # what one-way P/D computes
+    if keep_reasoning:  # all of the previous answer's full blocks but the last token's
+        assert (pulled >= answers - 2 * 16).all(), (pulled, answers)
+        assert (later["prompt_computed_tokens"] == one_way - pulled).all()
+    else:
+        assert (pulled == 0).all() and (later["prefill_pulled_back_bytes"].fillna(0) == 0).all()
+        assert (later["prompt_computed_tokens"] == one_way).all()

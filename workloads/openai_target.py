@@ -57,6 +57,10 @@ class OpenAITarget:
             body["conversation_id"] = creq.session_id
         if creq.render is not None:
             path, body["messages"] = "/v1/chat/completions", creq.render.messages
+            if creq.render.tools:
+                body["tools"] = creq.render.tools
+            if creq.render.template_kwargs:
+                body["chat_template_kwargs"] = creq.render.template_kwargs
         else:
             path, body["prompt"] = "/v1/completions", creq.prompt_token_ids
         try:
@@ -89,8 +93,28 @@ class OpenAITarget:
             )
             if text or not result.token_times_s:
                 result.token_times_s.append(self.now())
+            if delta:
+                _add_delta(result, delta)
             if choice.get("finish_reason"):
                 result.finished_reason = choice["finish_reason"]
         usage = chunk.get("usage")
         if usage:
             result.num_prompt_tokens = int(usage.get("prompt_tokens") or result.num_prompt_tokens)
+
+
+def _add_delta(result: RequestResult, delta: dict[str, Any]) -> None:
+    """Grow `result.answer_message` by a streamed chat delta (tool calls arrive as pieces by index: the
+    first with id and name, later ones with more of the arguments)."""
+    msg = result.answer_message = result.answer_message or {"role": "assistant", "content": ""}
+    msg["content"] += delta.get("content") or ""
+    if delta.get("reasoning_content"):
+        msg["reasoning_content"] = msg.get("reasoning_content", "") + delta["reasoning_content"]
+    for piece in delta.get("tool_calls") or []:
+        calls = msg.setdefault("tool_calls", [])
+        index = piece.get("index", len(calls))
+        while len(calls) <= index:
+            calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        fn, got = calls[index]["function"], piece.get("function") or {}
+        calls[index]["id"] = piece.get("id") or calls[index]["id"]
+        fn["name"] += got.get("name") or ""
+        fn["arguments"] += got.get("arguments") or ""

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from messages import ClientRequest, RenderSpec, RequestResult
 from target.config import ReplayConfig
+from workloads.harness import Harness
 from workloads.render_tier import RenderTier
 from workloads.traces.session import ChatPrompt, FollowUp, Session, Trace, Turn
 from workloads.traces.tokens import TokenSynthesizer
@@ -52,6 +53,7 @@ class SessionReplay:
         self.submit, self.clock, self.synth, self.cfg = submit, clock, synth, cfg
         self.render, self.on_result, self.lead_s = render, on_result, lead_s
         self.results: list[RequestResult] = []
+        self._template_kwargs = dict(cfg.chat_template_kwargs or {})
 
     async def run(self, trace: Trace) -> list[RequestResult]:
         """Every session of `trace` (within the window) to its end; results in send order."""
@@ -77,12 +79,12 @@ class SessionReplay:
         live mode paces exactly as virtual mode does."""
         sent_s = done_s = origin_s
         turns = session.turns[: self.cfg.max_turns]
-        history: list[int] = []  # the last prompt and the answer the model gave (FollowUp turns)
+        harness = Harness(self.cfg, self.synth.vocab_size)
         for k, turn in enumerate(turns):
             due_s = self._due_s(session, k, origin_s, sent_s, done_s)
             await self.clock.sleep_until(due_s - self.lead_s)
             nxt = turns[k + 1] if k + 1 < len(turns) else None
-            result = await self._send(session, k, turn, nxt, due_s, history)
+            result = await self._send(session, k, turn, nxt, due_s, harness)
             sent_s, done_s = due_s, (result.token_times_s[-1] if result.token_times_s else due_s)
             if turn.subagents:
                 ends = await asyncio.gather(*(self._session(sub, done_s) for sub in turn.subagents))
@@ -105,15 +107,22 @@ class SessionReplay:
         return prev_done_s + think_s
 
     async def _send(
-        self, session: Session, k: int, turn: Turn, nxt: Turn | None, sent_s: float, history: list[int]
+        self, session: Session, k: int, turn: Turn, nxt: Turn | None, sent_s: float, harness: Harness
     ) -> RequestResult:
-        """Send turn `k`; `history` (the previous prompt, then its answer as given) is updated."""
+        """Send turn `k` as the session's `harness` builds it, and tell it the answer."""
         root = session.session_id.split("/")[0]
         salt = f"/{root}" if self.cfg.session_salt else ""
+        spec = None
         if isinstance(turn.prompt, FollowUp):
-            prompt = history + list(turn.prompt.token_ids)
+            prompt = harness.follow_up_ids(turn.prompt)
+        elif isinstance(turn.prompt, ChatPrompt) and self.cfg.history == "model":
+            spec = RenderSpec(harness.messages(turn.prompt), template_kwargs=self._template_kwargs)
+            assert self.synth.render_chat is not None, "a chat trace needs the render tier (render_chat)"
+            prompt = self.synth.render_chat(spec.messages)
         else:
             prompt = self.synth.tokens(turn.prompt, salt)
+            if isinstance(turn.prompt, ChatPrompt):
+                spec = RenderSpec(list(turn.prompt.messages), template_kwargs=self._template_kwargs)
         following = nxt is not None and not isinstance(nxt.prompt, FollowUp)
         next_prompt = self.synth.tokens(nxt.prompt, salt) if nxt is not None and following else None
         rid = f"{session.session_id}#{k}"
@@ -128,13 +137,12 @@ class SessionReplay:
             session_id=session.session_id,
             turn=k,
             parent_session_id=session.parent,
-            render=RenderSpec(list(turn.prompt.messages)) if isinstance(turn.prompt, ChatPrompt) else None,
+            render=spec,
         )
         if self.render is not None:
             creq.render_s = self.render.render_s(sent_s, len(prompt))
         result = await self.submit(creq)
-        strip = nxt.prompt.strip_answer_tokens if nxt is not None and isinstance(nxt.prompt, FollowUp) else 0
-        history[:] = prompt + result.output_token_ids[strip:]
+        harness.answered(prompt, result, nxt.prompt if nxt is not None else None)
         self.results.append(result)
         if self.on_result is not None:
             self.on_result(result)

@@ -183,6 +183,8 @@ class EngineCore:
         batch = self.scheduler.schedule(now)
         for req in batch.preempted:
             self.executor.release(req.request_id)
+        for req in batch.pull_backs_taking_nothing:
+            self._background(self.kv_worker.notify_done(req))
         for req in batch.new_remote_requests:
             plan = self.kv_scheduler.start_load(req, now)
             if plan is not None:  # None: a push not ready yet (`kv_ready` starts it)

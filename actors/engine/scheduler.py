@@ -36,6 +36,8 @@ class ScheduledBatch:
     """Decode side: requests that got their blocks this step and now wait for the remote KV."""
     preempted: list[Request] = field(default_factory=list)
     """Requests preempted while scheduling this step (their KV is gone; they will recompute)."""
+    pull_backs_taking_nothing: list[Request] = field(default_factory=list)
+    """Prefill side: pull backs that found nothing to take (decode may release what it held)."""
 
     def add(self, req: Request, n: int) -> None:
         c = req.num_computed_tokens
@@ -113,11 +115,17 @@ class Scheduler:
             if req.is_remote_prefill and not req.remote_kv_loaded and req.status is RequestStatus.WAITING:
                 if not self._allocate_for_remote_kv(req):
                     break
-                self.waiting.popleft()
-                req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-                self.recving[req.request_id] = req
-                batch.new_remote_requests.append(req)
-                continue
+                if req.num_external_computed_tokens > 0:
+                    self.waiting.popleft()
+                    req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                    self.recving[req.request_id] = req
+                    batch.new_remote_requests.append(req)
+                    continue
+                # A pull back that takes nothing this engine lacks (verified reuse stopped inside its
+                # own prefix cache): no transfer, as vLLM's connector matching no external tokens
+                # loads none; it runs as a local request on the blocks it holds.
+                req.remote_kv_loaded = True
+                batch.pull_backs_taking_nothing.append(req)
             if budget == 0:
                 break
             fresh = not req.block_ids  # new or preempted (a pulled 1-token prompt has blocks, no tokens)

@@ -63,9 +63,12 @@ CHAT_TEMPLATE = """\
 {%- set content = message.content or '' -%}
 {%- set reasoning = message.reasoning_content or '' -%}
 {%- if '</think>' in content -%}
-{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip(nl) -%}
-{%- set content = content.split('</think>')[-1].lstrip(nl) -%}
+{%- set reasoning = content.split('</think>')[0].split('<think>')[-1] -%}
+{%- set content = content.split('</think>')[-1] -%}
 {%- endif -%}
+{#- as Qwen3's: a reasoning parser's reasoning_content keeps the newlines around it -#}
+{%- set reasoning = reasoning.strip(nl) -%}
+{%- set content = content.lstrip(nl) -%}
 {{ '<|im_start|>assistant' + nl }}
 {%- if reasoning and (keep or loop.index0 > ns.last_user) -%}
 {{ '<think>' + nl + reasoning + nl + '</think>' + nl + nl }}

@@ -73,7 +73,8 @@ def multi_turn_trace(cfg: MultiTurnConfig, vocab_size: int, seed: int) -> Trace:
             user = tokens(user_of(rng))
             answer = tokens(answer_of(rng))
             if cfg.history == "model" and k:  # the model's own answers make the history, when sent
-                prompt: Prompt = FollowUp(tuple(user), cfg.strip_answer_tokens, num_seen)
+                edits = (cfg.strip_answer_tokens, cfg.rewrite_answer_tokens)
+                prompt: Prompt = FollowUp(tuple(user), *edits, num_history_tokens=num_seen)
             else:
                 prompt = TokenPrompt(tuple(history + user))
             turns.append(Turn(prompt, len(answer), t_s, think_s=think_s))

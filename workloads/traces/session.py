@@ -56,12 +56,14 @@ class ChatPrompt:
 @dataclass(frozen=True)
 class FollowUp:
     """A later turn of a conversation driven by the model's own answers: the session's history so far
-    (each earlier prompt, then its answer as the model gave it, less its first `strip_answer_tokens`,
-    as a template that drops past reasoning does) followed by these new tokens."""
+    (each earlier prompt, then its answer as the model gave it, edited as `workloads.harness` says)
+    followed by these new tokens."""
 
     token_ids: tuple[int, ...]
     strip_answer_tokens: int = 0
     """Leading tokens of the previous answer the history leaves out (its reasoning)."""
+    rewrite_answer_tokens: int = 0
+    """Trailing tokens of the previous answer the history replaces (its tool call, re-serialised)."""
     num_history_tokens: int = 0
     """The history's length had the model given the trace's answer (for sizes known before sending)."""
 
