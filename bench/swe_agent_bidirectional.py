@@ -10,6 +10,8 @@ turn, the median prompt tokens prefill computed and pulled back from decode, and
     bidirectional        pd-bidirectional, verified reuse; the template drops past reasoning (default)
     bidirectional+keep   the same with chat_template_kwargs {keep_past_reasoning: true}
     collocated(+keep)    one engine with prefix caching (what P/D is measured against)
+    tools: ...           reasoning kept, a bash tool given (every answer a call), one-way, bidirectional,
+                         and bidirectional with the harness re-serialising each call's arguments
 
     python bench/swe_agent_bidirectional.py [--window 0:3] [--max-turns 8] [--out runs/bench-swe-bidi.json]
 """
@@ -31,12 +33,20 @@ from cluster.cli import main as testbed  # noqa: E402
 from tests.factories import TRACES, free_port, serve_process  # noqa: E402
 
 SWE = TRACES / "swebench_mini_swe_agent_gemini3" / "trajs"
+KEEP = "replay.chat_template_kwargs={keep_past_reasoning: true}"
+BASH = (
+    "replay.tools=[{type: function, function: {name: bash, parameters: {type: object,"
+    " properties: {command: {type: string}}, required: [command]}}}]"
+)
 CASES = [
     ("one-way", "pd-one-way", []),
     ("bidirectional", "pd-bidirectional", []),
-    ("bidirectional+keep", "pd-bidirectional", ["replay.chat_template_kwargs={keep_past_reasoning: true}"]),
+    ("bidirectional+keep", "pd-bidirectional", [KEEP]),
     ("collocated", "collocated", []),
-    ("collocated+keep", "collocated", ["replay.chat_template_kwargs={keep_past_reasoning: true}"]),
+    ("collocated+keep", "collocated", [KEEP]),
+    ("tools: one-way", "pd-one-way", [KEEP, BASH]),
+    ("tools: bidirectional", "pd-bidirectional", [KEEP, BASH]),
+    ("tools: reserialized", "pd-bidirectional", [KEEP, BASH, "replay.harness_edit=reserialize_tool_calls"]),
 ]
 
 
@@ -92,7 +102,7 @@ def main() -> int:
             )
         mean = df[df["turn"] > 1]
         print(
-            f"{name:20s} turns 2+: computed {mean['prompt_computed_tokens'].mean():7.0f} per turn, "
+            f"{name:22s} turns 2+: computed {mean['prompt_computed_tokens'].mean():7.0f} per turn, "
             f"pulled back {mean['prefill_pulled_back_tokens'].fillna(0).mean():6.0f}, "
             f"TTFT p50 {mean['ttft_s'].median() * 1e3:6.1f} ms",
             flush=True,

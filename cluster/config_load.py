@@ -295,6 +295,14 @@ def _check_replay(cfg: TestbedConfig) -> None:
         r.harness_edit == "none" or r.history == "model",
         f"replay.harness_edit={r.harness_edit!r}: edits the server's answers, needs replay.history=model",
     )
+    for i, tool in enumerate(r.tools or ()):
+        fn = tool.get("function")
+        _require(
+            tool.get("type", "function") == "function"
+            and isinstance(fn, dict)
+            and isinstance(fn.get("name"), str),
+            f"replay.tools[{i}]={tool!r}: expected {{type: function, function: {{name: NAME, ...}}}}",
+        )
     _require(router.overlap_weight >= 0, f"router.overlap_weight={router.overlap_weight}: must be >= 0")
     _require(router.temperature >= 0, f"router.temperature={router.temperature}: must be >= 0")
     _require(router.estimate_ttl_s > 0, f"router.estimate_ttl_s={router.estimate_ttl_s}: must be > 0")

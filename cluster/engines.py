@@ -92,4 +92,6 @@ def chat_renderer(
         return None
     from actors.render.client import render_for
 
-    return functools.partial(render_for(cfg).render_chat, **(cfg.replay.chat_template_kwargs or {}))
+    r = cfg.replay
+    tools = list(r.tools) if r.tools else None
+    return functools.partial(render_for(cfg).render_chat, tools=tools, **(r.chat_template_kwargs or {}))

@@ -251,6 +251,9 @@ class ReplayConfig:
     """history=model: how the harness changes an answer before sending it back. reserialize_tool_calls:
     every tool call's arguments parsed and dumped compact (`{"a":1}` for `{"a": 1}`), as harnesses that
     keep calls as objects do: the next prompt is no longer a prefix of what decode generated."""
+    tools: tuple[dict[str, Any], ...] | None = None
+    """OpenAI tool definitions sent with every chat request (an agent acting through function calls:
+    the server's answers then call them, and harness_edit has calls to re-serialise)."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Sent with every chat request (vLLM's extension), e.g. `{keep_past_reasoning: true}` (the testbed's
     template) or `{enable_thinking: false}`."""

@@ -128,7 +128,7 @@ def test_pull_backs_are_labelled_d2p_and_held_conversations_are_gauged():
     assert sum_series(expos, m.KV_PULL_BACK_FAILED.exposed) == 0
 
 
-def test_six_turn_preset_prints_each_turn_for_the_three_designs(tmp_path, capsys):
+def test_six_turn_preset_prints_each_turn_for_each_design(tmp_path, capsys):
     import pandas as pd
 
     from cluster.cli import main
@@ -139,14 +139,16 @@ def test_six_turn_preset_prints_each_turn_for_the_three_designs(tmp_path, capsys
     df = pd.read_parquet(tmp_path / "results.parquet")
     computed = {d: part["prompt_computed_tokens"].tolist() for d, part in df.groupby("design")}
     assert computed["collocated"][1:] == computed["pd-bidirectional"][1:] == [408, 416, 408, 416, 408]
+    assert computed["pd-positional"] == computed["pd-bidirectional"]  # the history was not edited
     assert computed["pd-one-way"][1:] == [1000, 1008, 1000, 1008, 1000]
 
 
 def test_a_conversation_on_the_models_own_answers_diverges_only_under_positional_reuse(tmp_path):
-    """Four turns whose history is the model's own greedy answers with their first 32 tokens dropped
-    (a template stripping past reasoning), through the six-turn-l40s designs: every turn of one-way and
-    verified bidirectional P/D matches the collocated reference token for token; positional reuse
-    diverges after the first turn (and is checked to match where the history was not edited)."""
+    """Four turns whose history is the model's own greedy answers, each answer's first 32 tokens dropped
+    (a template stripping past reasoning) or its last 64 rewritten (a harness), through the
+    six-turn-l40s designs: every turn of one-way and verified bidirectional P/D matches the collocated
+    reference token for token; positional reuse diverges after the first turn (and is checked to match
+    where the history was not edited)."""
     import json
 
     import pandas as pd
@@ -166,23 +168,23 @@ def test_a_conversation_on_the_models_own_answers_diverges_only_under_positional
         records = {r["design"]: r for r in json.loads((out / "summary.json").read_text())}
         return df, records
 
-    df, records = run(tmp_path / "verified", "--set", "multi_turn.strip_answer_tokens=32")
-    assert {r["reference"] for r in records.values()} == {"collocated"}
-    assert records["pd-one-way"]["diverged_fraction"] == records["pd-bidirectional"]["diverged_fraction"] == 0
-    # verified stops where the history was edited: nothing of decode's answer is taken
-    assert (df[df["design"] == "pd-bidirectional"]["prefill_pulled_back_tokens"].iloc[1:] == 0).all()
-    assert (tmp_path / "verified" / "plots" / "divergence.png").exists()
-    _, positional = run(
-        tmp_path / "positional",
-        "--set",
-        "multi_turn.strip_answer_tokens=32",
-        "--set",
-        "kv_transfer.reuse=positional",
+    def pulled(df, design):
+        return df[df["design"] == design]["prefill_pulled_back_tokens"].iloc[1:]
+
+    df, stripped = run(tmp_path / "stripped", "--set", "multi_turn.strip_answer_tokens=32")
+    assert {r["reference"] for r in stripped.values()} == {"collocated"}
+    assert (
+        stripped["pd-one-way"]["diverged_fraction"] == stripped["pd-bidirectional"]["diverged_fraction"] == 0
     )
-    assert positional["pd-bidirectional"]["diverged_fraction"] >= 0.5  # turns 2-4: most of them
-    _, unedited = run(tmp_path / "unedited", "--set", "kv_transfer.reuse=positional")
-    assert unedited["pd-bidirectional"]["diverged_fraction"] == 0
+    assert (pulled(df, "pd-bidirectional") == 0).all()  # verified stops where the history was edited
+    assert stripped["pd-positional"]["diverged_fraction"] >= 0.5  # turns 2-4: most of them
+    assert (tmp_path / "stripped" / "plots" / "divergence.png").exists()
     # a harness rewriting each answer's last 64 tokens: verified takes the answer's head, still exact
     df, rewritten = run(tmp_path / "rewritten", "--set", "multi_turn.rewrite_answer_tokens=64")
-    assert rewritten["pd-bidirectional"]["diverged_fraction"] == 0
-    assert (df[df["design"] == "pd-bidirectional"]["prefill_pulled_back_tokens"].iloc[1:] >= 64).all()
+    assert (
+        rewritten["pd-bidirectional"]["diverged_fraction"] == 0
+        and (pulled(df, "pd-bidirectional") >= 64).all()
+    )
+    assert rewritten["pd-positional"]["diverged_fraction"] >= 0.5
+    _, unedited = run(tmp_path / "unedited")
+    assert unedited["pd-positional"]["diverged_fraction"] == 0

@@ -78,16 +78,17 @@ def test_an_unreachable_target_is_one_line(capsys):
     assert "--target=http://127.0.0.1:9: no model listed at /v1/models" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("keep_reasoning", [True, False])
-def test_swe_agent_on_its_own_answers_through_bidirectional_pd_pulls_each_answer_back(
-    tmp_path, keep_reasoning
-):
-    """The SWE-agent sessions through `testbed serve` in P/D with bidirectional KV (verified reuse),
-    each turn sending the server's own answer back (`replay.history=model`). With the answer's
-    reasoning kept in the history, prefill pulls each answer back from decode and computes only the
-    rest (one-way P/D computes prompt - cached); where the template drops past reasoning (its
-    default), the history differs from decode's sequence from the answer's first token on: nothing is
-    pulled and nothing moves."""
+KEEP_REASONING = "replay.chat_template_kwargs={keep_past_reasoning: true}"
+BASH_TOOL = (
+    "replay.tools=[{type: function, function: {name: bash, parameters: {type: object,"
+    " properties: {command: {type: string}}, required: [command]}}}]"
+)
+
+
+def bidirectional_replay(tmp_path: Path, *sets: str) -> pd.DataFrame:
+    """The SWE-agent sessions starting in the first 3 s, 3 turns each, on their own answers
+    (`replay.history=model`) through `testbed serve` in P/D with bidirectional KV (verified reuse);
+    the server's results, each later turn with its previous answer's length."""
     design = ("--preset", "six-turn-l40s", "--design", "pd-bidirectional", "--time-scale", "0.2")
     port, out = free_port(), tmp_path / "server"
     proc = serve_process(port, out, "scheduler.max_model_len=65536", design=design)
@@ -95,8 +96,8 @@ def test_swe_agent_on_its_own_answers_through_bidirectional_pd_pulls_each_answer
         argv = ["replay", "--trace", str(SWE), "--target", f"http://127.0.0.1:{port}", "--window", "0:3",
                 "--max-turns", "3", "--preset", "six-turn-l40s", "--design", "pd-bidirectional",
                 "--set", "replay.history=model", "--out", str(tmp_path / "client")]  # fmt: skip
-        if keep_reasoning:
-            argv += ["--set", "replay.chat_template_kwargs={keep_past_reasoning: true}"]
+        for s in sets:
+            argv += ["--set", s]
         assert main(argv) == 0
     finally:
         proc.send_signal(signal.SIGINT)
@@ -104,14 +105,43 @@ def test_swe_agent_on_its_own_answers_through_bidirectional_pd_pulls_each_answer
     assert proc.returncode == 0, err[-2000:]
     own = pd.read_parquet(out / "results.parquet").sort_values("arrival_s")
     assert own["ok"].all() and own["session_id"].nunique() >= 4
-    own["previous_answer"] = own.groupby("session_id")["max_tokens"].shift()
-    later = own[own["previous_answer"].notna()]
-    answers = later["previous_answer"].to_numpy()
-    pulled = later["prefill_pulled_back_tokens"].fillna(0).to_numpy()
+    own["previous_answer"] = own.groupby("session_id")["num_output_tokens"].shift()
+    return own[own["previous_answer"].notna()].set_index(["session_id", "arrival_s"]).sort_index()
+
+
+@pytest.mark.parametrize("keep_reasoning", [True, False])
+def test_swe_agent_on_its_own_answers_through_bidirectional_pd_pulls_each_answer_back(
+    tmp_path, keep_reasoning
+):
+    """Each turn sends the server's own answer back. With the answer's reasoning kept in the history,
+    prefill pulls each answer back from decode and computes only the rest (one-way P/D computes
+    prompt - cached); where the template drops past reasoning (its default), the history differs from
+    decode's sequence from the answer's first token on: nothing is pulled and nothing moves."""
+    later = bidirectional_replay(tmp_path, *([KEEP_REASONING] if keep_reasoning else []))
+    pulled = later["prefill_pulled_back_tokens"].fillna(0)
     one_way = later["num_prompt_tokens"] - later["prefill_cached_tokens"]  # what one-way P/D computes
     if keep_reasoning:  # all of the previous answer's full blocks but the last token's
-        assert (pulled >= answers - 2 * 16).all(), (pulled, answers)
+        assert (pulled >= later["previous_answer"] - 2 * 16).all(), later
         assert (later["prompt_computed_tokens"] == one_way - pulled).all()
     else:
         assert (pulled == 0).all() and (later["prefill_pulled_back_bytes"].fillna(0) == 0).all()
         assert (later["prompt_computed_tokens"] == one_way).all()
+
+
+def test_a_harness_reserialising_tool_calls_stops_verified_reuse_inside_the_call(tmp_path):
+    """The same sessions given a bash tool: every answer is reasoning and a call. Sent back as the
+    server gave it, the whole answer is pulled back; with its arguments re-serialised, verified reuse
+    stops at the first block holding them (the next turn's prompt differs from decode's sequence
+    there)."""
+    verbatim = bidirectional_replay(tmp_path / "verbatim", KEEP_REASONING, BASH_TOOL)
+    edited = bidirectional_replay(
+        tmp_path / "edited", KEEP_REASONING, BASH_TOOL, "replay.harness_edit=reserialize_tool_calls"
+    )
+    assert (verbatim["prefill_pulled_back_tokens"] >= verbatim["previous_answer"] - 2 * 16).all()
+    assert (verbatim["previous_answer"] < 100).all()  # a call, then EOS
+    shortfall = (
+        verbatim["prefill_pulled_back_tokens"].to_numpy() - edited["prefill_pulled_back_tokens"].to_numpy()
+    )
+    # the arguments sit in the answer's last 16 tokens: reuse stops one block short where they start
+    # in a full block, and takes the same where they fall in the answer's last, partial block
+    assert set(shortfall) == {0, 16}, shortfall

@@ -54,6 +54,7 @@ class SessionReplay:
         self.render, self.on_result, self.lead_s = render, on_result, lead_s
         self.results: list[RequestResult] = []
         self._template_kwargs = dict(cfg.chat_template_kwargs or {})
+        self._tools = list(cfg.tools) if cfg.tools else None
 
     async def run(self, trace: Trace) -> list[RequestResult]:
         """Every session of `trace` (within the window) to its end; results in send order."""
@@ -116,13 +117,13 @@ class SessionReplay:
         if isinstance(turn.prompt, FollowUp):
             prompt = harness.follow_up_ids(turn.prompt)
         elif isinstance(turn.prompt, ChatPrompt) and self.cfg.history == "model":
-            spec = RenderSpec(harness.messages(turn.prompt), template_kwargs=self._template_kwargs)
+            spec = RenderSpec(harness.messages(turn.prompt), self._tools, self._template_kwargs)
             assert self.synth.render_chat is not None, "a chat trace needs the render tier (render_chat)"
             prompt = self.synth.render_chat(spec.messages)
         else:
             prompt = self.synth.tokens(turn.prompt, salt)
             if isinstance(turn.prompt, ChatPrompt):
-                spec = RenderSpec(list(turn.prompt.messages), template_kwargs=self._template_kwargs)
+                spec = RenderSpec(list(turn.prompt.messages), self._tools, self._template_kwargs)
         following = nxt is not None and not isinstance(nxt.prompt, FollowUp)
         next_prompt = self.synth.tokens(nxt.prompt, salt) if nxt is not None and following else None
         rid = f"{session.session_id}#{k}"

@@ -27,7 +27,7 @@ from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
-from messages import KVPayload, KVPull
+from messages import FinishedReason, KVPayload, KVPull
 
 
 class KVSource(Protocol):
@@ -144,13 +144,15 @@ class KVConnectorScheduler:
 
     # ---- prefill side ------------------------------------------------------------------------------
 
-    def request_finished(self, req: Request, reason: str, now: float) -> tuple[dict[str, Any] | None, bool]:
+    def request_finished(
+        self, req: Request, reason: FinishedReason, now: float
+    ) -> tuple[dict[str, Any] | None, bool]:
         """What a finished request hands on: prefill side, the kv_transfer_params for decode (None:
         nothing to hand); decode side, whether its prefill engine still holds KV for it (to notify)."""
         self._loaded.pop(req.request_id, None)
         holding = req.request_id in self._holding
         self._holding.discard(req.request_id)
-        if reason != "length" or not req.is_remote_decode:
+        if not req.holds_kv_after(reason):
             return None, holding
         if req.is_remote_prefill and not req.is_pull_back:  # decode, bidirectional: a finished turn
             return self._conversation_params(req), holding

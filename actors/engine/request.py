@@ -107,6 +107,16 @@ class Request:
         """A prefill-engine request whose KV a decode engine will pull (blocks held after finishing)."""
         return bool(self.kv_transfer_params and self.kv_transfer_params.get("do_remote_decode"))
 
+    def holds_kv_after(self, reason: FinishedReason) -> bool:
+        """Whether its blocks outlive it, for a peer to pull: a prefill request that finished its
+        prompt (vLLM: FINISHED_LENGTH_CAPPED) for its decode engine; bidirectional, decode's turn that
+        ended by length or stop (an agent's tool call ends with EOS) for the conversation's next turn."""
+        if not self.is_remote_decode:
+            return False
+        if self.is_remote_prefill and not self.is_pull_back:
+            return reason in ("length", "stop")
+        return reason == "length"
+
     @property
     def is_remote_prefill(self) -> bool:
         """A decode-engine request whose prompt KV comes from a prefill engine."""

@@ -232,7 +232,7 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
         req.finished_reason = reason
-        if reason == "length" and req.is_remote_decode:
+        if req.holds_kv_after(reason):
             self.held[req.request_id] = req
         else:
             self.blocks.free(req)
