@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -29,10 +28,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from cluster.cli import main as testbed  # noqa: E402
-from tests.factories import TRACES, free_port, serve_process  # noqa: E402
+from tests.factories import swe_agent_through_serve  # noqa: E402
 
-SWE = TRACES / "swebench_mini_swe_agent_gemini3" / "trajs"
 KEEP = "replay.chat_template_kwargs={keep_past_reasoning: true}"
 BASH = (
     "replay.tools=[{type: function, function: {name: bash, parameters: {type: object,"
@@ -50,33 +47,6 @@ CASES = [
 ]
 
 
-def serve_and_replay(design: str, sets: list[str], args: argparse.Namespace, tmp: Path) -> pd.DataFrame:
-    """The server's own results for one case, a turn index per session added."""
-    port = free_port()
-    scale = ("--time-scale", str(args.time_scale))
-    proc = serve_process(
-        port,
-        tmp / "server",
-        "scheduler.max_model_len=65536",
-        design=("--preset", "six-turn-l40s", "--design", design, *scale),
-    )
-    try:
-        argv = ["replay", "--trace", str(SWE), "--target", f"http://127.0.0.1:{port}",
-                "--preset", "six-turn-l40s", "--design", design, "--window", args.window,
-                "--max-turns", str(args.max_turns), "--set", "replay.history=model",
-                "--out", str(tmp / "client")]  # fmt: skip
-        for s in sets:
-            argv += ["--set", s]
-        assert testbed(argv) == 0
-    finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
-    df = pd.read_parquet(tmp / "server" / "results.parquet").sort_values("arrival_s")
-    assert df["ok"].all()
-    return df.assign(turn=df.groupby("session_id").cumcount() + 1)
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--window", default="0:3", help="sessions starting in these trace seconds")
@@ -87,7 +57,14 @@ def main() -> int:
     rows = []
     for name, design, sets in CASES:
         with TemporaryDirectory() as tmp:
-            df = serve_and_replay(design, sets, args, Path(tmp))
+            df = swe_agent_through_serve(
+                Path(tmp),
+                design,
+                *sets,
+                window=args.window,
+                max_turns=args.max_turns,
+                time_scale=args.time_scale,
+            )
         for turn, part in df.groupby("turn"):
             rows.append(
                 {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import subprocess
 import sys
@@ -156,9 +157,45 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+SWE_AGENT = TRACES / "swebench_mini_swe_agent_gemini3" / "trajs"
+
+
+def swe_agent_through_serve(
+    tmp: Path, design: str, *sets: str, window: str = "0:3", max_turns: int = 3, time_scale: float = 0.2
+) -> Any:
+    """The SWE-agent sessions starting in `window` (trace seconds), `max_turns` each, on their own
+    answers (`replay.history=model`) through `testbed serve --preset six-turn-l40s --design design`
+    (a process of its own, compute skip, `time_scale`), `sets` given to the client; the server's own
+    results (a pandas frame) in send order, each row's `turn` counted per session from 1."""
+    import pandas as pd
+
+    from cluster.cli import main
+
+    port = free_port()
+    args = ("--preset", "six-turn-l40s", "--design", design)
+    proc = serve_process(
+        port, tmp / "server", "scheduler.max_model_len=65536", design=(*args, "--time-scale", str(time_scale))
+    )
+    try:
+        argv = ["replay", "--trace", str(SWE_AGENT), "--target", f"http://127.0.0.1:{port}", *args,
+                "--window", window, "--max-turns", str(max_turns), "--set", "replay.history=model",
+                "--out", str(tmp / "client")]  # fmt: skip
+        for s in sets:
+            argv += ["--set", s]
+        assert main(argv) == 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    df = pd.read_parquet(tmp / "server" / "results.parquet").sort_values("arrival_s")
+    assert df["ok"].all()
+    return df.assign(turn=df.groupby("session_id").cumcount() + 1)
+
+
 __all__ = [
     "COLLOCATED",
     "PD",
+    "SWE_AGENT",
     "ServeThread",
     "asyncio",
     "free_port",
@@ -166,6 +203,7 @@ __all__ = [
     "make_requests",
     "run_async",
     "run_requests",
+    "swe_agent_through_serve",
 ]
 
 

@@ -9,9 +9,8 @@ import pandas as pd
 import pytest
 
 from cluster.cli import main
-from tests.factories import TRACES, free_port, serve_process
+from tests.factories import SWE_AGENT, TRACES, free_port, serve_process, swe_agent_through_serve
 
-SWE = TRACES / "swebench_mini_swe_agent_gemini3" / "trajs"
 MOONCAKE = TRACES / "mooncake_fast25" / "conversation_trace.window_0s_1200s.jsonl"
 
 
@@ -41,7 +40,17 @@ def server(tmp_path):
 
 
 def test_swe_agent_sessions_against_testbed_serve_agree_with_its_own_ttft(server, tmp_path):
-    argv = ["replay", "--trace", str(SWE), "--target", server.url, "--window", "0:3", "--max-turns", "2"]
+    argv = [
+        "replay",
+        "--trace",
+        str(SWE_AGENT),
+        "--target",
+        server.url,
+        "--window",
+        "0:3",
+        "--max-turns",
+        "2",
+    ]
     assert main([*argv, "--design", "pd-fast", "--out", str(tmp_path / "client")]) == 0
     client = pd.read_parquet(tmp_path / "client" / "results.parquet")
     own = server.stop()
@@ -86,27 +95,16 @@ BASH_TOOL = (
 
 
 def bidirectional_replay(tmp_path: Path, *sets: str) -> pd.DataFrame:
-    """The SWE-agent sessions starting in the first 3 s, 3 turns each, on their own answers
-    (`replay.history=model`) through `testbed serve` in P/D with bidirectional KV (verified reuse);
-    the server's results, each later turn with its previous answer's length."""
-    design = ("--preset", "six-turn-l40s", "--design", "pd-bidirectional", "--time-scale", "0.2")
-    port, out = free_port(), tmp_path / "server"
-    proc = serve_process(port, out, "scheduler.max_model_len=65536", design=design)
-    try:
-        argv = ["replay", "--trace", str(SWE), "--target", f"http://127.0.0.1:{port}", "--window", "0:3",
-                "--max-turns", "3", "--preset", "six-turn-l40s", "--design", "pd-bidirectional",
-                "--set", "replay.history=model", "--out", str(tmp_path / "client")]  # fmt: skip
-        for s in sets:
-            argv += ["--set", s]
-        assert main(argv) == 0
-    finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err[-2000:]
-    own = pd.read_parquet(out / "results.parquet").sort_values("arrival_s")
-    assert own["ok"].all() and own["session_id"].nunique() >= 4
-    own["previous_answer"] = own.groupby("session_id")["num_output_tokens"].shift()
-    return own[own["previous_answer"].notna()].set_index(["session_id", "arrival_s"]).sort_index()
+    """The SWE-agent sessions starting in the first 3 s, 3 turns each, on their own answers through
+    `testbed serve` in P/D with bidirectional KV (verified reuse): the server's later turns, each
+    with its previous answer's length and the full blocks decode holds of the turn before."""
+    own = swe_agent_through_serve(tmp_path, "pd-bidirectional", *sets)
+    assert own["session_id"].nunique() >= 4
+    previous = own.groupby("session_id")[["num_prompt_tokens", "num_output_tokens"]].shift()
+    own["previous_answer"] = previous["num_output_tokens"]
+    # decode computed the previous prompt and answer but its last token; full blocks only
+    own["decode_held_tokens"] = (previous.sum(axis=1) - 1) // 16 * 16
+    return own[own["previous_answer"].notna()]
 
 
 @pytest.mark.parametrize("keep_reasoning", [True, False])
@@ -129,19 +127,13 @@ def test_swe_agent_on_its_own_answers_through_bidirectional_pd_pulls_each_answer
 
 
 def test_a_harness_reserialising_tool_calls_stops_verified_reuse_inside_the_call(tmp_path):
-    """The same sessions given a bash tool: every answer is reasoning and a call. Sent back as the
-    server gave it, the whole answer is pulled back; with its arguments re-serialised, verified reuse
-    stops at the first block holding them (the next turn's prompt differs from decode's sequence
-    there)."""
-    verbatim = bidirectional_replay(tmp_path / "verbatim", KEEP_REASONING, BASH_TOOL)
-    edited = bidirectional_replay(
-        tmp_path / "edited", KEEP_REASONING, BASH_TOOL, "replay.harness_edit=reserialize_tool_calls"
-    )
-    assert (verbatim["prefill_pulled_back_tokens"] >= verbatim["previous_answer"] - 2 * 16).all()
-    assert (verbatim["previous_answer"] < 100).all()  # a call, then EOS
-    shortfall = (
-        verbatim["prefill_pulled_back_tokens"].to_numpy() - edited["prefill_pulled_back_tokens"].to_numpy()
-    )
-    # the arguments sit in the answer's last 16 tokens: reuse stops one block short where they start
-    # in a full block, and takes the same where they fall in the answer's last, partial block
-    assert set(shortfall) == {0, 16}, shortfall
+    """The same sessions given a bash tool: every answer is reasoning and a call (about 50 tokens).
+    Sent back as the server gave it, prefill reuses all decode holds of the turn before (its own cache,
+    then the pull back); with the call's arguments re-serialised, verified reuse stops at the block
+    where they start (in the answer's last 16 tokens), one block short where that block is full."""
+    for edit, sets in (("verbatim", ()), ("edited", ("replay.harness_edit=reserialize_tool_calls",))):
+        later = bidirectional_replay(tmp_path / edit, KEEP_REASONING, BASH_TOOL, *sets)
+        assert (later["previous_answer"] < 100).all()  # a call, then EOS
+        reused = later["prefill_cached_tokens"] + later["prefill_pulled_back_tokens"]
+        short = (later["decode_held_tokens"] - reused).tolist()
+        assert set(short) == ({0} if edit == "verbatim" else {0, 16}), short
