@@ -82,6 +82,7 @@ def engine_request(
         forced_output_token_ids=creq.forced_output_token_ids,
         kv_transfer_params=params,
         stop_token_ids=creq.stop_token_ids,
+        mm_items=creq.mm_items,
     )
 
 

@@ -64,7 +64,7 @@ class Router:
         hashes: list[BlockHash] = []
         overlaps = [0] * len(self._active_blocks)
         if self.policy in ("kv_aware", "kv_estimated"):
-            hashes = hash_blocks(creq.prompt_token_ids, self.block_size)
+            hashes = hash_blocks(creq.prompt_token_ids, self.block_size, mm_items=creq.mm_items)
             overlaps = [self._overlap(i, hashes) for i in range(len(overlaps))]
         if engine is None:
             engine = self._choose(creq, overlaps)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from actors.engine.block_manager import BlockManager
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
+from actors.engine.encoder_cache import EncoderCache
 from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVSource
 from actors.engine.kv_transfer import KVReceiver, Link
@@ -30,6 +31,7 @@ from target.config import PoolConfig, TestbedConfig
 from target.kv_cache import num_gpu_blocks
 from target.profiles import LINKS
 from target.roofline import roofline_for
+from target.vision import encoder_roofline_for
 from workloads.replay import Workload, needs_render
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
@@ -45,6 +47,13 @@ def runner_for(cfg: TestbedConfig, pool: PoolConfig) -> ModelRunner | None:
 
     r = cfg.runner
     return ModelRunner(load_model(r), num_gpu_blocks(cfg, pool), cfg.scheduler.block_size, r.num_threads)
+
+
+def vision_for(cfg: TestbedConfig) -> Any:
+    """The tiny vision encoder the runner's engines compute images with (loaded once per process)."""
+    from actors.engine.vision_model import load_vision_model
+
+    return load_vision_model(cfg.runner)
 
 
 def build_engine(
@@ -67,8 +76,12 @@ def build_engine(
     blocks = BlockManager(num_gpu_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
     if cfg.router.policy == "kv_aware":
         blocks.publish_kv_events()
-    scheduler = Scheduler(blocks, s.max_num_batched_tokens, s.max_num_seqs)
-    executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread)
+    encoder_budget = s.max_num_batched_encoder_embeds or s.max_num_batched_tokens
+    encoder_cache = EncoderCache(s.encoder_cache_size or encoder_budget)
+    scheduler = Scheduler(blocks, s.max_num_batched_tokens, s.max_num_seqs, encoder_budget, encoder_cache)
+    encoder_roofline = encoder_roofline_for(cfg, pool)
+    vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
+    executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread, vision)
     stats = EngineStats(metrics)
     receiver = KVReceiver(cfg.kv_transfer, LINKS[cfg.kv_transfer.link], roofline.model, s.block_size)
     kv = cfg.kv_transfer
@@ -79,7 +92,17 @@ def build_engine(
     kv_scheduler = KVConnectorScheduler(engine_id, receiver, scheduler, hold_timeout_s, kv.reuse)
     kv_worker = KVConnectorWorker(executor, peers, stats, clock, s.block_size, link)
     return EngineCore(
-        engine_id, role, clock, roofline, scheduler, executor, kv_scheduler, kv_worker, stats, s.max_model_len
+        engine_id,
+        role,
+        clock,
+        roofline,
+        scheduler,
+        executor,
+        kv_scheduler,
+        kv_worker,
+        stats,
+        s.max_model_len,
+        encoder_roofline,
     )
 
 

@@ -163,9 +163,9 @@ ENGINE_SERIES = (
     KV_HELD_BLOCKS,
 )  # fmt: skip
 # Render tier: CPU seconds of real work (CPU ms per 1k tokens = cpu rate / tokens rate), calls per replica.
-RENDER_CPU = _c("testbed:render_cpu_seconds", "CPU seconds spent rendering (templates) or derendering (detokenize + parse).", ("op",))  # fmt: skip
-RENDER_TOKENS = _c("testbed:render_tokens", "Tokens rendered (prompt) or derendered (output).", ("op",))
-RENDER_CALLS = _c("testbed:render_calls", "Render calls (one per request) and derender calls (one per chunk).", ("op",))  # fmt: skip
+RENDER_CPU = _c("testbed:render_cpu_seconds", "CPU seconds spent rendering (templates), processing images (decode, resize, hash) or derendering (detokenize + parse).", ("op",))  # fmt: skip
+RENDER_TOKENS = _c("testbed:render_tokens", "Tokens rendered (prompt), visual tokens of processed images, or tokens derendered (output).", ("op",))  # fmt: skip
+RENDER_CALLS = _c("testbed:render_calls", "Render calls (one per request), images processed, and derender calls (one per chunk).", ("op",))  # fmt: skip
 
 PROXY_SERIES = (
     TIME_SCALE,

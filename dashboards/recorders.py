@@ -347,12 +347,13 @@ class RenderMetrics(_Registry):
 
     def __init__(self, cfg: TestbedConfig, replica: int) -> None:
         super().__init__(RENDER_SERIES, cfg, "render", replica)
-        for op in ("render", "derender"):
+        for op in ("render", "derender", "image"):
             for spec in RENDER_SERIES:
                 self.child(spec, op=op)
 
     def on_render(self, op: str, cpu_s: float, num_tokens: int) -> None:
-        """One render (op='render') or derender (op='derender') call took `cpu_s` of this thread's CPU."""
+        """One render (op='render'), derender (op='derender') or image (op='image': decode, resize,
+        hash; its visual tokens) took `cpu_s` of this thread's CPU."""
         self.child(RENDER_CPU, op=op).inc(cpu_s)
         self.child(RENDER_TOKENS, op=op).inc(num_tokens)
         self.child(RENDER_CALLS, op=op).inc()

@@ -1,6 +1,7 @@
 """Everything that crosses an actor boundary: small dataclasses of ids, token IDs and descriptors.
 
-Tensors cross only in `KVPayload`, where moving the KV is the point. Times are emulated seconds.
+Tensors cross only where they are the point: KV in `KVPayload`, an image's patches in `MultiModalItem`
+(for the vision encoder). Times are emulated seconds.
 """
 
 from __future__ import annotations
@@ -17,6 +18,32 @@ def token_ids_valid(ids: object, vocab_size: int) -> bool:
     """A token-ID list an engine can compute: ints in [0, vocab_size) (checked at the HTTP edge, and by
     engines, since a bad ID would break the runner's embedding lookup)."""
     return isinstance(ids, list) and all(type(t) is int and 0 <= t < vocab_size for t in ids)
+
+
+@dataclass
+class MultiModalItem:
+    """render -> proxy -> engines: one image of a prompt, where its visual tokens sit."""
+
+    mm_hash: str
+    """BLAKE3 of the processed image (hex): the encoder cache's key, and an extra key of the block
+    hashes of every block it overlaps (the same image dedupes KV; two images never share blocks)."""
+    offset: int
+    """Its first placeholder token's position in the prompt (where its embeddings go)."""
+    num_tokens: int
+    """Its visual tokens: placeholders in the prompt, embeddings out of the encoder."""
+    pixel_values: np.ndarray | None = None
+    """[num_patches, 1176] float32, the processed image: what the vision encoder computes on (None
+    where only the hash is needed)."""
+    grid_thw: tuple[int, int, int] = (1, 0, 0)
+    """Its patches along time, height and width (the vision encoder's positions)."""
+
+
+@dataclass
+class RenderedPrompt:
+    """render -> front end: a chat rendered to the prompt's token IDs, and its images."""
+
+    token_ids: list[int]
+    mm_items: list[MultiModalItem] = field(default_factory=list)
 
 
 @dataclass
@@ -39,6 +66,8 @@ class EngineRequest:
     (with `prompt_token_ids`, so that decode need not render the prompt again)."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Sampling one of these ends the request with finished_reason 'stop' (the tokenizer's EOS)."""
+    mm_items: list[MultiModalItem] = field(default_factory=list)
+    """The prompt's images (block hashes over their positions include their hashes)."""
 
 
 @dataclass
@@ -173,6 +202,8 @@ class ClientRequest:
     render_s: float = 0.0
     """Emulated seconds the front end took to render it into token IDs: engines see it that much after
     `arrival_s`, and the client's TTFT (from `arrival_s`) counts it, as vLLM's does."""
+    mm_items: list[MultiModalItem] = field(default_factory=list)
+    """The prompt's images, as the render tier found them."""
     session_id: str | None = None
     """The replayed session (conversation, agent) it belongs to: the key of session-affinity routing
     (vLLM's multi-turn benchmark sends it as `conversation_id`); None outside sessions."""

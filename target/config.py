@@ -75,6 +75,12 @@ class SchedulerConfig:
     """Reuse cached KV blocks keyed by chained block hashes."""
     num_gpu_blocks_override: int | None = None
     """Fix the KV capacity in blocks instead of deriving it from GPU memory (for tests of KV pressure)."""
+    max_num_batched_encoder_embeds: int | None = None
+    """Visual tokens the vision encoder may produce in one step (vLLM's name; None: as many as
+    max_num_batched_tokens). An image that does not fit waits for a later step, its prompt chunk cut
+    before it; one larger than the budget runs alone."""
+    encoder_cache_size: int | None = None
+    """Embeddings the engine's encoder cache holds (None: the encoder budget, as vLLM sizes it)."""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class ModelProfile:
     tie_word_embeddings: bool = False
     dtype_bytes: int = 2
     """Bytes per weight and per KV element (bf16)."""
+    vision_encoder: str | None = None
+    """Its vision encoder, a name from target.vision.VISION_ENCODERS (None: text only)."""
 
     @property
     def params_per_layer(self) -> int:
@@ -119,6 +121,17 @@ MODELS: dict[str, ModelProfile] = {
             hidden_size=3584,
             intermediate_size=18944,
             vocab_size=152064,
+        ),
+        ModelProfile(  # the language model of Qwen2.5-VL-7B is Qwen2.5-7B's geometry
+            "qwen2.5-vl-7b",
+            num_layers=28,
+            num_heads=28,
+            num_kv_heads=4,
+            head_dim=128,
+            hidden_size=3584,
+            intermediate_size=18944,
+            vocab_size=152064,
+            vision_encoder="qwen2.5-vl-vit-7b",
         ),
         ModelProfile(
             "llama-3.1-8b",

@@ -89,3 +89,23 @@ def test_layerwise_hides_transfer_under_compute():
     assert exposed.total_s == pytest.approx(full.total_s - 0.005 + full.total_s / 28)
     none = layerwise_handoff_time(470_000_000, 512, link, compute_s=0.0, num_layers=1)
     assert none.total_s == pytest.approx(full.total_s)
+
+
+def test_the_vision_encoder_matches_the_reference_figures():
+    """Qwen2.5-VL's ViT, derived from its vision_config (nothing fitted): ~676M parameters, 448^2
+    (1,024 patches) ~1.35 TFLOP, ~1.4 ms on an H100 and ~3.7 ms on an L40S at peak; 7 KiB per visual
+    token for a 3,584-wide language model."""
+    from target.profiles import GPUS, MODELS
+    from target.vision import VISION_ENCODERS, EncoderRoofline
+
+    vit = VISION_ENCODERS[MODELS["qwen2.5-vl-7b"].vision_encoder]
+    assert vit.weight_bytes / 2 == pytest.approx(676e6, rel=0.01)
+    assert vit.flops(1024) == pytest.approx(1.35e12, rel=0.01)
+    assert vit.embedding_bytes_per_token == 7 * 1024
+    h100, l40s = (EncoderRoofline(vit, GPUS[g]).encode_time([1024]) for g in ("h100-sxm", "l40s"))
+    assert h100.total_s == pytest.approx(1.4e-3, rel=0.05) and l40s.total_s == pytest.approx(3.7e-3, rel=0.05)
+    assert h100.bound == "compute"
+    # two images cost their sum; attention grows with the square of a single image's patches
+    r = EncoderRoofline(vit, GPUS["h100-sxm"])
+    assert r.encode_time([1024, 1024]).flops == pytest.approx(2 * vit.flops(1024))
+    assert vit.flops(4096) > 4 * vit.flops(1024)

@@ -414,3 +414,39 @@ def test_a_request_failing_inside_is_a_500_or_an_error_event(server, monkeypatch
     assert "crashed" in lines[-2] and json.loads(lines[-2][6:])["error"]["type"] == "server_error"
     assert lines[-1] == "data: [DONE]"
     assert server.served.frontend.results[-1].finished_reason == "error"  # reported, not dropped
+
+
+def test_images_become_visual_tokens_and_bad_ones_are_400s_naming_the_part(server):
+    """A vision-language target: an image is 256 visual tokens more, encoded in prefill's step; a bad
+    image part is a 400 naming it, and the server keeps serving. A text-only target refuses images."""
+    from tests.test_images import data_url, picture
+
+    def ask(*parts):
+        return {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, *parts]}]}  # fmt: skip
+
+    image = {"type": "image_url", "image_url": {"url": data_url(picture(1))}}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=ask(image))
+    assert r.status_code == 400 and "text only" in r.json()["error"]["message"]
+    vl = ServeThread("target.model=qwen2.5-vl-7b", "target.served_model_name=" + MODEL)
+    try:
+        client = openai.OpenAI(base_url=f"{vl.url}/v1", api_key="unused", max_retries=0)
+        plain = client.chat.completions.create(**ask())
+        seen = client.chat.completions.create(**ask(image))
+        assert seen.usage.prompt_tokens == plain.usage.prompt_tokens + 256 + 2  # pads, vision start, end
+        assert num_render_calls(vl, op="image") >= 1
+        remote = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+        broken = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+        audio = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
+        for part, param, words in [
+            (remote, "messages[0].content[1]", "only data URLs"),
+            (broken, "messages[0].content[1]", "not a decodable image"),
+            (audio, "messages.0.content", "type"),
+        ]:
+            r = httpx.post(f"{vl.url}/v1/chat/completions", json=ask(part))
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"].startswith(param) and words in err["message"], err
+        assert client.chat.completions.create(**ask(image)).usage.prompt_tokens == seen.usage.prompt_tokens
+    finally:
+        vl.stop()

@@ -23,10 +23,12 @@ from actors.api.requests import RequestBuilder
 from actors.engine.clock import Clock
 from actors.proxy import Proxy
 from actors.render.client import RenderClient
+from actors.render.images import ImageError
 from actors.render.parsers import ParsedDelta
 from actors.render.render import Render
-from messages import ClientRequest, EngineOutput, RenderSpec, RequestResult
+from messages import ClientRequest, EngineOutput, RenderedPrompt, RenderSpec, RequestResult
 from target.config import TestbedConfig
+from target.profiles import MODELS
 
 
 @dataclass
@@ -102,16 +104,27 @@ class Frontend:
         replica = next(self._next_render)
         spec = self.render_spec(req)
         given = self.requests.transfer_prompt(req)
-        prompt = given if given is not None else await self.render(spec, replica)
-        creq = await asyncio.to_thread(self.requests.chat, req, prompt, spec, arrival_s)
+        rendered = RenderedPrompt(given) if given is not None else await self.render(spec, replica)
+        creq = await asyncio.to_thread(self.requests.chat, req, rendered.token_ids, spec, arrival_s)
+        if rendered.mm_items and MODELS[self.cfg.target.model].vision_encoder is None:
+            raise ApiError(
+                400,
+                f"messages: images need a vision-language target; this server emulates "
+                f"{self.cfg.target.model!r}, text only (e.g. target.model=qwen2.5-vl-7b)",
+                "messages",
+            )
+        creq.mm_items = rendered.mm_items
         return self._rendered(creq), replica
 
-    async def render(self, spec: RenderSpec, replica: int | None = None) -> list[int]:
+    async def render(self, spec: RenderSpec, replica: int | None = None) -> RenderedPrompt:
         """Render on pool replica `replica` (None: the next)."""
         i = next(self._next_render) if replica is None else replica
         try:
             return await self.renders[i].render_spec(spec)
-        except Exception as e:  # a template error is the request's fault (e.g. a role it rejects)
+        except Exception as e:  # a bad image, or a template error (e.g. a role it rejects): the request's
+            cause = getattr(e, "cause", None) or e  # on Ray: the replica's exception, wrapped
+            if isinstance(cause, ImageError):
+                raise ApiError(400, str(cause), cause.where) from None
             raise ApiError(400, f"messages: the chat template rejected them: {e}", "messages") from None
 
     async def completion_request_for(self, req: CompletionRequest) -> tuple[ClientRequest, int]:

@@ -38,9 +38,20 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class ImageUrl(_Lenient):
+    url: str
+
+
 class ContentPart(_Lenient):
-    type: str
+    type: Literal["text", "image_url"]
+    """Text, or an image as a data URL (the render tier decodes it; nothing is fetched)."""
     text: str | None = None
+    image_url: ImageUrl | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        if self.type == "image_url":
+            return {"type": "image_url", "image_url": {"url": self.image_url.url if self.image_url else ""}}
+        return {"type": "text", "text": self.text or ""}
 
 
 class ChatMessage(_Lenient):
@@ -56,10 +67,14 @@ class ChatMessage(_Lenient):
         return not isinstance(self.content, list) or all(p.type == "text" for p in self.content)
 
     def for_template(self) -> dict[str, Any]:
-        """The message as the chat template reads it (text parts joined; developer is system)."""
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(p.text or "" for p in content if p.type == "text")
+        """The message as the chat template reads it (text parts joined, images kept as parts;
+        developer is system)."""
+        content: str | list[dict[str, Any]] | None = self.content  # type: ignore[assignment]
+        if isinstance(self.content, list):
+            if self.is_text:
+                content = "".join(p.text or "" for p in self.content)
+            else:
+                content = [p.for_template() for p in self.content]
         out: dict[str, Any] = {
             "role": "system" if self.role == "developer" else self.role,
             "content": content,

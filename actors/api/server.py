@@ -194,7 +194,7 @@ def _render_routes(app: FastAPI, frontend: Frontend) -> None:
     @app.post("/render")
     async def render(req: RenderRequest) -> dict[str, Any]:
         frontend.check_model(req.model)
-        ids = await frontend.render(frontend.render_spec(req))
+        ids = (await frontend.render(frontend.render_spec(req))).token_ids
         return {"prompt_token_ids": ids, "num_tokens": len(ids)}
 
     @app.post("/derender")

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import xxhash
 
+from messages import MultiModalItem
+
 BlockHash = bytes
 
 ROOT_BLOCK_HASH: BlockHash = xxhash.xxh3_128_digest(b"disagg-testbed prefix cache")
@@ -25,15 +27,33 @@ ROOT_BLOCK_HASH: BlockHash = xxhash.xxh3_128_digest(b"disagg-testbed prefix cach
 
 
 def hash_blocks(
-    token_ids: Sequence[int], block_size: int, parent: BlockHash = ROOT_BLOCK_HASH
+    token_ids: Sequence[int],
+    block_size: int,
+    parent: BlockHash = ROOT_BLOCK_HASH,
+    mm_items: Sequence[MultiModalItem] = (),
+    start: int = 0,
 ) -> list[BlockHash]:
     """The hashes of the full blocks of `token_ids`, chained on from `parent` (the hash of the block
-    before them; the root for a sequence's start). A partial last block has none."""
+    before them; the root for a sequence's start). A partial last block has none.
+
+    `start`: the position of `token_ids[0]` in its sequence; `mm_items`: the sequence's images. A block
+    overlapping an image hashes the image's `mm_hash` too (vLLM's extra keys), since every image's
+    placeholders are the same token IDs::
+
+        tokens  [ text  |<pad><pad>|<pad> text ]     image at offset 6, 5 tokens; blocks of 8
+        block      0: H(parent || mm || tokens)      1: H(h0 || mm || tokens)
+    """
     num_full = len(token_ids) // block_size
     data = struct.pack(f"<{num_full * block_size}I", *token_ids[: num_full * block_size])
     step = 4 * block_size
     hashes = []
-    for start in range(0, len(data), step):
-        parent = xxhash.xxh3_128_digest(parent + data[start : start + step])
+    for i, at in enumerate(range(0, len(data), step)):
+        lo = start + i * block_size
+        extra = b"".join(
+            bytes.fromhex(m.mm_hash)
+            for m in mm_items
+            if m.offset < lo + block_size and lo < m.offset + m.num_tokens
+        )
+        parent = xxhash.xxh3_128_digest(parent + extra + data[at : at + step])
         hashes.append(parent)
     return hashes

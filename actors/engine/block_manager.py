@@ -60,7 +60,8 @@ class BlockManager:
         num_full = num_tokens // bs
         if num_full > len(hashes):
             tokens = req.token_ids(len(hashes) * bs, num_full * bs)
-            hashes += hash_blocks(tokens, bs, hashes[-1] if hashes else ROOT_BLOCK_HASH)
+            parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
+            hashes += hash_blocks(tokens, bs, parent, req.mm_items, len(hashes) * bs)
 
     def get_computed_blocks(self, req: Request) -> int:
         """Attach the longest cached prefix of `req`'s tokens to it; returns the tokens it covers.

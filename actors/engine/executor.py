@@ -7,23 +7,29 @@ engine's bookkeeping and timing are the same either way.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from actors.engine.request import Request
 from actors.engine.scheduler import ScheduledBatch
+from messages import MultiModalItem
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
     from actors.engine.runner import ModelRunner
 
 
 class Executor:
-    def __init__(self, runner: ModelRunner | None, vocab_size: int, in_thread: bool = False) -> None:
+    def __init__(
+        self, runner: ModelRunner | None, vocab_size: int, in_thread: bool = False, vision: Any = None
+    ) -> None:
         """`vocab_size`: token IDs the engine accepts; the loaded model's own when there is one.
         `in_thread` (live mode): run the forward pass off the event loop, so a decode engine's KV pull
         is served while this engine computes (torch releases the GIL). Not on a virtual loop, whose
-        time would jump while the thread works."""
+        time would jump while the thread works. `vision`: the vision encoder (`vision_model`), with
+        the runner."""
         self.runner = runner
+        self.vision = vision
         self.vocab_size = runner.vocab_size if runner is not None else vocab_size
         self.in_thread = in_thread
 
@@ -34,6 +40,22 @@ class Executor:
         if self.in_thread:
             return await asyncio.to_thread(self._execute, self.runner, batch)
         return self._execute(self.runner, batch)
+
+    async def encode(self, items: list[MultiModalItem]) -> list[np.ndarray | None]:
+        """Each image's embeddings from the vision encoder (None each with compute skip)."""
+        if self.runner is None:
+            return [None] * len(items)
+        from actors.engine.vision_model import encode_image
+
+        def run() -> list[np.ndarray | None]:
+            out: list[np.ndarray | None] = []
+            for item in items:
+                if item.pixel_values is None:
+                    raise ValueError(f"image {item.mm_hash[:12]} reached an encoder without its pixels")
+                out.append(encode_image(self.vision, item.pixel_values, item.grid_thw))
+            return out
+
+        return await asyncio.to_thread(run) if self.in_thread else run()
 
     @staticmethod
     def _execute(runner: ModelRunner, batch: ScheduledBatch) -> list[int | None]:
@@ -47,6 +69,7 @@ class Executor:
                 block_ids=req.block_ids,
                 capacity=req.num_prompt_tokens + req.max_tokens,
                 needs_logits=req.num_computed_tokens + n == req.num_tokens,
+                embeds=image_rows(req, req.num_computed_tokens, n),
             )
             for req, n in zip(batch.requests, batch.num_new_tokens, strict=True)
         ]
@@ -67,3 +90,20 @@ class Executor:
     def assert_empty(self) -> None:
         if self.runner is not None:
             self.runner.assert_empty()
+
+
+def image_rows(req: Request, start: int, n: int) -> list[tuple[int, np.ndarray]]:
+    """The embeddings of `req`'s images that fall in its tokens [start, start + n), as (position
+    within those tokens, rows)::
+
+        tokens      start ──────────────── start+n
+        image            offset ─────────── offset+num_tokens
+        rows             [start+i-offset for each i where the image and the chunk meet]
+    """
+    out = []
+    for item in req.mm_items:
+        lo, hi = max(start, item.offset), min(start + n, item.offset + item.num_tokens)
+        embeds = req.mm_embeds.get(item.mm_hash)
+        if lo < hi and embeds is not None:
+            out.append((lo - start, embeds[lo - item.offset : hi - item.offset]))
+    return out

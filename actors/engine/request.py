@@ -13,6 +13,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+import numpy as np
+
 from messages import EngineRequest, FinishedReason, RequestTimes, token_ids_valid
 
 
@@ -48,6 +50,8 @@ class Request:
         "forced_output_token_ids",
         "kv_transfer_params",
         "max_tokens",
+        "mm_embeds",
+        "mm_items",
         "num_computed_tokens",
         "num_published_blocks",
         "output_token_ids",
@@ -66,6 +70,10 @@ class Request:
         self.max_tokens = req.max_tokens
         self.forced_output_token_ids = req.forced_output_token_ids
         self.stop_token_ids = frozenset(req.stop_token_ids)
+        self.mm_items = req.mm_items
+        self.mm_embeds: dict[str, np.ndarray | None] = {}
+        """Embeddings of its images it has (encoded here, from the encoder cache, or sent with it),
+        by mm_hash; None with compute skip."""
         self.kv_transfer_params: dict[str, Any] | None = req.kv_transfer_params
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0

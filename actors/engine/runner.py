@@ -18,7 +18,7 @@ and every step writes new KV to both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -39,6 +39,8 @@ class RunnerInput:
     capacity: int
     """Most tokens this request can reach (prompt + max_tokens): sizes its working copy once."""
     needs_logits: bool
+    embeds: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    """Image embeddings standing in for placeholder tokens: (index into token_ids, rows)."""
 
 
 class ModelRunner:
@@ -102,6 +104,11 @@ class ModelRunner:
         )
         works = [self._working_copy(it) for it in items]
         x = m.embed_tokens(ids)
+        base = 0
+        for it in items:  # an image's embeddings replace its placeholders' (the model sees the image)
+            for at, rows in it.embeds:
+                x[base + at : base + at + len(rows)] = torch.from_numpy(rows).to(x)
+            base += len(it.token_ids)
         cos, sin = m.rotary_emb(x[None], pos[None])
         num_tokens, hq, hkv, d = len(ids), self.num_heads, self.num_kv_heads, self.head_dim
         for li, layer in enumerate(m.layers):

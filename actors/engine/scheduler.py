@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from actors.engine.block_manager import BlockManager
+from actors.engine.encoder_cache import EncoderCache
+from actors.engine.encoder_inputs import encoder_inputs
 from actors.engine.request import Request, RequestStatus
-from messages import FinishedReason
+from messages import FinishedReason, MultiModalItem
 from target.roofline import keys_attended
 
 
@@ -38,6 +40,9 @@ class ScheduledBatch:
     """Requests preempted while scheduling this step (their KV is gone; they will recompute)."""
     pull_backs_taking_nothing: list[Request] = field(default_factory=list)
     """Prefill side: pull backs that found nothing to take (decode may release what it held)."""
+    encoder_inputs: list[tuple[Request, MultiModalItem]] = field(default_factory=list)
+    """Images this step encodes (before the forward pass), each for the request whose chunk reaches it."""
+    num_encoder_embeds: int = 0
 
     def add(self, req: Request, n: int) -> None:
         c = req.num_computed_tokens
@@ -50,10 +55,19 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_num_batched_encoder_embeds: int | None = None,
+        encoder_cache: EncoderCache | None = None,
+    ) -> None:
         self.blocks = blocks
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_encoder_embeds = max_num_batched_encoder_embeds or max_num_batched_tokens
+        self.encoder_cache = encoder_cache or EncoderCache(self.max_num_batched_encoder_embeds)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.recving: dict[str, Request] = {}
@@ -92,7 +106,10 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_encoding = len(batch.encoder_inputs)
+            n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget), batch)
+            if n == 0:
+                continue
             while not self.blocks.allocate_slots(req, n):
                 victim = next((r for r in reversed(self.running) if r not in batch.requests), req)
                 self._preempt(victim)
@@ -103,6 +120,8 @@ class Scheduler:
             if req.status is RequestStatus.RUNNING:
                 batch.add(req, n)
                 budget -= n
+            else:  # preempted: it computes nothing this step
+                self._drop_images(batch, num_encoding)
         if not preempted:
             budget = self._schedule_waiting(batch, budget, now)
         return batch
@@ -131,8 +150,10 @@ class Scheduler:
             fresh = not req.block_ids  # new or preempted (a pulled 1-token prompt has blocks, no tokens)
             if fresh:
                 req.num_computed_tokens = self.blocks.get_computed_blocks(req)
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.blocks.allocate_slots(req, n):
+            num_encoding = len(batch.encoder_inputs)
+            n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget), batch)
+            if n == 0 or not self.blocks.allocate_slots(req, n):
+                self._drop_images(batch, num_encoding)
                 if fresh:
                     self.blocks.free(req)
                     req.num_computed_tokens = 0
@@ -146,6 +167,25 @@ class Scheduler:
             batch.add(req, n)
             budget -= n
         return budget
+
+    def _cut_for_images(self, req: Request, n: int, batch: ScheduledBatch) -> int:
+        """`n`, or fewer where an image the chunk reaches cannot be encoded this step
+        (`encoder_inputs`); the images to encode join the batch."""
+        if not req.mm_items:
+            return n
+        budget = self.max_num_batched_encoder_embeds - batch.num_encoder_embeds
+        n, items = encoder_inputs(req, n, self.encoder_cache, budget, batch.num_encoder_embeds == 0)
+        for item in items:
+            batch.encoder_inputs.append((req, item))
+            batch.num_encoder_embeds += item.num_tokens
+        return n
+
+    @staticmethod
+    def _drop_images(batch: ScheduledBatch, keep: int) -> None:
+        """Forget the images scheduled after the first `keep` (their request computes nothing now)."""
+        for _, item in batch.encoder_inputs[keep:]:
+            batch.num_encoder_embeds -= item.num_tokens
+        del batch.encoder_inputs[keep:]
 
     def _allocate_for_remote_kv(self, req: Request) -> bool:
         """Blocks for the whole prompt, the leading ones from this engine's own prefix cache (they need

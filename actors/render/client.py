@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actors.render.parsers import ParsedDelta
-from messages import RenderSpec
+from messages import RenderedPrompt, RenderSpec
 
 if TYPE_CHECKING:  # transformers loads where a replica renders, not in every actor that calls one
     from actors.render.render import Render
@@ -36,9 +36,9 @@ class RenderClient:
         self._call = call
         self._tell = tell
 
-    async def render_spec(self, spec: RenderSpec) -> list[int]:
-        ids: list[int] = await self._call("render_spec", spec)
-        return ids
+    async def render_spec(self, spec: RenderSpec) -> RenderedPrompt:
+        rendered: RenderedPrompt = await self._call("render_spec", spec)
+        return rendered
 
     async def render_text(self, text: str) -> list[int]:
         ids: list[int] = await self._call("render_text", text)
@@ -99,6 +99,6 @@ def render_again(clients: Sequence[RenderClient]) -> Callable[[RenderSpec], Awai
     replicas = itertools.cycle(clients)
 
     async def render(spec: RenderSpec) -> list[int]:
-        return await next(replicas).render_spec(spec)
+        return (await next(replicas).render_spec(spec)).token_ids
 
     return render

@@ -20,8 +20,9 @@ from typing import Any
 
 from tokenizers.decoders import DecodeStream
 
+from actors.render.images import IMAGE_PAD, ImageError, expand_image_pads, process_image
 from actors.render.parsers import IncrementalParser, ParsedDelta, PlainParser, RescanningParser
-from messages import RenderSpec
+from messages import MultiModalItem, RenderedPrompt, RenderSpec
 
 DATE_FORMAT = "%d %b %Y"
 """`date_string` handed to every template (Llama 3.1's format); templates that stamp the date use it."""
@@ -35,6 +36,9 @@ class RenderStats:
     num_derender_calls: int = 0
     num_derendered_tokens: int = 0
     derender_cpu_s: float = 0.0
+    num_images: int = 0
+    image_cpu_s: float = 0.0
+    """Decoding, resizing and hashing images (part of rendering their requests)."""
 
 
 class _Stream:
@@ -98,9 +102,35 @@ class Render:
         self._rendered(time.thread_time() - start, len(ids))
         return ids
 
-    def render_spec(self, spec: RenderSpec) -> list[int]:
-        """A chat request as sent between roles -> prompt token IDs."""
-        return self.render_chat(spec.messages, spec.tools, **spec.template_kwargs)
+    def render_spec(self, spec: RenderSpec) -> RenderedPrompt:
+        """A chat request as sent between roles -> prompt token IDs and its images (decoded, resized
+        and hashed here, their placeholders widened to their visual tokens). ImageError names a bad
+        image part."""
+        start = time.thread_time()
+        images = [
+            process_image(part["image_url"]["url"], f"messages[{i}].content[{j}]")
+            for i, m in enumerate(spec.messages)
+            if isinstance(m.get("content"), list)
+            for j, part in enumerate(m["content"])
+            if part.get("type") == "image_url"
+        ]
+        image_cpu_s = time.thread_time() - start
+        ids = self.render_chat(spec.messages, spec.tools, **spec.template_kwargs)
+        if not images:
+            return RenderedPrompt(ids)
+        pad = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        if not isinstance(pad, int) or pad == self.tokenizer.unk_token_id:
+            raise ImageError("messages", f"images need a tokenizer with an {IMAGE_PAD} token")
+        ids, offsets = expand_image_pads(ids, pad, images)
+        self.stats.num_images += len(images)
+        self.stats.image_cpu_s += image_cpu_s
+        for im in images:  # decode + process + hash, shared evenly (one call each)
+            self._record("image", image_cpu_s / len(images), im.num_tokens)
+        items = [
+            MultiModalItem(im.mm_hash, at, im.num_tokens, im.pixel_values, im.grid_thw)
+            for im, at in zip(images, offsets, strict=True)
+        ]
+        return RenderedPrompt(ids, items)
 
     def render_text(self, text: str) -> list[int]:
         """A raw prompt (completions API) -> token IDs, no template."""

@@ -29,19 +29,30 @@ SPECIAL_TOKENS = [
     "</tool_call>",
     "<tool_response>",
     "</tool_response>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
 ]
 EOS_TOKEN = "<|im_end|>"
-_CORPUS_VERSION = 1
+_CORPUS_VERSION = 2
 """Bump when the corpus or the template changes: it is part of the cache key."""
 
 CHAT_TEMPLATE = """\
 {#- transformers renders with trim_blocks and lstrip_blocks: a newline right after a block tag is
     dropped, so line breaks that must survive are written as {{ nl }}. -#}
 {%- set nl = '\n' -%}
+{#- a message's content: text, or parts (an image is one pad, widened by the render tier) -#}
+{%- macro text_of(content) -%}
+{%- if content is string -%}{{ content }}
+{%- elif content is not none -%}{%- for part in content -%}
+{%- if part.type == 'text' -%}{{ part.text }}
+{%- elif part.type in ('image', 'image_url') -%}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}
+{%- endif -%}{%- endfor -%}{%- endif -%}
+{%- endmacro -%}
 {%- set keep = keep_past_reasoning is defined and keep_past_reasoning -%}
 {%- if tools -%}
 {{ '<|im_start|>system' + nl }}
-{%- if messages[0].role == 'system' %}{{ messages[0].content + nl + nl }}{% endif -%}
+{%- if messages[0].role == 'system' %}{{ text_of(messages[0].content) + nl + nl }}{% endif -%}
 {{ '# Tools' + nl + nl + 'You may call one or more functions to assist with the user query.' + nl + nl }}
 {{- 'You are provided with function signatures within <tools></tools> XML tags:' + nl + '<tools>' + nl }}
 {%- for tool in tools %}{{ tool | tojson + nl }}{% endfor -%}
@@ -49,7 +60,7 @@ CHAT_TEMPLATE = """\
    + 'within <tool_call></tool_call> XML tags:' + nl + '<tool_call>' + nl
    + '{"name": <function-name>, "arguments": <args-json-object>}' + nl + '</tool_call><|im_end|>' + nl }}
 {%- elif messages[0].role == 'system' -%}
-{{ '<|im_start|>system' + nl + messages[0].content + '<|im_end|>' + nl }}
+{{ '<|im_start|>system' + nl + text_of(messages[0].content) + '<|im_end|>' + nl }}
 {%- endif -%}
 {%- set ns = namespace(last_user=-1) -%}
 {%- for message in messages -%}
@@ -58,7 +69,7 @@ CHAT_TEMPLATE = """\
 {%- for message in messages -%}
 {%- if message.role == 'system' and loop.first -%}
 {%- elif message.role == 'user' or message.role == 'system' -%}
-{{ '<|im_start|>' + message.role + nl + message.content + '<|im_end|>' + nl }}
+{{ '<|im_start|>' + message.role + nl + text_of(message.content) + '<|im_end|>' + nl }}
 {%- elif message.role == 'assistant' -%}
 {%- set content = message.content or '' -%}
 {%- set reasoning = message.reasoning_content or '' -%}

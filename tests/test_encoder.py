@@ -1,0 +1,110 @@
+"""Images computed for real: the engine encodes them with the vision tower inside its steps, splices
+the embeddings in place of the placeholders, caches them by hash, and pays the target encoder's time."""
+
+import numpy as np
+import pytest
+
+from actors.render.client import render_for
+from messages import ClientRequest, RenderSpec
+from tests.factories import COLLOCATED, PD, make_config, run_requests
+from tests.test_images import data_url, picture
+
+VL = {"target": {"model": "qwen2.5-vl-7b"}, "runner": {"device": "cpu"}}
+REAL = {"runner": {"compute": "real"}, "workload": {"output_policy": "greedy"}}
+
+
+def image_request(rid, seed, arrival_s=0.0, size=(448, 448), text="What is in this picture?"):
+    spec = RenderSpec([{"role": "user", "content": [
+        {"type": "text", "text": text},
+        {"type": "image_url", "image_url": {"url": data_url(picture(seed, size))}},
+    ]}])  # fmt: skip
+    rendered = render_for(make_config()).render_spec(spec)
+    return ClientRequest(rid, arrival_s, rendered.token_ids, 8, mm_items=rendered.mm_items)
+
+
+def outputs(cfg, *requests):
+    results, dep = run_requests(cfg, list(requests))
+    assert all(r.error is None for r in results), [r.error for r in results]
+    return {r.request_id: r.output_token_ids for r in results}, dep
+
+
+def test_the_image_decides_the_greedy_tokens_and_a_repeat_is_encoded_once():
+    cfg = make_config(COLLOCATED, VL, REAL)
+    got, dep = outputs(
+        cfg,
+        image_request("a", 1),
+        image_request("b", 2, 1.0),
+        image_request("c", 1, 2.0, text="Describe it."),  # the same image after other text
+        image_request("a-again", 1, 3.0),  # the same prompt: its KV is cached, image blocks included
+    )
+    assert got["a"] != got["b"]  # another image, other tokens: the embeddings are used
+    assert got["a"] == got["a-again"]
+    cache = dep.engines[0].scheduler.encoder_cache
+    assert (cache.num_queries, cache.num_hits) == (3, 1)  # c hit the encoder cache; a-again never asked
+
+
+def test_an_image_split_across_prompt_chunks_gives_the_same_tokens():
+    """With 64 tokens a step, the 256-token image is encoded once (budget floored at the image) and
+    spliced in four chunks; P/D (prefill encodes, decode gets the KV) gives the same tokens too."""
+    want, _ = outputs(make_config(COLLOCATED, VL, REAL), image_request("a", 1))
+    chunked, _ = outputs(
+        make_config(COLLOCATED, VL, REAL, scheduler={"max_num_batched_tokens": 64}), image_request("a", 1)
+    )
+    pd, _ = outputs(make_config(PD, VL, REAL), image_request("a", 1))
+    assert chunked == pd == want
+
+
+def test_a_corrupted_embedding_changes_the_tokens(monkeypatch):
+    from actors.engine.executor import Executor
+
+    want, _ = outputs(make_config(COLLOCATED, VL, REAL), image_request("a", 1))
+    real_encode = Executor.encode
+
+    async def corrupted(self, items):
+        return [e * -1.0 for e in await real_encode(self, items)]
+
+    monkeypatch.setattr(Executor, "encode", corrupted)
+    got, _ = outputs(make_config(COLLOCATED, VL, REAL), image_request("a", 1))
+    assert got != want
+
+
+def test_encoding_takes_the_target_encoders_time_in_the_step():
+    """Compute skip: the first request's TTFT grows by the ViT's roofline time of its image (1,024
+    patches of Qwen2.5-VL-7B's encoder on an L40S at the fitted efficiency); the same prompt as text
+    tokens does not pay it."""
+    from target.profiles import GPUS
+    from target.vision import VISION_ENCODERS, EncoderRoofline
+
+    cfg = make_config(COLLOCATED, VL, runner={"compute": "skip"})
+    with_image = image_request("a", 1)
+    with_image.forced_output_token_ids = [1] * 8
+    text_only = ClientRequest("t", 0.0, with_image.prompt_token_ids, 8, [1] * 8)
+    (a,), _ = run_requests(cfg, [with_image])
+    (t,), _ = run_requests(cfg, [text_only])
+    t_cfg = cfg.target
+    vit = EncoderRoofline(
+        VISION_ENCODERS["qwen2.5-vl-vit-7b"], GPUS["l40s"], 1, t_cfg.eta_compute, t_cfg.eta_bandwidth
+    )
+    extra_s = a.token_times_s[0] - t.token_times_s[0]
+    assert extra_s == pytest.approx(vit.encode_time([1024]).total_s, rel=1e-6)
+
+
+def test_images_to_a_text_only_target_fail_with_a_clear_error():
+    cfg = make_config(COLLOCATED, REAL)  # qwen2.5-7b: no vision encoder
+    results, _ = run_requests(cfg, [image_request("a", 1)])
+    assert results[0].finished_reason == "error" and "vision encoder" in results[0].error
+
+
+def test_embeddings_are_spliced_at_the_image_positions_only():
+    from actors.engine.executor import image_rows
+    from actors.engine.request import Request
+    from messages import EngineRequest, MultiModalItem
+
+    item = MultiModalItem("ab" * 32, 10, 20)
+    req = Request(EngineRequest("r", list(range(40)), 1, mm_items=[item]), 0.0)
+    req.mm_embeds[item.mm_hash] = np.arange(20)[:, None] * np.ones((1, 4))
+    (at, rows), = image_rows(req, 0, 16)  # fmt: skip
+    assert at == 10 and rows[:, 0].tolist() == list(range(6))
+    (at, rows), = image_rows(req, 16, 24)  # fmt: skip
+    assert at == 0 and rows[:, 0].tolist() == list(range(6, 20))
+    assert image_rows(req, 30, 10) == []
