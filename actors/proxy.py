@@ -17,7 +17,9 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
+from actors.encoding import EncoderPool
 from actors.engine.clock import Clock
+from actors.engine_requests import engine_arrival_s, engine_request, for_decode
 from actors.router import Router
 from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
 from target.config import RouterConfig
@@ -65,27 +67,6 @@ class _Pool:
             self.router.finished(ereq.request_id)
 
 
-def rendered_s(creq: ClientRequest) -> float:
-    """When an engine first sees `creq`: its arrival, plus the time rendering it took."""
-    return creq.arrival_s + creq.render_s
-
-
-def engine_request(
-    creq: ClientRequest, prompt: list[int], max_tokens: int, sent_s: float | None, params: dict | None
-) -> EngineRequest:
-    """The token-ID request an engine gets for `creq`."""
-    return EngineRequest(
-        request_id=creq.request_id,
-        prompt_token_ids=prompt,
-        max_tokens=max_tokens,
-        arrival_time_s=sent_s,
-        forced_output_token_ids=creq.forced_output_token_ids,
-        kv_transfer_params=params,
-        stop_token_ids=creq.stop_token_ids,
-        mm_items=creq.mm_items,
-    )
-
-
 class Proxy:
     def __init__(
         self,
@@ -99,6 +80,7 @@ class Proxy:
         router: RouterConfig | None = None,
         block_size: int = 16,
         bidirectional: bool = False,
+        encoders: EncoderPool | None = None,
     ) -> None:
         """`recorder`: where finished requests are recorded (the client's view); None records nothing.
         `render`: renders a request again for decode when prefill's token IDs cannot be reused.
@@ -107,7 +89,9 @@ class Proxy:
         `router`: how each pool picks its engine (None: round robin); `block_size`: the engines' (a KV
         router hashes prompts as they do). `bidirectional`: decode keeps each conversation's (session's)
         finished turn, and its next turn goes to that decode engine while prefill pulls back what it
-        lacks of it."""
+        lacks of it. `encoders`: the encoder pool a request's images go to first (None: the engines
+        encode them)."""
+        self._encoders = encoders
         self._bidirectional = bidirectional
         self._conversations: dict[str, tuple[int, dict[str, Any]]] = {}
         """session id -> (its decode engine, where that engine holds its last turn's blocks)"""
@@ -166,8 +150,13 @@ class Proxy:
         if self.recorder is not None:
             self.recorder.on_request_start(result)
         try:
+            if creq.mm_items and self._encoders is not None:
+                creq = await self._encoders.encode(creq)
+                result.encode_s = creq.encode_s
             if self._mixed is not None:
-                ereq = engine_request(creq, creq.prompt_token_ids, creq.max_tokens, rendered_s(creq), None)
+                ereq = engine_request(
+                    creq, creq.prompt_token_ids, creq.max_tokens, engine_arrival_s(creq), None
+                )
                 inner = self._stream(self._mixed, self._mixed.router.pick(creq), ereq, result)
             else:
                 inner = (self._decode_first if self._push else self._disaggregated)(creq, result)
@@ -200,7 +189,7 @@ class Proxy:
         sent_s = result.prefill_done_s + rerender_s  # a re-render delays decode (the handoff's proxy hop)
         if sid is not None:
             params["do_remote_decode"] = True  # decode keeps this turn's blocks for the next one
-        decode_req = engine_request(creq, prompt, creq.max_tokens, sent_s, params)
+        decode_req = engine_request(for_decode(creq), prompt, creq.max_tokens, sent_s, params)
         engine = self._decode.router.pick(creq, held[0] if held else None)
         try:
             async with aclosing(self._decode_turn(decode_req, result, sid, engine)) as outs:
@@ -241,7 +230,9 @@ class Proxy:
             "remote_engine_id": self._prefill.engines[p].engine_id,
             "remote_request_id": creq.request_id,
         }
-        decode_req = engine_request(creq, creq.prompt_token_ids, creq.max_tokens, rendered_s(creq), params)
+        decode_req = engine_request(
+            for_decode(creq), creq.prompt_token_ids, creq.max_tokens, engine_arrival_s(creq), params
+        )
         outs: asyncio.Queue[EngineOutput | None] = asyncio.Queue()
 
         async def pump() -> None:  # decode's stream, opened now so that it reserves blocks
@@ -277,7 +268,7 @@ class Proxy:
         result.prefill_engine = self._prefill.engines[p].engine_id
         final = None
         params = {"do_remote_decode": True, **(pull_back or {})}
-        ereq = engine_request(creq, creq.prompt_token_ids, 1, rendered_s(creq), params)
+        ereq = engine_request(creq, creq.prompt_token_ids, 1, engine_arrival_s(creq), params)
         ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
         async for out in self._prefill.outputs(p, ereq):
             if out.token_times_s:

@@ -255,6 +255,18 @@ def _check_pools(cfg: TestbedConfig) -> None:
         f"pools: mixed={p.mixed.replicas}, prefill={p.prefill.replicas}, decode={p.decode.replicas}; "
         "allowed: mixed > 0 alone (collocated) or prefill > 0 and decode > 0 with mixed = 0 (P/D)",
     )
+    e = p.encoder
+    _require(
+        e.replicas >= 0 and e.tp >= 1, f"pools.encoder: replicas={e.replicas}, tp={e.tp}: allowed >= 0, >= 1"
+    )
+    if e.replicas:
+        _check_named("GPU", "pools.encoder.gpu", e.gpu, GPUS)
+        vl = ", ".join(n for n, m in MODELS.items() if m.vision_encoder)
+        _require(
+            MODELS[t.model].vision_encoder is not None,
+            f"pools.encoder.replicas={e.replicas}: target.model={t.model!r} has no vision encoder; "
+            f"allowed: a vision-language model ({vl})",
+        )
 
 
 def _check_workload(cfg: TestbedConfig) -> None:
@@ -263,6 +275,19 @@ def _check_workload(cfg: TestbedConfig) -> None:
     _require(w.num_requests >= 1, f"workload.num_requests={w.num_requests}: must be >= 1")
     _require(w.prompt_len >= 1, f"workload.prompt_len={w.prompt_len}: must be >= 1")
     _require(w.output_len >= 1, f"workload.output_len={w.output_len}: must be >= 1")
+    _require(w.image_tokens >= 1, f"workload.image_tokens={w.image_tokens}: must be >= 1")
+    for key in ("text_only_fraction", "image_reuse"):
+        value = getattr(w, key)
+        _require(0 <= value <= 1, f"workload.{key}={value}: must be in [0, 1]")
+    try:
+        parse_dist(w.images_per_request)
+    except ValueError as e:
+        raise ConfigError(f"workload.images_per_request={e}") from None
+    _require(
+        w.images_per_request == "constant:0" or MODELS[cfg.target.model].vision_encoder is not None,
+        f"workload.images_per_request={w.images_per_request!r}: target.model={cfg.target.model!r} has no "
+        "vision encoder; allowed: a vision-language model (e.g. qwen2.5-vl-7b), or constant:0",
+    )
     _require(
         not (w.output_policy == "greedy" and cfg.runner.compute == "skip"),
         "workload.output_policy='greedy': needs real logits; allowed with runner.compute='real' only",
@@ -360,6 +385,7 @@ def _check_runner(cfg: TestbedConfig) -> None:
 def _check_rest(cfg: TestbedConfig) -> None:
     kv = cfg.kv_transfer
     _check_named("link", "kv_transfer.link", kv.link, LINKS)
+    _check_named("link", "ec_transfer.link", cfg.ec_transfer.link, LINKS)
     _require(kv.hold_timeout_s > 0, f"kv_transfer.hold_timeout_s={kv.hold_timeout_s}: must be > 0")
     _require(
         kv.mode == "push" or not kv.layerwise,

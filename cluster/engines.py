@@ -14,9 +14,11 @@ same way wherever it runs::
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from actors.encoder.encoder import EncoderCore
+from actors.encoding import EncoderClient, EncoderPool
 from actors.engine.block_manager import BlockManager
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
@@ -29,9 +31,9 @@ from actors.engine.stats import EngineStats
 from dashboards.recorders import EngineMetrics
 from target.config import PoolConfig, TestbedConfig
 from target.kv_cache import num_gpu_blocks
-from target.profiles import LINKS
+from target.profiles import LINKS, MODELS
 from target.roofline import roofline_for
-from target.vision import encoder_roofline_for
+from target.vision import VISION_ENCODERS, encoder_roofline_for
 from workloads.replay import Workload, needs_render
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
@@ -118,3 +120,26 @@ def chat_renderer(
     r = cfg.replay
     tools = list(r.tools) if r.tools else None
     return functools.partial(render_for(cfg).render_chat, tools=tools, **(r.chat_template_kwargs or {}))
+
+
+def build_encoder(
+    encoder_id: str, cfg: TestbedConfig, clock: Clock, compute_in_thread: bool = False
+) -> EncoderCore:
+    """An encoder replica of `cfg.pools.encoder` (its GPU's roofline of the target's vision encoder)."""
+    pool, s = cfg.pools.encoder, cfg.scheduler
+    roofline = encoder_roofline_for(cfg, pool)
+    assert roofline is not None, "an encoder pool needs a vision-language target (checked with the config)"
+    budget = s.max_num_batched_encoder_embeds or s.max_num_batched_tokens
+    vision = vision_for(cfg) if cfg.runner.compute == "real" else None
+    cache = EncoderCache(s.encoder_cache_size or budget)
+    return EncoderCore(
+        encoder_id, clock, roofline, vision, budget, cache, cfg.target.step_overhead_s, compute_in_thread
+    )
+
+
+def encoder_pool(cfg: TestbedConfig, encoders: Sequence[EncoderClient]) -> EncoderPool | None:
+    """The proxy's view of the encoder pool (None without one: the LM engines encode)."""
+    if not encoders:
+        return None
+    vit = VISION_ENCODERS[MODELS[cfg.target.model].vision_encoder or ""]
+    return EncoderPool(encoders, LINKS[cfg.ec_transfer.link], vit.embedding_bytes_per_token)

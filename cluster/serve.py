@@ -69,8 +69,7 @@ class _InProcess:
         return merged_exposition(self._registries)
 
     async def start(self) -> None:
-        for e in self.engines:
-            e.start()
+        self.dep.start()
 
     async def stop(self) -> str:
         """Stop the engines, release KV nobody will pull; the final metrics."""
@@ -79,8 +78,7 @@ class _InProcess:
         return merged_exposition(self._registries)
 
     def assert_empty(self) -> None:
-        for e in self.engines:
-            e.assert_empty()
+        self.dep.assert_empty()
         for r in self.render_replicas:
             r.assert_empty()
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock, VirtualTimeLoop
 from actors.engine.core import EngineCore, Role
 from actors.engine.kv_connector import KVSource
 from actors.engine.kv_transfer import LinkQueue
 from actors.proxy import Proxy
-from cluster.engines import build_engine, chat_renderer, runner_for
+from cluster.engines import build_encoder, build_engine, chat_renderer, encoder_pool, runner_for
 from cluster.outcome import RunOutput, run_output
 from dashboards.recorders import EngineMetrics, ProxyMetrics
 from messages import RenderSpec, RequestResult
@@ -35,13 +36,29 @@ class Deployment:
     render: RenderTier
     """The render tier's cost model, for replayed requests (token IDs: nothing renders)."""
     cfg: TestbedConfig
+    encoders: list[EncoderCore] = field(default_factory=list)
+    """The encoder pool (E/P/D), in front of prefill."""
+
+    @property
+    def roles(self) -> list[EngineCore | EncoderCore]:
+        """Every engine and encoder: what has a step loop."""
+        return [*self.engines, *self.encoders]
+
+    def start(self) -> None:
+        for e in self.roles:
+            e.start()
 
     async def drain(self) -> None:
         """Stop every engine and release KV nobody will pull (then each can be checked empty)."""
-        outcomes = await asyncio.gather(*(e.drain() for e in self.engines), return_exceptions=True)
+        outcomes = await asyncio.gather(*(e.drain() for e in self.roles), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):  # an engine crashed: every drain still ran
                 raise outcome
+
+    def assert_empty(self) -> None:
+        """No request, block, stream, working KV or encoder job left (after `drain`)."""
+        for e in self.roles:
+            e.assert_empty()
 
     def expositions(self) -> dict[str, str]:
         """Every role's final metrics by actor id (engine ids, `proxy`)."""
@@ -81,6 +98,10 @@ def build_deployment(
     peers.update({e.engine_id: e for e in pools["prefill"]})
     if cfg.kv_transfer.bidirectional:  # prefill pulls a conversation's blocks back from decode
         peers.update({e.engine_id: e for e in pools["decode"]})
+    encoders = [
+        build_encoder(f"encoder-{i}", cfg, clock, compute_in_thread)
+        for i in range(cfg.pools.encoder.replicas)
+    ]
     proxy_metrics = ProxyMetrics(cfg)
     push = cfg.kv_transfer.mode == "push"
     proxy = Proxy(
@@ -94,9 +115,10 @@ def build_deployment(
         cfg.router,
         cfg.scheduler.block_size,
         cfg.kv_transfer.bidirectional,
+        encoder_pool(cfg, encoders),
     )
     engines = [e for engines in pools.values() for e in engines]
-    return Deployment(proxy, engines, clock, metrics, proxy_metrics, RenderTier(cfg.render), cfg)
+    return Deployment(proxy, engines, clock, metrics, proxy_metrics, RenderTier(cfg.render), cfg, encoders)
 
 
 async def serve(
@@ -117,15 +139,13 @@ async def replay_on(
 ) -> list[RequestResult]:
     """Start `dep`'s engines, replay the requests (or trace) through its proxy, drain; engines are
     checked empty."""
-    for e in dep.engines:
-        e.start()
+    dep.start()
     render_chat = chat_renderer(dep.cfg, requests)
     results = await run_workload(
         dep.proxy.submit, requests, dep.clock, dep.cfg, dep.render, on_result, render_chat=render_chat
     )
     await dep.drain()
-    for e in dep.engines:
-        e.assert_empty()
+    dep.assert_empty()
     return results
 
 

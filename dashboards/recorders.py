@@ -42,6 +42,8 @@ from dashboards.metrics import (
     LAGGED_STEPS,
     MAX_GAP,
     MAX_OVERRUN,
+    MM_CACHE_HITS,
+    MM_CACHE_QUERIES,
     NIXL_BYTES,
     NIXL_DESCRIPTORS,
     NIXL_FAILED_NOTIFICATIONS,
@@ -154,6 +156,8 @@ class EngineMetrics(_Registry):
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             self.child(PROMPT_TOKENS_BY_SOURCE, source=source)
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
+        self._seen_mm = (0, 0)
+        """The encoder cache's queries and hits already counted."""
         self._ttft, self._itl, self._gen = self.child(TTFT), self.child(ITL), self.child(GENERATION_TOKENS)
         held = KV_CONVERSATION_BLOCKS if role == "decode" else KV_HELD_BLOCKS  # what holds blocks there
         self._state = [
@@ -175,9 +179,11 @@ class EngineMetrics(_Registry):
         num_prefix_hits: int,
         num_preemptions: int,
         num_kv_held_blocks: int,
+        num_mm_cache_queries: int = 0,
+        num_mm_cache_hits: int = 0,
     ) -> None:
-        """Gauges, and the counters the scheduler and block manager keep as totals (at steps and on
-        arrivals)."""
+        """Gauges, and the counters the scheduler, block manager and encoder cache keep as totals (at
+        steps and on arrivals)."""
         held, running, waiting, usage = self._state
         held.set(num_kv_held_blocks)
         running.set(num_running)
@@ -190,6 +196,10 @@ class EngineMetrics(_Registry):
         if p != self._seen_preemptions:
             self.child(NUM_PREEMPTIONS).inc(p - self._seen_preemptions)
         self._seen_queries, self._seen_hits, self._seen_preemptions = q, h, p
+        if num_mm_cache_queries != self._seen_mm[0]:
+            self.child(MM_CACHE_QUERIES).inc(num_mm_cache_queries - self._seen_mm[0])
+            self.child(MM_CACHE_HITS).inc(num_mm_cache_hits - self._seen_mm[1])
+            self._seen_mm = (num_mm_cache_queries, num_mm_cache_hits)
 
     def on_first_token(
         self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int

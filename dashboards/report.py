@@ -141,15 +141,17 @@ def handoff_histogram(df: pd.DataFrame) -> Figure | None:
 
 
 def ttft_stack(df: pd.DataFrame) -> Figure | None:
-    """Every design: TTFT in parts, the median of each stacked: rendering, the prompt's queue and compute
-    (collocated: up to the first token; P/D: up to prefill's token), then the handoff's parts (P/D)."""
+    """Every design: TTFT in parts, the median of each stacked: rendering, encoding the images on an
+    encoder pool and moving their embeddings (E/P/D), the prompt's queue and compute (collocated: up to
+    the first token; P/D: up to prefill's token), then the handoff's parts (P/D)."""
     ok = df[df["ok"]]
     if ok.empty:
         return None
     prompt_done_s = ok["prefill_done_s"].astype(float).fillna(ok["arrival_s"] + ok["ttft_s"])
     parts = {
         "render": ok["render_s"],
-        "queue + prefill": prompt_done_s - ok["arrival_s"] - ok["render_s"],
+        "encode + EC transfer": ok["encode_s"],
+        "queue + prefill": prompt_done_s - ok["arrival_s"] - ok["render_s"] - ok["encode_s"],
         **{f"handoff: {p.replace('_', ' ')}": ok[f"handoff_{p}_s"] for p in HANDOFF_PARTS},
     }
     frame = pd.DataFrame({"design": ok["design"], **parts})
@@ -202,7 +204,11 @@ def write_report(
         ),
         ("stalls", "Token timelines around each design's worst stall", stall_timelines(results)),
         ("handoff", "KV handoff time (P/D designs)", handoff_histogram(results)),
-        ("ttft_parts", "Where TTFT goes: rendering, prefill, the handoff's parts", ttft_stack(results)),
+        (
+            "ttft_parts",
+            "Where TTFT goes: rendering, encoding, prefill, the handoff's parts",
+            ttft_stack(results),
+        ),
         ("goodput", "SLO attainment and goodput against offered rate", goodput_curves(records)),
         ("ttft_by_turn", "Replayed sessions: TTFT by turn", ttft_by_turn(results)),
         (

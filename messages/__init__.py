@@ -36,6 +36,35 @@ class MultiModalItem:
     where only the hash is needed)."""
     grid_thw: tuple[int, int, int] = (1, 0, 0)
     """Its patches along time, height and width (the vision encoder's positions)."""
+    encoded: bool = False
+    """An encoder pool encoded it: its embeddings come with it (`embeds`; None with compute skip)."""
+    embeds: np.ndarray | None = None
+    """[num_tokens, runner hidden size] float32, from the encoder pool: what crosses the E/P cut."""
+
+
+@dataclass
+class EncodeJob:
+    """proxy -> encoder: one image of a request to encode."""
+
+    request_id: str
+    """The request it is for (logs, failures)."""
+    item: MultiModalItem
+    """The image: its patches are encoded, its hash keys the encoder's cache."""
+    arrival_s: float
+    """Emulated time the job reaches the encoder (it is not encoded earlier)."""
+
+
+@dataclass
+class EncodedImage:
+    """encoder -> proxy: an image's embeddings, and when the encoder had them."""
+
+    mm_hash: str
+    embeds: np.ndarray | None
+    """[visual tokens, runner hidden size]; None with compute skip. Sent on to prefill: the point."""
+    done_s: float
+    """Emulated time they were ready on the encoder (their EC transfer starts then)."""
+    cached: bool
+    """Found in the encoder's cache: no encoder time was spent on it."""
 
 
 @dataclass
@@ -202,6 +231,9 @@ class ClientRequest:
     render_s: float = 0.0
     """Emulated seconds the front end took to render it into token IDs: engines see it that much after
     `arrival_s`, and the client's TTFT (from `arrival_s`) counts it, as vLLM's does."""
+    encode_s: float = 0.0
+    """E/P/D: emulated seconds from rendered to the engines seeing it (its images queued, encoded on
+    the encoder pool and moved to prefill; part of TTFT)."""
     mm_items: list[MultiModalItem] = field(default_factory=list)
     """The prompt's images, as the render tier found them."""
     session_id: str | None = None
@@ -237,6 +269,8 @@ class RequestResult:
     """The producing engine's record of the request (None if it never finished there)."""
     render_s: float = 0.0
     """Emulated seconds of rendering before any engine saw it (part of TTFT)."""
+    encode_s: float = 0.0
+    """E/P/D: emulated seconds of encoding its images and moving them to prefill (part of TTFT)."""
     session_id: str | None = None
     turn: int | None = None
     parent_session_id: str | None = None

@@ -53,6 +53,8 @@ class PoolsConfig:
     mixed: PoolConfig = field(default_factory=lambda: PoolConfig(replicas=1))
     prefill: PoolConfig = field(default_factory=PoolConfig)
     decode: PoolConfig = field(default_factory=PoolConfig)
+    encoder: PoolConfig = field(default_factory=PoolConfig)
+    """Vision-encoder replicas (E/P/D, E/PD); none: the LM engines encode images in their own steps."""
 
     def by_role(self) -> tuple[tuple[Literal["prefill", "decode", "mixed"], PoolConfig], ...]:
         """(role, pool) pairs, prefill first: decode engines are wired to the prefill engines."""
@@ -81,6 +83,16 @@ class SchedulerConfig:
     before it; one larger than the budget runs alone."""
     encoder_cache_size: int | None = None
     """Embeddings the engine's encoder cache holds (None: the encoder budget, as vLLM sizes it)."""
+
+
+@dataclass(frozen=True)
+class ECTransferConfig:
+    """Moving image embeddings from the encoder pool to prefill (vLLM's EC connector)."""
+
+    __pydantic_config__ = _STRICT
+
+    link: str = "rdma-400g"
+    """Link between encoder and prefill engines, a name from target.profiles.LINKS."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +191,16 @@ class WorkloadConfig:
     """Output tokens per request (max_tokens, EOS ignored)."""
     output_policy: Literal["forced", "greedy"] = "forced"
     """forced: emit the workload's answer tokens; greedy: argmax of the runner's real logits."""
+    images_per_request: str = "constant:0"
+    """Images in each request's prompt, a distribution (`constant:4`, `uniform:1:4`; see
+    multi_turn): each adds its visual tokens to prompt_len's text. Needs a vision-language target."""
+    image_tokens: int = 400
+    """Visual tokens per image (a square grid: 400 is 20 x 20 tokens, 40 x 40 patches, a 560-pixel
+    image in Qwen2.5-VL's processor)."""
+    text_only_fraction: float = 0.0
+    """Share of requests without images."""
+    image_reuse: float = 0.0
+    """Chance that an image is one an earlier request sent (the same hash: encoder cache hits)."""
 
 
 @dataclass(frozen=True)
@@ -335,6 +357,7 @@ class TestbedConfig:
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    ec_transfer: ECTransferConfig = field(default_factory=ECTransferConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)

@@ -91,6 +91,10 @@ class EncoderRoofline:
     eta_bandwidth: float = 1.0
     overhead_s: float = 0.0
 
+    def visual_tokens_time(self, num_tokens: Iterable[int]) -> StepTime:
+        """`encode_time` of images of `num_tokens` visual tokens each (merge_size² patches a token)."""
+        return self.encode_time(n * self.encoder.merge_size**2 for n in num_tokens)
+
     def encode_time(self, num_patches: Iterable[int]) -> StepTime:
         """One encoder step over images of `num_patches` each (empty: no time at all)."""
         sizes = list(num_patches)

@@ -41,6 +41,13 @@ def test_the_image_decides_the_greedy_tokens_and_a_repeat_is_encoded_once():
     assert got["a"] == got["a-again"]
     cache = dep.engines[0].scheduler.encoder_cache
     assert (cache.num_queries, cache.num_hits) == (3, 1)  # c hit the encoder cache; a-again never asked
+    from dashboards import metrics as m
+    from dashboards.exposition import merged_exposition, sum_series
+
+    expo = [merged_exposition([em.registry for em in dep.engine_metrics])]
+    assert (
+        sum_series(expo, m.MM_CACHE_QUERIES.exposed) == 3 and sum_series(expo, m.MM_CACHE_HITS.exposed) == 1
+    )
 
 
 def test_an_image_split_across_prompt_chunks_gives_the_same_tokens():
@@ -60,8 +67,10 @@ def test_a_corrupted_embedding_changes_the_tokens(monkeypatch):
     want, _ = outputs(make_config(COLLOCATED, VL, REAL), image_request("a", 1))
     real_encode = Executor.encode
 
-    async def corrupted(self, items):
-        return [e * -1.0 for e in await real_encode(self, items)]
+    async def corrupted(self, inputs, cache):
+        await real_encode(self, inputs, cache)
+        for req, item in inputs:
+            req.mm_embeds[item.mm_hash] = -req.mm_embeds[item.mm_hash]
 
     monkeypatch.setattr(Executor, "encode", corrupted)
     got, _ = outputs(make_config(COLLOCATED, VL, REAL), image_request("a", 1))
@@ -108,3 +117,40 @@ def test_embeddings_are_spliced_at_the_image_positions_only():
     (at, rows), = image_rows(req, 16, 24)  # fmt: skip
     assert at == 0 and rows[:, 0].tolist() == list(range(6, 20))
     assert image_rows(req, 30, 10) == []
+
+
+EPD = {"pools": {**PD["pools"], "encoder": {"replicas": 1}}}
+
+
+def test_e_p_d_gives_the_tokens_of_an_engine_encoding_locally():
+    """Real compute: the image encoded on the encoder pool, its embeddings moved to prefill, the KV to
+    decode: the same greedy tokens as one collocated engine encoding in its own step."""
+    want, _ = outputs(make_config(COLLOCATED, VL, REAL), image_request("a", 1), image_request("b", 2, 1.0))
+    got, dep = outputs(make_config(EPD, VL, REAL), image_request("a", 1), image_request("b", 2, 1.0))
+    assert got == want
+    assert dep.encoders[0].num_encoded == 2 and all(
+        e.scheduler.encoder_cache.num_queries == 0 for e in dep.engines
+    )
+
+
+def test_a_repeated_image_is_encoded_once_and_its_wait_is_the_encoder_plus_the_ec_transfer():
+    from target.profiles import GPUS, LINKS
+    from target.transfer import handoff_time
+    from target.vision import VISION_ENCODERS, EncoderRoofline
+
+    cfg = make_config(EPD, VL, runner={"compute": "skip"})
+    reqs = [image_request("a", 1), image_request("c", 1, 5.0, text="Describe it.")]
+    for r in reqs:
+        r.forced_output_token_ids = [1] * 8
+    results, dep = run_requests(cfg, reqs)
+    assert [r.error for r in results] == [None, None]
+    enc = dep.encoders[0]
+    assert enc.num_encoded == 1 and enc.cache.num_hits == 1  # the second time: from the encoder's cache
+    t = cfg.target
+    vit = EncoderRoofline(
+        VISION_ENCODERS["qwen2.5-vl-vit-7b"], GPUS["l40s"], 1, t.eta_compute, t.eta_bandwidth
+    )
+    ec_s = handoff_time(256 * 7168, 1, LINKS[cfg.ec_transfer.link]).total_s
+    first, repeat = results
+    assert first.encode_s == pytest.approx(vit.encode_time([1024]).total_s + t.step_overhead_s + ec_s)
+    assert repeat.encode_s == pytest.approx(ec_s)  # no encoder time, the embeddings still move

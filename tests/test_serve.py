@@ -15,9 +15,14 @@ import pytest
 
 from dashboards.exposition import sum_series
 from tests.factories import ServeThread
+from tests.test_images import data_url, picture
 from workloads.latency import handoff_parts
 
 MODEL = "qwen2.5-7b"
+VL = ("target.model=qwen2.5-vl-7b", f"target.served_model_name={MODEL}")
+"""The same language model with a vision encoder (so images are accepted), served under MODEL."""
+IMAGE = {"type": "image_url", "image_url": {"url": data_url(picture(0, (56, 56)))}}
+"""A 56 x 56 image: 4 visual tokens."""
 WEATHER = [
     {
         "type": "function",
@@ -37,7 +42,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServeThread()
+    s = ServeThread(*VL)
     yield s
     s.stop()
 
@@ -175,7 +180,7 @@ def test_prompt_token_ids_a_pd_proxy_sends_are_used_without_rendering(server, cl
     assert server.served.frontend.results[-1].num_prompt_tokens == len(ids)
     echo = client.completions.create(model=MODEL, prompt="x", max_tokens=1)  # other APIs are untouched
     assert echo.usage.prompt_tokens == 1
-    image = [{"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url"}]}]
+    image = [{"role": "user", "content": [{"type": "text", "text": "see"}, IMAGE]}]
     r = client.chat.completions.create(
         model=MODEL,
         messages=image,
@@ -193,7 +198,7 @@ def test_rendering_is_on_the_emulated_path(server, client):
     assert result.render_s > 0
     assert result.prefill_times.queued_s == pytest.approx(result.arrival_s + result.render_s)
     assert result.token_times_s[0] - result.arrival_s > result.render_s
-    image = [{"role": "user", "content": [{"type": "text", "text": "see " * 400}, {"type": "image_url"}]}]
+    image = [{"role": "user", "content": [{"type": "text", "text": "see " * 400}, IMAGE]}]
     client.chat.completions.create(model=MODEL, messages=image, max_tokens=4)
     result = server.served.frontend.results[-1]  # non-text content: decode's prompt is rendered again
     assert handoff_parts(result.prefill_done_s, result.times)["proxy_hop"] > 0
@@ -416,37 +421,35 @@ def test_a_request_failing_inside_is_a_500_or_an_error_event(server, monkeypatch
     assert server.served.frontend.results[-1].finished_reason == "error"  # reported, not dropped
 
 
-def test_images_become_visual_tokens_and_bad_ones_are_400s_naming_the_part(server):
+def test_images_become_visual_tokens_and_bad_ones_are_400s_naming_the_part(server, client):
     """A vision-language target: an image is 256 visual tokens more, encoded in prefill's step; a bad
     image part is a 400 naming it, and the server keeps serving. A text-only target refuses images."""
-    from tests.test_images import data_url, picture
 
     def ask(*parts):
         return {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [
             {"type": "text", "text": "What is this?"}, *parts]}]}  # fmt: skip
 
     image = {"type": "image_url", "image_url": {"url": data_url(picture(1))}}
-    r = httpx.post(f"{server.url}/v1/chat/completions", json=ask(image))
-    assert r.status_code == 400 and "text only" in r.json()["error"]["message"]
-    vl = ServeThread("target.model=qwen2.5-vl-7b", "target.served_model_name=" + MODEL)
+    plain = client.chat.completions.create(**ask())
+    seen = client.chat.completions.create(**ask(image))
+    assert seen.usage.prompt_tokens == plain.usage.prompt_tokens + 256 + 2  # pads, vision start and end
+    assert num_render_calls(server, op="image") >= 1
+    remote = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    broken = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    audio = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
+    for part, param, words in [
+        (remote, "messages[0].content[1]", "only data URLs"),
+        (broken, "messages[0].content[1]", "not a decodable image"),
+        (audio, "messages.0.content", "type"),
+    ]:
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=ask(part))
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"].startswith(param) and words in err["message"], err
+    assert client.chat.completions.create(**ask(image)).usage.prompt_tokens == seen.usage.prompt_tokens
+    text_only = ServeThread()
     try:
-        client = openai.OpenAI(base_url=f"{vl.url}/v1", api_key="unused", max_retries=0)
-        plain = client.chat.completions.create(**ask())
-        seen = client.chat.completions.create(**ask(image))
-        assert seen.usage.prompt_tokens == plain.usage.prompt_tokens + 256 + 2  # pads, vision start, end
-        assert num_render_calls(vl, op="image") >= 1
-        remote = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
-        broken = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-        audio = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
-        for part, param, words in [
-            (remote, "messages[0].content[1]", "only data URLs"),
-            (broken, "messages[0].content[1]", "not a decodable image"),
-            (audio, "messages.0.content", "type"),
-        ]:
-            r = httpx.post(f"{vl.url}/v1/chat/completions", json=ask(part))
-            assert r.status_code == 400, r.text
-            err = r.json()["error"]
-            assert err["param"].startswith(param) and words in err["message"], err
-        assert client.chat.completions.create(**ask(image)).usage.prompt_tokens == seen.usage.prompt_tokens
+        r = httpx.post(f"{text_only.url}/v1/chat/completions", json=ask(image))
+        assert r.status_code == 400 and "text only" in r.json()["error"]["message"]
     finally:
-        vl.stop()
+        text_only.stop()

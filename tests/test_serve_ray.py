@@ -13,12 +13,15 @@ import ray
 from tests.factories import ServeThread
 from tests.test_serve import (  # the in-process server's API tests, run again against the actors
     ASK,
+    IMAGE,
     MODEL,
+    VL,
     num_render_calls,
     test_bad_input_gets_an_openai_shaped_error,  # noqa: F401
     test_chat_returns_reasoning_a_tool_call_and_usage,  # noqa: F401
     test_completions_streamed_and_not_with_echo,  # noqa: F401
     test_generate_returns_the_exact_token_ids_and_derender_reads_them,  # noqa: F401
+    test_images_become_visual_tokens_and_bad_ones_are_400s_naming_the_part,  # noqa: F401
     test_models_health_and_metrics_on_the_same_port,  # noqa: F401
     test_nothing_leaves_before_the_first_token,  # noqa: F401
     test_prompt_token_ids_a_pd_proxy_sends_are_used_without_rendering,  # noqa: F401
@@ -29,7 +32,7 @@ from tests.test_serve import (  # the in-process server's API tests, run again a
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     sd_file = tmp_path_factory.mktemp("sd") / "targets.json"
-    s = ServeThread(f"metrics.sd_file={sd_file}", "render.replicas=2", on_ray=True)
+    s = ServeThread(f"metrics.sd_file={sd_file}", "render.replicas=2", *VL, on_ray=True)
     s.sd_file = sd_file
     yield s
     if s.thread.is_alive():
@@ -84,7 +87,7 @@ def test_both_render_replicas_render_and_decode_renders_again_for_non_text_conte
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3)
     calls = _render_calls(server, "render")
     assert sum(calls) - before == 4 and min(calls) > 0  # round robin over the two actors
-    image = [{"role": "user", "content": [{"type": "text", "text": "what is this"}, {"type": "image_url"}]}]
+    image = [{"role": "user", "content": [{"type": "text", "text": "what is this"}, IMAGE]}]
     client.chat.completions.create(model=MODEL, messages=image, max_tokens=3)
     assert (
         sum(_render_calls(server, "render")) - sum(calls) == 2

@@ -31,7 +31,7 @@ def workload_for(cfg: TestbedConfig) -> Workload:
         return load_trace(r.trace, r.format, r.window_s, r.clients, cfg.seed)
     if cfg.workload.kind == "multi_turn":
         return multi_turn_trace(cfg.multi_turn, cfg.runner.vocab_size, cfg.seed)
-    return synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed)
+    return synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed, cfg.runner.compute == "real")
 
 
 def needs_render(workload: Workload) -> bool:

@@ -30,7 +30,7 @@ from actors.engine.scheduler import ScheduledBatch, Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
-from messages import EngineOutput, EngineRequest, FinishedReason, KVPayload, KVPull, MultiModalItem
+from messages import EngineOutput, EngineRequest, FinishedReason, KVPayload, KVPull
 from target.roofline import Roofline
 from target.vision import EncoderRoofline
 
@@ -84,9 +84,9 @@ class EngineCore:
         """Stream a request's outputs; closing the iterator early aborts the request."""
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in engine {self.engine_id}")
-        check_request(request, self.max_model_len, self.executor.vocab_size)
-        if request.mm_items and self.encoder_roofline is None:
-            raise ValueError(f"engine {self.engine_id}: images need a target model with a vision encoder")
+        check_request(
+            request, self.max_model_len, self.executor.vocab_size, self.encoder_roofline is not None
+        )
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)
         stream = self.streams.open(req.request_id)
@@ -200,11 +200,13 @@ class EngineCore:
 
     async def _step(self, batch: ScheduledBatch, start: float) -> float:
         """Compute `batch`, emit its tokens stamped at the step's end, sleep until then; the end."""
-        encode_s = await self._encode(batch.encoder_inputs)
+        await self.executor.encode(batch.encoder_inputs, self.scheduler.encoder_cache)
         sampled = await self.executor.execute(batch)
         step = self.roofline.step_time_totals(
             batch.num_scheduled_tokens, batch.keys_attended, batch.num_logits, batch.num_context_tokens
         )
+        images = [item.num_tokens for _, item in batch.encoder_inputs]  # encoded first, on the same GPU
+        encode_s = self.encoder_roofline.visual_tokens_time(images).total_s if self.encoder_roofline else 0.0
         end = start + encode_s + step.total_s
         # Outputs leave as soon as they are computed, stamped with the step's end: consumers read
         # the stamps, and a peer on another actor gets the request early enough not to miss a step.
@@ -217,19 +219,6 @@ class EngineCore:
         self.stats.on_step(encode_s + step.total_s, batch.num_scheduled_tokens, overrun)
         self.stats.on_state(self.scheduler)
         return end
-
-    async def _encode(self, inputs: list[tuple[Request, MultiModalItem]]) -> float:
-        """Encode the step's images (before its forward pass, on the same GPU); their emulated time.
-        Each embedding goes to its request and the encoder cache."""
-        if not inputs:
-            return 0.0
-        assert self.encoder_roofline is not None, "images reach only engines with a vision encoder"
-        embeds = await self.executor.encode([item for _, item in inputs])
-        for (req, item), e in zip(inputs, embeds, strict=True):
-            req.mm_embeds[item.mm_hash] = e
-            self.scheduler.encoder_cache.put(item.mm_hash, item.num_tokens, e)
-        merge = self.encoder_roofline.encoder.merge_size**2  # patches per visual token
-        return self.encoder_roofline.encode_time([item.num_tokens * merge for _, item in inputs]).total_s
 
     def _upcoming(self, since: float) -> list[float]:
         """Emulated times of known events the scheduler has not seen at `since`: requests queued after

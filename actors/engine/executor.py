@@ -7,10 +7,12 @@ engine's bookkeeping and timing are the same either way.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from actors.engine.encoder_cache import EncoderCache
 from actors.engine.request import Request
 from actors.engine.scheduler import ScheduledBatch
 from messages import MultiModalItem
@@ -41,21 +43,21 @@ class Executor:
             return await asyncio.to_thread(self._execute, self.runner, batch)
         return self._execute(self.runner, batch)
 
-    async def encode(self, items: list[MultiModalItem]) -> list[np.ndarray | None]:
-        """Each image's embeddings from the vision encoder (None each with compute skip)."""
-        if self.runner is None:
-            return [None] * len(items)
-        from actors.engine.vision_model import encode_image
+    async def encode(self, inputs: list[tuple[Request, MultiModalItem]], cache: EncoderCache) -> None:
+        """Encode a step's images with the vision encoder (compute skip: no embeddings, None); each
+        goes to its request and the encoder cache."""
+        if not inputs:
+            return
+        items = [item for _, item in inputs]
+        embeds: list[np.ndarray | None] = [None] * len(items)
+        if self.runner is not None:
+            from actors.engine.vision_model import encode_images
 
-        def run() -> list[np.ndarray | None]:
-            out: list[np.ndarray | None] = []
-            for item in items:
-                if item.pixel_values is None:
-                    raise ValueError(f"image {item.mm_hash[:12]} reached an encoder without its pixels")
-                out.append(encode_image(self.vision, item.pixel_values, item.grid_thw))
-            return out
-
-        return await asyncio.to_thread(run) if self.in_thread else run()
+            run = functools.partial(encode_images, self.vision, items)
+            embeds = list(await asyncio.to_thread(run) if self.in_thread else run())
+        for (req, item), e in zip(inputs, embeds, strict=True):
+            req.mm_embeds[item.mm_hash] = e
+            cache.put(item.mm_hash, item.num_tokens, e)
 
     @staticmethod
     def _execute(runner: ModelRunner, batch: ScheduledBatch) -> list[int | None]:

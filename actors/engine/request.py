@@ -18,8 +18,13 @@ import numpy as np
 from messages import EngineRequest, FinishedReason, RequestTimes, token_ids_valid
 
 
-def check_request(request: EngineRequest, max_model_len: int, vocab_size: int) -> None:
-    """Raise ValueError, naming the request, unless an engine can run it."""
+def check_request(
+    request: EngineRequest, max_model_len: int, vocab_size: int, sees_images: bool = False
+) -> None:
+    """Raise ValueError, naming the request, unless an engine can run it (`sees_images`: its target
+    has a vision encoder)."""
+    if request.mm_items and not sees_images:
+        raise ValueError(f"request {request.request_id!r}: images need a target model with a vision encoder")
     num_prompt = len(request.prompt_token_ids)
     n = num_prompt + request.max_tokens
     if n > max_model_len:
@@ -71,9 +76,11 @@ class Request:
         self.forced_output_token_ids = req.forced_output_token_ids
         self.stop_token_ids = frozenset(req.stop_token_ids)
         self.mm_items = req.mm_items
-        self.mm_embeds: dict[str, np.ndarray | None] = {}
-        """Embeddings of its images it has (encoded here, from the encoder cache, or sent with it),
-        by mm_hash; None with compute skip."""
+        self.mm_embeds: dict[str, np.ndarray | None] = {
+            m.mm_hash: m.embeds for m in req.mm_items if m.encoded
+        }
+        """Embeddings of its images it has (sent with it by an encoder pool, encoded here, or from the
+        encoder cache), by mm_hash; None with compute skip."""
         self.kv_transfer_params: dict[str, Any] | None = req.kv_transfer_params
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0

@@ -30,10 +30,13 @@ class EngineRecorder(Protocol):
         num_prefix_hits: int,
         num_preemptions: int,
         num_kv_held_blocks: int,
+        num_mm_cache_queries: int = 0,
+        num_mm_cache_hits: int = 0,
     ) -> None:
         """The engine's state (at steps and on arrivals); the counts are totals since its start.
         `num_kv_held_blocks`: blocks of finished requests held for a pull: prefill side, until decode's
-        notice; decode side (bidirectional), for the conversation's next turn."""
+        notice; decode side (bidirectional), for the conversation's next turn. `num_mm_cache_*`: the
+        encoder cache's lookups of images and its hits."""
 
     def on_first_token(
         self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
@@ -121,6 +124,8 @@ class EngineStats:
             blocks.num_prefix_cache_hits,
             sched.num_preemptions,
             sum(len(r.block_ids) for r in sched.held.values()) if sched.held else 0,
+            sched.encoder_cache.num_queries,
+            sched.encoder_cache.num_hits,
         )
 
     def on_token(self, req: Request, now_s: float) -> None:

@@ -20,6 +20,7 @@ from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVi
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
 from actors.engine.runner_model import cache_dir
+from messages import MultiModalItem
 from target.config import RunnerConfig
 
 _LOADED: dict[str, Qwen2_5_VisionTransformerPretrainedModel] = {}
@@ -67,3 +68,15 @@ def encode_image(
     """One image's embeddings: [visual tokens, runner hidden size] float32."""
     out = model(torch.from_numpy(pixel_values), grid_thw=torch.tensor([grid_thw]))
     return out.pooler_output.numpy()
+
+
+def encode_images(
+    model: Qwen2_5_VisionTransformerPretrainedModel, items: list[MultiModalItem]
+) -> list[np.ndarray]:
+    """Each image's embeddings; ValueError for an image that came without its patches."""
+    out = []
+    for item in items:
+        if item.pixel_values is None:
+            raise ValueError(f"image {item.mm_hash[:12]} reached a vision encoder without its patches")
+        out.append(encode_image(model, item.pixel_values, item.grid_thw))
+    return out

@@ -1,0 +1,143 @@
+"""An encoder engine: images in, embeddings out, in steps timed by the target's vision encoder.
+
+The same step-loop shape as the LM engines (`EngineCore`): jobs queue from their arrival time; each
+step takes the oldest jobs whose visual tokens fit `max_num_batched_encoder_embeds` (at least one, as
+vLLM floors the budget at the largest item), encodes them for real with the tiny vision tower, and
+lasts the target encoder's roofline time plus the step overhead; every embedding of the step is
+ready at its end. Embeddings stay in the encoder's cache (the EC producer's storage, keyed by
+`mm_hash`): an image encoded before comes back at once, at no encoder time::
+
+    jobs     a(256) b(1225) c(256)          budget 2048
+    step 1   [a b]  ─ t(a) + t(b) ─┐        c waits: it does not fit after a and b
+    step 2                         [c] ─┐
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from actors.engine.clock import Clock
+from actors.engine.encoder_cache import EncoderCache
+from actors.engine.step_clock import StepClock
+from messages import EncodedImage, EncodeJob
+from target.vision import EncoderRoofline
+
+
+class EncoderCore:
+    def __init__(
+        self,
+        encoder_id: str,
+        clock: Clock,
+        roofline: EncoderRoofline,
+        vision: Any,
+        max_num_batched_encoder_embeds: int,
+        cache: EncoderCache,
+        step_overhead_s: float = 0.0,
+        in_thread: bool = False,
+    ) -> None:
+        """`vision`: the tiny vision tower (None: compute skip, no embeddings); `in_thread`: compute off
+        the event loop (a real-time clock)."""
+        self.encoder_id = encoder_id
+        self.clock = clock
+        self.roofline = roofline
+        self.vision = vision
+        self.budget = max_num_batched_encoder_embeds
+        self.cache = cache
+        self.step_overhead_s = step_overhead_s
+        self.in_thread = in_thread
+        self.step_clock = StepClock(clock)
+        self._queue: deque[tuple[EncodeJob, asyncio.Future[EncodedImage]]] = deque()
+        self._loop_task: asyncio.Future[None] | None = None
+        self._stopped = False
+        self.num_steps = 0
+        self.num_encoded = 0
+        self.busy_s = 0.0
+
+    async def encode(self, job: EncodeJob) -> EncodedImage:
+        """`job`'s image encoded (or found in the cache, ready when the job arrives)."""
+        hit, embeds = self.cache.lookup(job.item.mm_hash)
+        if hit:
+            return EncodedImage(job.item.mm_hash, embeds, job.arrival_s, cached=True)
+        done: asyncio.Future[EncodedImage] = asyncio.get_running_loop().create_future()
+        self._queue.append((job, done))
+        self.step_clock.wake()
+        return await done
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        self._loop_task = asyncio.ensure_future(self._run())
+
+    async def drain(self) -> None:
+        self._stopped = True
+        self.step_clock.wake()
+        if self._loop_task is not None:
+            await self._loop_task
+
+    def assert_empty(self) -> None:
+        assert not self._queue, f"{self.encoder_id}: jobs left: {[j.request_id for j, _ in self._queue]}"
+
+    async def _run(self) -> None:
+        """The step loop; if it breaks, every job waiting fails with the error."""
+        try:
+            await self._step_loop()
+        except Exception as e:
+            for _, done in self._queue:
+                if not done.done():
+                    done.set_exception(RuntimeError(f"encoder {self.encoder_id} crashed: {e!r}"))
+            self._queue.clear()
+            raise
+
+    async def _step_loop(self) -> None:
+        scheduled: float | None = None
+        while not self._stopped:
+            now = self.clock.now() if scheduled is None else scheduled
+            batch = self._take(now)
+            if not batch:
+                scheduled = await self.step_clock.idle(now, self._upcoming)
+                continue
+            scheduled = await self._step(batch, now)
+
+    def _take(self, now: float) -> list[tuple[EncodeJob, asyncio.Future[EncodedImage]]]:
+        """The oldest arrived jobs whose visual tokens fit the budget (the first one always does)."""
+        batch: list[tuple[EncodeJob, asyncio.Future[EncodedImage]]] = []
+        budget = self.budget
+        while self._queue and self._queue[0][0].arrival_s <= now:
+            job = self._queue[0][0]
+            if batch and job.item.num_tokens > budget:
+                break
+            budget -= job.item.num_tokens
+            batch.append(self._queue.popleft())
+        return batch
+
+    def _upcoming(self, since: float) -> list[float]:
+        return [job.arrival_s for job, _ in self._queue if job.arrival_s > since]
+
+    async def _step(self, batch: list[tuple[EncodeJob, asyncio.Future[EncodedImage]]], start: float) -> float:
+        embeds = await self._compute([job for job, _ in batch])
+        step = self.roofline.visual_tokens_time(job.item.num_tokens for job, _ in batch)
+        end = start + step.total_s + self.step_overhead_s
+        await self.clock.sleep_until(end)
+        for (job, done), e in zip(batch, embeds, strict=True):
+            self.cache.put(job.item.mm_hash, job.item.num_tokens, e)
+            if not done.done():  # its request may have been cancelled meanwhile
+                done.set_result(EncodedImage(job.item.mm_hash, e, end, cached=False))
+        self.num_steps += 1
+        self.num_encoded += len(batch)
+        self.busy_s += end - start
+        return end
+
+    async def _compute(self, jobs: list[EncodeJob]) -> list[np.ndarray | None]:
+        if self.vision is None:
+            return [None] * len(jobs)
+        from actors.engine.vision_model import encode_images
+
+        run = functools.partial(encode_images, self.vision, [job.item for job in jobs])
+        return list(await asyncio.to_thread(run) if self.in_thread else run())
