@@ -2,6 +2,7 @@
 plain role to its callers (`Remote*`). Roles stay plain classes; Ray appears only here and in `live.py`.
 
     front end ──RemoteProxy──► ProxyHost(Proxy) ──RemoteEngine──► EngineHost(EngineCore)
+        │                           ├──RemoteEncoder (E/P/D: images first)──► EncoderHost(EncoderCore)
         │                           └──actor_render (re-render for decode)──┐
         └──actor_render (render per request, derender per batch)──► RenderHost(Render)
 
@@ -18,15 +19,25 @@ from typing import Any
 
 import ray
 
+from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
 from actors.engine.kv_connector import KVSource
 from actors.proxy import Proxy
 from actors.render.client import METHODS, RenderClient, render_again, render_for
-from cluster.engines import build_engine, runner_for
+from cluster.engines import build_encoder, build_engine, encoder_pool, runner_for
 from dashboards.exposition import serve_metrics
 from dashboards.recorders import EngineMetrics, ProxyMetrics, RenderMetrics
-from messages import ClientRequest, EngineOutput, EngineRequest, KVPayload, KVPull, RequestResult
+from messages import (
+    ClientRequest,
+    EncodedImage,
+    EncodeJob,
+    EngineOutput,
+    EngineRequest,
+    KVPayload,
+    KVPull,
+    RequestResult,
+)
 from target.config import PoolConfig, TestbedConfig
 
 
@@ -155,10 +166,46 @@ class EngineHost:
         return self.engine.report()
 
 
-class ProxyHost:
-    """The body of the proxy actor; `renders`: render actors, to render a prompt again for decode."""
+class EncoderHost:
+    """The body of an encoder actor (E/P/D): the encoder on the actor's loop, from `start`."""
 
-    def __init__(self, cfg: TestbedConfig, pools: dict[str, dict[str, Any]], renders: list[Any]) -> None:
+    def __init__(self, encoder_id: str, cfg: TestbedConfig) -> None:
+        self._args = (encoder_id, cfg)
+        self.encoder: EncoderCore | None = None
+
+    def start(self, epoch_s: float) -> None:
+        encoder_id, cfg = self._args
+        self.encoder = build_encoder(encoder_id, cfg, Clock(cfg.clock.scale, epoch_s=epoch_s), True)
+        self.encoder.start()
+
+    async def encode(self, job: EncodeJob) -> EncodedImage:
+        assert self.encoder is not None
+        return await self.encoder.encode(job)
+
+    async def drain(self) -> None:
+        assert self.encoder is not None
+        await self.encoder.drain()
+        self.encoder.assert_empty()
+
+
+class RemoteEncoder:
+    """An encoder actor, as the proxy's encoder pool calls it."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    async def encode(self, job: EncodeJob) -> EncodedImage:
+        done: EncodedImage = await self._handle.encode.remote(job)
+        return done
+
+
+class ProxyHost:
+    """The body of the proxy actor; `renders`: render actors, to render a prompt again for decode;
+    `encoders`: the encoder actors (E/P/D)."""
+
+    def __init__(
+        self, cfg: TestbedConfig, pools: dict[str, dict[str, Any]], renders: list[Any], encoders: list[Any]
+    ) -> None:
         remote = {
             role: [RemoteEngine(eid, h) for eid, h in engines.items()] for role, engines in pools.items()
         }
@@ -176,6 +223,7 @@ class ProxyHost:
             router=cfg.router,
             block_size=cfg.scheduler.block_size,
             bidirectional=cfg.kv_transfer.bidirectional,
+            encoders=encoder_pool(cfg, [RemoteEncoder(h) for h in encoders]),
         )
 
     async def submit(self, creq: ClientRequest) -> RequestResult:

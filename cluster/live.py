@@ -29,7 +29,7 @@ from actors.engine.clock import Clock
 from actors.engine.kv_transfer import LinkQueue
 from cluster.config_load import ConfigError
 from cluster.engines import chat_renderer
-from cluster.hosts import EngineHost, ProxyHost, RenderHost
+from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost
 from dashboards.exposition import write_sd_file
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
@@ -76,6 +76,8 @@ class LiveDeployment:
     """The render pool's actor handles (only a server renders: replayed traces are token IDs)."""
     link: Any = None
     """The shared link's actor (kv_transfer.link_scope=fabric), else None."""
+    encoders: list[Any] = field(default_factory=list)
+    """The encoder pool's actor handles (E/P/D)."""
 
 
 def connect(configs: Sequence[TestbedConfig], address: str | None) -> bool:
@@ -171,14 +173,19 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         ray.remote(RenderHost).options(num_cpus=0).remote(cfg, i)
         for i in range(cfg.render.replicas if render else 0)
     ]
-    proxy: Any = ray.remote(ProxyHost).options(num_cpus=0).remote(cfg, pools, renders)
+    encoders: list[Any] = [
+        ray.remote(EncoderHost).options(num_cpus=0).remote(f"encoder-{i}", cfg)
+        for i in range(cfg.pools.encoder.replicas)
+    ]
+    proxy: Any = ray.remote(ProxyHost).options(num_cpus=0).remote(cfg, pools, renders, encoders)
     targets = {"proxy": ray.get(proxy.start.remote())}
     targets.update({f"render-{i}": t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))})
     epoch = time.time() + _START_SLACK_S
+    ray.get([h.start.remote(epoch) for h in encoders])
     started = ray.get([proxy.join_clock.remote(epoch), *[h.start.remote(epoch) for h in engines.values()]])
     targets.update(zip(engines, started[1:], strict=True))
     write_sd_file(cfg.metrics.sd_file, cfg.design, targets)
-    return LiveDeployment(engines, nodes, proxy, epoch, targets, renders, fabric)
+    return LiveDeployment(engines, nodes, proxy, epoch, targets, renders, fabric, encoders)
 
 
 async def drive(
@@ -268,11 +275,20 @@ def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[st
         with contextlib.suppress(*lost):
             ray.get(handle.drain.remote(), timeout=60)
             metrics[f"render-{i}"] = ray.get(handle.metrics.remote(), timeout=60)
+    for handle in dep.encoders:
+        with contextlib.suppress(*lost):
+            ray.get(handle.drain.remote(), timeout=60)
     kill(dep)
     write_sd_file(cfg.metrics.sd_file, cfg.design, {})
     return reports, metrics
 
 
 def kill(dep: LiveDeployment) -> None:
-    for handle in [*dep.engines.values(), dep.proxy, *dep.renders, *([dep.link] if dep.link else [])]:
+    for handle in [
+        *dep.engines.values(),
+        dep.proxy,
+        *dep.renders,
+        *dep.encoders,
+        *([dep.link] if dep.link else []),
+    ]:
         ray.kill(handle)

@@ -1,6 +1,8 @@
 """Images computed for real: the engine encodes them with the vision tower inside its steps, splices
 the embeddings in place of the placeholders, caches them by hash, and pays the target encoder's time."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -154,3 +156,56 @@ def test_a_repeated_image_is_encoded_once_and_its_wait_is_the_encoder_plus_the_e
     first, repeat = results
     assert first.encode_s == pytest.approx(vit.encode_time([1024]).total_s + t.step_overhead_s + ec_s)
     assert repeat.encode_s == pytest.approx(ec_s)  # no encoder time, the embeddings still move
+
+
+def test_synthetic_images_lead_each_prompt_and_reuse_draws_earlier_ones():
+    from workloads.synthetic import synthetic_requests
+
+    images = {"images_per_request": "constant:2", "image_tokens": 400, "image_reuse": 0.5}
+    w = make_config(
+        VL, workload={**images, "prompt_len": 100, "num_requests": 40, "text_only_fraction": 0.25}
+    )
+    w = w.workload
+    reqs = synthetic_requests(w, 8192, seed=3)
+    with_images = [r for r in reqs if r.mm_items]
+    assert 0.5 < len(with_images) / len(reqs) < 0.95  # about a quarter text only
+    for r in with_images:
+        assert len(r.prompt_token_ids) == 100 + 2 * (400 + 2)
+        assert [m.offset for m in r.mm_items] == [1, 403] and all(m.pixel_values is None for m in r.mm_items)
+        assert all(set(r.prompt_token_ids[m.offset : m.offset + 400]) == {8191} for m in r.mm_items)
+    hashes = [m.mm_hash for r in with_images for m in r.mm_items]
+    assert len(set(hashes)) < len(hashes)  # some images came again
+    assert synthetic_requests(w, 8192, seed=3)[5].mm_items == reqs[5].mm_items  # deterministic
+    with_pixels = synthetic_requests(w, 8192, seed=3, pixels=True)
+    first = next(r for r in with_pixels if r.mm_items).mm_items[0]
+    assert first.pixel_values.shape == (1600, 1176) and first.grid_thw == (1, 40, 40)
+
+
+def test_the_encoder_batches_jobs_within_its_budget_and_serves_repeats_from_its_cache():
+    from actors.encoder.encoder import EncoderCore
+    from actors.engine.clock import Clock
+    from actors.engine.encoder_cache import EncoderCache
+    from messages import EncodeJob, MultiModalItem
+    from target.profiles import GPUS
+    from target.vision import VISION_ENCODERS, EncoderRoofline
+    from tests.factories import run_async
+
+    roofline = EncoderRoofline(VISION_ENCODERS["qwen2.5-vl-vit-7b"], GPUS["a100-80gb"])
+    items = [MultiModalItem(h * 32, 0, n) for h, n in (("aa", 400), ("bb", 1300), ("cc", 400))]
+
+    async def main():
+        enc = EncoderCore("e0", Clock(), roofline, None, 2048, EncoderCache(4096))
+        enc.start()
+        done = await asyncio.gather(*(enc.encode(EncodeJob(f"r{i}", m, 0.0)) for i, m in enumerate(items)))
+        again = await enc.encode(EncodeJob("r3", items[0], 10.0))
+        await enc.drain()
+        enc.assert_empty()
+        return enc, done, again
+
+    enc, done, again = run_async(main())
+    first = roofline.visual_tokens_time([400, 1300]).total_s  # a and b fit 2,048; c does not, and waits
+    assert [d.done_s for d in done] == pytest.approx(
+        [first, first, first + roofline.visual_tokens_time([400]).total_s]
+    )
+    assert enc.num_steps == 2 and enc.num_encoded == 3
+    assert again.cached and again.done_s == 10.0

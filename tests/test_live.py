@@ -237,3 +237,20 @@ def test_a_conversation_whose_decode_engine_died_completes_with_recompute(cluste
     assert bool(df["prefill_kv_pull_back_failed"].iloc[1]) and df["engine"].iloc[1] != killed[0]
     assert df["prefill_pulled_back_tokens"].iloc[2] > 0  # turn 3 pulls back from the new decode engine
     assert out.summary["num_engines_lost"] == 1
+
+
+def test_e_p_d_across_nodes_emits_the_tokens_of_an_engine_encoding_locally(cluster):
+    """An encoder actor encodes each request's image for real, the proxy actor moves the embeddings to
+    the prefill actor, decode gets the KV: the greedy tokens of one engine encoding in its own steps."""
+    images = ["target.model=qwen2.5-vl-7b", "workload.images_per_request=constant:1",
+              "workload.image_tokens=16", "workload.num_requests=4", "workload.prompt_len=100",
+              "workload.output_len=8", "workload.rate=2", "runner.compute=real",
+              "workload.output_policy=greedy"]  # fmt: skip
+    live = run_live(
+        design("pd-fast", *images, "pools.encoder.replicas=1", "clock.mode=live", "clock.time_scale=2")
+    )
+    local = run_virtual(design("collocated", *images))
+    assert live.summary["completed"] == local.summary["completed"] == 4
+    tokens = [r.results["output_token_ids"].map(list).tolist() for r in (live, local)]
+    assert tokens[0] == tokens[1]
+    assert (live.results["encode_s"] > 0).all() and (local.results["encode_s"] == 0).all()
