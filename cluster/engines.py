@@ -28,7 +28,7 @@ from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, 
 from actors.engine.kv_transfer import KVReceiver, Link
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
-from dashboards.recorders import EngineMetrics
+from dashboards.recorders import EncoderMetrics, EngineMetrics
 from target.config import PoolConfig, TestbedConfig
 from target.kv_cache import num_gpu_blocks
 from target.profiles import LINKS, MODELS
@@ -123,17 +123,23 @@ def chat_renderer(
 
 
 def build_encoder(
-    encoder_id: str, cfg: TestbedConfig, clock: Clock, compute_in_thread: bool = False
+    encoder_id: str,
+    cfg: TestbedConfig,
+    clock: Clock,
+    compute_in_thread: bool = False,
+    metrics: EncoderMetrics | None = None,
 ) -> EncoderCore:
-    """An encoder replica of `cfg.pools.encoder` (its GPU's roofline of the target's vision encoder)."""
+    """An encoder replica of `cfg.pools.encoder` (its GPU's roofline of the target's vision encoder);
+    `metrics`: its series."""
     pool, s = cfg.pools.encoder, cfg.scheduler
     roofline = encoder_roofline_for(cfg, pool)
     assert roofline is not None, "an encoder pool needs a vision-language target (checked with the config)"
     budget = s.max_num_batched_encoder_embeds or s.max_num_batched_tokens
     vision = vision_for(cfg) if cfg.runner.compute == "real" else None
     cache = EncoderCache(s.encoder_cache_size or budget)
+    overhead_s = cfg.target.step_overhead_s
     return EncoderCore(
-        encoder_id, clock, roofline, vision, budget, cache, cfg.target.step_overhead_s, compute_in_thread
+        encoder_id, clock, roofline, vision, budget, cache, overhead_s, compute_in_thread, metrics
     )
 
 

@@ -27,7 +27,7 @@ from actors.proxy import Proxy
 from actors.render.client import METHODS, RenderClient, render_again, render_for
 from cluster.engines import build_encoder, build_engine, encoder_pool, runner_for
 from dashboards.exposition import serve_metrics
-from dashboards.recorders import EngineMetrics, ProxyMetrics, RenderMetrics
+from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics, RenderMetrics
 from messages import (
     ClientRequest,
     EncodedImage,
@@ -169,14 +169,21 @@ class EngineHost:
 class EncoderHost:
     """The body of an encoder actor (E/P/D): the encoder on the actor's loop, from `start`."""
 
-    def __init__(self, encoder_id: str, cfg: TestbedConfig) -> None:
+    def __init__(self, encoder_id: str, replica: int, cfg: TestbedConfig) -> None:
         self._args = (encoder_id, cfg)
+        self._metrics = EncoderMetrics(cfg, replica)
         self.encoder: EncoderCore | None = None
 
-    def start(self, epoch_s: float) -> None:
+    def start(self, epoch_s: float) -> str:
+        """Start the encoder on the shared clock and its /metrics endpoint; returns `host:port` of it."""
         encoder_id, cfg = self._args
-        self.encoder = build_encoder(encoder_id, cfg, Clock(cfg.clock.scale, epoch_s=epoch_s), True)
+        clock = Clock(cfg.clock.scale, epoch_s=epoch_s)
+        self.encoder = build_encoder(encoder_id, cfg, clock, True, self._metrics)
         self.encoder.start()
+        return serve_node_metrics(self._metrics.registry)
+
+    def metrics(self) -> str:
+        return self._metrics.exposition()
 
     async def encode(self, job: EncodeJob) -> EncodedImage:
         assert self.encoder is not None

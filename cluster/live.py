@@ -174,14 +174,15 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         for i in range(cfg.render.replicas if render else 0)
     ]
     encoders: list[Any] = [
-        ray.remote(EncoderHost).options(num_cpus=0).remote(f"encoder-{i}", cfg)
+        ray.remote(EncoderHost).options(num_cpus=0).remote(f"encoder-{i}", i, cfg)
         for i in range(cfg.pools.encoder.replicas)
     ]
     proxy: Any = ray.remote(ProxyHost).options(num_cpus=0).remote(cfg, pools, renders, encoders)
     targets = {"proxy": ray.get(proxy.start.remote())}
     targets.update({f"render-{i}": t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))})
     epoch = time.time() + _START_SLACK_S
-    ray.get([h.start.remote(epoch) for h in encoders])
+    encoder_targets = ray.get([h.start.remote(epoch) for h in encoders])
+    targets.update({f"encoder-{i}": t for i, t in enumerate(encoder_targets)})
     started = ray.get([proxy.join_clock.remote(epoch), *[h.start.remote(epoch) for h in engines.values()]])
     targets.update(zip(engines, started[1:], strict=True))
     write_sd_file(cfg.metrics.sd_file, cfg.design, targets)
@@ -275,9 +276,10 @@ def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[st
         with contextlib.suppress(*lost):
             ray.get(handle.drain.remote(), timeout=60)
             metrics[f"render-{i}"] = ray.get(handle.metrics.remote(), timeout=60)
-    for handle in dep.encoders:
+    for i, handle in enumerate(dep.encoders):
         with contextlib.suppress(*lost):
             ray.get(handle.drain.remote(), timeout=60)
+            metrics[f"encoder-{i}"] = ray.get(handle.metrics.remote(), timeout=60)
     kill(dep)
     write_sd_file(cfg.metrics.sd_file, cfg.design, {})
     return reports, metrics

@@ -63,6 +63,7 @@ class _InProcess:
         self.proxy: ProxyClient = self.dep.proxy
         self.engines = self.dep.engines
         self._registries = [m.registry for m in [*self.dep.engine_metrics, self.dep.proxy_metrics]]
+        self._registries += [m.registry for m in self.dep.encoder_metrics]
         self._registries += [m.registry for m in render_metrics]
 
     async def metrics_text(self) -> str:

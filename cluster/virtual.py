@@ -18,7 +18,7 @@ from actors.engine.kv_transfer import LinkQueue
 from actors.proxy import Proxy
 from cluster.engines import build_encoder, build_engine, chat_renderer, encoder_pool, runner_for
 from cluster.outcome import RunOutput, run_output
-from dashboards.recorders import EngineMetrics, ProxyMetrics
+from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics
 from messages import RenderSpec, RequestResult
 from target.config import TestbedConfig
 from workloads.render_tier import RenderTier
@@ -38,6 +38,7 @@ class Deployment:
     cfg: TestbedConfig
     encoders: list[EncoderCore] = field(default_factory=list)
     """The encoder pool (E/P/D), in front of prefill."""
+    encoder_metrics: list[EncoderMetrics] = field(default_factory=list)
 
     @property
     def roles(self) -> list[EngineCore | EncoderCore]:
@@ -63,6 +64,8 @@ class Deployment:
     def expositions(self) -> dict[str, str]:
         """Every role's final metrics by actor id (engine ids, `proxy`)."""
         out = {e.engine_id: m.exposition() for e, m in zip(self.engines, self.engine_metrics, strict=True)}
+        encoders = zip(self.encoders, self.encoder_metrics, strict=True)
+        out.update({e.encoder_id: m.exposition() for e, m in encoders})
         return {**out, "proxy": self.proxy_metrics.exposition()}
 
 
@@ -98,9 +101,9 @@ def build_deployment(
     peers.update({e.engine_id: e for e in pools["prefill"]})
     if cfg.kv_transfer.bidirectional:  # prefill pulls a conversation's blocks back from decode
         peers.update({e.engine_id: e for e in pools["decode"]})
+    encoder_metrics = [EncoderMetrics(cfg, i) for i in range(cfg.pools.encoder.replicas)]
     encoders = [
-        build_encoder(f"encoder-{i}", cfg, clock, compute_in_thread)
-        for i in range(cfg.pools.encoder.replicas)
+        build_encoder(f"encoder-{i}", cfg, clock, compute_in_thread, m) for i, m in enumerate(encoder_metrics)
     ]
     proxy_metrics = ProxyMetrics(cfg)
     push = cfg.kv_transfer.mode == "push"
@@ -118,7 +121,8 @@ def build_deployment(
         encoder_pool(cfg, encoders),
     )
     engines = [e for engines in pools.values() for e in engines]
-    return Deployment(proxy, engines, clock, metrics, proxy_metrics, RenderTier(cfg.render), cfg, encoders)
+    tier = RenderTier(cfg.render)
+    return Deployment(proxy, engines, clock, metrics, proxy_metrics, tier, cfg, encoders, encoder_metrics)
 
 
 async def serve(

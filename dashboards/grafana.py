@@ -17,6 +17,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import VariableRefresh
 
 from dashboards import metrics as m
+from dashboards.grafana_encoder import encoder_panels
 from dashboards.grafana_panels import DATASOURCE, PER_SIM_S, ROLE, mean, panel, quantile, rate, sel
 from dashboards.grafana_sessions import sessions_panels
 
@@ -220,6 +221,7 @@ def roles() -> dashboard.Dashboard:
         board,
         (dashboard.Row("$role").repeat("role"), _role_panels()),
         (dashboard.Row("render (templates, detokenizing, parsing: CPU off the GPU box)"), _render_panels()),
+        (dashboard.Row("encoder (E/P/D: the vision encoder on GPUs of its own)"), encoder_panels()),
     )
 
 

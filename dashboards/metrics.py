@@ -167,8 +167,14 @@ RENDER_CPU = _c("testbed:render_cpu_seconds", "CPU seconds spent rendering (temp
 RENDER_TOKENS = _c("testbed:render_tokens", "Tokens rendered (prompt), visual tokens of processed images, or tokens derendered (output).", ("op",))  # fmt: skip
 RENDER_CALLS = _c("testbed:render_calls", "Render calls (one per request), images processed, and derender calls (one per chunk).", ("op",))  # fmt: skip
 
+# Encoder role (E/P/D): steps and busy time share the engines' names (role="encoder").
+ENCODER_JOBS_WAITING = _g("testbed:encoder_jobs_waiting", "Encoder side: images queued for encoding.")
+ENCODER_STEP_TOKENS = _h("testbed:encoder_step_visual_tokens", "Encoder side: visual tokens encoded per step.", TOKENS_125)  # fmt: skip
+ENCODE = _h("testbed:encode_seconds", "Proxy side, E/P/D: a request's wait for its images (encoder queue, encoding, EC transfer to prefill).", HANDOFF_BUCKETS)  # fmt: skip
+
 PROXY_SERIES = (
     TIME_SCALE,
+    ENCODE,
     CLIENT_TTFT,
     CLIENT_E2E,
     MAX_GAP,
@@ -183,4 +189,13 @@ PROXY_SERIES = (
     SESSION_TTFT,
 )
 RENDER_SERIES = (RENDER_CPU, RENDER_TOKENS, RENDER_CALLS)
-ALL_SERIES = tuple(dict.fromkeys(ENGINE_SERIES + PROXY_SERIES + RENDER_SERIES))
+ENCODER_SERIES = (
+    TIME_SCALE,
+    STEPS,
+    BUSY,
+    ENCODER_JOBS_WAITING,
+    ENCODER_STEP_TOKENS,
+    MM_CACHE_QUERIES,
+    MM_CACHE_HITS,
+)
+ALL_SERIES = tuple(dict.fromkeys(ENGINE_SERIES + PROXY_SERIES + RENDER_SERIES + ENCODER_SERIES))

@@ -26,6 +26,10 @@ from dashboards.metrics import (
     COMMON_LABELS,
     DECODE_TIME,
     E2E,
+    ENCODE,
+    ENCODER_JOBS_WAITING,
+    ENCODER_SERIES,
+    ENCODER_STEP_TOKENS,
     ENGINE_SERIES,
     FINISHED_REASONS,
     GENERATION_TOKENS,
@@ -338,6 +342,8 @@ class ProxyMetrics(_Registry):
         parts = handoff_parts(result.prefill_done_s, result.times)
         for part, seconds in (parts or {}).items():
             self.child(KV_HANDOFF_PARTS, part=part).observe(seconds)
+        if result.encode_s > 0:
+            self.child(ENCODE).observe(result.encode_s)
         self._session_done(result, lat["ttft_s"])
 
 
@@ -367,3 +373,24 @@ class RenderMetrics(_Registry):
         self.child(RENDER_CPU, op=op).inc(cpu_s)
         self.child(RENDER_TOKENS, op=op).inc(num_tokens)
         self.child(RENDER_CALLS, op=op).inc()
+
+
+class EncoderMetrics(_Registry):
+    """An encoder replica's series (E/P/D); the encoder calls the hooks."""
+
+    def __init__(self, cfg: TestbedConfig, replica: int) -> None:
+        super().__init__(ENCODER_SERIES, cfg, "encoder", replica)
+
+    def on_encoder_step(self, step_s: float, num_visual_tokens: int) -> None:
+        self.child(STEPS).inc()
+        self.child(BUSY).inc(step_s)
+        self.child(ENCODER_STEP_TOKENS).observe(num_visual_tokens)
+
+    def on_encoder_state(self, num_waiting: int) -> None:
+        self.child(ENCODER_JOBS_WAITING).set(num_waiting)
+
+    def on_encoder_lookup(self, hit: bool) -> None:
+        """A job's image looked up in the encoder's cache."""
+        self.child(MM_CACHE_QUERIES).inc()
+        if hit:
+            self.child(MM_CACHE_HITS).inc()

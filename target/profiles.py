@@ -8,6 +8,7 @@ compute, memory bandwidth and capacity, a link is its bandwidth and fixed costs.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -122,17 +123,6 @@ MODELS: dict[str, ModelProfile] = {
             intermediate_size=18944,
             vocab_size=152064,
         ),
-        ModelProfile(  # the language model of Qwen2.5-VL-7B is Qwen2.5-7B's geometry
-            "qwen2.5-vl-7b",
-            num_layers=28,
-            num_heads=28,
-            num_kv_heads=4,
-            head_dim=128,
-            hidden_size=3584,
-            intermediate_size=18944,
-            vocab_size=152064,
-            vision_encoder="qwen2.5-vl-vit-7b",
-        ),
         ModelProfile(
             "llama-3.1-8b",
             num_layers=32,
@@ -155,6 +145,11 @@ MODELS: dict[str, ModelProfile] = {
         ),
     )
 }
+
+# Qwen2.5-VL-7B's language model has Qwen2.5-7B's geometry; its ViT is in target.vision.
+MODELS["qwen2.5-vl-7b"] = dataclasses.replace(
+    MODELS["qwen2.5-7b"], name="qwen2.5-vl-7b", vision_encoder="qwen2.5-vl-vit-7b"
+)
 
 # The guide's box moved 512 blocks (8,192 tokens, 470 MB) in ~1.3 s without peer-to-peer: the cost is
 # per-block staging through the host, not bandwidth, so the fit puts it in per_block_overhead_s.

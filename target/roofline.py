@@ -60,6 +60,21 @@ class StepTime:
         return "compute" if self.compute_s >= self.memory_s else "memory"
 
 
+def timed(
+    flops: float,
+    nbytes: float,
+    gpu: GpuProfile,
+    tp: int,
+    eta_compute: float,
+    eta_bandwidth: float,
+    overhead_s: float,
+) -> StepTime:
+    """The roofline of `flops` and `nbytes` on `tp` GPUs at the fitted efficiencies."""
+    compute_s = flops / (gpu.peak_tflops * 1e12 * tp * eta_compute)
+    memory_s = nbytes / (gpu.memory_bw_gbs * 1e9 * tp * eta_bandwidth)
+    return StepTime(flops, nbytes, compute_s, memory_s, overhead_s)
+
+
 @dataclass(frozen=True)
 class Roofline:
     """The time model of one engine replica: a target model on `tp` GPUs with fitted efficiencies."""
@@ -96,9 +111,7 @@ class Roofline:
             + 2.0 * m.num_head_params * num_logits
         )
         nbytes = float(m.step_weight_bytes + num_context_tokens * m.kv_bytes_per_token)
-        compute_s = flops / (self.gpu.peak_tflops * 1e12 * self.tp * self.eta_compute)
-        memory_s = nbytes / (self.gpu.memory_bw_gbs * 1e9 * self.tp * self.eta_bandwidth)
-        return StepTime(flops, nbytes, compute_s, memory_s, self.overhead_s)
+        return timed(flops, nbytes, self.gpu, self.tp, self.eta_compute, self.eta_bandwidth, self.overhead_s)
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float) -> int:
         """Tokens of KV that fit beside the weights, as vLLM sizes its cache (activations not reserved)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from target.config import PoolConfig, TestbedConfig
 from target.profiles import GPUS, MODELS, GpuProfile
-from target.roofline import StepTime
+from target.roofline import StepTime, timed
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,7 @@ class EncoderRoofline:
             return StepTime(0.0, 0.0, 0.0, 0.0, 0.0)
         flops = sum(self.encoder.flops(n) for n in sizes)
         nbytes = float(self.encoder.weight_bytes)
-        compute_s = flops / (self.gpu.peak_tflops * 1e12 * self.tp * self.eta_compute)
-        memory_s = nbytes / (self.gpu.memory_bw_gbs * 1e9 * self.tp * self.eta_bandwidth)
-        return StepTime(flops, nbytes, compute_s, memory_s, self.overhead_s)
+        return timed(flops, nbytes, self.gpu, self.tp, self.eta_compute, self.eta_bandwidth, self.overhead_s)
 
 
 VISION_ENCODERS: dict[str, VisionEncoderProfile] = {

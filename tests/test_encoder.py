@@ -156,6 +156,15 @@ def test_a_repeated_image_is_encoded_once_and_its_wait_is_the_encoder_plus_the_e
     first, repeat = results
     assert first.encode_s == pytest.approx(vit.encode_time([1024]).total_s + t.step_overhead_s + ec_s)
     assert repeat.encode_s == pytest.approx(ec_s)  # no encoder time, the embeddings still move
+    from dashboards import metrics as m
+    from dashboards.exposition import sum_series
+
+    expos = dep.expositions()
+    encoder = [expos["encoder-0"]]
+    assert sum_series(encoder, m.MM_CACHE_QUERIES.exposed, role="encoder") == 2
+    assert sum_series(encoder, m.MM_CACHE_HITS.exposed, role="encoder") == 1
+    assert sum_series(encoder, m.STEPS.exposed, role="encoder") == 1
+    assert sum_series([expos["proxy"]], m.ENCODE.count) == 2  # both requests waited for their image
 
 
 def test_synthetic_images_lead_each_prompt_and_reuse_draws_earlier_ones():

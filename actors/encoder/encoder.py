@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,6 +26,16 @@ from actors.engine.encoder_cache import EncoderCache
 from actors.engine.step_clock import StepClock
 from messages import EncodedImage, EncodeJob
 from target.vision import EncoderRoofline
+
+
+class EncoderRecorder(Protocol):
+    """Where an encoder records (dashboards.recorders.EncoderMetrics)."""
+
+    def on_encoder_step(self, step_s: float, num_visual_tokens: int) -> None: ...
+
+    def on_encoder_state(self, num_waiting: int) -> None: ...
+
+    def on_encoder_lookup(self, hit: bool) -> None: ...
 
 
 class EncoderCore:
@@ -39,9 +49,10 @@ class EncoderCore:
         cache: EncoderCache,
         step_overhead_s: float = 0.0,
         in_thread: bool = False,
+        recorder: EncoderRecorder | None = None,
     ) -> None:
         """`vision`: the tiny vision tower (None: compute skip, no embeddings); `in_thread`: compute off
-        the event loop (a real-time clock)."""
+        the event loop (a real-time clock); `recorder`: its series (None records nothing)."""
         self.encoder_id = encoder_id
         self.clock = clock
         self.roofline = roofline
@@ -50,6 +61,7 @@ class EncoderCore:
         self.cache = cache
         self.step_overhead_s = step_overhead_s
         self.in_thread = in_thread
+        self.recorder = recorder
         self.step_clock = StepClock(clock)
         self._queue: deque[tuple[EncodeJob, asyncio.Future[EncodedImage]]] = deque()
         self._loop_task: asyncio.Future[None] | None = None
@@ -61,10 +73,13 @@ class EncoderCore:
     async def encode(self, job: EncodeJob) -> EncodedImage:
         """`job`'s image encoded (or found in the cache, ready when the job arrives)."""
         hit, embeds = self.cache.lookup(job.item.mm_hash)
+        if self.recorder is not None:
+            self.recorder.on_encoder_lookup(hit)
         if hit:
             return EncodedImage(job.item.mm_hash, embeds, job.arrival_s, cached=True)
         done: asyncio.Future[EncodedImage] = asyncio.get_running_loop().create_future()
         self._queue.append((job, done))
+        self._record_state()
         self.step_clock.wake()
         return await done
 
@@ -132,7 +147,14 @@ class EncoderCore:
         self.num_steps += 1
         self.num_encoded += len(batch)
         self.busy_s += end - start
+        if self.recorder is not None:
+            self.recorder.on_encoder_step(end - start, sum(job.item.num_tokens for job, _ in batch))
+        self._record_state()
         return end
+
+    def _record_state(self) -> None:
+        if self.recorder is not None:
+            self.recorder.on_encoder_state(len(self._queue))
 
     async def _compute(self, jobs: list[EncodeJob]) -> list[np.ndarray | None]:
         if self.vision is None:
