@@ -205,7 +205,8 @@ def test_the_encoder_batches_jobs_within_its_budget_and_serves_repeats_from_its_
     async def main():
         enc = EncoderCore("e0", Clock(), roofline, None, 2048, EncoderCache(4096))
         enc.start()
-        done = await asyncio.gather(*(enc.encode(EncodeJob(f"r{i}", m, 0.0)) for i, m in enumerate(items)))
+        jobs = [EncodeJob(f"r{i}", m, 0.0) for i, m in enumerate([*items, items[0]])]  # a twice at once
+        done = await asyncio.gather(*(enc.encode(job) for job in jobs))
         again = await enc.encode(EncodeJob("r3", items[0], 10.0))
         await enc.drain()
         enc.assert_empty()
@@ -213,8 +214,7 @@ def test_the_encoder_batches_jobs_within_its_budget_and_serves_repeats_from_its_
 
     enc, done, again = run_async(main())
     first = roofline.visual_tokens_time([400, 1300]).total_s  # a and b fit 2,048; c does not, and waits
-    assert [d.done_s for d in done] == pytest.approx(
-        [first, first, first + roofline.visual_tokens_time([400]).total_s]
-    )
-    assert enc.num_steps == 2 and enc.num_encoded == 3
+    c_s = first + roofline.visual_tokens_time([400]).total_s
+    assert [d.done_s for d in done] == pytest.approx([first, first, c_s, first])
+    assert enc.num_steps == 2 and enc.num_encoded == 3  # the second a waited for the first
     assert again.cached and again.done_s == 10.0

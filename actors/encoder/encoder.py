@@ -5,7 +5,8 @@ step takes the oldest jobs whose visual tokens fit `max_num_batched_encoder_embe
 vLLM floors the budget at the largest item), encodes them for real with the tiny vision tower, and
 lasts the target encoder's roofline time plus the step overhead; every embedding of the step is
 ready at its end. Embeddings stay in the encoder's cache (the EC producer's storage, keyed by
-`mm_hash`): an image encoded before comes back at once, at no encoder time::
+`mm_hash`): an image encoded before comes back at once, at no encoder time, and one being encoded
+for another request is waited for, not encoded twice::
 
     jobs     a(256) b(1225) c(256)          budget 2048
     step 1   [a b]  ─ t(a) + t(b) ─┐        c waits: it does not fit after a and b
@@ -15,6 +16,7 @@ ready at its end. Embeddings stay in the encoder's cache (the EC producer's stor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections import deque
 from typing import Any, Protocol
@@ -64,11 +66,12 @@ class EncoderCore:
         self.recorder = recorder
         self.step_clock = StepClock(clock)
         self._queue: deque[tuple[EncodeJob, asyncio.Future[EncodedImage]]] = deque()
+        self._pending: dict[str, asyncio.Future[EncodedImage]] = {}
+        """Images queued or being encoded, by hash (a second job for one waits for the first)."""
         self._loop_task: asyncio.Future[None] | None = None
         self._stopped = False
         self.num_steps = 0
         self.num_encoded = 0
-        self.busy_s = 0.0
 
     async def encode(self, job: EncodeJob) -> EncodedImage:
         """`job`'s image encoded (or found in the cache, ready when the job arrives)."""
@@ -77,15 +80,19 @@ class EncoderCore:
             self.recorder.on_encoder_lookup(hit)
         if hit:
             return EncodedImage(job.item.mm_hash, embeds, job.arrival_s, cached=True)
+        pending = self._pending.get(job.item.mm_hash)
+        if pending is not None:  # the same image is being encoded for another request: once is enough
+            first = await asyncio.shield(pending)
+            return dataclasses.replace(first, done_s=max(first.done_s, job.arrival_s), cached=True)
         done: asyncio.Future[EncodedImage] = asyncio.get_running_loop().create_future()
+        self._pending[job.item.mm_hash] = done
         self._queue.append((job, done))
         self._record_state()
         self.step_clock.wake()
-        return await done
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self._queue)
+        try:
+            return await asyncio.shield(done)  # a cancelled caller must not cancel the others' wait
+        finally:
+            self._pending.pop(job.item.mm_hash, None)
 
     def start(self) -> None:
         self._loop_task = asyncio.ensure_future(self._run())
@@ -146,7 +153,6 @@ class EncoderCore:
                 done.set_result(EncodedImage(job.item.mm_hash, e, end, cached=False))
         self.num_steps += 1
         self.num_encoded += len(batch)
-        self.busy_s += end - start
         if self.recorder is not None:
             self.recorder.on_encoder_step(end - start, sum(job.item.num_tokens for job, _ in batch))
         self._record_state()
