@@ -21,6 +21,7 @@ from dashboards import grafana
 from dashboards import metrics as m
 from dashboards.stack import down, up
 from tests.factories import ServeThread
+from tests.test_serve import IMAGE, VL
 from workloads.replay import workload_for
 
 MODEL = "qwen2.5-7b"
@@ -112,7 +113,8 @@ def scraped(tmp_path_factory):
             f"metrics.sd_file={sd_file}",
         ],
     )[0]
-    served = ServeThread()
+    # E+PD behind the server, so that the encoder row has its data
+    served = ServeThread(*VL, "pools.encoder.replicas=1")
     started = connect([cfg], None)
     try:
         dep = deploy(cfg)
@@ -122,7 +124,8 @@ def scraped(tmp_path_factory):
         Path(sd_file).write_text(json.dumps(groups))
         results = asyncio.run(drive(dep, cfg, workload_for(cfg)))
         chat = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
-        for content in ("What is the weather in Paris?", "Hello there"):  # after its first scrape
+        image = [{"type": "text", "text": "What is this?"}, IMAGE]
+        for content in ("What is the weather in Paris?", "Hello there", image, image):  # after a scrape
             chat.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=8
             )
