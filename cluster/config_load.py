@@ -284,7 +284,9 @@ def _check_workload(cfg: TestbedConfig) -> None:
     except ValueError as e:
         raise ConfigError(f"workload.images_per_request={e}") from None
     _require(
-        w.images_per_request == "constant:0" or MODELS[cfg.target.model].vision_encoder is not None,
+        w.kind != "synthetic"
+        or w.images_per_request == "constant:0"
+        or MODELS[cfg.target.model].vision_encoder is not None,
         f"workload.images_per_request={w.images_per_request!r}: target.model={cfg.target.model!r} has no "
         "vision encoder; allowed: a vision-language model (e.g. qwen2.5-vl-7b), or constant:0",
     )

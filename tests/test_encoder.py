@@ -218,3 +218,23 @@ def test_the_encoder_batches_jobs_within_its_budget_and_serves_repeats_from_its_
     assert [d.done_s for d in done] == pytest.approx([first, first, c_s, first])
     assert enc.num_steps == 2 and enc.num_encoded == 3  # the second a waited for the first
     assert again.cached and again.done_s == 10.0
+
+
+def test_servegen_image_clients_send_images_to_a_vision_language_target_only():
+    """ServeGen's mm-image client 0 (one image of 525-1,230 visual tokens a request): through E+PD the
+    images go to the encoder pool; a text-only target gets the same number of prompt tokens as text."""
+    from cluster.config_load import load_designs
+    from cluster.virtual import run_virtual
+    from tests.factories import TRACES
+
+    mm_image = TRACES / "servegen" / "data" / "multimodal" / "mm-image"
+    trace = ["workload.kind=trace", f"replay.trace={mm_image}", "replay.clients=[0]",
+             "replay.window_s=[36000,36030]", "runner.compute=skip"]  # fmt: skip
+    (epd,) = load_designs("epd-a100", ["e-pd"], trace)
+    vl = run_virtual(epd).results
+    assert len(vl) > 5 and vl["ok"].all() and (vl["encode_s"] > 0).all()
+    (text,) = load_designs("epd-a100", ["all-in-one"], [*trace, "target.model=qwen2.5-7b"])
+    plain = run_virtual(text).results
+    assert (plain["encode_s"] == 0).all()
+    # the same requests: each image's tokens as text, without the two vision markers an image adds
+    assert (vl["num_prompt_tokens"].to_numpy() - plain["num_prompt_tokens"].to_numpy() == 2).all()

@@ -201,8 +201,9 @@ def test_servegen_samples_the_busiest_window_of_the_chosen_clients():
     ]  # deterministic for a seed
     one = load_trace(SERVEGEN / "multimodal" / "mm-image", window_s=(36000.0, 36600.0), clients=(0,))
     assert one.sessions and {s.session_id.split("-")[0] for s in one.sessions} == {"client0"}
-    # image requests: text (136 or 372) plus image tokens (525 and up)
-    assert all(s.turns[0].prompt.num_tokens >= 136 + 525 for s in one.sessions)
+    # image requests: text (136 or 372 tokens) and one image of 525 visual tokens and up
+    assert all(s.turns[0].prompt.num_tokens >= 136 for s in one.sessions)
+    assert all(len(s.turns[0].image_tokens) == 1 and s.turns[0].image_tokens[0] >= 525 for s in one.sessions)
     assert theoretical_hit_rate(one) == 0.0
 
 

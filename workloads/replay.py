@@ -10,6 +10,7 @@ from typing import Any
 
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
+from target.profiles import MODELS
 from workloads.render_tier import RenderTier
 from workloads.session_replay import Clock, SessionReplay
 from workloads.synthetic import synthetic_requests
@@ -74,7 +75,8 @@ async def run_workload(
     if isinstance(workload, Trace):
         synth = TokenSynthesizer(cfg.runner.vocab_size, workload.block_size, cfg.seed, render_chat)
         forced = cfg.workload.output_policy == "forced"
-        driver = SessionReplay(submit, clock, synth, cfg.replay, render, on_result, lead_s, forced)
+        images = (MODELS[cfg.target.model].vision_encoder is not None, cfg.runner.compute == "real")
+        driver = SessionReplay(submit, clock, synth, cfg.replay, render, on_result, lead_s, forced, images)
         return await driver.run(workload)
     return await replay(submit, workload, clock, on_result, lead_s, render)
 

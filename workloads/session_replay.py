@@ -18,9 +18,13 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+import numpy as np
+import xxhash
+
 from messages import ClientRequest, RenderSpec, RequestResult
 from target.config import ReplayConfig
 from workloads.harness import Harness
+from workloads.images import synthetic_image, with_images
 from workloads.render_tier import RenderTier
 from workloads.traces.session import ChatPrompt, FollowUp, Session, Trace, Turn
 from workloads.traces.tokens import TokenSynthesizer
@@ -45,11 +49,15 @@ class SessionReplay:
         on_result: Callable[[RequestResult], None] | None = None,
         lead_s: float = 0.0,
         forced: bool = True,
+        images: tuple[bool, bool] = (False, False),
     ) -> None:
         """`lead_s`: send each request that much ahead of its time (live mode: the real hops).
         `forced`: answers are the tokens the next turn repeats (False: the runner's greedy tokens,
-        which a trace's next prompt does not contain)."""
+        which a trace's next prompt does not contain). `images`: whether a turn's images go as images
+        (a vision-language target; else as as many random prompt tokens), and with patches (real
+        compute)."""
         self.forced = forced
+        self.images, self.pixels = images
         self.submit, self.clock, self.synth, self.cfg = submit, clock, synth, cfg
         self.render, self.on_result, self.lead_s = render, on_result, lead_s
         self.results: list[RequestResult] = []
@@ -91,6 +99,18 @@ class SessionReplay:
                 ends = await asyncio.gather(*(self._session(sub, done_s) for sub in turn.subagents))
                 done_s = max(done_s, *ends)
         return done_s
+
+    def _add_images(self, creq: ClientRequest, turn: Turn, rid: str) -> None:
+        """`turn`'s images before `creq`'s prompt (`workloads.images`), drawn for the request id."""
+        rng = np.random.default_rng([self.synth.seed, xxhash.xxh3_64_intdigest(rid.encode())])
+        if not self.images:  # a text-only target: the visual tokens as prompt tokens
+            extra = rng.integers(0, self.synth.vocab_size, sum(turn.image_tokens)).tolist()
+            creq.prompt_token_ids = extra + creq.prompt_token_ids
+            return
+        items = [synthetic_image(rng, n, self.pixels) for n in turn.image_tokens]
+        creq.prompt_token_ids, creq.mm_items = with_images(
+            creq.prompt_token_ids, items, self.synth.vocab_size
+        )
 
     def _due_s(
         self, session: Session, k: int, origin_s: float, prev_sent_s: float, prev_done_s: float
@@ -140,8 +160,10 @@ class SessionReplay:
             parent_session_id=session.parent,
             render=spec,
         )
+        if turn.image_tokens:
+            self._add_images(creq, turn, rid)
         if self.render is not None:
-            creq.render_s = self.render.render_s(sent_s, len(prompt))
+            creq.render_s = self.render.render_s(sent_s, len(creq.prompt_token_ids))
         result = await self.submit(creq)
         harness.answered(prompt, result, nxt.prompt if nxt is not None else None)
         self.results.append(result)

@@ -5,9 +5,10 @@ cv, pattern (Gamma|Weibull|empty), shape, scale`) and `chunk-<client>-dataset.js
 each field a PMF `{value: probability}` written as a Python dict literal). For each chosen client and
 each 600 s window overlapping the replay window, arrivals are drawn from the window's fitted
 inter-arrival distribution rescaled to its rate (as ServeGen's generator does), and each request's
-lengths from that time's PMFs: prompt = text + image + audio + video tokens (multimodal; the image
-tokens are the encoder's work once that role exists) or `input_tokens` (reasoning), output =
-`output_tokens`. One-turn sessions, open loop, no shared prefixes; deterministic for a seed.
+lengths from that time's PMFs: prompt = text + audio + video tokens and `image_count` images of
+`image_tokens` visual tokens each (multimodal: sent as images to a vision-language target, the
+encoder's work), or `input_tokens` (reasoning); output = `output_tokens`. One-turn sessions, open
+loop, no shared prefixes; deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from workloads.traces.session import HashPrompt, Session, Trace, TraceError, Tur
 WINDOW_S = 600.0
 BLOCK_SIZE = 512
 """Tokens per synthetic block (no two requests share one)."""
-_INPUT_FIELDS = ("input_tokens", "text_tokens", "image_tokens", "audio_tokens", "video_tokens")
+_INPUT_FIELDS = ("input_tokens", "text_tokens", "audio_tokens", "video_tokens")
+"""Prompt tokens besides images (each image's tokens are drawn per image: `Turn.image_tokens`)."""
 
 
 def _windows(path: Path) -> list[tuple[float, float, str, float, float]]:
@@ -152,8 +154,11 @@ def _request(
         values, p = fields[name]
         return int(rng.choice(values, p=p))
 
+    images: tuple[int, ...] = ()
+    if "image_count" in fields and "image_tokens" in fields:  # image_tokens is per image (<= 1,280)
+        images = tuple(max(1, draw("image_tokens")) for _ in range(draw("image_count")))
     num_prompt = max(1, sum(draw(f) for f in _INPUT_FIELDS if f in fields))
     max_tokens = max(1, draw("output_tokens"))
     ids = tuple(range(-(-num_prompt // BLOCK_SIZE)))
     prompt = HashPrompt(ids, num_prompt, f"servegen/{client}/{i}")
-    return Session(f"client{client}-{i:06d}", [Turn(prompt, max_tokens, t_s)])
+    return Session(f"client{client}-{i:06d}", [Turn(prompt, max_tokens, t_s, image_tokens=images)])

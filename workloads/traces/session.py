@@ -88,6 +88,8 @@ class Turn:
     """How long the original call took (the `api-scaled` timing), when the trace says."""
     subagents: list[Session] = field(default_factory=list)
     """Sessions spawned before this turn is sent; it waits until all of them have finished."""
+    image_tokens: tuple[int, ...] = ()
+    """Visual tokens of each image the prompt carries before its text (sampled multimodal traces)."""
 
 
 @dataclass
