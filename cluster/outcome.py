@@ -9,6 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from dashboards import metrics as m
+from dashboards.exposition import sum_series
 from messages import RequestResult
 from target.config import TestbedConfig
 from workloads.results import results_frame
@@ -47,7 +49,23 @@ def run_output(
         "time_scale": cfg.clock.time_scale,
         **lag_summary(reports),
     }
+    summary.update(encoder_summary(metrics, summary.get("duration_s") or 0.0))
     return RunOutput(df, summary, reports, metrics)
+
+
+def encoder_summary(metrics: dict[str, str], duration_s: float) -> dict[str, float]:
+    """E/P/D: the encoder pool's busy share of the run and its cache's hit rate, from the encoders'
+    final metrics (nothing without an encoder pool)."""
+    expos = [text for actor, text in metrics.items() if actor.startswith("encoder-")]
+    if not expos or duration_s <= 0:
+        return {}
+    busy_s = sum_series(expos, m.BUSY.exposed, role="encoder")
+    queries = sum_series(expos, m.MM_CACHE_QUERIES.exposed, role="encoder")
+    hits = sum_series(expos, m.MM_CACHE_HITS.exposed, role="encoder")
+    return {
+        "encoder_busy_fraction": busy_s / (duration_s * len(expos)),
+        "encoder_cache_hit_rate": hits / queries if queries else 0.0,
+    }
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -31,7 +31,8 @@ from workloads.latency import HANDOFF_PARTS
 
 _SUMMARY_COLUMNS = [
     "design", "rate", "completed", "failed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms",
-    "max_gap_ms", "median_handoff_ms", "request_throughput", "output_throughput", "lag_fraction",
+    "max_gap_ms", "median_handoff_ms", "median_encode_ms", "encoder_busy_fraction", "encoder_cache_hit_rate",
+    "request_throughput", "output_throughput", "lag_fraction",
 ]  # fmt: skip
 _STALL_CONTEXT_S = 1.5
 """Emulated seconds shown before and after the worst stall in a timeline."""
@@ -231,7 +232,8 @@ def write_report(
         sections.append(
             f'<h2>{html.escape(caption)}</h2><img alt="{name}" src="data:image/png;base64,{data}">'
         )
-    table = pd.DataFrame(records)[[c for c in _SUMMARY_COLUMNS if c in records[0]]]
+    frame = pd.DataFrame(records)
+    table = frame[[c for c in _SUMMARY_COLUMNS if c in frame and frame[c].notna().any()]]
     page = _PAGE.format(
         title=html.escape(title),
         notes="".join(f"<li>{html.escape(n)}</li>" for n in notes),

@@ -165,6 +165,10 @@ def test_a_repeated_image_is_encoded_once_and_its_wait_is_the_encoder_plus_the_e
     assert sum_series(encoder, m.MM_CACHE_HITS.exposed, role="encoder") == 1
     assert sum_series(encoder, m.STEPS.exposed, role="encoder") == 1
     assert sum_series([expos["proxy"]], m.ENCODE.count) == 2  # both requests waited for their image
+    from cluster.outcome import encoder_summary
+
+    summary = encoder_summary(expos, 10.0)
+    assert summary["encoder_cache_hit_rate"] == 0.5 and 0 < summary["encoder_busy_fraction"] < 0.01
 
 
 def test_synthetic_images_lead_each_prompt_and_reuse_draws_earlier_ones():
