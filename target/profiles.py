@@ -123,6 +123,18 @@ MODELS: dict[str, ModelProfile] = {
             intermediate_size=18944,
             vocab_size=152064,
         ),
+        ModelProfile(  # Qwen2.5-VL-3B's language model (Qwen2.5-3B's geometry), with its ViT
+            "qwen2.5-vl-3b",
+            num_layers=36,
+            num_heads=16,
+            num_kv_heads=2,
+            head_dim=128,
+            hidden_size=2048,
+            intermediate_size=11008,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            vision_encoder="qwen2.5-vl-vit-3b",
+        ),
         ModelProfile(
             "llama-3.1-8b",
             num_layers=32,

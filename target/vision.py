@@ -16,6 +16,7 @@ full attention in blocks 7, 15, 23, 31).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -105,19 +106,21 @@ class EncoderRoofline:
         return timed(flops, nbytes, self.gpu, self.tp, self.eta_compute, self.eta_bandwidth, self.overhead_s)
 
 
+_QWEN25_VL_VIT = VisionEncoderProfile(
+    "qwen2.5-vl-vit-7b",
+    depth=32,
+    hidden_size=1280,
+    intermediate_size=3420,
+    num_heads=16,
+    out_hidden_size=3584,
+    num_full_attention_layers=4,
+    window_patches=64,
+)
 VISION_ENCODERS: dict[str, VisionEncoderProfile] = {
     v.name: v
     for v in (
-        VisionEncoderProfile(
-            "qwen2.5-vl-vit-7b",
-            depth=32,
-            hidden_size=1280,
-            intermediate_size=3420,
-            num_heads=16,
-            out_hidden_size=3584,
-            num_full_attention_layers=4,
-            window_patches=64,
-        ),
+        _QWEN25_VL_VIT,  # the same ViT in every Qwen2.5-VL size; its merger ends at the LM's width
+        dataclasses.replace(_QWEN25_VL_VIT, name="qwen2.5-vl-vit-3b", out_hidden_size=2048),
     )
 }
 

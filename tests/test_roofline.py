@@ -109,3 +109,14 @@ def test_the_vision_encoder_matches_the_reference_figures():
     r = EncoderRoofline(vit, GPUS["h100-sxm"])
     assert r.encode_time([1024, 1024]).flops == pytest.approx(2 * vit.flops(1024))
     assert vit.flops(4096) > 4 * vit.flops(1024)
+
+
+def test_qwen2_5_vl_3b_is_the_same_vit_ending_at_its_smaller_lm():
+    from target.profiles import MODELS
+    from target.vision import VISION_ENCODERS
+
+    lm = MODELS["qwen2.5-vl-3b"]
+    vit = VISION_ENCODERS[lm.vision_encoder]
+    assert lm.num_params == pytest.approx(3.09e9, rel=0.01)  # Qwen2.5-3B: 3.09B, tied embeddings
+    assert vit.out_hidden_size == lm.hidden_size == 2048 and vit.embedding_bytes_per_token == 4096
+    assert vit.flops(1024) == pytest.approx(VISION_ENCODERS["qwen2.5-vl-vit-7b"].flops(1024), rel=0.02)
