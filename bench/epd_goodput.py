@@ -93,7 +93,7 @@ def main() -> int:
         ax.set(title=f"{prompt_len}-token text", xlabel="images per request", ylabel="goodput (req/s)")
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle("Goodput (>= 99 % within TTFT 20 s, TPOT 100 ms), four A100s, Qwen2.5-VL-3B")
+    fig.suptitle("Goodput (>= 99 % within TTFT 20 s, TPOT 100 ms), four A100s, Qwen2.5-VL-7B")
     fig.tight_layout()
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.plot, dpi=110)
