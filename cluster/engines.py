@@ -78,9 +78,8 @@ def build_engine(
     blocks = BlockManager(num_gpu_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
     if cfg.router.policy == "kv_aware":
         blocks.publish_kv_events()
-    encoder_budget = s.max_num_batched_encoder_embeds or s.max_num_batched_tokens
-    encoder_cache = EncoderCache(s.encoder_cache_size or encoder_budget)
-    scheduler = Scheduler(blocks, s.max_num_batched_tokens, s.max_num_seqs, encoder_budget, encoder_cache)
+    encoder_cache = EncoderCache(s.encoder_cache_embeds)
+    scheduler = Scheduler(blocks, s.max_num_batched_tokens, s.max_num_seqs, s.encoder_budget, encoder_cache)
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread, vision)
@@ -134,12 +133,11 @@ def build_encoder(
     pool, s = cfg.pools.encoder, cfg.scheduler
     roofline = encoder_roofline_for(cfg, pool)
     assert roofline is not None, "an encoder pool needs a vision-language target (checked with the config)"
-    budget = s.max_num_batched_encoder_embeds or s.max_num_batched_tokens
     vision = vision_for(cfg) if cfg.runner.compute == "real" else None
-    cache = EncoderCache(s.encoder_cache_size or budget)
+    cache = EncoderCache(s.encoder_cache_embeds)
     overhead_s = cfg.target.step_overhead_s
     return EncoderCore(
-        encoder_id, clock, roofline, vision, budget, cache, overhead_s, compute_in_thread, metrics
+        encoder_id, clock, roofline, vision, s.encoder_budget, cache, overhead_s, compute_in_thread, metrics
     )
 
 

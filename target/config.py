@@ -84,6 +84,16 @@ class SchedulerConfig:
     encoder_cache_size: int | None = None
     """Embeddings the engine's encoder cache holds (None: the encoder budget, as vLLM sizes it)."""
 
+    @property
+    def encoder_budget(self) -> int:
+        """`max_num_batched_encoder_embeds`, its default resolved."""
+        return self.max_num_batched_encoder_embeds or self.max_num_batched_tokens
+
+    @property
+    def encoder_cache_embeds(self) -> int:
+        """`encoder_cache_size`, its default resolved."""
+        return self.encoder_cache_size or self.encoder_budget
+
 
 @dataclass(frozen=True)
 class ECTransferConfig:

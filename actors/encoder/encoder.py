@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 from collections import deque
 from typing import Any, Protocol
 
-import numpy as np
-
 from actors.engine.clock import Clock
 from actors.engine.encoder_cache import EncoderCache
+from actors.engine.executor import encoded
 from actors.engine.step_clock import StepClock
 from messages import EncodedImage, EncodeJob
 from target.vision import EncoderRoofline
@@ -143,7 +141,7 @@ class EncoderCore:
         return [job.arrival_s for job, _ in self._queue if job.arrival_s > since]
 
     async def _step(self, batch: list[tuple[EncodeJob, asyncio.Future[EncodedImage]]], start: float) -> float:
-        embeds = await self._compute([job for job, _ in batch])
+        embeds = await encoded(self.vision, [job.item for job, _ in batch], self.in_thread)
         step = self.roofline.visual_tokens_time(job.item.num_tokens for job, _ in batch)
         end = start + step.total_s + self.step_overhead_s
         await self.clock.sleep_until(end)
@@ -161,11 +159,3 @@ class EncoderCore:
     def _record_state(self) -> None:
         if self.recorder is not None:
             self.recorder.on_encoder_state(len(self._queue))
-
-    async def _compute(self, jobs: list[EncodeJob]) -> list[np.ndarray | None]:
-        if self.vision is None:
-            return [None] * len(jobs)
-        from actors.engine.vision_model import encode_images
-
-        run = functools.partial(encode_images, self.vision, [job.item for job in jobs])
-        return list(await asyncio.to_thread(run) if self.in_thread else run())

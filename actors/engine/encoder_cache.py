@@ -23,9 +23,6 @@ class EncoderCache:
         self.num_queries = 0
         self.num_hits = 0
 
-    def __contains__(self, mm_hash: str) -> bool:
-        return mm_hash in self._entries
-
     def lookup(self, mm_hash: str) -> tuple[bool, np.ndarray | None]:
         """Whether `mm_hash` is cached (counted as a query, and a hit), and its embeddings."""
         self.num_queries += 1

@@ -48,13 +48,7 @@ class Executor:
         goes to its request and the encoder cache."""
         if not inputs:
             return
-        items = [item for _, item in inputs]
-        embeds: list[np.ndarray | None] = [None] * len(items)
-        if self.runner is not None:
-            from actors.engine.vision_model import encode_images
-
-            run = functools.partial(encode_images, self.vision, items)
-            embeds = list(await asyncio.to_thread(run) if self.in_thread else run())
+        embeds = await encoded(self.vision, [item for _, item in inputs], self.in_thread)
         for (req, item), e in zip(inputs, embeds, strict=True):
             req.mm_embeds[item.mm_hash] = e
             cache.put(item.mm_hash, item.num_tokens, e)
@@ -92,6 +86,17 @@ class Executor:
     def assert_empty(self) -> None:
         if self.runner is not None:
             self.runner.assert_empty()
+
+
+async def encoded(vision: Any, items: list[MultiModalItem], in_thread: bool) -> list[np.ndarray | None]:
+    """Each image's embeddings from the vision tower `vision` (None: compute skip, no embeddings), off
+    the event loop when `in_thread` (a real-time clock). The tower loads torch, so only where it runs."""
+    if vision is None:
+        return [None] * len(items)
+    from actors.engine.vision_model import encode_images
+
+    run = functools.partial(encode_images, vision, items)
+    return list(await asyncio.to_thread(run) if in_thread else run())
 
 
 def image_rows(req: Request, start: int, n: int) -> list[tuple[int, np.ndarray]]:
