@@ -406,7 +406,7 @@ def _check_rest(cfg: TestbedConfig) -> None:
         f"kv_transfer.decoder_kv_blocks_ttl_s={kv.decoder_kv_blocks_ttl_s}: must be > 0",
     )
     _require(cfg.render.replicas >= 1, f"render.replicas={cfg.render.replicas}: must be >= 1")
-    for key in ("s_per_call", "s_per_prompt_token"):
+    for key in ("s_per_call", "s_per_prompt_token", "s_per_image", "s_per_image_pixel"):
         value = getattr(cfg.render, key)
         _require(value >= 0, f"render.{key}={value}: must be >= 0 (seconds)")
     for key in ("tokenizer_path", "chat_template_path"):

@@ -31,9 +31,9 @@ from actors.engine.stats import EngineStats
 from dashboards.recorders import EncoderMetrics, EngineMetrics
 from target.config import PoolConfig, TestbedConfig
 from target.kv_cache import num_gpu_blocks
-from target.profiles import LINKS, MODELS
+from target.profiles import LINKS
 from target.roofline import roofline_for
-from target.vision import VISION_ENCODERS, encoder_roofline_for
+from target.vision import encoder_roofline_for, vision_encoder_of
 from workloads.replay import Workload, needs_render
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
@@ -52,10 +52,12 @@ def runner_for(cfg: TestbedConfig, pool: PoolConfig) -> ModelRunner | None:
 
 
 def vision_for(cfg: TestbedConfig) -> Any:
-    """The tiny vision encoder the runner's engines compute images with (loaded once per process)."""
+    """The tiny vision encoder the runner's engines compute images with (loaded once per process), or
+    None for a text-only target."""
     from actors.engine.vision_model import load_vision_model
 
-    return load_vision_model(cfg.runner)
+    vit = vision_encoder_of(cfg.target.model)
+    return None if vit is None else load_vision_model(cfg.runner, vit.patch_size)
 
 
 def build_engine(
@@ -145,5 +147,6 @@ def encoder_pool(cfg: TestbedConfig, encoders: Sequence[EncoderClient]) -> Encod
     """The proxy's view of the encoder pool (None without one: the LM engines encode)."""
     if not encoders:
         return None
-    vit = VISION_ENCODERS[MODELS[cfg.target.model].vision_encoder or ""]
+    vit = vision_encoder_of(cfg.target.model)
+    assert vit is not None, "an encoder pool needs a vision-language target (checked with the config)"
     return EncoderPool(encoders, LINKS[cfg.ec_transfer.link], vit.embedding_bytes_per_token)

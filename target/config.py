@@ -340,6 +340,17 @@ class RenderConfig:
     """Render tier CPU seconds per prompt token (tokenizing), for the same cost model. Both defaults:
     the project's render tier on a 2-core x86 VM, fitted over 80-33k-token chat requests (1.1-1.8 us
     per token over repeated runs); a real model's tokenizer and template cost differently: measure."""
+    s_per_image: float = 0.0
+    """Render tier CPU seconds per image besides its pixels, for the same cost model (a replayed or
+    generated request's images: `s_per_image + s_per_image_pixel x processed pixels` each, the pixels
+    being its visual tokens x (patch x merge)² of the target's processor). Measured by
+    `bench/render_cost.py`; behind `testbed serve` every image is timed instead."""
+    s_per_image_pixel: float = 5e-8
+    """Render tier CPU seconds per processed image pixel (decode, normalise, cut into patches, hash).
+    Both image defaults: the project's render tier on a 2-core x86 VM, Qwen3-VL's processor, JPEG
+    photos of 64-3,136 visual tokens at their processed size, fitted on relative error (no fixed cost
+    seen; 49-59 ns per pixel over repeated runs, ~20 ms for a 400-token image; a larger source image
+    costs more to decode and resize: measure)."""
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,18 @@ MODELS: dict[str, ModelProfile] = {
             tie_word_embeddings=True,
             vision_encoder="qwen2.5-vl-vit-3b",
         ),
+        ModelProfile(  # Qwen3-VL-4B-Instruct's language model (config.json text_config), with its ViT
+            "qwen3-vl-4b",
+            num_layers=36,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            hidden_size=2560,
+            intermediate_size=9728,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            vision_encoder="qwen3-vl-vit-4b",
+        ),
         ModelProfile(
             "llama-3.1-8b",
             num_layers=32,

@@ -15,12 +15,12 @@ VL = {"target": {"model": "qwen2.5-vl-7b"}, "runner": {"device": "cpu"}}
 REAL = {"runner": {"compute": "real"}, "workload": {"output_policy": "greedy"}}
 
 
-def image_request(rid, seed, arrival_s=0.0, size=(448, 448), text="What is in this picture?"):
+def image_request(rid, seed, arrival_s=0.0, size=(448, 448), text="What is in this picture?", vl=VL):
     spec = RenderSpec([{"role": "user", "content": [
         {"type": "text", "text": text},
         {"type": "image_url", "image_url": {"url": data_url(picture(seed, size))}},
     ]}])  # fmt: skip
-    rendered = render_for(make_config()).render_spec(spec)
+    rendered = render_for(make_config(vl)).render_spec(spec)
     return ClientRequest(rid, arrival_s, rendered.token_ids, 8, mm_items=rendered.mm_items)
 
 
@@ -124,11 +124,16 @@ def test_embeddings_are_spliced_at_the_image_positions_only():
 EPD = {"pools": {**PD["pools"], "encoder": {"replicas": 1}}}
 
 
-def test_e_p_d_gives_the_tokens_of_an_engine_encoding_locally():
+@pytest.mark.parametrize("model", ["qwen2.5-vl-7b", "qwen3-vl-4b"])
+def test_e_p_d_gives_the_tokens_of_an_engine_encoding_locally(model):
     """Real compute: the image encoded on the encoder pool, its embeddings moved to prefill, the KV to
-    decode: the same greedy tokens as one collocated engine encoding in its own step."""
-    want, _ = outputs(make_config(COLLOCATED, VL, REAL), image_request("a", 1), image_request("b", 2, 1.0))
-    got, dep = outputs(make_config(EPD, VL, REAL), image_request("a", 1), image_request("b", 2, 1.0))
+    decode: the same greedy tokens as one collocated engine encoding in its own step (each target's
+    patches: 14 pixels, 256 visual tokens; 16 pixels, 196)."""
+    vl = {**VL, "target": {"model": model}}
+    a, b = image_request("a", 1, vl=vl), image_request("b", 2, 1.0, vl=vl)
+    assert a.mm_items[0].num_tokens == (256 if model.startswith("qwen2.5") else 196)
+    want, _ = outputs(make_config(COLLOCATED, vl, REAL), a, b)
+    got, dep = outputs(make_config(EPD, vl, REAL), a, b)
     assert got == want
     assert dep.encoders[0].num_encoded == 2 and all(
         e.scheduler.encoder_cache.num_queries == 0 for e in dep.engines
@@ -189,9 +194,10 @@ def test_synthetic_images_lead_each_prompt_and_reuse_draws_earlier_ones():
     hashes = [m.mm_hash for r in with_images for m in r.mm_items]
     assert len(set(hashes)) < len(hashes)  # some images came again
     assert synthetic_requests(w, 8192, seed=3)[5].mm_items == reqs[5].mm_items  # deterministic
-    with_pixels = synthetic_requests(w, 8192, seed=3, pixels=True)
-    first = next(r for r in with_pixels if r.mm_items).mm_items[0]
-    assert first.pixel_values.shape == (1600, 1176) and first.grid_thw == (1, 40, 40)
+    for patch_size in (14, 16):  # Qwen2.5-VL's patches, Qwen3-VL's
+        with_pixels = synthetic_requests(w, 8192, seed=3, patch_size=patch_size)
+        first = next(r for r in with_pixels if r.mm_items).mm_items[0]
+        assert first.pixel_values.shape == (1600, 6 * patch_size**2) and first.grid_thw == (1, 40, 40)
 
 
 def test_the_encoder_batches_jobs_within_its_budget_and_serves_repeats_from_its_cache():

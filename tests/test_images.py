@@ -1,5 +1,5 @@
-"""Images in chat requests: Qwen2.5-VL's resize rule, data URLs only, hashes from pixels, visual tokens
-in the prompt, and block hashes that tell two images apart."""
+"""Images in chat requests: Qwen2.5-VL's and Qwen3-VL's resize rules, data URLs only, hashes from
+pixels, visual tokens in the prompt, and block hashes that tell two images apart."""
 
 import base64
 import io
@@ -12,7 +12,10 @@ from actors.engine.block_hash import hash_blocks
 from actors.render.client import render_for
 from actors.render.images import ImageError, process_image
 from messages import MultiModalItem, RenderSpec
+from target.vision import VISION_ENCODERS
 from tests.factories import make_config
+
+QWEN25_VL, QWEN3_VL = VISION_ENCODERS["qwen2.5-vl-vit-7b"], VISION_ENCODERS["qwen3-vl-vit-4b"]
 
 
 def data_url(image: Image.Image, fmt: str = "PNG") -> str:
@@ -36,16 +39,33 @@ def picture(seed: int, size: tuple[int, int] = (448, 448)) -> Image.Image:
     ],
 )
 def test_images_are_processed_as_qwen2_5_vl_does(size, grid, num_tokens):
-    image = process_image(data_url(picture(0, size)), "part")
+    image = process_image(data_url(picture(0, size)), "part", QWEN25_VL)
     assert image.grid_thw == grid and image.num_tokens == num_tokens
     assert image.pixel_values.shape == (grid[1] * grid[2], 3 * 2 * 14 * 14)
 
 
+@pytest.mark.parametrize(
+    ("size", "grid", "num_tokens"),
+    [
+        ((448, 448), (1, 28, 28), 196),  # 16-pixel patches: one visual token per 32 x 32
+        ((100, 100), (1, 16, 16), 64),  # up to min_pixels (256 x 256)
+        ((2048, 1024), (1, 64, 128), 2048),  # (height, width); Qwen2.5-VL's cap would be 1,280
+    ],
+)
+def test_images_are_processed_as_qwen3_vl_does(size, grid, num_tokens):
+    image = process_image(data_url(picture(0, size)), "part", QWEN3_VL)
+    assert image.grid_thw == grid and image.num_tokens == num_tokens
+    assert image.pixel_values.shape == (grid[1] * grid[2], 3 * 2 * 16 * 16)
+
+
 def test_the_hash_comes_from_the_pixels():
     a, b = picture(1), picture(2)
-    assert process_image(data_url(a), "x").mm_hash == process_image(data_url(a), "y").mm_hash
-    assert process_image(data_url(a), "x").mm_hash != process_image(data_url(b), "x").mm_hash
-    assert process_image(data_url(a, "JPEG"), "x").num_tokens == 256
+
+    def hash_of(image, where="x"):
+        return process_image(data_url(image), where, QWEN25_VL).mm_hash
+
+    assert hash_of(a) == hash_of(a, "y") and hash_of(a) != hash_of(b)
+    assert process_image(data_url(a, "JPEG"), "x", QWEN25_VL).num_tokens == 256
 
 
 BAD_IMAGES = [
@@ -62,7 +82,7 @@ BAD_IMAGES = [
 @pytest.mark.parametrize(("url", "message"), BAD_IMAGES)
 def test_bad_images_are_refused_naming_the_part(url, message):
     with pytest.raises(ImageError, match=message) as e:
-        process_image(url, "messages[0].content[1]")
+        process_image(url, "messages[0].content[1]", QWEN25_VL)
     assert e.value.where == "messages[0].content[1]" and str(e.value).startswith("messages[0].content[1]: ")
 
 
@@ -73,7 +93,7 @@ def chat_with(*urls):
 
 
 def test_the_render_tier_puts_each_images_visual_tokens_in_the_prompt():
-    render = render_for(make_config())
+    render = render_for(make_config({"target": {"model": "qwen2.5-vl-7b"}}))
     tok = render.tokenizer
     pad, start, end = (
         tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")

@@ -23,6 +23,30 @@ def test_renders_queue_on_the_replicas_first_come_first_served():
     assert tier.render_s(5.0, 0) == pytest.approx(0.5)  # idle again by then
 
 
+def test_an_images_cost_follows_its_processed_pixels():
+    """Per image a fixed cost and one per processed pixel: Qwen3-VL's visual token is 32 x 32 pixels,
+    Qwen2.5-VL's 28 x 28; text costs per text token, the visual tokens not counted twice."""
+    from target.vision import VISION_ENCODERS
+
+    cfg = RenderConfig(s_per_call=0.0, s_per_prompt_token=1e-3, s_per_image=0.01, s_per_image_pixel=1e-8)
+    qwen3, qwen25 = (RenderTier(cfg, VISION_ENCODERS[n]) for n in ("qwen3-vl-vit-4b", "qwen2.5-vl-vit-7b"))
+    assert qwen3.cost_s(100) == pytest.approx(0.1)
+    assert qwen3.cost_s(100 + 2 * 400, [400, 400]) == pytest.approx(0.1 + 2 * (0.01 + 400 * 1024e-8))
+    assert qwen25.cost_s(500, [400]) == pytest.approx(0.1 + 0.01 + 400 * 784e-8)
+
+
+def test_generated_images_are_rendered_on_the_replayed_path():
+    """A generated request's images cost render time in virtual mode (behind `testbed serve` they are
+    timed): four images of 400 tokens on Qwen3-VL-4B add 4 x (s_per_image + 409,600 px x s_per_pixel)."""
+    images = {"images_per_request": "constant:4", "image_tokens": 400, "prompt_len": 100, "num_requests": 3}
+    cost = {"s_per_call": 0.0, "s_per_prompt_token": 0.0, "s_per_image": 0.002, "s_per_image_pixel": 5e-8}
+    cfg = make_config(COLLOCATED, SKIP, target={"model": "qwen3-vl-4b"}, workload=images, render=cost)
+    from cluster.virtual import run_virtual
+
+    df = run_virtual(cfg).results
+    assert df["render_s"].min() == pytest.approx(4 * (0.002 + 400 * 1024 * 5e-8))
+
+
 @pytest.mark.parametrize("design", [COLLOCATED, PD], ids=["collocated", "pd"])
 def test_replayed_requests_are_rendered_before_an_engine_sees_them_and_ttft_counts_it(design):
     requests = make_requests(3, 500, 4, forced=True, gap_s=2.0)
@@ -46,7 +70,7 @@ def test_a_burst_queues_on_one_render_replica():
     assert [r.render_s for r in results] == pytest.approx([0.06, 0.12, 0.18])
 
 
-@pytest.mark.parametrize("key", ["s_per_call", "s_per_prompt_token"])
+@pytest.mark.parametrize("key", ["s_per_call", "s_per_prompt_token", "s_per_image", "s_per_image_pixel"])
 def test_a_negative_render_cost_is_refused_naming_the_field(key):
     with pytest.raises(ConfigError, match=rf"render\.{key}=-1.0: must be >= 0"):
         make_config(render={key: -1.0})

@@ -120,3 +120,61 @@ def test_qwen2_5_vl_3b_is_the_same_vit_ending_at_its_smaller_lm():
     assert lm.num_params == pytest.approx(3.09e9, rel=0.01)  # Qwen2.5-3B: 3.09B, tied embeddings
     assert vit.out_hidden_size == lm.hidden_size == 2048 and vit.embedding_bytes_per_token == 4096
     assert vit.flops(1024) == pytest.approx(VISION_ENCODERS["qwen2.5-vl-vit-7b"].flops(1024), rel=0.02)
+
+
+def test_qwen3_vl_4b_is_its_config_with_deepstack_embeddings():
+    """Qwen3-VL-4B-Instruct from its config: a 4.0B language model (tied embeddings), a 24-block ViT of
+    16-pixel patches with a plain MLP and three DeepStack mergers; each visual token crosses the
+    encoder/prefill cut as four 2,560-wide embeddings (20 KiB)."""
+    from target.profiles import MODELS
+    from target.vision import vision_encoder_of
+
+    lm = MODELS["qwen3-vl-4b"]
+    vit = vision_encoder_of("qwen3-vl-4b")
+    assert vit is not None and lm.num_params == pytest.approx(4.02e9, rel=0.01)
+    assert vit.out_hidden_size == lm.hidden_size and vit.embedding_bytes_per_token == 20 * 1024
+    # 448^2 = 784 patches: 304M parameters per patch, 109M (four mergers) per token of 32 x 32 pixels,
+    # full attention in all 24 blocks: ~0.58 TFLOP
+    expected = 2 * 0.304e9 * 784 + 2 * 0.109e9 * 196 + 4 * 1024 * 784 * 24 * 784
+    assert vit.flops(784) == pytest.approx(expected, rel=0.01) == pytest.approx(0.58e12, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-vl-vit-7b", "qwen3-vl-vit-4b"])
+def test_vision_encoder_parameters_match_transformers_models_of_the_same_config(name):
+    """Each ViT profile's parameters against transformers' own vision model built (on the meta device:
+    no weights) from the same config, per part; biases and norms are the small difference."""
+    import torch
+
+    from target.vision import VISION_ENCODERS
+
+    vit = VISION_ENCODERS[name]
+    if name.startswith("qwen3"):
+        from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel as Model
+
+        config = Qwen3VLVisionConfig(
+            depth=vit.depth, hidden_size=vit.hidden_size, intermediate_size=vit.intermediate_size,
+            num_heads=vit.num_heads, out_hidden_size=vit.out_hidden_size, patch_size=vit.patch_size,
+            deepstack_visual_indexes=[5, 11, 17],
+        )  # fmt: skip
+        mergers = ("merger", "deepstack_merger_list")
+    else:
+        from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+            Qwen2_5_VisionTransformerPretrainedModel as Model,
+        )
+
+        config = Qwen2_5_VLVisionConfig(
+            depth=vit.depth, hidden_size=vit.hidden_size, intermediate_size=vit.intermediate_size,
+            num_heads=vit.num_heads, out_hidden_size=vit.out_hidden_size,
+            fullatt_block_indexes=[7, 15, 23, 31],
+        )  # fmt: skip
+        mergers = ("merger",)
+    with torch.device("meta"):
+        model = Model._from_config(config)
+    parts: dict[str, int] = {}
+    for n, p in model.named_parameters():
+        parts[n.split(".")[0]] = parts.get(n.split(".")[0], 0) + p.numel()
+    assert vit.num_block_params == pytest.approx(parts["blocks"], rel=0.01)
+    assert vit.num_merger_params == pytest.approx(sum(parts[m] for m in mergers), rel=0.01)
+    assert vit.num_patch_embed_params == pytest.approx(parts["patch_embed"], rel=0.01)

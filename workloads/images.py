@@ -1,9 +1,9 @@
 """Synthetic images for generated and sampled workloads: visual tokens, hashes, and patches when computed.
 
 An image of N visual tokens is a grid of h x w tokens with h·w = N (the most nearly square), 2h x 2w
-patches of random values (the image processor's output shape, so the real vision tower can encode it);
-with compute skip only its hash and size exist. Its placeholders lead the prompt, as the chat template
-puts an image before the text of its message::
+patches of random values (the image processor's output shape for the target's patch size, so the real
+vision tower can encode it); with compute skip only its hash and size exist. Its placeholders lead
+the prompt, as the chat template puts an image before the text of its message::
 
     [<vs> pad x N1 <ve>] [<vs> pad x N2 <ve>] [text tokens]
 
@@ -20,15 +20,14 @@ import numpy as np
 
 from messages import MultiModalItem
 
-PATCH_DIM = 3 * 2 * 14 * 14
-"""Values per patch (RGB, two frames, 14 x 14 pixels), as the vision encoder reads them."""
 
-
-def synthetic_image(rng: np.random.Generator, num_tokens: int, pixels: bool) -> MultiModalItem:
-    """A new image of `num_tokens` visual tokens (patches only if `pixels`), at offset 0."""
+def synthetic_image(rng: np.random.Generator, num_tokens: int, patch_size: int | None) -> MultiModalItem:
+    """A new image of `num_tokens` visual tokens, at offset 0, with patches of `patch_size` pixels a
+    side (RGB, two frames each, as the vision encoder reads them; None: no patches)."""
     h = max(d for d in range(1, math.isqrt(num_tokens) + 1) if num_tokens % d == 0)
     w = num_tokens // h
-    patches = rng.standard_normal((4 * num_tokens, PATCH_DIM), dtype=np.float32) if pixels else None
+    patch_dim = 3 * 2 * (patch_size or 0) ** 2
+    patches = rng.standard_normal((4 * num_tokens, patch_dim), dtype=np.float32) if patch_size else None
     digest = blake3.blake3(patches.tobytes() if patches is not None else rng.bytes(16)).hexdigest()
     return MultiModalItem(digest, 0, num_tokens, patches, (1, 2 * h, 2 * w))
 

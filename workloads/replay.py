@@ -10,7 +10,7 @@ from typing import Any
 
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
-from target.profiles import MODELS
+from target.vision import vision_encoder_of
 from workloads.render_tier import RenderTier
 from workloads.session_replay import Clock, SessionReplay
 from workloads.synthetic import synthetic_requests
@@ -32,7 +32,13 @@ def workload_for(cfg: TestbedConfig) -> Workload:
         return load_trace(r.trace, r.format, r.window_s, r.clients, cfg.seed)
     if cfg.workload.kind == "multi_turn":
         return multi_turn_trace(cfg.multi_turn, cfg.runner.vocab_size, cfg.seed)
-    return synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed, cfg.runner.compute == "real")
+    return synthetic_requests(cfg.workload, cfg.runner.vocab_size, cfg.seed, image_patch_size(cfg))
+
+
+def image_patch_size(cfg: TestbedConfig) -> int | None:
+    """The pixel size of generated images' patches: the target's, when real compute encodes them."""
+    vit = vision_encoder_of(cfg.target.model)
+    return vit.patch_size if vit is not None and cfg.runner.compute == "real" else None
 
 
 def needs_render(workload: Workload) -> bool:
@@ -75,7 +81,7 @@ async def run_workload(
     if isinstance(workload, Trace):
         synth = TokenSynthesizer(cfg.runner.vocab_size, workload.block_size, cfg.seed, render_chat)
         forced = cfg.workload.output_policy == "forced"
-        images = (MODELS[cfg.target.model].vision_encoder is not None, cfg.runner.compute == "real")
+        images = (vision_encoder_of(cfg.target.model) is not None, image_patch_size(cfg))
         driver = SessionReplay(submit, clock, synth, cfg.replay, render, on_result, lead_s, forced, images)
         return await driver.run(workload)
     return await replay(submit, workload, clock, on_result, lead_s, render)
@@ -106,7 +112,8 @@ async def replay(
     tasks = []
     for creq in sorted(requests, key=lambda r: r.arrival_s):
         if render is not None:
-            render_s = render.render_s(creq.arrival_s, len(creq.prompt_token_ids))
+            image_tokens = [m.num_tokens for m in creq.mm_items]
+            render_s = render.render_s(creq.arrival_s, len(creq.prompt_token_ids), image_tokens)
             creq = dataclasses.replace(creq, render_s=render_s)
         await clock.sleep_until(creq.arrival_s - lead_s)
         tasks.append(asyncio.ensure_future(one(creq)))

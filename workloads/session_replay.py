@@ -49,15 +49,15 @@ class SessionReplay:
         on_result: Callable[[RequestResult], None] | None = None,
         lead_s: float = 0.0,
         forced: bool = True,
-        images: tuple[bool, bool] = (False, False),
+        images: tuple[bool, int | None] = (False, None),
     ) -> None:
         """`lead_s`: send each request that much ahead of its time (live mode: the real hops).
         `forced`: answers are the tokens the next turn repeats (False: the runner's greedy tokens,
         which a trace's next prompt does not contain). `images`: whether a turn's images go as images
-        (a vision-language target; else as as many random prompt tokens), and with patches (real
-        compute)."""
+        (a vision-language target; else as as many random prompt tokens), and the pixel size of their
+        patches (real compute; None: no patches)."""
         self.forced = forced
-        self.images, self.pixels = images
+        self.images, self.patch_size = images
         self.submit, self.clock, self.synth, self.cfg = submit, clock, synth, cfg
         self.render, self.on_result, self.lead_s = render, on_result, lead_s
         self.results: list[RequestResult] = []
@@ -107,7 +107,7 @@ class SessionReplay:
             extra = rng.integers(0, self.synth.vocab_size, sum(turn.image_tokens)).tolist()
             creq.prompt_token_ids = extra + creq.prompt_token_ids
             return
-        items = [synthetic_image(rng, n, self.pixels) for n in turn.image_tokens]
+        items = [synthetic_image(rng, n, self.patch_size) for n in turn.image_tokens]
         creq.prompt_token_ids, creq.mm_items = with_images(
             creq.prompt_token_ids, items, self.synth.vocab_size
         )
@@ -163,7 +163,8 @@ class SessionReplay:
         if turn.image_tokens:
             self._add_images(creq, turn, rid)
         if self.render is not None:
-            creq.render_s = self.render.render_s(sent_s, len(creq.prompt_token_ids))
+            image_tokens = [m.num_tokens for m in creq.mm_items]
+            creq.render_s = self.render.render_s(sent_s, len(creq.prompt_token_ids), image_tokens)
         result = await self.submit(creq)
         harness.answered(prompt, result, nxt.prompt if nxt is not None else None)
         self.results.append(result)

@@ -22,12 +22,13 @@ from workloads.traces.multi_turn import parse_dist
 
 
 def synthetic_requests(
-    w: WorkloadConfig, vocab_size: int, seed: int, pixels: bool = False
+    w: WorkloadConfig, vocab_size: int, seed: int, patch_size: int | None = None
 ) -> list[ClientRequest]:
-    """`pixels`: give images their patches (real compute encodes them); else only hashes and sizes."""
+    """`patch_size`: give images patches of that many pixels a side (real compute encodes them); None:
+    only hashes and sizes."""
     requests = _text_requests(w, vocab_size, seed)
     if w.images_per_request != "constant:0":
-        _add_images(requests, w, vocab_size, np.random.default_rng([seed, 11]), pixels)
+        _add_images(requests, w, vocab_size, np.random.default_rng([seed, 11]), patch_size)
     return requests
 
 
@@ -51,7 +52,11 @@ def _text_requests(w: WorkloadConfig, vocab_size: int, seed: int) -> list[Client
 
 
 def _add_images(
-    requests: list[ClientRequest], w: WorkloadConfig, vocab_size: int, rng: np.random.Generator, pixels: bool
+    requests: list[ClientRequest],
+    w: WorkloadConfig,
+    vocab_size: int,
+    rng: np.random.Generator,
+    patch_size: int | None,
 ) -> None:
     count = parse_dist(w.images_per_request)
     side = max(1, round(math.sqrt(w.image_tokens)))  # a square grid of visual tokens
@@ -64,6 +69,6 @@ def _add_images(
             if seen and rng.random() < w.image_reuse:
                 images.append(seen[int(rng.integers(len(seen)))])
             else:
-                seen.append(synthetic_image(rng, side * side, pixels))
+                seen.append(synthetic_image(rng, side * side, patch_size))
                 images.append(seen[-1])
         creq.prompt_token_ids, creq.mm_items = with_images(creq.prompt_token_ids, images, vocab_size)

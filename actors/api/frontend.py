@@ -28,7 +28,6 @@ from actors.render.parsers import ParsedDelta
 from actors.render.render import Render
 from messages import ClientRequest, EngineOutput, RenderedPrompt, RenderSpec, RequestResult
 from target.config import TestbedConfig
-from target.profiles import MODELS
 
 
 @dataclass
@@ -106,13 +105,6 @@ class Frontend:
         given = self.requests.transfer_prompt(req)
         rendered = RenderedPrompt(given) if given is not None else await self.render(spec, replica)
         creq = await asyncio.to_thread(self.requests.chat, req, rendered.token_ids, spec, arrival_s)
-        if rendered.mm_items and MODELS[self.cfg.target.model].vision_encoder is None:
-            raise ApiError(
-                400,
-                f"messages: images need a vision-language target; this server emulates "
-                f"{self.cfg.target.model!r}, text only (e.g. target.model=qwen2.5-vl-7b)",
-                "messages",
-            )
         creq.mm_items = rendered.mm_items
         return self._rendered(creq), replica
 

@@ -26,8 +26,9 @@ from target.config import RunnerConfig
 _LOADED: dict[str, Qwen2_5_VisionTransformerPretrainedModel] = {}
 
 
-def tiny_vision_config(cfg: RunnerConfig) -> Qwen2_5_VLVisionConfig:
-    """Two blocks 64 wide (the second with full attention), patches of 14 pixels merged 2 x 2."""
+def tiny_vision_config(cfg: RunnerConfig, patch_size: int) -> Qwen2_5_VLVisionConfig:
+    """Two blocks 64 wide (the second with full attention), patches of `patch_size` pixels (the
+    target's, so it reads what the render tier cuts) merged 2 x 2."""
     return Qwen2_5_VLVisionConfig(
         depth=2,
         hidden_size=64,
@@ -35,20 +36,21 @@ def tiny_vision_config(cfg: RunnerConfig) -> Qwen2_5_VLVisionConfig:
         num_heads=4,
         out_hidden_size=cfg.hidden_size,
         fullatt_block_indexes=[1],
+        patch_size=patch_size,
     )
 
 
-def vision_model_dir(cfg: RunnerConfig) -> Path:
-    key = json.dumps([cfg.hidden_size, cfg.weights_seed, "qwen2.5-vl-vision"])
+def vision_model_dir(cfg: RunnerConfig, patch_size: int) -> Path:
+    key = json.dumps([cfg.hidden_size, cfg.weights_seed, patch_size, "qwen2.5-vl-vision"])
     return cache_dir() / f"tiny-vision-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 
 
-def load_vision_model(cfg: RunnerConfig) -> Qwen2_5_VisionTransformerPretrainedModel:
+def load_vision_model(cfg: RunnerConfig, patch_size: int) -> Qwen2_5_VisionTransformerPretrainedModel:
     """The vision tower (CPU, float32), built and saved on first use, loaded once per process."""
-    path = vision_model_dir(cfg)
+    path = vision_model_dir(cfg, patch_size)
     if not (path / "config.json").exists():
         torch.manual_seed(cfg.weights_seed + 1)
-        model = Qwen2_5_VisionTransformerPretrainedModel._from_config(tiny_vision_config(cfg))
+        model = Qwen2_5_VisionTransformerPretrainedModel._from_config(tiny_vision_config(cfg, patch_size))
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         model.save_pretrained(tmp)
         os.replace(tmp, path) if not path.exists() else None

@@ -84,13 +84,13 @@ def local_render(render: Render) -> RenderClient:
 
 def render_for(cfg: TestbedConfig, on_render: Callable[[str, float, int], None] | None = None) -> Render:
     """A render replica for `cfg`: its tokenizer and chat template (the project's unless `cfg.render`
-    names local ones)."""
+    names local ones), and its target's image processor."""
     from actors.render.render import Render
     from actors.render.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.render.tokenizer_path, cfg.runner.vocab_size)
     template = Path(cfg.render.chat_template_path).read_text() if cfg.render.chat_template_path else None
-    return Render(tokenizer, template, on_render=on_render)
+    return Render(tokenizer, template, on_render=on_render, target_model=cfg.target.model)
 
 
 def render_again(clients: Sequence[RenderClient]) -> Callable[[RenderSpec], Awaitable[list[int]]]:

@@ -1,14 +1,15 @@
-"""Images in chat requests, processed as Qwen2.5-VL's image processor does, on the render tier.
+"""Images in chat requests, processed as the target's image processor does, on the render tier.
 
 An `image_url` content part carries a data URL (base64 JPEG or PNG); nothing is fetched, so a remote
 URL is refused. The image is decoded and checked with Pillow, then processed by transformers' own
-Qwen2-VL image processor (the PIL one): resized so that each side is a multiple of 28 (a 14-pixel
-patch, 2x2 patches merged into one visual token) with the area within [min_pixels, max_pixels], the
-aspect ratio kept as closely as that allows, normalised and cut into patches (`pixel_values`, what
-the vision encoder reads)::
+Qwen2-VL image processor (the PIL one) with the target's settings (`target.vision`): resized so that
+each side is a multiple of 2p (p-pixel patches, 2x2 merged into one visual token) with the area
+within [min_pixels, max_pixels], the aspect ratio kept as closely as that allows, normalised and cut
+into patches (`pixel_values`, what the vision encoder reads)::
 
-    448 x 448  ->  448 x 448   32 x 32 patches, 16 x 16 = 256 visual tokens
-    1024 x 1024 -> 1036 x 1036 would be 1,369 tokens; over 1,280 x 28 x 28 pixels -> 980 x 980 = 1,225
+    Qwen2.5-VL (p = 14)  448 x 448  ->  448 x 448   32 x 32 patches, 16 x 16 = 256 visual tokens
+                         1024 x 1024 -> 1036² would be 1,369 tokens; over 1,280 x 28² -> 980² = 1,225
+    Qwen3-VL (p = 16)    448 x 448  ->  448 x 448   28 x 28 patches, 14 x 14 = 196 visual tokens
 
 In the prompt an image is `<|vision_start|>` + one `<|image_pad|>` per visual token + `<|vision_end|>`
 (the template writes one pad; `expand_image_pads` widens it). Its identity, `mm_hash`, is BLAKE3 over
@@ -29,8 +30,8 @@ import blake3
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-MERGE_SIZE = 2
-"""Patches per side merged into one visual token (Qwen2.5-VL: 2 x 2 patches of 14 pixels)."""
+from target.vision import VisionEncoderProfile
+
 MAX_ASPECT_RATIO = 200
 MAX_DECODED_PIXELS = 8192 * 8192
 """Larger images are refused before they are decoded (Pillow reads the size from the header)."""
@@ -53,16 +54,12 @@ class ProcessedImage:
     mm_hash: str
     """BLAKE3 of the patches and their grid (hex): the encoder cache's key."""
     pixel_values: np.ndarray
-    """[num_patches, 3 x 2 x 14 x 14] float32: the image cut into patches, as the vision encoder reads
+    """[num_patches, 3 x 2 x p x p] float32: the image cut into patches, as the vision encoder reads
     them (two temporal frames per patch, an image repeated)."""
     grid_thw: tuple[int, int, int]
     """Patches along time, height and width."""
-
-    @property
-    def num_tokens(self) -> int:
-        """Visual tokens: one per MERGE_SIZE x MERGE_SIZE patches."""
-        t, h, w = self.grid_thw
-        return t * h * w // (MERGE_SIZE * MERGE_SIZE)
+    num_tokens: int
+    """Visual tokens: one per merge_size x merge_size patches."""
 
 
 def decode_data_url(url: str, where: str) -> Image.Image:
@@ -96,21 +93,28 @@ def decode_data_url(url: str, where: str) -> Image.Image:
 
 
 @functools.cache
-def _processor() -> Any:
-    """transformers' Qwen2-VL image processor (PIL backend: no torchvision), its defaults."""
+def _processor(vit: VisionEncoderProfile) -> Any:
+    """transformers' Qwen2-VL image processor (PIL backend: no torchvision) set as `vit`'s ships."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil()
+    return Qwen2VLImageProcessorPil(
+        size={"shortest_edge": vit.min_pixels, "longest_edge": vit.max_pixels},
+        patch_size=vit.patch_size,
+        temporal_patch_size=vit.temporal_patch_size,
+        merge_size=vit.merge_size,
+        image_mean=list(vit.image_mean),
+        image_std=list(vit.image_std),
+    )
 
 
-def process_image(url: str, where: str) -> ProcessedImage:
-    """Decode the image at data URL `url`, then resize, normalise and patch it as Qwen2.5-VL does."""
+def process_image(url: str, where: str, vit: VisionEncoderProfile) -> ProcessedImage:
+    """Decode the image at data URL `url`, then resize, normalise and patch it for vision encoder `vit`."""
     image = decode_data_url(url, where).convert("RGB")
-    out = _processor()(images=[image], return_tensors="np")
+    out = _processor(vit)(images=[image], return_tensors="np")
     pixel_values = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)
-    grid = tuple(int(x) for x in out["image_grid_thw"][0])
-    digest = blake3.blake3(np.array(grid, dtype=np.int64).tobytes() + pixel_values.tobytes()).hexdigest()
-    return ProcessedImage(digest, pixel_values, (grid[0], grid[1], grid[2]))
+    t, h, w = (int(x) for x in out["image_grid_thw"][0])
+    digest = blake3.blake3(np.array([t, h, w], dtype=np.int64).tobytes() + pixel_values.tobytes()).hexdigest()
+    return ProcessedImage(digest, pixel_values, (t, h, w), t * h * w // vit.merge_size**2)
 
 
 def expand_image_pads(

@@ -20,9 +20,10 @@ from typing import Any
 
 from tokenizers.decoders import DecodeStream
 
-from actors.render.images import IMAGE_PAD, ImageError, expand_image_pads, process_image
+from actors.render.images import IMAGE_PAD, ImageError, ProcessedImage, expand_image_pads, process_image
 from actors.render.parsers import IncrementalParser, ParsedDelta, PlainParser, RescanningParser
 from messages import MultiModalItem, RenderedPrompt, RenderSpec
+from target.vision import vision_encoder_of
 
 DATE_FORMAT = "%d %b %Y"
 """`date_string` handed to every template (Llama 3.1's format); templates that stamp the date use it."""
@@ -65,11 +66,15 @@ class Render:
         chat_template: str | None = None,
         now: Callable[[], datetime] = datetime.now,
         on_render: Callable[[str, float, int], None] | None = None,
+        target_model: str | None = None,
     ) -> None:
         """`tokenizer`: a transformers tokenizer; `chat_template` replaces its own; `now` is the clock
         templates read the date from; `on_render(op, cpu_s, num_tokens)` records each call's CPU time
-        (op: render | derender)."""
+        (op: render | derender | image); `target_model`: the emulated model, whose image processor
+        images go through (None or a text-only model: images are refused)."""
         self.tokenizer = tokenizer
+        self.target_model = target_model
+        self.vision = vision_encoder_of(target_model) if target_model is not None else None
         self.chat_template = chat_template
         self.now = now
         self.on_render = on_render
@@ -108,7 +113,7 @@ class Render:
         image part."""
         start = time.thread_time()
         images = [
-            process_image(part["image_url"]["url"], f"messages[{i}].content[{j}]")
+            self._image(part["image_url"]["url"], f"messages[{i}].content[{j}]")
             for i, m in enumerate(spec.messages)
             if isinstance(m.get("content"), list)
             for j, part in enumerate(m["content"])
@@ -131,6 +136,12 @@ class Render:
             for im, at in zip(images, offsets, strict=True)
         ]
         return RenderedPrompt(ids, items)
+
+    def _image(self, url: str, where: str) -> ProcessedImage:
+        if self.vision is None:
+            raise ImageError(where, f"images need a vision-language target; {self.target_model!r} is "
+                             "text only (e.g. target.model=qwen3-vl-4b)")  # fmt: skip
+        return process_image(url, where, self.vision)
 
     def render_text(self, text: str) -> list[int]:
         """A raw prompt (completions API) -> token IDs, no template."""
