@@ -82,11 +82,12 @@ def test_a_corrupted_embedding_changes_the_tokens(monkeypatch):
 def test_encoding_takes_the_target_encoders_time_in_the_step():
     """Compute skip: the first request's TTFT grows by the ViT's roofline time of its image (1,024
     patches of Qwen2.5-VL-7B's encoder on an L40S at the fitted efficiency); the same prompt as text
-    tokens does not pay it."""
+    tokens does not pay it (rendering free here: an image's processing is on the path too)."""
     from target.profiles import GPUS
     from target.vision import VISION_ENCODERS, EncoderRoofline
 
-    cfg = make_config(COLLOCATED, VL, runner={"compute": "skip"})
+    free = {"s_per_call": 0.0, "s_per_prompt_token": 0.0, "s_per_image": 0.0, "s_per_image_pixel": 0.0}
+    cfg = make_config(COLLOCATED, VL, runner={"compute": "skip"}, render=free)
     with_image = image_request("a", 1)
     with_image.forced_output_token_ids = [1] * 8
     text_only = ClientRequest("t", 0.0, with_image.prompt_token_ids, 8, [1] * 8)
