@@ -40,19 +40,21 @@ class EncoderPool:
         return self.encoders[int(item.mm_hash[:8], 16) % len(self.encoders)]
 
     async def encode(self, creq: ClientRequest) -> ClientRequest:
-        """`creq` with every image's embeddings on board (pixels dropped) and `encode_s` set: from
-        rendered to the last embedding landing on prefill."""
+        """`creq` with every image's embeddings on board (pixels dropped), `encode_s` set (from
+        rendered to the last embedding landing on prefill) and `ec_transfer_s` (that image's transfer)."""
         rendered_s = creq.arrival_s + creq.render_s
         unique = {item.mm_hash: item for item in creq.mm_items}
         jobs = [EncodeJob(creq.request_id, item, rendered_s) for item in unique.values()]
         done = await asyncio.gather(*(self.encoder_for(job.item).encode(job) for job in jobs))
         by_hash = {d.mm_hash: d for d in done}
-        landed_s = rendered_s
+        landed_s, ec_s = rendered_s, 0.0
         for job, d in zip(jobs, done, strict=True):
             nbytes = job.item.num_tokens * self.embedding_bytes_per_token
-            landed_s = max(landed_s, d.done_s + handoff_time(nbytes, 1, self.link).total_s)
+            xfer_s = handoff_time(nbytes, 1, self.link).total_s
+            if d.done_s + xfer_s > landed_s:
+                landed_s, ec_s = d.done_s + xfer_s, xfer_s
         items = [
             dataclasses.replace(item, pixel_values=None, encoded=True, embeds=by_hash[item.mm_hash].embeds)
             for item in creq.mm_items
         ]
-        return dataclasses.replace(creq, mm_items=items, encode_s=landed_s - rendered_s)
+        return dataclasses.replace(creq, mm_items=items, encode_s=landed_s - rendered_s, ec_transfer_s=ec_s)

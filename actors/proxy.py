@@ -152,7 +152,7 @@ class Proxy:
         try:
             if creq.mm_items and self._encoders is not None:
                 creq = await self._encoders.encode(creq)
-                result.encode_s = creq.encode_s
+                result.encode_s, result.ec_transfer_s = creq.encode_s, creq.ec_transfer_s
             if self._mixed is not None:
                 ereq = engine_request(
                     creq, creq.prompt_token_ids, creq.max_tokens, engine_arrival_s(creq), None

@@ -39,11 +39,20 @@ def encoder_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
             "percentunit",
             "Images found in the encoders' caches (encoded before: no encoder time) over images asked.",
             (f"{hits} / {queries}", "hit rate"),
+            w=8,
         ),
         panel(
             "Wait for images (proxy)",
             "s",
             "From rendered to the last embedding on prefill: encoder queue, encoding, EC transfer.",
             *[(quantile(q, m.ENCODE), f"p{round(q * 100)}") for q in (0.5, 0.99)],
+            w=8,
+        ),
+        panel(
+            "EC transfer (proxy)",
+            "s",
+            "Of that wait, the last-landing image's embeddings moving encoder -> prefill (ec_transfer.link).",
+            *[(quantile(q, m.EC_TRANSFER), f"p{round(q * 100)}") for q in (0.5, 0.99)],
+            w=8,
         ),
     ]

@@ -171,10 +171,12 @@ RENDER_CALLS = _c("testbed:render_calls", "Render calls (one per request), image
 ENCODER_JOBS_WAITING = _g("testbed:encoder_jobs_waiting", "Encoder side: images queued for encoding.")
 ENCODER_STEP_TOKENS = _h("testbed:encoder_step_visual_tokens", "Encoder side: visual tokens encoded per step.", TOKENS_125)  # fmt: skip
 ENCODE = _h("testbed:encode_seconds", "Proxy side, E/P/D: a request's wait for its images (encoder queue, encoding, EC transfer to prefill).", HANDOFF_BUCKETS)  # fmt: skip
+EC_TRANSFER = _h("testbed:ec_transfer_seconds", "Proxy side, E/P/D: of that wait, the last-landing image's embeddings moving encoder -> prefill (ec_transfer.link).", HANDOFF_BUCKETS)  # fmt: skip
 
 PROXY_SERIES = (
     TIME_SCALE,
     ENCODE,
+    EC_TRANSFER,
     CLIENT_TTFT,
     CLIENT_E2E,
     MAX_GAP,

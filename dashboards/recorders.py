@@ -26,6 +26,7 @@ from dashboards.metrics import (
     COMMON_LABELS,
     DECODE_TIME,
     E2E,
+    EC_TRANSFER,
     ENCODE,
     ENCODER_JOBS_WAITING,
     ENCODER_SERIES,
@@ -344,6 +345,7 @@ class ProxyMetrics(_Registry):
             self.child(KV_HANDOFF_PARTS, part=part).observe(seconds)
         if result.encode_s > 0:
             self.child(ENCODE).observe(result.encode_s)
+            self.child(EC_TRANSFER).observe(result.ec_transfer_s)
         self._session_done(result, lat["ttft_s"])
 
 

@@ -151,7 +151,8 @@ def ttft_stack(df: pd.DataFrame) -> Figure | None:
     prompt_done_s = ok["prefill_done_s"].astype(float).fillna(ok["arrival_s"] + ok["ttft_s"])
     parts = {
         "render": ok["render_s"],
-        "encode + EC transfer": ok["encode_s"],
+        "encode": ok["encode_s"] - ok["ec_transfer_s"],
+        "EC transfer": ok["ec_transfer_s"],
         "queue + prefill": prompt_done_s - ok["arrival_s"] - ok["render_s"] - ok["encode_s"],
         **{f"handoff: {p.replace('_', ' ')}": ok[f"handoff_{p}_s"] for p in HANDOFF_PARTS},
     }

@@ -234,6 +234,8 @@ class ClientRequest:
     encode_s: float = 0.0
     """E/P/D: emulated seconds from rendered to the engines seeing it (its images queued, encoded on
     the encoder pool and moved to prefill; part of TTFT)."""
+    ec_transfer_s: float = 0.0
+    """E/P/D: of `encode_s`, the EC transfer of the image whose embeddings landed last."""
     mm_items: list[MultiModalItem] = field(default_factory=list)
     """The prompt's images, as the render tier found them."""
     session_id: str | None = None
@@ -271,6 +273,8 @@ class RequestResult:
     """Emulated seconds of rendering before any engine saw it (part of TTFT)."""
     encode_s: float = 0.0
     """E/P/D: emulated seconds of encoding its images and moving them to prefill (part of TTFT)."""
+    ec_transfer_s: float = 0.0
+    """E/P/D: of `encode_s`, the last-landing image's embeddings moving encoder -> prefill."""
     session_id: str | None = None
     turn: int | None = None
     parent_session_id: str | None = None

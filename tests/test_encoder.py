@@ -162,6 +162,7 @@ def test_a_repeated_image_is_encoded_once_and_its_wait_is_the_encoder_plus_the_e
     first, repeat = results
     assert first.encode_s == pytest.approx(vit.encode_time([1024]).total_s + t.step_overhead_s + ec_s)
     assert repeat.encode_s == pytest.approx(ec_s)  # no encoder time, the embeddings still move
+    assert first.ec_transfer_s == repeat.ec_transfer_s == pytest.approx(ec_s)
     from dashboards import metrics as m
     from dashboards.exposition import sum_series
 
@@ -171,6 +172,7 @@ def test_a_repeated_image_is_encoded_once_and_its_wait_is_the_encoder_plus_the_e
     assert sum_series(encoder, m.MM_CACHE_HITS.exposed, role="encoder") == 1
     assert sum_series(encoder, m.STEPS.exposed, role="encoder") == 1
     assert sum_series([expos["proxy"]], m.ENCODE.count) == 2  # both requests waited for their image
+    assert sum_series([expos["proxy"]], m.EC_TRANSFER.sum) == pytest.approx(2 * ec_s)
     from cluster.outcome import encoder_summary
 
     summary = encoder_summary(expos, 10.0)

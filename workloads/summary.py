@@ -59,6 +59,7 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
         "max_gap_ms": _ms(itls, 100),
         "median_render_ms": _ms(ok["render_s"], 50),
         "median_encode_ms": _ms(ok["encode_s"], 50),
+        "median_ec_transfer_ms": _ms(ok["ec_transfer_s"], 50),
         "median_handoff_ms": _ms(ok["handoff_s"], 50),
         "p99_handoff_ms": _ms(ok["handoff_s"], 99),
         **{
