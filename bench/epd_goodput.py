@@ -10,7 +10,11 @@ Then text-only requests behind image-heavy ones: half the requests with 4 images
 (400 tokens), at rates up to the all-in-one goodput; the p99 inter-token latency of the text-only
 requests, with and without a separate encoder pool.
 
+Each goodput row also gives the model's reason: the ViT's share of a request's prompt FLOPs (its images
+encoded, then its text and visual tokens through the LM), against the encoder pool's share of the GPUs.
+
     python bench/epd_goodput.py [--out runs/bench-epd-goodput.json] [--plot docs/img/epd_goodput.png]
+    python bench/epd_goodput.py --replot runs/bench-epd-goodput.json   # the plot again, no runs
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ import matplotlib.pyplot as plt
 
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
+from target.profiles import GPUS, MODELS
+from target.roofline import Roofline, StepItem
+from target.vision import vision_encoder_of
 
 DESIGNS = ("all-in-one", "e-pd")
 
@@ -52,6 +59,18 @@ def goodput(design: str, images: int, prompt_len: int) -> float:
     return round(lo, 2)
 
 
+def vit_share(images: int, prompt_len: int) -> float:
+    """The ViT's share of one request's prompt FLOPs under the preset's target (no time model: FLOPs)."""
+    (cfg,) = load_designs("epd-a100", ["all-in-one"], [])
+    vit = vision_encoder_of(cfg.target.model)
+    assert vit is not None
+    tokens = cfg.workload.image_tokens
+    lm = Roofline(MODELS[cfg.target.model], GPUS["a100-80gb"])
+    lm_flops = lm.step_time([StepItem(prompt_len + images * tokens, 0, True)]).flops
+    vit_flops = images * vit.flops(tokens * vit.merge_size**2)
+    return round(vit_flops / (vit_flops + lm_flops), 3)
+
+
 def text_only_itl_ms(design: str, rate: float) -> float:
     """p99 of the inter-token gaps of the text-only requests, half the requests carrying 4 images."""
     num = round(rate * 60)
@@ -64,15 +83,35 @@ def text_only_itl_ms(design: str, rate: float) -> float:
     return round(float(np.percentile(gaps, 99)) * 1e3, 1)
 
 
+def plot(rows: list[dict[str, float]], path: str) -> None:
+    (cfg,) = load_designs("epd-a100", ["all-in-one"], [])
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=False)
+    for ax, prompt_len in zip(axes, (400, 2000), strict=True):
+        part = [r for r in rows if r["prompt_len"] == prompt_len]
+        for d in DESIGNS:
+            ax.plot([r["images"] for r in part], [r[d] for r in part], marker="o", label=d)
+        ax.set(title=f"{prompt_len}-token text", xlabel="images per request", ylabel="goodput (req/s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"Goodput (>= 99 % within TTFT 20 s, TPOT 100 ms), four A100s, {cfg.target.model}")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="runs/bench-epd-goodput.json")
     p.add_argument("--plot", default="docs/img/epd_goodput.png")
+    p.add_argument("--replot", metavar="JSON", help="draw the plot from an earlier --out, run nothing")
     args = p.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text())["goodput"], args.plot)
+        return 0
     rows = []
     for prompt_len in (400, 2000):
         for images in (1, 4):
-            row = {"prompt_len": prompt_len, "images": images}
+            row = {"prompt_len": prompt_len, "images": images, "vit_share": vit_share(images, prompt_len)}
             row.update({d: goodput(d, images, prompt_len) for d in DESIGNS})
             row["ratio"] = round(row["e-pd"] / row["all-in-one"], 2)
             rows.append(row)
@@ -85,18 +124,7 @@ def main() -> int:
     print(json.dumps(itl), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"goodput": rows, "text_only_p99_itl_ms": itl}, indent=1))
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=False)
-    for ax, prompt_len in zip(axes, (400, 2000), strict=True):
-        part = [r for r in rows if r["prompt_len"] == prompt_len]
-        for d in DESIGNS:
-            ax.plot([r["images"] for r in part], [r[d] for r in part], marker="o", label=d)
-        ax.set(title=f"{prompt_len}-token text", xlabel="images per request", ylabel="goodput (req/s)")
-        ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.suptitle("Goodput (>= 99 % within TTFT 20 s, TPOT 100 ms), four A100s, Qwen2.5-VL-7B")
-    fig.tight_layout()
-    Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.plot, dpi=110)
+    plot(rows, args.plot)
     return 0
 
 
