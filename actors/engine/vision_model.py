@@ -1,8 +1,9 @@
 """The vision encoder the testbed computes with: a tiny Qwen2.5-VL vision tower with seeded weights.
 
 transformers' own `Qwen2_5_VisionTransformerPretrainedModel` (window attention, a full-attention block,
-2 x 2 patch merger) at a tiny size, its merger's output as wide as the runner model's hidden size, so
-its embeddings can stand in for the placeholder tokens' embeddings. Built once, written with
+2 x 2 patch merger) at a tiny size, reading patches of the target's size (14 pixels for Qwen2.5-VL,
+16 for Qwen3-VL: what the render tier cuts), its merger's output as wide as the runner model's hidden
+size, so its embeddings can stand in for the placeholder tokens' embeddings. Built once, written with
 `save_pretrained` and loaded back with `from_pretrained(local_files_only=True)`, as the runner model is.
 Its time is the emulated target's (`target.vision`), never its own.
 """
