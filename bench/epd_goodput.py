@@ -32,7 +32,8 @@ import matplotlib.pyplot as plt
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
 from target.profiles import GPUS, MODELS
-from target.roofline import Roofline, StepItem
+from target.roofline import Roofline
+from target.step_shape import StepItem
 from target.vision import vision_encoder_of
 
 DESIGNS = ("all-in-one", "e-pd")

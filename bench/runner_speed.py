@@ -20,7 +20,8 @@ from actors.engine.runner import ModelRunner, RunnerInput
 from actors.engine.runner_model import load_model
 from target.config import RunnerConfig
 from target.profiles import GPUS, MODELS
-from target.roofline import Roofline, StepItem
+from target.roofline import Roofline
+from target.step_shape import StepItem
 
 SIZES = [(64, 2, 4, 2), (128, 2, 4, 2)]
 TARGET = Roofline(MODELS["qwen2.5-7b"], GPUS["l40s"], eta_compute=0.47, eta_bandwidth=0.75, overhead_s=0.002)

@@ -21,7 +21,8 @@ from typing import Any
 from target.config import TestbedConfig
 from target.kv_cache import cdiv
 from target.profiles import LINKS
-from target.roofline import StepItem, roofline_for
+from target.roofline import roofline_for
+from target.step_shape import StepItem
 from target.transfer import handoff_time
 
 WAKE_ALLOWANCE_WALL_S = 0.005

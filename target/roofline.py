@@ -1,18 +1,19 @@
-"""Roofline step time of the emulated target: a pure function of the batch.
+"""Aggregate roofline step time of the emulated target (`target.time_model: aggregate`): a pure
+function of the batch.
 
-One engine step runs the scheduled tokens of several requests in one forward pass::
+One engine step runs the scheduled tokens of several requests in one forward pass, taken as one
+roofline over the whole batch::
 
     flops = 2·P_layers·new_tokens + attention(new_tokens, context) + 2·P_head·num_logits
     bytes = step weights + KV read (context tokens of every scheduled request)
     t     = max(flops / (peak·η_c), bytes / (bw·η_b)) + overhead
 
-Attention for a request with `c` tokens already in the cache and `n` new ones: new token i (position
-c+i, 0-based) attends to c+i+1 keys, with 2 FLOPs per MAC for QK^T and again for PV::
+Attention over `keys attended` (`target.step_shape`), 2 FLOPs per MAC for QK^T and again for PV::
 
-    keys attended = Σ_{i=0}^{n-1} (c+i+1) = n·c + n(n+1)/2
-    flops         = 4 · num_heads · head_dim · num_layers · keys attended
+    flops = 4 · num_heads · head_dim · num_layers · keys attended
 
-Tensor parallelism multiplies peak compute and bandwidth by `tp`; its all-reduce cost is not modelled.
+Tensor parallelism multiplies peak compute and bandwidth by `tp`; its all-reduces are not modelled
+(the per-operator model, `target.operators`, has them).
 """
 
 from __future__ import annotations
@@ -22,23 +23,7 @@ from dataclasses import dataclass
 
 from target.config import PoolConfig, TestbedConfig
 from target.profiles import GPUS, MODELS, GpuProfile, ModelProfile
-
-
-def keys_attended(num_new_tokens: int, num_context_tokens: int) -> int:
-    """Keys the new tokens of one request attend to, with `num_context_tokens` already cached:
-    Σ_{i=0}^{n-1} (c+i+1) = n·c + n(n+1)/2 (see the module's docstring)."""
-    n = num_new_tokens
-    return n * num_context_tokens + n * (n + 1) // 2
-
-
-@dataclass(frozen=True)
-class StepItem:
-    """One request's share of a step."""
-
-    num_new_tokens: int
-    num_context_tokens: int
-    """Tokens already in the KV cache before this step (num_computed_tokens)."""
-    needs_logits: bool
+from target.step_shape import StepItem, StepShape
 
 
 @dataclass(frozen=True)
@@ -87,30 +72,19 @@ class Roofline:
     overhead_s: float = 0.0
 
     def step_time(self, items: Iterable[StepItem]) -> StepTime:
-        num_new = 0
-        keys = 0
-        num_logits = 0
-        num_context = 0
-        for it in items:
-            num_new += it.num_new_tokens
-            keys += keys_attended(it.num_new_tokens, it.num_context_tokens)
-            num_logits += it.needs_logits
-            num_context += it.num_context_tokens
-        return self.step_time_totals(num_new, keys, num_logits, num_context)
+        return self.step_time_of(StepShape.of(items))
 
-    def step_time_totals(
-        self, num_new_tokens: int, keys_attended: int, num_logits: int, num_context_tokens: int
-    ) -> StepTime:
-        """The same time from batch totals (the engine accumulates them without building items)."""
+    def step_time_of(self, shape: StepShape) -> StepTime:
+        """The time of a step of `shape` (the engine's entry: the scheduler builds the shape)."""
         m = self.model
-        if num_new_tokens == 0:
+        if shape.num_new_tokens == 0:
             return StepTime(0.0, 0.0, 0.0, 0.0, self.overhead_s)
         flops = (
-            2.0 * m.num_layer_params * num_new_tokens
-            + 4.0 * m.num_heads * m.head_dim * m.num_layers * keys_attended
-            + 2.0 * m.num_head_params * num_logits
+            2.0 * m.num_layer_params * shape.num_new_tokens
+            + 4.0 * m.num_heads * m.head_dim * m.num_layers * shape.keys_attended
+            + 2.0 * m.num_head_params * shape.num_logits
         )
-        nbytes = float(m.step_weight_bytes + num_context_tokens * m.kv_bytes_per_token)
+        nbytes = float(m.step_weight_bytes + shape.num_context_tokens * m.kv_bytes_per_token)
         return timed(flops, nbytes, self.gpu, self.tp, self.eta_compute, self.eta_bandwidth, self.overhead_s)
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float) -> int:

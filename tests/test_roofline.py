@@ -3,7 +3,8 @@
 import pytest
 
 from target.profiles import GPUS, LINKS, MODELS
-from target.roofline import Roofline, StepItem
+from target.roofline import Roofline
+from target.step_shape import StepItem, StepShape
 from target.transfer import handoff_time, layerwise_handoff_time
 
 QWEN = MODELS["qwen2.5-7b"]
@@ -41,15 +42,18 @@ def test_step_time_is_itemised_and_fitted():
     assert decode.total_s == pytest.approx(0.0169 / 0.75 + 0.002, rel=0.01)
 
 
-def test_totals_match_items():
+def test_a_step_shape_sums_its_items():
     items = [StepItem(1, 5000, True), StepItem(700, 300, False), StepItem(40, 0, True)]
+    shape = StepShape.of(items)
     keys = sum(
         i.num_new_tokens * i.num_context_tokens + i.num_new_tokens * (i.num_new_tokens + 1) // 2
         for i in items
     )
-    a = IDEAL.step_time(items)
-    b = IDEAL.step_time_totals(741, keys, 2, 5300)
-    assert a == b
+    assert (shape.num_new_tokens, shape.num_logits, shape.num_requests) == (741, 2, 3)
+    assert (shape.keys_attended, shape.num_context_tokens) == (keys, 5300)
+    assert (shape.num_decodes, shape.decode_keys_attended) == (1, 5001)
+    assert shape.prefill_kv_tokens == 300 + 700 + 40 and shape.num_prefill_tokens == 740
+    assert IDEAL.step_time(items) == IDEAL.step_time_of(shape)
 
 
 def test_tensor_parallel_scales_peaks():

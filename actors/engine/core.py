@@ -202,9 +202,7 @@ class EngineCore:
         """Compute `batch`, emit its tokens stamped at the step's end, sleep until then; the end."""
         await self.executor.encode(batch.encoder_inputs, self.scheduler.encoder_cache)
         sampled = await self.executor.execute(batch)
-        step = self.roofline.step_time_totals(
-            batch.num_scheduled_tokens, batch.keys_attended, batch.num_logits, batch.num_context_tokens
-        )
+        step = self.roofline.step_time_of(batch.shape)
         images = [item.num_tokens for _, item in batch.encoder_inputs]  # encoded first, on the same GPU
         encode_s = self.encoder_roofline.visual_tokens_time(images).total_s if self.encoder_roofline else 0.0
         end = start + encode_s + step.total_s

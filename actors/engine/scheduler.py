@@ -21,7 +21,7 @@ from actors.engine.encoder_cache import EncoderCache
 from actors.engine.encoder_inputs import encoder_inputs
 from actors.engine.request import Request, RequestStatus
 from messages import FinishedReason, MultiModalItem
-from target.roofline import keys_attended
+from target.step_shape import StepShape
 
 
 @dataclass
@@ -30,10 +30,8 @@ class ScheduledBatch:
 
     requests: list[Request] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
-    num_scheduled_tokens: int = 0
-    keys_attended: int = 0
-    num_logits: int = 0
-    num_context_tokens: int = 0
+    shape: StepShape = field(default_factory=StepShape)
+    """The totals the time model needs."""
     new_remote_requests: list[Request] = field(default_factory=list)
     """Decode side: requests that got their blocks this step and now wait for the remote KV."""
     preempted: list[Request] = field(default_factory=list)
@@ -44,14 +42,15 @@ class ScheduledBatch:
     """Images this step encodes (before the forward pass), each for the request whose chunk reaches it."""
     num_encoder_embeds: int = 0
 
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.shape.num_new_tokens
+
     def add(self, req: Request, n: int) -> None:
         c = req.num_computed_tokens
         self.requests.append(req)
         self.num_new_tokens.append(n)
-        self.num_scheduled_tokens += n
-        self.keys_attended += keys_attended(n, c)
-        self.num_logits += c + n == req.num_tokens
-        self.num_context_tokens += c
+        self.shape.add(n, c, c + n == req.num_tokens)
 
 
 class Scheduler:
