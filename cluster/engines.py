@@ -31,8 +31,8 @@ from actors.engine.stats import EngineStats
 from dashboards.recorders import EncoderMetrics, EngineMetrics
 from target.config import PoolConfig, TestbedConfig
 from target.kv_cache import num_gpu_blocks
-from target.profiles import LINKS
-from target.roofline import roofline_for
+from target.profiles import LINKS, MODELS
+from target.time_model import time_model_for
 from target.vision import encoder_roofline_for, vision_encoder_of
 from workloads.replay import Workload, needs_render
 
@@ -76,7 +76,7 @@ def build_engine(
     (filled in later is fine); `metrics`: its series; `compute_in_thread`: see `Executor`; `link`: the
     shared link a prefill engine sends on (kv_transfer.link_scope=fabric), None: its own."""
     s = cfg.scheduler
-    roofline = roofline_for(cfg, pool)
+    time_model = time_model_for(cfg, pool)
     blocks = BlockManager(num_gpu_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
     if cfg.router.policy == "kv_aware":
         blocks.publish_kv_events()
@@ -86,7 +86,8 @@ def build_engine(
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread, vision)
     stats = EngineStats(metrics)
-    receiver = KVReceiver(cfg.kv_transfer, LINKS[cfg.kv_transfer.link], roofline.model, s.block_size)
+    kv_link = LINKS[cfg.kv_transfer.link]
+    receiver = KVReceiver(cfg.kv_transfer, kv_link, MODELS[cfg.target.model], s.block_size)
     kv = cfg.kv_transfer
     # decode, bidirectional: a finished turn's blocks wait for the conversation's next turn
     hold_timeout_s = (
@@ -98,7 +99,7 @@ def build_engine(
         engine_id,
         role,
         clock,
-        roofline,
+        time_model,
         scheduler,
         executor,
         kv_scheduler,

@@ -21,6 +21,14 @@ class GpuProfile:
     """HBM/GDDR bandwidth, GB/s (1e9 bytes)."""
     memory_gb: float
     """Device memory, GB (1e9 bytes)."""
+    l2_cache_mb: float = 50.0
+    """On-chip L2 cache, MB: an activation that fits stays there between kernels (no HBM traffic)."""
+    tp_link_gbs: float = 32.0
+    """Per-GPU, per-direction bandwidth of the link tensor-parallel all-reduces cross, GB/s: NVLink on
+    SXM parts (H100/H200: 900 GB/s both ways; A100: 600), PCIe 4.0 x16 otherwise (64 GB/s both ways)."""
+    all_reduce_latency_s: float = 1e-5
+    """Fixed cost of one all-reduce call (launch, synchronisation): the order of NCCL's small-message
+    latency within a node. Assumed, not measured here: set it from nccl-tests on your system."""
 
 
 @dataclass(frozen=True)
@@ -103,10 +111,10 @@ class LinkProfile:
 GPUS: dict[str, GpuProfile] = {
     g.name: g
     for g in (
-        GpuProfile("l40s", peak_tflops=362.0, memory_bw_gbs=864.0, memory_gb=48.0),
-        GpuProfile("h100-sxm", peak_tflops=989.0, memory_bw_gbs=3350.0, memory_gb=80.0),
-        GpuProfile("h200", peak_tflops=989.0, memory_bw_gbs=4800.0, memory_gb=141.0),
-        GpuProfile("a100-80gb", peak_tflops=312.0, memory_bw_gbs=2039.0, memory_gb=80.0),
+        GpuProfile("l40s", peak_tflops=362.0, memory_bw_gbs=864.0, memory_gb=48.0, l2_cache_mb=96.0),
+        GpuProfile("h100-sxm", peak_tflops=989.0, memory_bw_gbs=3350.0, memory_gb=80.0, tp_link_gbs=450.0),
+        GpuProfile("h200", peak_tflops=989.0, memory_bw_gbs=4800.0, memory_gb=141.0, tp_link_gbs=450.0),
+        GpuProfile("a100-80gb", 312.0, 2039.0, 80.0, l2_cache_mb=40.0, tp_link_gbs=300.0),
     )
 }
 

@@ -31,7 +31,7 @@ from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
 from messages import EngineOutput, EngineRequest, FinishedReason, KVPayload, KVPull
-from target.roofline import Roofline
+from target.time_model import StepTimeModel
 from target.vision import EncoderRoofline
 
 Role = Literal["mixed", "prefill", "decode"]
@@ -47,7 +47,7 @@ class EngineCore:
         engine_id: str,
         role: Role,
         clock: Clock,
-        roofline: Roofline,
+        time_model: StepTimeModel,
         scheduler: Scheduler,
         executor: Executor,
         kv_scheduler: KVConnectorScheduler,
@@ -61,7 +61,7 @@ class EngineCore:
         self.engine_id = engine_id
         self.role = role
         self.clock = clock
-        self.roofline = roofline
+        self.time_model = time_model
         self.encoder_roofline = encoder_roofline
         self.scheduler = scheduler
         self.executor = executor
@@ -202,7 +202,7 @@ class EngineCore:
         """Compute `batch`, emit its tokens stamped at the step's end, sleep until then; the end."""
         await self.executor.encode(batch.encoder_inputs, self.scheduler.encoder_cache)
         sampled = await self.executor.execute(batch)
-        step = self.roofline.step_time_of(batch.shape)
+        step = self.time_model.step_time_of(batch.shape)
         images = [item.num_tokens for _, item in batch.encoder_inputs]  # encoded first, on the same GPU
         encode_s = self.encoder_roofline.visual_tokens_time(images).total_s if self.encoder_roofline else 0.0
         end = start + encode_s + step.total_s

@@ -1,0 +1,34 @@
+"""The step-time model an engine runs on: the aggregate roofline or the per-operator one
+(`target.time_model`), both pure functions of the step's shape."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from target.config import PoolConfig, TestbedConfig
+from target.operators import OperatorRoofline
+from target.profiles import GPUS, MODELS
+from target.roofline import roofline_for
+from target.step_shape import StepShape
+
+
+class TimedStep(Protocol):
+    @property
+    def total_s(self) -> float: ...
+
+    @property
+    def overhead_s(self) -> float:
+        """Of `total_s`, the CPU's (the fixed step overhead, or the per-operator model's CPU work)."""
+        ...
+
+
+class StepTimeModel(Protocol):
+    def step_time_of(self, shape: StepShape) -> TimedStep: ...
+
+
+def time_model_for(cfg: TestbedConfig, pool: PoolConfig) -> StepTimeModel:
+    """The step-time model of one replica of `pool` under `cfg`'s target."""
+    t = cfg.target
+    if t.time_model == "operators":
+        return OperatorRoofline(MODELS[t.model], GPUS[pool.gpu], pool.tp, t.operators, t.cpu_overhead)
+    return roofline_for(cfg, pool)
