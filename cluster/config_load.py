@@ -211,6 +211,10 @@ def _check_target(cfg: TestbedConfig) -> None:
     ):
         _require(0 < value <= 1, f"target.{key}={value}: must be in (0, 1]")
     _require(t.step_overhead_s >= 0, f"target.step_overhead_s={t.step_overhead_s}: must be >= 0")
+    for key, value in dataclasses.asdict(t.operators).items():
+        _require(0 < value <= 1, f"target.operators.{key}={value}: must be in (0, 1]")
+    for key, value in dataclasses.asdict(t.cpu_overhead).items():
+        _require(value >= 0, f"target.cpu_overhead.{key}={value}: must be >= 0 (seconds)")
 
 
 def _check_scheduler(cfg: TestbedConfig) -> None:
