@@ -50,7 +50,14 @@ def run_output(
         **lag_summary(reports),
     }
     summary.update(encoder_summary(metrics, summary.get("duration_s") or 0.0))
+    summary["cpu_overhead_share"] = cpu_overhead_share(reports)
     return RunOutput(df, summary, reports, metrics)
+
+
+def cpu_overhead_share(reports: dict[str, dict[str, Any]]) -> float:
+    """The LM engines' CPU work over their busy time (0 before any step)."""
+    busy_s = sum(r.get("busy_s", 0.0) for r in reports.values())
+    return sum(r.get("cpu_s", 0.0) for r in reports.values()) / busy_s if busy_s > 0 else 0.0
 
 
 def encoder_summary(metrics: dict[str, str], duration_s: float) -> dict[str, float]:

@@ -225,7 +225,7 @@ def roles() -> dashboard.Dashboard:
     )
 
 
-def _role_panels() -> list[timeseries.Panel]:  # a table of panels (51 lines), not logic
+def _role_panels() -> list[timeseries.Panel]:  # a table of panels (61 lines), not logic
     return [
         panel(
             "Utilisation",
@@ -268,12 +268,21 @@ def _role_panels() -> list[timeseries.Panel]:  # a table of panels (51 lines), n
             "percentunit",
             "Share of KV blocks in use, per replica.",
             (f"max by (replica) ({m.KV_CACHE_USAGE.name}{sel(**ROLE)})", "{{replica}}"),
+            w=8,
         ),
         panel(
             "Preemptions",
             "short",
             "Requests preempted (blocks freed, to be recomputed) per emulated second, per replica.",
             (rate(m.NUM_PREEMPTIONS, "replica", **ROLE) + PER_SIM_S, "{{replica}}"),
+            w=8,
+        ),
+        panel(
+            "CPU share of step time",
+            "percentunit",
+            "The CPU work on the steps' path (scheduling, inputs, sampling, outputs) over their time.",
+            (f"{rate(m.STEP_CPU, 'replica', **ROLE)} / {rate(m.BUSY, 'replica', **ROLE)}", "{{replica}}"),
+            w=8,
         ),
     ]
 

@@ -130,6 +130,7 @@ LAGGED_STEPS = _c("testbed:lagged_steps", "Steps whose real work overran their e
 LAGGED_KV_TRANSFERS = _c("testbed:lagged_kv_transfers", "KV pulls whose real move finished after the emulated transfer.")  # fmt: skip
 MAX_OVERRUN = _g("testbed:max_overrun_seconds", "Worst overrun of a step or KV pull so far, emulated seconds.")  # fmt: skip
 BUSY = _c("testbed:busy_seconds", "Emulated seconds the engine spent in steps (utilisation = its rate).")
+STEP_CPU = _c("testbed:step_cpu_seconds", "Of the busy seconds, the CPU work on the steps' path (scheduling, inputs, sampling, outputs: the time model's overhead).")  # fmt: skip
 KV_HELD_BLOCKS = _g("testbed:kv_held_blocks", "Prefill side: KV blocks of finished requests held until decode's completion notice.")  # fmt: skip
 KV_HANDOFF = _h("testbed:kv_handoff_seconds", "KV handoff time per request (transfer start to done) by link and direction (p2d: prefill to decode; d2p: a conversation's blocks pulled back, bidirectional).", HANDOFF_BUCKETS, ("link", "direction"))  # fmt: skip
 KV_CONVERSATION_BLOCKS = _g("testbed:kv_conversation_held_blocks", "Decode side, bidirectional: KV blocks of finished turns kept for their conversation's next turn.")  # fmt: skip
@@ -158,7 +159,7 @@ ENGINE_SERIES = (
     DECODE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, REQUEST_MAX_TOKENS,
     REQUEST_MAX_GENERATION_TOKENS, REQUEST_PREFILL_KV_COMPUTED, ITERATION_TOKENS, NIXL_XFER_TIME,
     NIXL_POST_TIME, NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS,
-    NIXL_KV_EXPIRED, TIME_SCALE, STEPS, LAGGED_STEPS, LAGGED_KV_TRANSFERS, MAX_OVERRUN, BUSY, KV_HANDOFF,
+    NIXL_KV_EXPIRED, TIME_SCALE, STEPS, LAGGED_STEPS, LAGGED_KV_TRANSFERS, MAX_OVERRUN, BUSY, STEP_CPU, KV_HANDOFF,
     KV_CONVERSATION_BLOCKS, KV_PULL_BACK_FAILED,
     KV_HELD_BLOCKS,
 )  # fmt: skip

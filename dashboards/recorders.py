@@ -83,6 +83,7 @@ from dashboards.metrics import (
     SESSION_TTFT,
     SESSIONS_ACTIVE,
     SLO_MET,
+    STEP_CPU,
     STEPS,
     TIME_SCALE,
     TOKENS_125,
@@ -169,11 +170,12 @@ class EngineMetrics(_Registry):
             self.child(s) for s in (held, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE)
         ]
 
-    def on_step(self, step_s: float, num_scheduled_tokens: int) -> None:
-        """After each step (its outputs stamped)."""
+    def on_step(self, step_s: float, num_scheduled_tokens: int, cpu_s: float) -> None:
+        """After each step (its outputs stamped); `cpu_s` of its `step_s` was CPU work."""
         self.child(ITERATION_TOKENS).observe(num_scheduled_tokens)
         self.child(STEPS).inc()
         self.child(BUSY).inc(step_s)
+        self.child(STEP_CPU).inc(cpu_s)
 
     def on_state(
         self,

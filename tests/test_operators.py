@@ -145,3 +145,26 @@ def test_bad_time_model_settings_are_refused_naming_the_field(override, message)
 
     with pytest.raises(ConfigError, match=message):
         make_config(target=override)
+
+
+@pytest.mark.parametrize("time_model", ["aggregate", "operators"])
+def test_runs_report_the_cpu_share_of_step_time(time_model):
+    """The engines' CPU work on the steps' path, over their busy time: in the summary, the report's
+    table and `testbed:step_cpu_seconds` (aggregate: its fixed 2 ms a step)."""
+    from cluster.virtual import run_virtual
+    from dashboards import metrics as m
+    from dashboards.exposition import sum_series
+
+    workload = {"num_requests": 4, "prompt_len": 300, "output_len": 8, "rate": 2.0}
+    cfg = make_config(
+        COLLOCATED, runner={"compute": "skip"}, workload=workload, target={"time_model": time_model}
+    )
+    out = run_virtual(cfg)
+    ((engine, report),) = out.engine_reports.items()
+    share = out.summary["cpu_overhead_share"]
+    assert 0 < share < 1 and share == pytest.approx(report["cpu_s"] / report["busy_s"])
+    assert sum_series([out.metrics[engine]], m.STEP_CPU.exposed) == pytest.approx(report["cpu_s"])
+    if time_model == "aggregate":
+        assert report["cpu_s"] == pytest.approx(report["num_steps"] * 0.002)
+    else:  # and 14 µs per request each step
+        assert report["cpu_s"] > report["num_steps"] * 0.002

@@ -214,7 +214,7 @@ class EngineCore:
             if stop is not None:
                 self._finish(req, stop, end)
         overrun = await self.clock.sleep_until(end)
-        self.stats.on_step(encode_s + step.total_s, batch.num_scheduled_tokens, overrun)
+        self.stats.on_step(encode_s + step.total_s, batch.num_scheduled_tokens, overrun, step.overhead_s)
         self.stats.on_state(self.scheduler)
         return end
 

@@ -19,7 +19,7 @@ from messages import FinishedReason, RequestTimes
 class EngineRecorder(Protocol):
     """Where an engine's events are recorded (Prometheus series in `dashboards.recorders`)."""
 
-    def on_step(self, step_s: float, num_scheduled_tokens: int) -> None: ...
+    def on_step(self, step_s: float, num_scheduled_tokens: int, cpu_s: float) -> None: ...
 
     def on_state(
         self,
@@ -80,6 +80,8 @@ class EngineStats:
     max_num_scheduled_tokens: int = 0
     busy_s: float = 0.0
     """Emulated seconds spent in steps."""
+    cpu_s: float = 0.0
+    """Of `busy_s`, the CPU work on the steps' path."""
     num_finished: int = 0
     num_lagged_steps: int = 0
     """Steps whose real work (plus the wake-up before it) overran the emulated budget."""
@@ -103,12 +105,14 @@ class EngineStats:
             "num_unfinished_requests": num_unfinished,
         }
 
-    def on_step(self, step_s: float, num_tokens: int, overrun_s: float) -> None:
+    def on_step(self, step_s: float, num_tokens: int, overrun_s: float, cpu_s: float = 0.0) -> None:
+        """`cpu_s`: of `step_s`, the CPU work on the step's path (the time model's overhead)."""
         self.num_steps += 1
         self.num_scheduled_tokens += num_tokens
         self.max_num_scheduled_tokens = max(self.max_num_scheduled_tokens, num_tokens)
         self.busy_s += step_s
-        self.recorder.on_step(step_s, num_tokens)
+        self.cpu_s += cpu_s
+        self.recorder.on_step(step_s, num_tokens, cpu_s)
         if overrun_s > 0:
             self.num_lagged_steps += 1
             self._lag("step", overrun_s)
