@@ -7,7 +7,7 @@ blocks     [  block 0  |   block 1   | block 2 ]     cdiv(34, 16) = 3 (the last 
 from __future__ import annotations
 
 from target.config import PoolConfig, TestbedConfig
-from target.roofline import roofline_for
+from target.profiles import GPUS, MODELS, GpuProfile, ModelProfile
 
 
 def cdiv(a: int, b: int) -> int:
@@ -15,9 +15,17 @@ def cdiv(a: int, b: int) -> int:
     return -(a // -b)
 
 
+def kv_capacity_tokens(model: ModelProfile, gpu: GpuProfile, tp: int, gpu_memory_utilization: float) -> int:
+    """Tokens of KV a `tp`-GPU replica holds, as vLLM sizes its cache (activations not reserved): on
+    each GPU, its share of memory minus its shard of the weights, over its share of a token's KV."""
+    usable = gpu.memory_gb * 1e9 * gpu_memory_utilization - model.weight_bytes / tp
+    return max(0, int(usable // model.kv_bytes_per_token_per_gpu(tp)))
+
+
 def num_gpu_blocks(cfg: TestbedConfig, pool: PoolConfig) -> int:
     """KV blocks of one replica of `pool`: the target GPUs' memory minus weights, unless overridden."""
     s = cfg.scheduler
     if s.num_gpu_blocks_override is not None:
         return s.num_gpu_blocks_override
-    return roofline_for(cfg, pool).kv_capacity_tokens(cfg.target.gpu_memory_utilization) // s.block_size
+    model, gpu = MODELS[cfg.target.model], GPUS[pool.gpu]
+    return kv_capacity_tokens(model, gpu, pool.tp, cfg.target.gpu_memory_utilization) // s.block_size

@@ -30,7 +30,6 @@ and the CPU's work on the step's path: `s_per_step + s_per_request·requests + s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -114,7 +113,7 @@ class OperatorRoofline:
         attn_params = h * (q + kv) + q * h
         mlp_params = 3 * h * i
         attn_flops_per_key = 4.0 * m.num_heads * m.head_dim * L / tp
-        kv_per_token = m.kv_bytes_per_token * math.ceil(m.num_kv_heads / tp) / m.num_kv_heads
+        kv_per_token = m.kv_bytes_per_token_per_gpu(tp)
         vocab = m.vocab_size / tp
         return (
             self._group(

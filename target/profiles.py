@@ -9,6 +9,7 @@ compute, memory bandwidth and capacity, a link is its bandwidth and fixed costs.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 
@@ -84,6 +85,11 @@ class ModelProfile:
     @property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
+        """One token's KV on each of `tp` GPUs: its share of the KV heads, at least one head (past
+        num_kv_heads ranks, heads are replicated, as vLLM does)."""
+        return self.kv_bytes_per_token * math.ceil(self.num_kv_heads / tp) / self.num_kv_heads
 
 
 @dataclass(frozen=True)

@@ -87,11 +87,6 @@ class Roofline:
         nbytes = float(m.step_weight_bytes + shape.num_context_tokens * m.kv_bytes_per_token)
         return timed(flops, nbytes, self.gpu, self.tp, self.eta_compute, self.eta_bandwidth, self.overhead_s)
 
-    def kv_capacity_tokens(self, gpu_memory_utilization: float) -> int:
-        """Tokens of KV that fit beside the weights, as vLLM sizes its cache (activations not reserved)."""
-        usable = self.gpu.memory_gb * 1e9 * self.tp * gpu_memory_utilization - self.model.weight_bytes
-        return max(0, int(usable // self.model.kv_bytes_per_token))
-
 
 def roofline_for(cfg: TestbedConfig, pool: PoolConfig) -> Roofline:
     """The fitted time model of one replica of `pool` under `cfg`'s target."""

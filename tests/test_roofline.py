@@ -64,10 +64,21 @@ def test_tensor_parallel_scales_peaks():
 
 
 def test_kv_capacity():
+    from target.kv_cache import kv_capacity_tokens
+
     # 48 GB × 0.9 − 15.23 GB of weights over 56 KiB per token
-    tokens = Roofline(QWEN, GPUS["l40s"]).kv_capacity_tokens(0.9)
+    tokens = kv_capacity_tokens(QWEN, GPUS["l40s"], 1, 0.9)
     assert tokens == pytest.approx((48e9 * 0.9 - QWEN.weight_bytes) / 57_344, rel=1e-6)
-    assert Roofline(MODELS["llama-3.1-70b"], GPUS["l40s"]).kv_capacity_tokens(0.9) == 0
+    assert kv_capacity_tokens(MODELS["llama-3.1-70b"], GPUS["l40s"], 1, 0.9) == 0
+    # Llama-3.1-70B on H100s: per GPU 72 GB minus an eighth (a quarter) of 141 GB, over 40 (80) KiB
+    llama, h100 = MODELS["llama-3.1-70b"], GPUS["h100-sxm"]
+    for tp in (4, 8):
+        want = (80e9 * 0.9 - llama.weight_bytes / tp) / (327_680 / tp)
+        assert kv_capacity_tokens(llama, h100, tp, 0.9) == pytest.approx(want, rel=1e-5)
+    # Qwen2.5-7B has 4 KV heads: at TP 8 each GPU still holds one (a quarter of the KV)
+    assert kv_capacity_tokens(QWEN, h100, 8, 0.9) == pytest.approx(
+        (80e9 * 0.9 - QWEN.weight_bytes / 8) / (57_344 / 4), rel=1e-6
+    )
 
 
 def test_guide_testbox_handoff():
