@@ -6,8 +6,9 @@
 Engines run their own step loop inside their actor on a clock shared through a wall-clock epoch; tokens
 come back as streamed batches (a request's stream yields at most every `clock.stream_flush_wall_s`), so
 nothing crosses an actor boundary per token or per step. Prefill KV moves as numpy arrays through Ray's object
-store. Pools are placed by custom resources named after them (`mixed`, `prefill`, `decode`): a local
-Ray started here defines them; a joined cluster must offer them (`ray start --resources`).
+store. Pools are placed by custom resources named after them (`mixed`, `prefill`, `decode`), one unit
+per emulated GPU: a TP-8 engine takes 8 units of its pool's resource, all on one node. A local Ray
+started here defines them; a joined cluster must offer them (`ray start --resources`).
 """
 
 from __future__ import annotations
@@ -121,10 +122,11 @@ def _check_reachable(address: str) -> None:
 
 
 def _resources_needed(configs: Sequence[TestbedConfig]) -> dict[str, float]:
+    """Units of each pool's resource a local Ray offers: one per emulated GPU (replicas x tp)."""
     needed: dict[str, float] = {}
     for cfg in configs:
         for role, pool in cfg.pools.by_role():
-            needed[role] = max(needed.get(role, 0), pool.replicas)
+            needed[role] = max(needed.get(role, 0), pool.replicas * pool.tp)
     return needed
 
 
@@ -134,13 +136,17 @@ def disconnect() -> None:
 
 
 def _check_resources(cfg: TestbedConfig) -> None:
-    offered = ray.cluster_resources()
+    """Each pool's engines fit the nodes' units of its resource, `tp` of them on one node per engine
+    (an engine that cannot place would wait forever)."""
+    per_node = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     for role, pool in cfg.pools.by_role():
-        if pool.replicas and offered.get(role, 0) < pool.replicas:
+        units = [r.get(role, 0.0) for r in per_node]
+        if pool.replicas and sum(int(u // pool.tp) for u in units) < pool.replicas:
             raise ConfigError(
-                f"pools.{role}.replicas={pool.replicas}: the Ray cluster offers {offered.get(role, 0):g} "
-                f"'{role}' resources; allowed: at most that many, or start nodes with "
-                f"--resources='{{\"{role}\": N}}'"
+                f"pools.{role}: {pool.replicas} replica(s) x tp={pool.tp} need {pool.tp} '{role}' "
+                f"resource units on one node each; the Ray cluster's nodes offer {sum(units):g} in all "
+                f"(at most {max(units, default=0.0):g} on one node); allowed: start nodes with "
+                f"--resources='{{\"{role}\": N}}' (one unit per GPU)"
             )
 
 
@@ -161,7 +167,7 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
             eid = f"{role}-{i}"
-            opts = {"num_cpus": 0, "num_gpus": cfg.runner.num_gpus, "resources": {role: 1}}
+            opts = {"num_cpus": 0, "num_gpus": cfg.runner.num_gpus, "resources": {role: pool.tp}}
             peers = dict(pools["prefill"]) if role == "decode" else {}
             pools[role][eid] = host.options(**opts).remote(
                 eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None

@@ -145,7 +145,9 @@ def test_killing_an_engine_fails_its_requests_and_the_run_completes(cluster, vic
 
 def test_a_pool_larger_than_the_cluster_offers_is_a_clear_error(cluster):
     cfg = design("collocated", "pools.mixed.replicas=3", "clock.mode=live")
-    with pytest.raises(ConfigError, match=r"pools.mixed.replicas=3: the Ray cluster offers 2 'mixed'"):
+    with pytest.raises(
+        ConfigError, match=r"pools.mixed: 3 replica\(s\) x tp=1 need 1 'mixed' resource units"
+    ):
         run_live(cfg)
 
 
