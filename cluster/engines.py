@@ -87,7 +87,8 @@ def build_engine(
     executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread, vision)
     stats = EngineStats(metrics)
     kv_link = LINKS[cfg.kv_transfer.link]
-    receiver = KVReceiver(cfg.kv_transfer, kv_link, MODELS[cfg.target.model], s.block_size)
+    peer = {"decode": cfg.pools.prefill, "prefill": cfg.pools.decode}.get(role, pool)  # who sends to it
+    receiver = KVReceiver(cfg.kv_transfer, kv_link, MODELS[cfg.target.model], s.block_size, pool.tp, peer.tp)
     kv = cfg.kv_transfer
     # decode, bidirectional: a finished turn's blocks wait for the conversation's next turn
     hold_timeout_s = (

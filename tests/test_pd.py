@@ -119,6 +119,29 @@ def test_push_starts_at_prefill_end_and_layerwise_hides_transfer():
     assert lw.token_times_s[0] < push.token_times_s[0]
 
 
+@pytest.mark.parametrize(
+    ("model", "tp_prefill", "tp_decode", "bytes_per_token", "lanes", "per_lane"),
+    [
+        ("llama-3.1-70b", 4, 8, 327_680, 4, 2),  # each prefill rank feeds two decode ranks
+        ("llama-3.1-70b", 8, 4, 327_680, 4, 2),  # each decode rank reads from two prefill ranks
+        ("llama-3.1-70b", 8, 8, 327_680, 8, 1),
+        ("qwen2.5-7b", 2, 8, 2 * 57_344, 2, 4),  # 4 KV heads on 8 decode GPUs: each head held twice
+    ],
+)
+def test_a_handoff_between_tp_engines_moves_each_ranks_heads_on_its_own_link(
+    model, tp_prefill, tp_decode, bytes_per_token, lanes, per_lane
+):
+    from target.transfer import handoff_time
+
+    cfg = make_config(PD)
+    link = LINKS["rdma-400g"]
+    rx = KVReceiver(cfg.kv_transfer, link, MODELS[model], 16, tp=tp_decode, peer_tp=tp_prefill)
+    plan = rx.plan({"remote_block_ids": list(range(512)), "remote_engine_id": "prefill-0"}, 0.0)
+    assert plan.kv_bytes == 512 * 16 * bytes_per_token
+    assert plan.time == handoff_time(plan.kv_bytes, 512 * per_lane, link, lanes)
+    assert plan.time.wire_s == pytest.approx(plan.kv_bytes / (link.bytes_per_s * lanes))
+
+
 def test_wire_is_shared_fixed_costs_overlap():
     cfg = make_config(PD, kv_transfer={"link": "guide-testbox"})
     rx = KVReceiver(cfg.kv_transfer, LINKS["guide-testbox"], MODELS["qwen2.5-7b"], 16)

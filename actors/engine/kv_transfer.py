@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from target.config import KVTransferConfig
 from target.profiles import LinkProfile, ModelProfile
-from target.transfer import HandoffTime, handoff_time, layerwise_handoff_time
+from target.transfer import HandoffTime, handoff_time, layerwise_handoff_time, tp_transfer
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,27 @@ class TransferPlan:
 
 
 class KVReceiver:
-    """The receiving side's view of a transfer: its size and its unqueued time over the link."""
+    """The receiving side's view of a transfer: its size and its unqueued time over the link.
+
+    Between TP engines (`tp` here, `peer_tp` the sender's) the bytes are what this side holds (each
+    GPU its KV heads, replicated past num_kv_heads ranks), on min(tp, peer_tp) links at once
+    (`target.transfer`)."""
 
     def __init__(
-        self, cfg: KVTransferConfig, link: LinkProfile, target: ModelProfile, block_size: int
+        self,
+        cfg: KVTransferConfig,
+        link: LinkProfile,
+        target: ModelProfile,
+        block_size: int,
+        tp: int = 1,
+        peer_tp: int = 1,
     ) -> None:
         self.cfg = cfg
         self.link = link
         self.target = target
         self.block_size = block_size
+        self.split = tp_transfer(peer_tp, tp)
+        self.kv_bytes_per_token = round(target.kv_bytes_per_token_per_gpu(tp) * tp)
 
     def plan(self, params: dict[str, Any], blocks_ready_s: float, first_block: int = 0) -> TransferPlan:
         """Emulated timing of pulling (or receiving the push of) the KV that `params` describes, from
@@ -71,14 +83,16 @@ class KVReceiver:
         under prefill's own compute (not its queueing, nor other requests' chunks) that ran after the
         blocks existed: at most min(own compute, kv_sent - blocks_ready)."""
         num_blocks = len(params["remote_block_ids"]) - first_block
-        kv_bytes = num_blocks * self.block_size * self.target.kv_bytes_per_token
-        t = handoff_time(kv_bytes, num_blocks, self.link)
+        kv_bytes = num_blocks * self.block_size * self.kv_bytes_per_token
+        lanes, descriptors = self.split.lanes, num_blocks * self.split.transfers_per_lane
+        t = handoff_time(kv_bytes, descriptors, self.link, lanes)
         if self.cfg.mode == "pull":
             return TransferPlan(first_block, num_blocks, blocks_ready_s, kv_bytes, t)
         sent_s = float(params["kv_sent_s"])
         if self.cfg.layerwise:
             hideable_s = min(float(params["prefill_compute_s"]), max(0.0, sent_s - blocks_ready_s))
-            t = layerwise_handoff_time(kv_bytes, num_blocks, self.link, hideable_s, self.target.num_layers)
+            layers = self.target.num_layers
+            t = layerwise_handoff_time(kv_bytes, descriptors, self.link, hideable_s, layers, lanes)
         return TransferPlan(first_block, num_blocks, max(sent_s, blocks_ready_s), kv_bytes, t)
 
 
