@@ -18,12 +18,12 @@ import math
 import time
 from typing import Any
 
+from actors.engine.kv_transfer import KVReceiver
 from target.config import TestbedConfig
 from target.kv_cache import cdiv
-from target.profiles import LINKS
-from target.roofline import roofline_for
-from target.step_shape import StepItem
-from target.transfer import handoff_time
+from target.profiles import LINKS, MODELS
+from target.step_shape import StepItem, StepShape
+from target.time_model import time_model_for
 
 WAKE_ALLOWANCE_WALL_S = 0.005
 """p99 overshoot of a short sleep with both cores busy on a 2-core host (DESIGN.md)."""
@@ -99,12 +99,10 @@ def _handoff_probe(cfg: TestbedConfig) -> tuple[float, float] | None:
     """(real, emulated) seconds of one prompt's handoff in P/D, None when collocated."""
     if not cfg.pools.prefill.replicas:
         return None
-    n, bs = cfg.workload.prompt_len, cfg.scheduler.block_size
-    num_blocks = cdiv(n, bs)
-    target = roofline_for(cfg, cfg.pools.prefill).model
-    emulated = handoff_time(
-        num_blocks * bs * target.kv_bytes_per_token, num_blocks, LINKS[cfg.kv_transfer.link]
-    )
+    n, bs, pools = cfg.workload.prompt_len, cfg.scheduler.block_size, cfg.pools
+    link, model = LINKS[cfg.kv_transfer.link], MODELS[cfg.target.model]
+    receiver = KVReceiver(cfg.kv_transfer, link, model, bs, pools.decode.tp, pools.prefill.tp)
+    emulated = receiver.plan({"remote_block_ids": list(range(cdiv(n, bs)))}, 0.0, 0).time
     real = ACTOR_CALL_WALL_S + (_measure_handoff(cfg, n) if cfg.runner.compute == "real" else 0.0)
     return real, emulated.total_s
 
@@ -112,11 +110,11 @@ def _handoff_probe(cfg: TestbedConfig) -> tuple[float, float] | None:
 def calibrate(cfg: TestbedConfig) -> tuple[float, dict[str, Any]]:
     """The smallest safe time_scale for `cfg` on this host (at least MIN_AUTO_SCALE), with the probe
     figures behind it (each probe's own `scale`)."""
-    roof = roofline_for(cfg, next(p for _, p in cfg.pools.by_role() if p.replicas))
+    step_time = time_model_for(cfg, next(p for _, p in cfg.pools.by_role() if p.replicas)).step_time_of
     details: dict[str, Any] = {}
     scale = 0.0
     for name, step in _probes(cfg).items():
-        emulated = roof.step_time([StepItem(n, c, lg) for n, c, lg in step]).total_s
+        emulated = step_time(StepShape.of(StepItem(n, c, lg) for n, c, lg in step)).total_s
         real = BOOKKEEPING_WALL_S + (_measure(cfg, step) if cfg.runner.compute == "real" else 0.0)
         need = (real + WAKE_ALLOWANCE_WALL_S) / emulated * HEADROOM
         details[name] = {
