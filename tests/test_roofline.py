@@ -28,8 +28,19 @@ def test_kv_bytes_per_token(name, kv_bytes):
         ([StepItem(1, 1024, True)] * 64, 20.7),
     ],
 )
-def test_roofline_ideals(items, ideal_ms):
-    assert IDEAL.step_time(items).total_s * 1000 == pytest.approx(ideal_ms, rel=0.01)
+@pytest.mark.parametrize("time_model", ["aggregate", "operators"])
+def test_roofline_ideals(items, ideal_ms, time_model):
+    """Both time models at peak efficiency without overhead give DESIGN.md's ideal figures."""
+    from target.config import CpuOverhead, OperatorEfficiencies
+    from target.operators import OperatorRoofline
+
+    peak = OperatorEfficiencies(1.0, 1.0, 1.0, 1.0, 1.0)
+    ideal = (
+        IDEAL
+        if time_model == "aggregate"
+        else OperatorRoofline(QWEN, GPUS["l40s"], 1, peak, CpuOverhead(0, 0, 0))
+    )
+    assert ideal.step_time(items).total_s * 1000 == pytest.approx(ideal_ms, rel=0.01)
 
 
 def test_step_time_is_itemised_and_fitted():
