@@ -41,6 +41,8 @@ DESIGNS = ("all-in-one", "e-pd")
 TIME_MODEL = ["target.time_model=aggregate"]
 """The time model every run uses (`--time-model`)."""
 SEEDS = (0, 1, 2)
+GOAL = 0.99
+"""The share of requests within the SLO that counts as sustained."""
 
 
 def attainment(design: str, images: int, prompt_len: int, rate: float) -> float:
@@ -53,17 +55,19 @@ def attainment(design: str, images: int, prompt_len: int, rate: float) -> float:
     for seed in SEEDS:
         (cfg,) = load_designs("epd-a100", [design], [*sets, *TIME_MODEL, f"seed={seed}"])
         per_seed.append(float(next(iter(run_virtual(cfg).summary["slo_attainment"].values()))))
+        if per_seed[-1] < 1 - len(SEEDS) * (1 - GOAL):  # the mean cannot reach GOAL: spare the rest
+            break  # (overloaded runs are the slow ones)
     return float(np.mean(per_seed))
 
 
 def goodput(design: str, images: int, prompt_len: int) -> float:
     """The highest rate (req/s) with >= 99 % SLO attainment."""
     lo, hi = 0.0, 4.0
-    while hi <= 128 and attainment(design, images, prompt_len, hi) >= 0.99:
+    while hi <= 128 and attainment(design, images, prompt_len, hi) >= GOAL:
         lo, hi = hi, hi * 2
     while hi - lo > 0.05 * hi:
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if attainment(design, images, prompt_len, mid) >= 0.99 else (lo, mid)
+        lo, hi = (mid, hi) if attainment(design, images, prompt_len, mid) >= GOAL else (lo, mid)
     return round(lo, 2)
 
 
