@@ -38,7 +38,7 @@ from target.step_shape import StepItem
 from target.vision import vision_encoder_of
 
 DESIGNS = ("all-in-one", "e-pd")
-TIME_MODEL = ["target.time_model=aggregate"]
+TIME_MODEL = ["target.time_model=operators"]
 """The time model every run uses (`--time-model`)."""
 SEEDS = (0, 1, 2)
 GOAL = 0.99
@@ -116,7 +116,7 @@ def main() -> int:
     p.add_argument("--out", default="runs/bench-epd-goodput.json")
     p.add_argument("--plot", default="docs/img/epd_goodput.png")
     p.add_argument("--replot", metavar="JSON", help="draw the plot from an earlier --out, run nothing")
-    p.add_argument("--time-model", choices=["aggregate", "operators"], default="aggregate")
+    p.add_argument("--time-model", choices=["aggregate", "operators"], default="operators")
     args = p.parse_args()
     TIME_MODEL[0] = f"target.time_model={args.time_model}"
     if args.replot:
