@@ -17,8 +17,8 @@ holding at least one, so KV is replicated when tp > num_kv_heads), over a step o
 i MLP width, L layers, V vocabulary). Activations: the GEMMs' inputs and outputs, T x width x 2B each
 per layer, each read or written once, through HBM only when larger than the GPU's L2 (a decode
 batch's stay on chip between kernels; a long prompt chunk's do not). The LM head runs only when some
-request needs logits. Unlike the aggregate roofline, the groups add: a
-decode's KV reads no longer hide under a prompt chunk's GEMMs, as separate kernels do not overlap.
+request needs logits. Unlike the aggregate roofline, the groups add: a decode's KV reads no longer
+hide under a prompt chunk's GEMMs, as separate kernels do not overlap.
 
 With tp > 1, two all-reduces per layer (after the attention output and the MLP down projection), each
 of T·h·2 bytes, ring algorithm over the TP link::
