@@ -34,8 +34,7 @@ from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost
 from dashboards.exposition import write_sd_file
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
-from target.vision import vision_encoder_of
-from workloads.render_tier import RenderTier
+from workloads.render_tier import render_tier_for
 from workloads.replay import Workload, run_workload, workload_for, workload_info
 from workloads.summary import lag_summary
 
@@ -226,7 +225,7 @@ async def drive(
     try:
         lead_s = _SEND_LEAD_WALL_S / cfg.clock.scale
         render_chat = chat_renderer(cfg, requests)
-        tier = RenderTier(cfg.render, vision_encoder_of(cfg.target.model))
+        tier = render_tier_for(cfg)
         return await run_workload(submit, requests, clock, cfg, tier, on_result, lead_s, render_chat)
     finally:
         ticker.cancel()

@@ -21,8 +21,7 @@ from cluster.outcome import RunOutput, run_output
 from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics
 from messages import RenderSpec, RequestResult
 from target.config import TestbedConfig
-from target.vision import vision_encoder_of
-from workloads.render_tier import RenderTier
+from workloads.render_tier import RenderTier, render_tier_for
 from workloads.replay import Workload, run_workload, workload_for, workload_info
 
 
@@ -122,7 +121,7 @@ def build_deployment(
         encoder_pool(cfg, encoders),
     )
     engines = [e for engines in pools.values() for e in engines]
-    tier = RenderTier(cfg.render, vision_encoder_of(cfg.target.model))
+    tier = render_tier_for(cfg)
     return Deployment(proxy, engines, clock, metrics, proxy_metrics, tier, cfg, encoders, encoder_metrics)
 
 

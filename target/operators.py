@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from target.config import CpuOverhead, OperatorEfficiencies
 from target.profiles import GpuProfile, ModelProfile
+from target.roofline import timed
 from target.step_shape import StepItem, StepShape
 
 LOGIT_BYTES = 4
@@ -168,6 +169,6 @@ class OperatorRoofline:
         return 2 * m.num_layers * (wire_s + self.gpu.all_reduce_latency_s)
 
     def _group(self, name: str, flops: float, nbytes: float, eta_c: float, eta_b: float) -> GroupTime:
-        compute_s = flops / (self.gpu.peak_tflops * 1e12 * eta_c)
-        memory_s = nbytes / (self.gpu.memory_bw_gbs * 1e9 * eta_b)
-        return GroupTime(name, flops, nbytes, compute_s, memory_s)
+        """One GPU's roofline (its share already taken: tp 1 here) of `flops` and `nbytes`."""
+        t = timed(flops, nbytes, self.gpu, 1, eta_c, eta_b, 0.0)
+        return GroupTime(name, flops, nbytes, t.compute_s, t.memory_s)

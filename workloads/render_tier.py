@@ -15,8 +15,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from target.config import RenderConfig
-from target.vision import VisionEncoderProfile
+from target.config import RenderConfig, TestbedConfig
+from target.vision import VisionEncoderProfile, vision_encoder_of
 
 
 class RenderTier:
@@ -41,3 +41,8 @@ class RenderTier:
         done_s = start_s + self.cost_s(num_prompt_tokens, image_tokens)
         heapq.heappush(self._free_s, done_s)
         return done_s - arrival_s
+
+
+def render_tier_for(cfg: TestbedConfig) -> RenderTier:
+    """`cfg`'s render tier: its replicas and costs, images at its target's processor's pixels."""
+    return RenderTier(cfg.render, vision_encoder_of(cfg.target.model))
