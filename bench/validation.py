@@ -4,9 +4,10 @@ Nothing here is fitted: the efficiencies stay those fitted to the guide's L40S l
 figure is out of sample. Each case states the published setting; the testbed runs the same one in
 virtual mode (compute skip) and the error is (testbed - published) / published.
 
-1. vLLM's performance benchmark, latency tests (buildkite.com/vllm/performance-benchmark/builds/9515):
-   a batch of 8 requests of 32 prompt tokens and 128 output tokens, end-to-end latency (mean), H200:
-   Llama-3.1-8B at TP 1 (833.4 ms) and Llama-3-70B at TP 4 (2,077.5 ms; Llama-3.1-70B's geometry).
+1. vLLM's performance benchmark, latency tests (buildkite.com/vllm/performance-benchmark/builds/
+   9523 on A100-SXM4-80GB, 9555 on H100, 9515 on H200): a batch of 8 requests of 32 prompt tokens and
+   128 output tokens, end-to-end latency (mean): Llama-3.1-8B at TP 1 and Llama-3-70B at TP 4
+   (Llama-3.1-70B's geometry).
 2. The vLLM EPD blog (blog.vllm.ai/2025/12/15/vllm-epd.html): goodput of 1 encoder + 3 PD instances
    and of 4 data-parallel instances on 4 x A100 80GB, Qwen3-VL-4B, 400 / 2,000 text tokens, 1 / 4
    images of ~400 visual tokens, 150 output tokens, p99 TTFT 20 s and p99 TPOT 100 ms; the testbed's
@@ -26,8 +27,12 @@ from cluster.config_load import build_config
 from cluster.virtual import run_virtual
 
 TIME_MODELS = ("aggregate", "operators")
-LATENCY_TESTS = [  # (name, model, GPU, TP, published mean latency ms)
-    ("latency_llama8B_tp1", "llama-3.1-8b", "h200", 1, 833.421),
+LATENCY_TESTS = [  # (name, model, GPU, TP, published mean latency ms), one buildkite build a GPU
+    ("latency_llama8B_tp1", "llama-3.1-8b", "a100-80gb", 1, 1579.27),  # build 9523
+    ("latency_llama70B_tp4", "llama-3.1-70b", "a100-80gb", 4, 3990.59),
+    ("latency_llama8B_tp1", "llama-3.1-8b", "h100-sxm", 1, 997.542),  # build 9555
+    ("latency_llama70B_tp4", "llama-3.1-70b", "h100-sxm", 4, 2444.47),
+    ("latency_llama8B_tp1", "llama-3.1-8b", "h200", 1, 833.421),  # build 9515
     ("latency_llama70B_tp4", "llama-3.1-70b", "h200", 4, 2077.53),
 ]
 EPD_BLOG = {  # (text tokens, images) -> (1E3PD goodput, DP-4 goodput), req/s
@@ -64,7 +69,7 @@ def main() -> int:
     args = p.parse_args()
     rows = []
     for name, model, gpu, tp, published in LATENCY_TESTS:
-        row: dict[str, object] = {"case": name, "published": published}
+        row: dict[str, object] = {"case": f"{name}_{gpu}", "published": published}
         for tm in TIME_MODELS:
             ms = latency_test(model, gpu, tp, tm)
             row[tm] = round(ms, 1)
