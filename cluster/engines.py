@@ -108,6 +108,7 @@ def build_engine(
         stats,
         s.max_model_len,
         encoder_roofline,
+        cfg.runner.macro_steps,
     )
 
 

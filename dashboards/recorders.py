@@ -7,7 +7,9 @@ in-process roles, and every run writes the final exposition beside its results.
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -170,12 +172,13 @@ class EngineMetrics(_Registry):
             self.child(s) for s in (held, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE)
         ]
 
-    def on_step(self, step_s: float, num_scheduled_tokens: int, cpu_s: float) -> None:
-        """After each step (its outputs stamped); `cpu_s` of its `step_s` was CPU work."""
-        self.child(ITERATION_TOKENS).observe(num_scheduled_tokens)
-        self.child(STEPS).inc()
-        self.child(BUSY).inc(step_s)
-        self.child(STEP_CPU).inc(cpu_s)
+    def on_steps(self, step_s: Sequence[float], num_scheduled_tokens: int, cpu_s: Sequence[float]) -> None:
+        """After steps of `num_scheduled_tokens` each (their outputs stamped); `cpu_s` of each `step_s`
+        was CPU work."""
+        observe_many(self.child(ITERATION_TOKENS), [num_scheduled_tokens] * len(step_s))
+        self.child(STEPS).inc(len(step_s))
+        self.child(BUSY).inc(sum(step_s))
+        self.child(STEP_CPU).inc(sum(cpu_s))
 
     def on_state(
         self,
@@ -220,9 +223,9 @@ class EngineMetrics(_Registry):
         self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(external)
         self._gen.inc()
 
-    def on_next_token(self, itl_s: float) -> None:
-        self._itl.observe(itl_s)
-        self._gen.inc()
+    def on_next_tokens(self, itls_s: Sequence[float]) -> None:
+        observe_many(self._itl, itls_s)
+        self._gen.inc(len(itls_s))
 
     def on_request_finished(
         self,
@@ -398,3 +401,19 @@ class EncoderMetrics(_Registry):
         self.child(MM_CACHE_QUERIES).inc()
         if hit:
             self.child(MM_CACHE_HITS).inc()
+
+
+def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
+    """`histogram.observe(v)` for each of `values`, one increment a bucket: prometheus_client has no
+    bulk observe, so this adds to the same bucket and sum values `observe` adds to (the sum in one
+    addition, so it may differ from one-at-a-time in the last bits)."""
+    if not values:
+        return
+    bounds = histogram._upper_bounds
+    counts: dict[int, int] = {}
+    for v in values:
+        i = bisect.bisect_left(bounds, v)  # the first bound >= v, as observe's `amount <= bound`
+        counts[i] = counts.get(i, 0) + 1
+    histogram._sum.inc(sum(values))
+    for i, n in counts.items():
+        histogram._buckets[i].inc(n)

@@ -208,6 +208,10 @@ class RunnerConfig:
     """Where the runner computes; auto: a GPU when the process sees one, else the CPU."""
     num_gpus: float = 0.0
     """live only: share of a GPU each engine actor asks Ray for (e.g. 0.25 packs four per GPU)."""
+    macro_steps: bool = True
+    """virtual mode with compute skip: emulate a decode-only stretch of steps (nothing arriving,
+    finishing or running short of blocks before its end) as one event, with the stamps, tokens and
+    counters of a step at a time; false runs every step as its own event (to compare)."""
 
 
 @dataclass(frozen=True)

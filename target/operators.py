@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from target.config import CpuOverhead, OperatorEfficiencies
 from target.profiles import GpuProfile, ModelProfile
-from target.roofline import timed
+from target.roofline import maximum, timed
 from target.step_shape import StepItem, StepShape
 
 LOGIT_BYTES = 4
@@ -54,7 +54,7 @@ class GroupTime:
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s)
+        return maximum(self.compute_s, self.memory_s)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from target.config import PoolConfig, TestbedConfig
 from target.profiles import GPUS, MODELS, GpuProfile, ModelProfile
 from target.step_shape import StepItem, StepShape
+
+
+def maximum(a: float, b: float) -> float:
+    """`max`, elementwise when given a window of steps' arrays (`step_shape.decode_steps`); the same
+    IEEE operations either way, so a window's step times equal its steps' one at a time, bit for bit."""
+    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,7 @@ class StepTime:
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.overhead_s
+        return maximum(self.compute_s, self.memory_s) + self.overhead_s
 
     @property
     def bound(self) -> str:
@@ -84,7 +92,7 @@ class Roofline:
             + 4.0 * m.num_heads * m.head_dim * m.num_layers * shape.keys_attended
             + 2.0 * m.num_head_params * shape.num_logits
         )
-        nbytes = float(m.step_weight_bytes + shape.num_context_tokens * m.kv_bytes_per_token)
+        nbytes = 1.0 * (m.step_weight_bytes + shape.num_context_tokens * m.kv_bytes_per_token)  # float(s)
         return timed(flops, nbytes, self.gpu, self.tp, self.eta_compute, self.eta_bandwidth, self.overhead_s)
 
 

@@ -14,7 +14,9 @@ one splits attention by kind and counts the requests (CPU work per request).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 
 def keys_attended(num_new_tokens: int, num_context_tokens: int) -> int:
@@ -81,3 +83,20 @@ class StepShape:
         for it in items:
             shape.add(it.num_new_tokens, it.num_context_tokens, it.needs_logits)
         return shape
+
+
+def decode_steps(shape: StepShape, num_steps: int) -> StepShape:
+    """The shapes of `num_steps` steps that repeat the decode-only step `shape`, as one StepShape whose
+    growing totals are arrays (step i of them at index i): each step every decode reads one more KV
+    token, the rest stays. The time models evaluate it elementwise (`roofline.maximum`)::
+
+        step i:  num_context_tokens + i·num_decodes,  keys_attended + i·num_decodes  (decode_ too)
+    """
+    assert shape.num_decodes == shape.num_new_tokens, "decode-only steps: one new token a request"
+    grow = np.arange(num_steps, dtype=np.int64) * shape.num_decodes
+    return replace(  # arrays where the fields say int: read elementwise by the time models only
+        shape,
+        num_context_tokens=shape.num_context_tokens + grow,  # type: ignore[arg-type]
+        keys_attended=shape.keys_attended + grow,  # type: ignore[arg-type]
+        decode_keys_attended=shape.decode_keys_attended + grow,  # type: ignore[arg-type]
+    )

@@ -47,6 +47,11 @@ def hash_blocks(
     data = struct.pack(f"<{num_full * block_size}I", *token_ids[: num_full * block_size])
     step = 4 * block_size
     hashes = []
+    if not mm_items:  # the common case, without a per-block search for images
+        for at in range(0, len(data), step):
+            parent = xxhash.xxh3_128_digest(parent + data[at : at + step])
+            hashes.append(parent)
+        return hashes
     for i, at in enumerate(range(0, len(data), step)):
         lo = start + i * block_size
         extra = b"".join(

@@ -36,6 +36,10 @@ class BlockManager:
         """Record every block stored in and evicted from the prefix cache (for a KV-aware router)."""
         self._events = {}
 
+    @property
+    def publishes_kv_events(self) -> bool:
+        return self._events is not None
+
     def take_kv_events(self) -> KVEvents | None:
         """The changes since the last call, or None (none, or events off)."""
         if not self._events:
@@ -94,17 +98,21 @@ class BlockManager:
         if need > len(self._free):
             return False
         for _ in range(need):
-            block, _ = self._free.popitem(last=False)
-            h = self._hash_of[block]
-            if h is not None:
-                if self._cached.get(h) == block:
-                    del self._cached[h]
-                    if self._events is not None:
-                        self._events[h] = False
-                self._hash_of[block] = None
-            self._ref_cnt[block] = 1
-            req.block_ids.append(block)
+            self.append_block(req)
         return True
+
+    def append_block(self, req: Request) -> None:
+        """Give `req` the least recently used free block (evicting its cached hash); one must be free."""
+        block, _ = self._free.popitem(last=False)
+        h = self._hash_of[block]
+        if h is not None:
+            if self._cached.get(h) == block:
+                del self._cached[h]
+                if self._events is not None:
+                    self._events[h] = False
+            self._hash_of[block] = None
+        self._ref_cnt[block] = 1
+        req.block_ids.append(block)
 
     def cache_full_blocks(self, req: Request) -> None:
         """Publish the full blocks of `req` whose KV is now computed."""

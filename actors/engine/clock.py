@@ -11,6 +11,7 @@ waits. Emulated time maps onto a time source as `source = origin + sim × time_s
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
 import time
 from collections.abc import Callable
@@ -22,15 +23,43 @@ class Clock:
         """Virtual (loop time from now) when `epoch_s` is None; live (wall time from `epoch_s`) otherwise."""
         self.time_scale = time_scale
         self._source: Callable[[], float]
+        self._virtual: VirtualTimeLoop | None = None
         if epoch_s is None:
-            self._source = asyncio.get_running_loop().time
+            loop = asyncio.get_running_loop()
+            self._source = loop.time
             self._origin = self._source()
+            self._virtual = loop if isinstance(loop, VirtualTimeLoop) else None
         else:
             self._source, self._origin = time.time, epoch_s
 
     def now(self) -> float:
         """Emulated seconds since the origin."""
         return (self._source() - self._origin) / self.time_scale
+
+    @property
+    def virtual(self) -> bool:
+        """Time jumps from event to event (a `VirtualTimeLoop`): the run's next events are known."""
+        return self._virtual is not None
+
+    def horizon_s(self) -> float:
+        """Emulated time of the run's next timer (virtual; inf when none is set, or on a live clock)."""
+        when = self._virtual.next_timer() if self._virtual is not None else None
+        return math.inf if when is None else self._sim(when)
+
+    def watch_timers(self, on_timer: Callable[[float], None]) -> Callable[[], None]:
+        """Tell `on_timer` the emulated time of every timer set from now on (virtual only), until the
+        returned function is called."""
+        assert self._virtual is not None, "only a virtual loop knows its timers"
+        loop = self._virtual
+
+        def watch(when: float) -> None:
+            on_timer(self._sim(when))
+
+        loop.timer_watchers.append(watch)
+        return lambda: loop.timer_watchers.remove(watch)
+
+    def _sim(self, source_t: float) -> float:
+        return (source_t - self._origin) / self.time_scale
 
     async def sleep_until(self, sim_t: float) -> float:
         """Wait until emulated time `sim_t`; returns how late the call already was (0 if on time).
@@ -86,10 +115,24 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def __init__(self) -> None:
         self._virtual_now = 0.0
+        self.timer_watchers: list[Callable[[float], None]] = []
+        """Told of every timer set (`Clock.watch_timers`)."""
         super().__init__(selector=_JumpSelector(self))
 
     def time(self) -> float:
         return self._virtual_now
+
+    def call_at(  # type: ignore[override]  # the same call, its watchers told first
+        self, when: float, callback: Any, *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        for watch in list(self.timer_watchers):  # call_later and every sleep come through here
+            watch(when)
+        return super().call_at(when, callback, *args, context=context)
+
+    def next_timer(self) -> float | None:
+        """When the earliest timer is due (a cancelled one too: an early bound is still a bound)."""
+        timers = self._scheduled  # type: ignore[attr-defined]  # the loop's own timer heap
+        return timers[0].when() if timers else None
 
     def advance(self, seconds: float) -> None:
         self._virtual_now += max(0.0, seconds)

@@ -11,6 +11,9 @@ One step::
 
     start ── schedule ── execute (runner) ── update from output ── sleep until start + t_step
                                              (tokens out, stamped at the end)   (t_step: the roofline)
+
+With `macro_steps` (virtual mode, compute skip), a decode-only stretch of steps runs as one event
+(`decode_window`), with the same stamps, tokens and counters.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, Literal
 
 from actors.engine.clock import Clock
+from actors.engine.decode_window import DecodeWindows
 from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVLoadError
 from actors.engine.kv_transfer import TransferPlan
@@ -40,7 +44,7 @@ Role = Literal["mixed", "prefill", "decode"]
 class EngineCore:
     """The step loop with the APIs it serves (clients; the KV source; push notices), each call a change
     to what the next step schedules. Every concern below it is a collaborator; what stays here (about
-    230 lines) is the order of events each step, which is what makes runs deterministic."""
+    240 lines) is the order of events each step, which is what makes runs deterministic."""
 
     def __init__(
         self,
@@ -55,20 +59,15 @@ class EngineCore:
         stats: EngineStats,
         max_model_len: int,
         encoder_roofline: EncoderRoofline | None = None,
+        macro_steps: bool = False,
     ) -> None:
         """`encoder_roofline`: the time of the target's vision encoder, run in this engine's steps
-        (None: a text-only target, whose engines refuse images)."""
-        self.engine_id = engine_id
-        self.role = role
-        self.clock = clock
-        self.time_model = time_model
-        self.encoder_roofline = encoder_roofline
-        self.scheduler = scheduler
-        self.executor = executor
-        self.kv_scheduler = kv_scheduler
-        self.kv_worker = kv_worker
-        self.stats = stats
-        self.max_model_len = max_model_len
+        (None: a text-only target, whose engines refuse images). `macro_steps`: run decode-only
+        stretches of steps as one event where the clock is virtual and nothing computes."""
+        self.engine_id, self.role, self.clock, self.max_model_len = engine_id, role, clock, max_model_len
+        self.time_model, self.encoder_roofline = time_model, encoder_roofline
+        self.scheduler, self.executor, self.stats = scheduler, executor, stats
+        self.kv_scheduler, self.kv_worker = kv_scheduler, kv_worker
         self.streams = OutputStreams()
         self._requests: dict[str, Request] = {}
         self._early_pushes: dict[str, dict[str, Any]] = {}
@@ -77,6 +76,10 @@ class EngineCore:
         self._loop_task: asyncio.Future[None] | None = None
         self.step_clock = StepClock(clock)
         self._stopped = False
+        on = macro_steps and clock.virtual and executor.runner is None
+        self.windows = DecodeWindows(
+            clock, self.step_clock, scheduler, time_model, stats, self.streams, self._finish, on
+        )
 
     # ---- client side -------------------------------------------------------------------------------
 
@@ -84,11 +87,11 @@ class EngineCore:
         """Stream a request's outputs; closing the iterator early aborts the request."""
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in engine {self.engine_id}")
-        check_request(
-            request, self.max_model_len, self.executor.vocab_size, self.encoder_roofline is not None
-        )
+        vocab = self.executor.vocab_size if self.executor.runner is not None else None  # what it guards
+        check_request(request, self.max_model_len, vocab, self.encoder_roofline is not None)
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)
+        self.windows.settle()  # a change from outside: the next step sees it
         stream = self.streams.open(req.request_id)
         self._requests[req.request_id] = req
         early = self._early_pushes.pop(req.request_id, None)
@@ -105,6 +108,7 @@ class EngineCore:
             self.streams.close(req.request_id)
 
     def abort(self, request_id: str, reason: FinishedReason = "abort", error: str | None = None) -> None:
+        self.windows.settle()  # a change from outside: the next step sees it
         req = self._requests.get(request_id)
         if req is not None and req.status is not RequestStatus.FINISHED:
             self._finish(req, reason, self.clock.now(), error)
@@ -126,6 +130,7 @@ class EngineCore:
     async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
         """Push, decode side: prefill finished `request_id` (`kv_transfer_params`: where its KV is); the
         push starts once this engine has blocks for it too."""
+        self.windows.settle()  # a change from outside: the next step sees it
         req = self._requests.get(request_id)
         if req is None:  # not here yet (another actor call may overtake the request), or aborted
             self._early_pushes[request_id] = kv_transfer_params
@@ -149,6 +154,7 @@ class EngineCore:
     async def drain(self) -> None:
         """Stop the step loop, wait for it, and release KV nobody will pull (then `assert_empty`)."""
         self._stopped = True
+        self.windows.settle()  # a change from outside: the next step sees it
         self.step_clock.wake()
         if self._loop_task is not None:
             await self._loop_task
@@ -200,6 +206,8 @@ class EngineCore:
 
     async def _step(self, batch: ScheduledBatch, start: float) -> float:
         """Compute `batch`, emit its tokens stamped at the step's end, sleep until then; the end."""
+        if window := self.windows.plan(batch, start, self._upcoming):
+            return await self.windows.run(window)
         await self.executor.encode(batch.encoder_inputs, self.scheduler.encoder_cache)
         sampled = await self.executor.execute(batch)
         step = self.time_model.step_time_of(batch.shape)

@@ -19,10 +19,11 @@ from messages import EngineRequest, FinishedReason, RequestTimes, token_ids_vali
 
 
 def check_request(
-    request: EngineRequest, max_model_len: int, vocab_size: int, sees_images: bool = False
+    request: EngineRequest, max_model_len: int, vocab_size: int | None, sees_images: bool = False
 ) -> None:
     """Raise ValueError, naming the request, unless an engine can run it (`sees_images`: its target
-    has a vision encoder)."""
+    has a vision encoder; `vocab_size`: the runner's, whose embedding lookup a bad token ID would
+    break; None without a runner, where the API's edge has checked them)."""
     if request.mm_items and not sees_images:
         raise ValueError(f"request {request.request_id!r}: images need a target model with a vision encoder")
     num_prompt = len(request.prompt_token_ids)
@@ -32,7 +33,7 @@ def check_request(
             f"request {request.request_id!r}: prompt ({num_prompt} tokens) + max_tokens "
             f"({request.max_tokens}) = {n} exceeds max_model_len ({max_model_len})"
         )
-    if not token_ids_valid(request.prompt_token_ids, vocab_size):
+    if vocab_size is not None and not token_ids_valid(request.prompt_token_ids, vocab_size):
         raise ValueError(
             f"request {request.request_id!r}: prompt token IDs must be ints in [0, {vocab_size})"
         )

@@ -8,6 +8,7 @@ Roles never import `dashboards`: the recorder is the `EngineRecorder` protocol, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,7 +20,8 @@ from messages import FinishedReason, RequestTimes
 class EngineRecorder(Protocol):
     """Where an engine's events are recorded (Prometheus series in `dashboards.recorders`)."""
 
-    def on_step(self, step_s: float, num_scheduled_tokens: int, cpu_s: float) -> None: ...
+    def on_steps(self, step_s: Sequence[float], num_scheduled_tokens: int, cpu_s: Sequence[float]) -> None:
+        """Steps of `num_scheduled_tokens` each, their times and the CPU's share of each."""
 
     def on_state(
         self,
@@ -42,7 +44,8 @@ class EngineRecorder(Protocol):
         self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
     ) -> None: ...
 
-    def on_next_token(self, itl_s: float) -> None: ...
+    def on_next_tokens(self, itls_s: Sequence[float]) -> None:
+        """Tokens after a request's first, each's gap from the one before."""
 
     def on_request_finished(
         self,
@@ -107,15 +110,21 @@ class EngineStats:
 
     def on_step(self, step_s: float, num_tokens: int, overrun_s: float, cpu_s: float = 0.0) -> None:
         """`cpu_s`: of `step_s`, the CPU work on the step's path (the time model's overhead)."""
-        self.num_steps += 1
-        self.num_scheduled_tokens += num_tokens
-        self.max_num_scheduled_tokens = max(self.max_num_scheduled_tokens, num_tokens)
-        self.busy_s += step_s
-        self.cpu_s += cpu_s
-        self.recorder.on_step(step_s, num_tokens, cpu_s)
+        self.on_steps([step_s], num_tokens, [cpu_s])
         if overrun_s > 0:
             self.num_lagged_steps += 1
             self._lag("step", overrun_s)
+
+    def on_steps(self, step_s: Sequence[float], num_tokens: int, cpu_s: Sequence[float]) -> None:
+        """Steps of `num_tokens` each, on time (a decode window's): their sums added one at a time, in
+        order, as single steps add them."""
+        self.num_steps += len(step_s)
+        self.num_scheduled_tokens += num_tokens * len(step_s)
+        self.max_num_scheduled_tokens = max(self.max_num_scheduled_tokens, num_tokens)
+        for s, c in zip(step_s, cpu_s, strict=True):
+            self.busy_s += s
+            self.cpu_s += c
+        self.recorder.on_steps(step_s, num_tokens, cpu_s)
 
     def on_state(self, sched: Scheduler) -> None:
         """The scheduler's and its block manager's state, for the gauges."""
@@ -144,8 +153,23 @@ class EngineStats:
             )
             t.first_token_s = now_s
         elif t.last_token_s is not None:
-            self.recorder.on_next_token(now_s - t.last_token_s)
+            self.recorder.on_next_tokens([now_s - t.last_token_s])
         t.last_token_s = now_s
+
+    def on_tokens(self, req: Request, stamps_s: Sequence[float]) -> None:
+        """`on_token` for each of `stamps_s` (a decode window's tokens of `req`), the gaps recorded
+        at once."""
+        t = req.times
+        if t.first_token_s is None or t.last_token_s is None:
+            self.on_token(req, stamps_s[0])
+            stamps_s = stamps_s[1:]
+        if stamps_s:
+            last = t.last_token_s
+            assert last is not None
+            self.recorder.on_next_tokens(
+                [s - p for p, s in zip([last, *stamps_s[:-1]], stamps_s, strict=True)]
+            )
+            t.last_token_s = stamps_s[-1]
 
     def on_request_finished(self, req: Request, reason: FinishedReason) -> None:
         self.num_finished += 1

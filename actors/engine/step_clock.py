@@ -24,10 +24,32 @@ class StepClock:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._wake = asyncio.Event()
+        self._nap: asyncio.Future[bool] | None = None
 
     def wake(self) -> None:
         """Something changed that may let the engine run (it re-schedules at its next boundary)."""
         self._wake.set()
+
+    async def nap(self, sim_t: float, on_timer: Callable[[float], None] | None = None) -> bool:
+        """Sleep until emulated `sim_t`, telling `on_timer` (a virtual clock) of every timer the rest of
+        the run sets meanwhile; True if `sim_t` came, False if `interrupt()` came first."""
+        loop = asyncio.get_running_loop()
+        nap = self._nap = loop.create_future()
+        due = loop.call_later(max(0.0, sim_t - self.clock.now()) * self.clock.time_scale, _resolve, nap, True)
+        # Watching starts after setting its own timer: that one is not news.
+        unwatch = self.clock.watch_timers(on_timer) if on_timer is not None else None
+        try:
+            return await nap
+        finally:
+            if unwatch is not None:
+                unwatch()
+            due.cancel()
+            self._nap = None
+
+    def interrupt(self) -> None:
+        """End a `nap` early."""
+        if self._nap is not None:
+            _resolve(self._nap, False)
 
     async def idle(self, since: float, upcoming: Callable[[float], list[float]]) -> float:
         """Sleep until woken or the first of `upcoming(since)` (emulated times of known events the
@@ -44,3 +66,8 @@ class StepClock:
         now = self.clock.now()
         due = [t for t in upcoming(since) if t <= now]
         return max(since, min(due)) if due else now
+
+
+def _resolve(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)

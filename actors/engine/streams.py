@@ -56,10 +56,13 @@ class OutputStreams:
         self._streams.pop(request_id, None)
 
     def push(self, request_id: str, token: int, time_s: float) -> None:
+        self.push_many(request_id, [token], [time_s])
+
+    def push_many(self, request_id: str, tokens: list[int], times_s: list[float]) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
-            stream.tokens.append(token)
-            stream.times.append(time_s)
+            stream.tokens += tokens
+            stream.times += times_s
             stream.event.set()
 
     def finish(self, output: EngineOutput) -> None:

@@ -1,0 +1,111 @@
+"""Decode windows (`runner.macro_steps`): a run with them is the run a step at a time gives, exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
+
+import actors.engine.decode_window as decode_window
+from cluster.config_load import load_designs
+from cluster.virtual import run_virtual
+from dashboards.recorders import observe_many
+from target.operators import OperatorRoofline
+from target.profiles import GPUS, MODELS
+from target.roofline import Roofline
+from target.step_shape import StepItem, StepShape, decode_steps
+
+CASES = {  # id: (preset, design, overrides): every role, handoff mode and router the windows meet
+    "collocated": ("guide-l40s", "collocated", ["workload.rate=2.0"]),
+    "pd-pull": ("guide-l40s", "pd-testbox", ["workload.rate=1.0"]),
+    "pd-push": ("guide-l40s", "pd-fast", ["workload.rate=1.5", "kv_transfer.mode=push"]),
+    "kv-aware": ("guide-l40s", "collocated", ["workload.rate=1.0", "router.policy=kv_aware"]),
+    "preempting": (
+        "guide-l40s",
+        "collocated",
+        ["workload.rate=2.0", "scheduler.num_gpu_blocks_override=1200"],
+    ),
+    "bidirectional": ("six-turn-l40s", "pd-bidirectional", ["multi_turn.num_conversations=6"]),
+    "e-pd-operators": ("epd-a100", "e-pd", ["workload.rate=8", "workload.output_len=40"]),
+}
+
+
+def run(case: str, macro_steps: bool) -> tuple[object, int]:
+    preset, design, sets = CASES[case]
+    overrides = [
+        *sets,
+        "runner.compute=skip",
+        "workload.num_requests=40",
+        f"runner.macro_steps={macro_steps}",
+    ]
+    (cfg,) = load_designs(preset, [design], overrides)
+    planned = []
+    plan = decode_window.plan_window
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        window = plan(*args, **kwargs)
+        planned.append(window is not None)
+        return window
+
+    decode_window.plan_window = spy
+    try:
+        return run_virtual(cfg), sum(planned)
+    finally:
+        decode_window.plan_window = plan
+
+
+def same(a: object, b: object) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_windows_change_nothing(case: str) -> None:
+    (one, _), (many, num_windows) = run(case, False), run(case, True)
+    assert num_windows > 0, "no window ran: the comparison would prove nothing"
+    assert one.summary.keys() == many.summary.keys()
+    assert all(same(one.summary[k], many.summary[k]) for k in one.summary), {
+        k: (one.summary[k], many.summary[k]) for k in one.summary if not same(one.summary[k], many.summary[k])
+    }
+    assert one.engine_reports == many.engine_reports
+    cols = ["request_id", "finished_reason", "num_output_tokens", "token_times_s", "ttft_s", "e2el_s"]
+    for col in cols:
+        assert [
+            list(v) if hasattr(v, "__len__") and not isinstance(v, str) else v for v in one.results[col]
+        ] == [
+            list(v) if hasattr(v, "__len__") and not isinstance(v, str) else v for v in many.results[col]
+        ], col
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        Roofline(MODELS["qwen2.5-7b"], GPUS["l40s"], 1, 0.47, 0.75, 0.002),
+        OperatorRoofline(MODELS["llama-3.1-70b"], GPUS["h100-sxm"], 4),
+    ],
+    ids=["aggregate", "operators-tp4"],
+)
+def test_window_step_times_are_single_steps_bit_for_bit(model: object) -> None:
+    contexts = [17, 100, 5000, 8191]
+    shape = StepShape.of(StepItem(1, c, True) for c in contexts)
+    window = model.step_time_of(decode_steps(shape, 300))  # type: ignore[attr-defined]
+    single = [
+        model.step_time_of(StepShape.of(StepItem(1, c + i, True) for c in contexts)).total_s  # type: ignore[attr-defined]
+        for i in range(300)
+    ]
+    assert window.total_s.tolist() == single
+
+
+def test_observe_many_is_observe_each() -> None:
+    values = [0.0, 0.001, 0.02, 0.02, 0.5, 7.0, 1e9]
+    registries = CollectorRegistry(), CollectorRegistry()
+    one, many = (Histogram("h", "", registry=r, buckets=(0.01, 0.02, 1.0)) for r in registries)
+    for v in values:
+        one.observe(v)
+    observe_many(many, values)
+    samples = [
+        {(s.name, s.labels.get("le")): s.value for m in r.collect() for s in m.samples} for r in registries
+    ]
+    assert samples[0].pop(("h_sum", None)) == pytest.approx(samples[1].pop(("h_sum", None)), rel=1e-12)
+    assert samples[0] == samples[1]
+    assert samples[0][("h_bucket", "0.02")] == 4
