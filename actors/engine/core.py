@@ -68,7 +68,7 @@ class EngineCore:
         self.time_model, self.encoder_roofline = time_model, encoder_roofline
         self.scheduler, self.executor, self.stats = scheduler, executor, stats
         self.kv_scheduler, self.kv_worker = kv_scheduler, kv_worker
-        self.streams = OutputStreams()
+        self.streams = OutputStreams(not clock.virtual or scheduler.blocks.publishes_kv_events)
         self._requests: dict[str, Request] = {}
         self._early_pushes: dict[str, dict[str, Any]] = {}
         """Push: prefill's notices for requests not here yet (or aborted; dropped at drain)."""

@@ -2,7 +2,9 @@
 
 The step loop pushes each token (with its emulated stamp) and the final output; a client's iterator
 wakes and takes everything pending at once, so a consumer that falls behind gets one coalesced output
-instead of one per step.
+instead of one per step. Where nobody reads tokens as they come (a virtual run: its clients keep the
+stamps, and no KV router reads the engine's events), only the final output wakes the client: one
+output a request instead of one a step.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ class RequestStream:
 class OutputStreams:
     """The open streams of one engine, by request id."""
 
-    def __init__(self) -> None:
+    def __init__(self, wake_on_tokens: bool = True) -> None:
+        """`wake_on_tokens`: wake a client at each push (False: only at its request's end)."""
+        self.wake_on_tokens = wake_on_tokens
         self._streams: dict[str, RequestStream] = {}
 
     def open(self, request_id: str) -> RequestStream:
@@ -63,7 +67,8 @@ class OutputStreams:
         if stream is not None:
             stream.tokens += tokens
             stream.times += times_s
-            stream.event.set()
+            if self.wake_on_tokens:
+                stream.event.set()
 
     def finish(self, output: EngineOutput) -> None:
         stream = self._streams.get(output.request_id)
