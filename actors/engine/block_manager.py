@@ -97,22 +97,34 @@ class BlockManager:
             return True
         if need > len(self._free):
             return False
-        for _ in range(need):
-            self.append_block(req)
+        pop = self._free.popitem
+        new = [pop(last=False)[0] for _ in range(need)]  # a prompt's blocks at once: one loop each
+        hash_of = self._hash_of
+        for block in new:
+            if hash_of[block] is not None:
+                self._evict(block)
+        ref_cnt = self._ref_cnt
+        for block in new:
+            ref_cnt[block] = 1
+        req.block_ids += new
         return True
 
     def append_block(self, req: Request) -> None:
         """Give `req` the least recently used free block (evicting its cached hash); one must be free."""
         block, _ = self._free.popitem(last=False)
-        h = self._hash_of[block]
-        if h is not None:
-            if self._cached.get(h) == block:
-                del self._cached[h]
-                if self._events is not None:
-                    self._events[h] = False
-            self._hash_of[block] = None
+        if self._hash_of[block] is not None:
+            self._evict(block)
         self._ref_cnt[block] = 1
         req.block_ids.append(block)
+
+    def _evict(self, block: int) -> None:
+        """Forget the hash of `block`, being reused (and its prefix-cache entry, if it is the one)."""
+        h = self._hash_of[block]
+        if self._cached.get(h) == block:  # type: ignore[arg-type]
+            del self._cached[h]  # type: ignore[arg-type]
+            if self._events is not None:
+                self._events[h] = False  # type: ignore[index]
+        self._hash_of[block] = None
 
     def cache_full_blocks(self, req: Request) -> None:
         """Publish the full blocks of `req` whose KV is now computed."""
@@ -122,19 +134,22 @@ class BlockManager:
         if num_full <= req.num_published_blocks:
             return
         self._extend_hashes(req, req.num_computed_tokens)
-        for i in range(req.num_published_blocks, num_full):
-            block, h = req.block_ids[i], req.block_hashes[i]
-            if self._hash_of[block] is None:
-                self._hash_of[block] = h
-                if self._cached.setdefault(h, block) == block and self._events is not None:
-                    self._events[h] = True
+        hash_of, setdefault, events = self._hash_of, self._cached.setdefault, self._events
+        lo = req.num_published_blocks
+        for block, h in zip(req.block_ids[lo:num_full], req.block_hashes[lo:num_full], strict=True):
+            if hash_of[block] is None:
+                hash_of[block] = h
+                if setdefault(h, block) == block and events is not None:
+                    events[h] = True
         req.num_published_blocks = num_full
 
     def free(self, req: Request) -> None:
+        ref_cnt, unused = self._ref_cnt, []
         for block in reversed(req.block_ids):
-            self._ref_cnt[block] -= 1
-            if self._ref_cnt[block] == 0:
-                self._free[block] = None
+            ref_cnt[block] -= 1
+            if not ref_cnt[block]:
+                unused.append(block)
+        self._free.update(dict.fromkeys(unused))  # to the LRU end, tail first
         req.block_ids = []
         req.num_published_blocks = 0
 
