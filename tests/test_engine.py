@@ -6,10 +6,12 @@ import pytest
 
 from actors.engine.clock import Clock, DeadlockError, VirtualTimeLoop
 from actors.engine.runner_model import ensure_model
-from cluster.virtual import build_deployment, run_virtual
+from cluster.config_load import load_designs
+from cluster.virtual import build_deployment, run_virtual, serve
 from messages import EngineRequest
 from target.config import RunnerConfig
 from tests.factories import COLLOCATED, make_config, make_requests, run_async, run_requests
+from workloads.replay import workload_for
 
 SKIP = {"runner": {"compute": "skip"}}
 REAL_GREEDY = {"runner": {"compute": "real", "device": "cpu"}, "workload": {"output_policy": "greedy"}}
@@ -228,3 +230,18 @@ def test_engines_check_token_ids_against_the_loaded_models_vocabulary():
             await anext(engine.generate(EngineRequest("x", [9000], 1)))
 
     run_async(main())
+
+
+@pytest.mark.timeout(30)  # spinning, virtual time stands still: only a wall-clock limit ends it
+def test_a_virtual_loop_reused_at_a_late_time_does_not_spin() -> None:
+    """asyncio runs a timer up to its clock's resolution early; an idle engine must count an event
+    that close as due, or, on a virtual loop far from time 0, it wakes forever without time moving."""
+    (cfg,) = load_designs("guide-l40s", ["collocated"], ["runner.compute=skip", "workload.num_requests=6"])
+    requests = workload_for(cfg)
+    loop = VirtualTimeLoop()
+    try:
+        loop.run_until_complete(serve(cfg, requests))  # leaves the loop at a late time
+        results, _ = loop.run_until_complete(serve(cfg, requests))
+    finally:
+        loop.close()
+    assert [r.finished_reason for r in results] == ["length"] * 6

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 
 from actors.engine.clock import Clock
+
+TIMER_RESOLUTION_S = time.get_clock_info("monotonic").resolution
+"""How early asyncio may run a timer (its `_clock_resolution`), in loop seconds."""
 
 
 class StepClock:
@@ -63,8 +67,10 @@ class StepClock:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
         self._wake.clear()
+        # asyncio runs a timer up to its clock's resolution early: an event that close is due (else
+        # a virtual loop, whose time then does not move, would wake this engine forever).
         now = self.clock.now()
-        due = [t for t in upcoming(since) if t <= now]
+        due = [t for t in upcoming(since) if t <= now + TIMER_RESOLUTION_S / self.clock.time_scale]
         return max(since, min(due)) if due else now
 
 
