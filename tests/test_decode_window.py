@@ -1,5 +1,5 @@
-"""Decode windows (`runner.macro_steps`) and clients woken only at the end (virtual runs): a run with
-them is the run a step at a time, each token streamed, gives, exactly."""
+"""`runner.macro_steps` (decode windows, clients woken only at their request's end): a run with them
+is the run a step at a time, each token streamed, gives, exactly."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-import actors.engine.core as engine_core
 import actors.engine.decode_window as decode_window
-from actors.engine.streams import OutputStreams
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
 from dashboards.recorders import observe_many
@@ -35,7 +33,7 @@ CASES = {  # id: (preset, design, overrides): every role, handoff mode and route
 
 
 def run(case: str, macro_steps: bool) -> tuple[object, int]:
-    """`case` with or without windows; without, clients are woken at every token too."""
+    """`case` with or without macro steps; the windows planned."""
     preset, design, sets = CASES[case]
     overrides = [
         *sets,
@@ -53,13 +51,10 @@ def run(case: str, macro_steps: bool) -> tuple[object, int]:
         return window
 
     decode_window.plan_window = spy
-    if not macro_steps:
-        engine_core.OutputStreams = lambda _: OutputStreams(True)  # type: ignore[assignment,misc]
     try:
         return run_virtual(cfg), sum(planned)
     finally:
         decode_window.plan_window = plan
-        engine_core.OutputStreams = OutputStreams  # type: ignore[misc]
 
 
 def same(a: object, b: object) -> bool:

@@ -75,7 +75,9 @@ def test_same_seed_same_run_different_seed_different_run():
 
 
 def test_client_closing_the_stream_aborts_the_request():
-    cfg = make_config(COLLOCATED, SKIP)
+    cfg = make_config(
+        COLLOCATED, SKIP, runner={"compute": "skip", "macro_steps": False}
+    )  # every token streamed
 
     async def main():
         dep = build_deployment(cfg, Clock())
@@ -92,6 +94,43 @@ def test_client_closing_the_stream_aborts_the_request():
 
     first = run_async(main())
     assert first.new_token_ids and first.finished_reason is None
+
+
+def abort_mid_decode(macro_steps: bool) -> tuple[list[int], list[float], str | None]:
+    """A request aborted 0.5 s (emulated) into its decode: its tokens, their stamps, how it ended."""
+    cfg = make_config(COLLOCATED, runner={"compute": "skip", "macro_steps": macro_steps})
+
+    async def main():
+        dep = build_deployment(cfg, Clock())
+        (engine,) = dep.engines
+        engine.start()
+        req = EngineRequest("x", list(range(300)), 50, forced_output_token_ids=list(range(50)))
+        outs = []
+
+        async def consume():
+            async for out in engine.generate(req):
+                outs.append(out)
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.5)
+        engine.abort("x")
+        await task
+        await engine.drain()
+        engine.assert_empty()
+        return outs
+
+    outs = run_async(main())
+    tokens = [t for o in outs for t in o.new_token_ids]
+    return tokens, [t for o in outs for t in o.token_times_s], outs[-1].finished_reason
+
+
+def test_an_abort_mid_decode_ends_after_the_steps_begun():
+    """The abort lands inside a decode-only stretch (one window with macro steps): the tokens of the
+    steps begun by then are out, the rest never run, nothing is left, and both ways agree."""
+    tokens, stamps, reason = abort_mid_decode(True)
+    assert reason == "abort" and 0 < len(tokens) < 50 and tokens == list(range(len(tokens)))
+    assert stamps[-2] < 0.5 < stamps[-1]  # the last: the step under way at the abort
+    assert (tokens, stamps, reason) == abort_mid_decode(False)
 
 
 def test_virtual_time_jumps_and_detects_deadlock():

@@ -68,7 +68,6 @@ class EngineCore:
         self.time_model, self.encoder_roofline = time_model, encoder_roofline
         self.scheduler, self.executor, self.stats = scheduler, executor, stats
         self.kv_scheduler, self.kv_worker = kv_scheduler, kv_worker
-        self.streams = OutputStreams(not clock.virtual or scheduler.blocks.publishes_kv_events)
         self._requests: dict[str, Request] = {}
         self._early_pushes: dict[str, dict[str, Any]] = {}
         """Push: prefill's notices for requests not here yet (or aborted; dropped at drain)."""
@@ -77,6 +76,7 @@ class EngineCore:
         self.step_clock = StepClock(clock)
         self._stopped = False
         on = macro_steps and clock.virtual and executor.runner is None
+        self.streams = OutputStreams(wake_on_tokens=not on or scheduler.blocks.publishes_kv_events)
         self.windows = DecodeWindows(
             clock, self.step_clock, scheduler, time_model, stats, self.streams, self._finish, on
         )
