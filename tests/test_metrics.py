@@ -14,6 +14,7 @@ from cluster.virtual import run_virtual
 from dashboards import metrics as m
 from dashboards.exposition import sum_series
 from tests.factories import COLLOCATED, PD, make_config
+from workloads.latency import percentile
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-metrics.md"
 WORKLOAD = {"num_requests": 12, "rate": 0.6, "prompt_len": 2048, "output_len": 48}
@@ -159,3 +160,11 @@ def test_actors_record_without_importing_pandas_or_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_request_percentile_is_numpys_bit_for_bit() -> None:
+    rng = np.random.default_rng(0)
+    for n in [*range(1, 40), 127, 255, 1000]:
+        for values in (rng.exponential(0.03, n), rng.integers(0, 4, n) * 0.025):  # ties too
+            for q in (50.0, 90.0, 99.0):
+                assert percentile(sorted(values.tolist()), q) == float(np.percentile(values, q))

@@ -9,7 +9,7 @@ Roles never import `dashboards`: the recorder is the `EngineRecorder` protocol, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from actors.engine.request import Request
@@ -95,12 +95,14 @@ class EngineStats:
     """Worst overrun of a step or transfer, in emulated seconds."""
     num_expired_handoffs: int = 0
     """Prefill side: held KV released because no decode engine pulled it in time."""
+    _itls_s: list[float] = field(default_factory=list)
+    """Inter-token gaps of the step under way, recorded with the step (one histogram update a step)."""
 
     def report(self, role: str, sched: Scheduler, num_unfinished: int) -> dict[str, Any]:
         """An engine's report: these counters and the scheduler's and block manager's."""
         return {
             "role": role,
-            **{k: v for k, v in vars(self).items() if k != "recorder"},
+            **{k: v for k, v in vars(self).items() if k not in ("recorder", "_itls_s")},
             "num_preemptions": sched.num_preemptions,
             "prefix_cache_queries": sched.blocks.num_prefix_cache_queries,
             "prefix_cache_hits": sched.blocks.num_prefix_cache_hits,
@@ -125,6 +127,9 @@ class EngineStats:
             self.busy_s += s
             self.cpu_s += c
         self.recorder.on_steps(step_s, num_tokens, cpu_s)
+        if self._itls_s:
+            self.recorder.on_next_tokens(self._itls_s)
+            self._itls_s = []
 
     def on_state(self, sched: Scheduler) -> None:
         """The scheduler's and its block manager's state, for the gauges."""
@@ -153,12 +158,11 @@ class EngineStats:
             )
             t.first_token_s = now_s
         elif t.last_token_s is not None:
-            self.recorder.on_next_tokens([now_s - t.last_token_s])
+            self._itls_s.append(now_s - t.last_token_s)
         t.last_token_s = now_s
 
     def on_tokens(self, req: Request, stamps_s: Sequence[float]) -> None:
-        """`on_token` for each of `stamps_s` (a decode window's tokens of `req`), the gaps recorded
-        at once."""
+        """`on_token` for each of `stamps_s` (a decode window's tokens of `req`)."""
         t = req.times
         if t.first_token_s is None or t.last_token_s is None:
             self.on_token(req, stamps_s[0])
@@ -166,9 +170,7 @@ class EngineStats:
         if stamps_s:
             last = t.last_token_s
             assert last is not None
-            self.recorder.on_next_tokens(
-                [s - p for p, s in zip([last, *stamps_s[:-1]], stamps_s, strict=True)]
-            )
+            self._itls_s += [s - p for p, s in zip([last, *stamps_s[:-1]], stamps_s, strict=True)]
             t.last_token_s = stamps_s[-1]
 
     def on_request_finished(self, req: Request, reason: FinishedReason) -> None:
