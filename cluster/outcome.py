@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ class RunOutput:
     """The run's record: bench-serve keys, ours, lag."""
     engine_reports: dict[str, dict[str, Any]]
     """engine id -> its counters (EngineCore.report)."""
-    metrics: dict[str, str]
+    metrics: Mapping[str, str]
     """actor id (engine ids, `proxy`) -> its final Prometheus exposition."""
 
 
@@ -33,7 +34,7 @@ def run_output(
     cfg: TestbedConfig,
     results: list[RequestResult],
     reports: dict[str, dict[str, Any]],
-    metrics: dict[str, str],
+    metrics: Mapping[str, str],
     workload_info: dict[str, Any] | None = None,
 ) -> RunOutput:
     """`workload_info`: what the workload says of itself (a trace's nominal rate, its theoretical
@@ -60,10 +61,10 @@ def cpu_overhead_share(reports: dict[str, dict[str, Any]]) -> float:
     return sum(r.get("cpu_s", 0.0) for r in reports.values()) / busy_s if busy_s > 0 else 0.0
 
 
-def encoder_summary(metrics: dict[str, str], duration_s: float) -> dict[str, float]:
+def encoder_summary(metrics: Mapping[str, str], duration_s: float) -> dict[str, float]:
     """E/P/D: the encoder pool's busy share of the run and its cache's hit rate, from the encoders'
     final metrics (nothing without an encoder pool)."""
-    expos = [text for actor, text in metrics.items() if actor.startswith("encoder-")]
+    expos = [metrics[actor] for actor in metrics if actor.startswith("encoder-")]  # render only those
     if not expos or duration_s <= 0:
         return {}
     busy_s = sum_series(expos, m.BUSY.exposed, role="encoder")

@@ -18,6 +18,7 @@ from actors.engine.kv_transfer import LinkQueue
 from actors.proxy import Proxy
 from cluster.engines import build_encoder, build_engine, chat_renderer, encoder_pool, runner_for
 from cluster.outcome import RunOutput, run_output
+from dashboards.exposition import Expositions
 from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics
 from messages import RenderSpec, RequestResult
 from target.config import TestbedConfig
@@ -61,12 +62,13 @@ class Deployment:
         for e in self.roles:
             e.assert_empty()
 
-    def expositions(self) -> dict[str, str]:
-        """Every role's final metrics by actor id (engine ids, `proxy`)."""
-        out = {e.engine_id: m.exposition() for e, m in zip(self.engines, self.engine_metrics, strict=True)}
-        encoders = zip(self.encoders, self.encoder_metrics, strict=True)
-        out.update({e.encoder_id: m.exposition() for e, m in encoders})
-        return {**out, "proxy": self.proxy_metrics.exposition()}
+    def expositions(self) -> Expositions:
+        """Every role's final metrics by actor id (engine ids, `proxy`), rendered when read."""
+        out = {e.engine_id: m.exposition for e, m in zip(self.engines, self.engine_metrics, strict=True)}
+        out.update(
+            {e.encoder_id: m.exposition for e, m in zip(self.encoders, self.encoder_metrics, strict=True)}
+        )
+        return Expositions({**out, "proxy": self.proxy_metrics.exposition})
 
 
 def build_deployment(

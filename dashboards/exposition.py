@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -89,3 +90,22 @@ def write_sd_file(path: str, design: str, targets: dict[str, str]) -> None:
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(groups, indent=1) + "\n")
     tmp.replace(out)  # atomic: Prometheus never reads half a file
+
+
+class Expositions(Mapping[str, str]):
+    """Actors' final expositions by actor id, each rendered when first read (a sweep reads none)."""
+
+    def __init__(self, render: dict[str, Callable[[], str]]) -> None:
+        self._render = render
+        self._text: dict[str, str] = {}
+
+    def __getitem__(self, actor: str) -> str:
+        if actor not in self._text:
+            self._text[actor] = self._render[actor]()
+        return self._text[actor]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._render)
+
+    def __len__(self) -> int:
+        return len(self._render)
