@@ -21,7 +21,7 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free = FreeQueue(num_blocks)
         self._ref_cnt = [0] * num_blocks
         self._hash_of: list[BlockHash | None] = [None] * num_blocks
         self._cached: dict[BlockHash, int] = {}
@@ -97,8 +97,7 @@ class BlockManager:
             return True
         if need > len(self._free):
             return False
-        pop = self._free.popitem
-        new = [pop(last=False)[0] for _ in range(need)]  # a prompt's blocks at once: one loop each
+        new = self._free.pop_oldest(need)  # a prompt's blocks at once: one loop each below
         hash_of = self._hash_of
         for block in new:
             if hash_of[block] is not None:
@@ -111,7 +110,7 @@ class BlockManager:
 
     def append_block(self, req: Request) -> None:
         """Give `req` the least recently used free block (evicting its cached hash); one must be free."""
-        block, _ = self._free.popitem(last=False)
+        (block,) = self._free.pop_oldest(1)
         if self._hash_of[block] is not None:
             self._evict(block)
         self._ref_cnt[block] = 1
@@ -149,16 +148,44 @@ class BlockManager:
             ref_cnt[block] -= 1
             if not ref_cnt[block]:
                 unused.append(block)
-        self._free.update(dict.fromkeys(unused))  # to the LRU end, tail first
+        self._free.push(unused)  # to the LRU end, tail first
         req.block_ids = []
         req.num_published_blocks = 0
 
     def _touch(self, block: int) -> None:
         if self._ref_cnt[block] == 0:
-            del self._free[block]
+            self._free.remove(block)
         self._ref_cnt[block] += 1
 
     def assert_empty(self) -> None:
         held = [b for b, n in enumerate(self._ref_cnt) if n]
         assert not held, f"blocks still referenced: {held[:10]} ({len(held)} in all)"
         assert len(self._free) == self.num_blocks, "free queue lost blocks"
+
+
+class FreeQueue:
+    """The free blocks, least recently used first: those never used (in id order, not materialised, so
+    a pool of any size costs nothing to build) ahead of those freed since (oldest first)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self._next_unused, self._num_blocks = 0, num_blocks
+        self._freed: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self._num_blocks - self._next_unused + len(self._freed)
+
+    def pop_oldest(self, count: int) -> list[int]:
+        """The `count` least recently used blocks (there must be as many), taken out."""
+        unused = min(count, self._num_blocks - self._next_unused)
+        blocks = list(range(self._next_unused, self._next_unused + unused))
+        self._next_unused += unused
+        pop = self._freed.popitem
+        return blocks + [pop(last=False)[0] for _ in range(count - unused)]
+
+    def push(self, blocks: list[int]) -> None:
+        """Free `blocks`, most recently used last."""
+        self._freed.update(dict.fromkeys(blocks))
+
+    def remove(self, block: int) -> None:
+        """Take out a freed block that is in use again (a prefix-cache hit)."""
+        del self._freed[block]
