@@ -80,6 +80,11 @@ def plan_window(
     num_steps = min(_steps_to_finish(r) for r in batch.requests)
     if num_steps <= 1:
         return None
+    if horizon < math.inf:  # steps only grow (each reads more KV): no more than this many start before it
+        first_s = time_model.step_time_of(batch.shape).total_s
+        num_steps = min(num_steps, math.floor((horizon - start) / first_s) + 1)
+        if num_steps <= 1:
+            return None
     num_steps = min(num_steps, _steps_with_blocks(batch.requests, sched.blocks, num_steps))
     times = time_model.step_time_of(decode_steps(batch.shape, num_steps))
     step_s = [t for t in times.total_s.tolist()]  # type: ignore[attr-defined]
