@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
@@ -21,7 +22,7 @@ from actors.encoding import EncoderPool
 from actors.engine.clock import Clock
 from actors.engine_requests import engine_arrival_s, engine_request, for_decode
 from actors.router import Router
-from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
+from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, RenderSpec, RequestResult
 from target.config import RouterConfig
 
 
@@ -121,6 +122,12 @@ class Proxy:
         self._mixed = pool("mixed", mixed)
         self._prefill = pool("prefill", prefill)
         self._decode = pool("decode", decode, decode_policy)
+
+    def kv_events_sink(self, engine_id: str) -> Callable[[KVEvents], None]:
+        """Where engine `engine_id`'s KV events go: its pool's router (for an in-process engine)."""
+        pools = [p for p in (self._mixed, self._prefill, self._decode) if p is not None]
+        at = [(p, i) for p in pools for i, e in enumerate(p.engines) if e.engine_id == engine_id]
+        return functools.partial(at[0][0].router.on_kv_events, at[0][1])
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         """Serve one request to the end; failures are recorded in the result, never raised."""

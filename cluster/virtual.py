@@ -123,6 +123,9 @@ def build_deployment(
         encoder_pool(cfg, encoders),
     )
     engines = [e for engines in pools.values() for e in engines]
+    if cfg.router.policy == "kv_aware":  # in process: the KV events go straight to the routers
+        for e in engines:
+            e.listen_kv_events(proxy.kv_events_sink(e.engine_id))
     tier = render_tier_for(cfg)
     return Deployment(proxy, engines, clock, metrics, proxy_metrics, tier, cfg, encoders, encoder_metrics)
 

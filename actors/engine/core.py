@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncGenerator, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Literal
 
 from actors.engine.clock import Clock
@@ -34,7 +34,7 @@ from actors.engine.scheduler import ScheduledBatch, Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
-from messages import EngineOutput, EngineRequest, FinishedReason, KVPayload, KVPull
+from messages import EngineOutput, EngineRequest, FinishedReason, KVEvents, KVPayload, KVPull
 from target.time_model import StepTimeModel
 from target.vision import EncoderRoofline
 
@@ -76,7 +76,8 @@ class EngineCore:
         self.step_clock = StepClock(clock)
         self._stopped = False
         on = macro_steps and clock.virtual and executor.runner is None
-        self.streams = OutputStreams(wake_on_tokens=not on or scheduler.blocks.publishes_kv_events)
+        wake = not on or scheduler.blocks.publishes_kv_events  # KV events on outputs: each wakes a client
+        self.streams = OutputStreams(wake_on_tokens=wake)
         self.windows = DecodeWindows(
             clock, self.step_clock, scheduler, time_model, stats, self.streams, self._finish, on
         )
@@ -214,8 +215,7 @@ class EngineCore:
         images = [item.num_tokens for _, item in batch.encoder_inputs]  # encoded first, on the same GPU
         encode_s = self.encoder_roofline.visual_tokens_time(images).total_s if self.encoder_roofline else 0.0
         end = start + encode_s + step.total_s
-        # Outputs leave as soon as they are computed, stamped with the step's end: consumers read
-        # the stamps, and a peer on another actor gets the request early enough not to miss a step.
+        # Outputs leave when computed, stamped with the step's end (a peer gets them in time for its step).
         for req, token, stop in self.scheduler.update_from_output(batch, sampled, start, step.total_s):
             self.stats.on_token(req, end)
             self.streams.push(req.request_id, token, end)
@@ -226,14 +226,16 @@ class EngineCore:
         self.stats.on_state(self.scheduler)
         return end
 
+    def listen_kv_events(self, listener: Callable[[KVEvents], None]) -> None:
+        """In process (a composition root calls it): the router gets this engine's KV events directly."""
+        self.streams.hand_over_kv_events(self.scheduler.blocks.take_kv_events, listener)
+        self.streams.wake_on_tokens = not self.windows.enabled
+
     def _upcoming(self, since: float) -> list[float]:
         """Emulated times of known events the scheduler has not seen at `since`: requests queued after
-        it, and the KV connector's (loads already moved, held KV coming up for expiry).
-
-        A request queued at or before `since` was visible to that schedule (if it could not run, only
-        a freed block or a finished request changes that, and those wake the loop): counting it would
-        make an idle engine spin.
-        """
+        it, and the KV connector's (loads already moved, held KV coming up for expiry). A request queued
+        by `since` was seen (only a freed block or a finished request, which wake the loop, change what
+        that schedule did with it): counting it would make an idle engine spin."""
         times = [r.times.queued_s for r in self.scheduler.waiting if r.times.queued_s > since]
         return times + self.kv_scheduler.upcoming(since)
 
@@ -261,9 +263,8 @@ class EngineCore:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _load_kv(self, req: Request, plan: TransferPlan) -> None:
-        """Move `req`'s KV from its prefill engine into this engine's blocks (the loop notices it at its
-        next step boundary); a failed pull fails the request, a failed pull back (decode's blocks
-        expired, or its engine died) computes those tokens here instead."""
+        """Move `req`'s KV from its prefill engine into this engine's blocks (noticed at the next step
+        boundary); a failed pull fails the request, a failed pull back computes those tokens here."""
         try:
             if not await self.kv_worker.load(req, plan):
                 return  # aborted meanwhile

@@ -51,6 +51,18 @@ class OutputStreams:
         """`wake_on_tokens`: wake a client at each push (False: only at its request's end)."""
         self.wake_on_tokens = wake_on_tokens
         self._streams: dict[str, RequestStream] = {}
+        self._hand_over: tuple[Callable[[], KVEvents | None], Callable[[KVEvents], None]] | None = None
+
+    def hand_over_kv_events(
+        self, take: Callable[[], KVEvents | None], listener: Callable[[KVEvents], None]
+    ) -> None:
+        """Give the engine's KV events (`take`) to `listener` whenever an output reaches an open stream,
+        when its client would take them, instead of on the outputs (an in-process router's)."""
+        self._hand_over = take, listener
+
+    def _on_output(self) -> None:
+        if self._hand_over is not None and (events := self._hand_over[0]()):
+            self._hand_over[1](events)
 
     def open(self, request_id: str) -> RequestStream:
         stream = self._streams[request_id] = RequestStream()
@@ -69,12 +81,14 @@ class OutputStreams:
             stream.times += times_s
             if self.wake_on_tokens:
                 stream.event.set()
+            self._on_output()
 
     def finish(self, output: EngineOutput) -> None:
         stream = self._streams.get(output.request_id)
         if stream is not None:
             stream.final = output
             stream.event.set()
+            self._on_output()
 
     def assert_empty(self, engine_id: str) -> None:
         assert not self._streams, f"{engine_id}: streams left: {list(self._streams)[:10]}"
