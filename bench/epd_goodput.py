@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -145,7 +146,9 @@ def main() -> int:
     p.add_argument("--replot", metavar="JSON", help="draw the plot from an earlier --out, run nothing")
     p.add_argument("--time-model", choices=["aggregate", "operators"], default="operators")
     args = p.parse_args()
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # a run `_Missed` stops leaves tasks pending
+    # A run `_Missed` stops leaves its tasks pending: asyncio says so, harmlessly, at exit.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
     TIME_MODEL[0] = f"target.time_model={args.time_model}"
     if args.replot:
         plot(json.loads(Path(args.replot).read_text())["goodput"], args.plot)
