@@ -4,6 +4,7 @@ is the run a step at a time, each token streamed, gives, exactly."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
@@ -17,6 +18,11 @@ from target.profiles import GPUS, MODELS
 from target.roofline import Roofline
 from target.step_shape import StepItem, StepShape, decode_steps
 
+MOONCAKE = (
+    Path(__file__).resolve().parents[2]
+    / "shared/traces/mooncake_fast25/conversation_trace.window_0s_1200s.jsonl"
+)
+"""Whole-second arrivals: many events due at once."""
 CASES = {  # id: (preset, design, overrides): every role, handoff mode and router the windows meet
     "collocated": ("guide-l40s", "collocated", ["workload.rate=2.0"]),
     "pd-pull": ("guide-l40s", "pd-testbox", ["workload.rate=1.0"]),
@@ -29,6 +35,7 @@ CASES = {  # id: (preset, design, overrides): every role, handoff mode and route
     ),
     "bidirectional": ("six-turn-l40s", "pd-bidirectional", ["multi_turn.num_conversations=6"]),
     "e-pd-operators": ("epd-a100", "e-pd", ["workload.rate=8", "workload.output_len=40"]),
+    "trace": ("agentic-h200", "collocated", [f"replay.trace={MOONCAKE}", "replay.window_s=[0,30]"]),
 }
 
 

@@ -284,3 +284,20 @@ def test_a_virtual_loop_reused_at_a_late_time_does_not_spin() -> None:
     finally:
         loop.close()
     assert [r.finished_reason for r in results] == ["length"] * 6
+
+
+def test_virtual_timers_due_together_run_in_the_order_set():
+    """asyncio's timer heap breaks ties by heap position; the virtual loop runs them in the order they
+    were set, whatever else is in the heap (else a run with fewer timers elsewhere, as with decode
+    windows, would order a trace's whole-second arrivals differently)."""
+    order = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        for i in range(40):  # other timers in the heap, set in between
+            loop.call_later(1.0 + (i % 7) * 0.1, lambda: None)
+            loop.call_later(2.0, order.append, i)
+        await asyncio.sleep(3.0)
+
+    run_async(main())
+    assert order == list(range(40))

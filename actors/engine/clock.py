@@ -11,6 +11,7 @@ waits. Emulated time maps onto a time source as `source = origin + sim × time_s
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 import selectors
 import time
@@ -107,6 +108,20 @@ class _JumpSelector(selectors.BaseSelector):
         self._map.clear()
 
 
+class _OrderedTimer(asyncio.TimerHandle):
+    """A timer that, due at the same time as another, runs after the ones set before it. asyncio's
+    heap compares due times only, so equal ones (a trace's whole-second arrivals) would run in an
+    order that depends on every other timer in the heap, and a run with fewer timers elsewhere (decode
+    windows) would route or schedule them differently."""
+
+    seq = 0
+
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, _OrderedTimer) and self._when == other._when:  # type: ignore[attr-defined]
+            return self.seq < other.seq
+        return super().__lt__(other)  # type: ignore[operator]
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An asyncio loop whose time is virtual: idle waits cost no wall time. Single process, no I/O.
 
@@ -117,17 +132,24 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._virtual_now = 0.0
         self.timer_watchers: list[Callable[[float], None]] = []
         """Told of every timer set (`Clock.watch_timers`)."""
+        self._num_timers = 0
         super().__init__(selector=_JumpSelector(self))
 
     def time(self) -> float:
         return self._virtual_now
 
-    def call_at(  # type: ignore[override]  # the same call, its watchers told first
+    def call_at(  # type: ignore[override]  # asyncio's, with its watchers told first and ties in order
         self, when: float, callback: Any, *args: Any, context: Any = None
     ) -> asyncio.TimerHandle:
         for watch in list(self.timer_watchers):  # call_later and every sleep come through here
             watch(when)
-        return super().call_at(when, callback, *args, context=context)
+        self._check_closed()  # type: ignore[attr-defined]
+        self._num_timers += 1
+        timer = _OrderedTimer(when, callback, args, self, context)
+        timer.seq = self._num_timers
+        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]  # the loop's timer heap
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
 
     def next_timer(self) -> float | None:
         """When the earliest timer is due (a cancelled one too: an early bound is still a bound)."""
