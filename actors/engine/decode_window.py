@@ -15,9 +15,12 @@ in bulk when it closes::
     cut short:      an entry point (new request, abort, push notice) or a timer set for before
                     start_k closes the window after the steps begun by then.
 
-The run's other events bound k when planning (`Clock.horizon_s`) and while the window is open
-(`Clock.watch_timers`), so no other part of the run can observe the engine between T and start_k:
-tokens committed late are stamped as a step at a time would stamp them.
+Nothing may see the engine's state between T and start_k that a step at a time would have shown it:
+the engine's own known events (requests queued for later, KV loads and expiries) bound k when
+planning; an entry point (a new request, an abort, a push notice) ends the window at once; its
+clients read only stamps, and get each request's tokens at its end; and when a KV router reads the
+engine's events as they come, every other timer of the run bounds k too (`Clock.horizon_s` when
+planning, `Clock.watch_timers` while the window is open).
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ def plan_window(
             return None
     num_steps = min(num_steps, _steps_with_blocks(batch.requests, sched.blocks, num_steps))
     times = time_model.step_time_of(decode_steps(batch.shape, num_steps))
-    step_s = [t for t in times.total_s.tolist()]  # type: ignore[attr-defined]
+    step_s = times.total_s.tolist()  # type: ignore[attr-defined]  # an array: decode_steps's
     cpu = times.overhead_s
     cpu_s = cpu.tolist() if hasattr(cpu, "tolist") else [cpu] * num_steps
     ends = list(itertools.accumulate(step_s, initial=start))  # end_i = end_(i-1) + t_i, as steps do
