@@ -46,19 +46,20 @@ def hash_blocks(
     num_full = len(token_ids) // block_size
     data = struct.pack(f"<{num_full * block_size}I", *token_ids[: num_full * block_size])
     step = 4 * block_size
+    blocks = [data[at : at + step] for at in range(0, len(data), step)]
+    if mm_items:  # each block overlapping images hashes their mm_hash first (none: every prompt block)
+        blocks = [_image_keys(mm_items, start + i * block_size, block_size) + b for i, b in enumerate(blocks)]
     hashes = []
-    if not mm_items:  # the common case, without a per-block search for images
-        for at in range(0, len(data), step):
-            parent = xxhash.xxh3_128_digest(parent + data[at : at + step])
-            hashes.append(parent)
-        return hashes
-    for i, at in enumerate(range(0, len(data), step)):
-        lo = start + i * block_size
-        extra = b"".join(
-            bytes.fromhex(m.mm_hash)
-            for m in mm_items
-            if m.offset < lo + block_size and lo < m.offset + m.num_tokens
-        )
-        parent = xxhash.xxh3_128_digest(parent + extra + data[at : at + step])
+    for block in blocks:
+        parent = xxhash.xxh3_128_digest(parent + block)
         hashes.append(parent)
     return hashes
+
+
+def _image_keys(mm_items: Sequence[MultiModalItem], lo: int, block_size: int) -> bytes:
+    """The `mm_hash`es of the images overlapping the block of positions [lo, lo + block_size)."""
+    return b"".join(
+        bytes.fromhex(m.mm_hash)
+        for m in mm_items
+        if m.offset < lo + block_size and lo < m.offset + m.num_tokens
+    )

@@ -97,33 +97,26 @@ class BlockManager:
             return True
         if need > len(self._free):
             return False
-        new = self._free.pop_oldest(need)  # a prompt's blocks at once: one loop each below
-        hash_of = self._hash_of
+        self.append_blocks(req, need)
+        return True
+
+    def append_blocks(self, req: Request, count: int) -> None:
+        """Give `req` the `count` least recently used free blocks (there must be as many), forgetting
+        the hashes they held: a prompt's blocks at once, one loop each."""
+        new = self._free.pop_oldest(count)
+        hash_of, cached, events = self._hash_of, self._cached, self._events
         for block in new:
-            if hash_of[block] is not None:
-                self._evict(block)
+            h = hash_of[block]
+            if h is not None:  # reused: its prefix-cache entry goes, if it is the one
+                if cached.get(h) == block:
+                    del cached[h]
+                    if events is not None:
+                        events[h] = False
+                hash_of[block] = None
         ref_cnt = self._ref_cnt
         for block in new:
             ref_cnt[block] = 1
         req.block_ids += new
-        return True
-
-    def append_block(self, req: Request) -> None:
-        """Give `req` the least recently used free block (evicting its cached hash); one must be free."""
-        (block,) = self._free.pop_oldest(1)
-        if self._hash_of[block] is not None:
-            self._evict(block)
-        self._ref_cnt[block] = 1
-        req.block_ids.append(block)
-
-    def _evict(self, block: int) -> None:
-        """Forget the hash of `block`, being reused (and its prefix-cache entry, if it is the one)."""
-        h = self._hash_of[block]
-        if self._cached.get(h) == block:  # type: ignore[arg-type]
-            del self._cached[h]  # type: ignore[arg-type]
-            if self._events is not None:
-                self._events[h] = False  # type: ignore[index]
-        self._hash_of[block] = None
 
     def cache_full_blocks(self, req: Request) -> None:
         """Publish the full blocks of `req` whose KV is now computed."""

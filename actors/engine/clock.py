@@ -35,7 +35,7 @@ class Clock:
 
     def now(self) -> float:
         """Emulated seconds since the origin."""
-        return (self._source() - self._origin) / self.time_scale
+        return self._sim(self._source())
 
     @property
     def virtual(self) -> bool:

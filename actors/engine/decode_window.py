@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from actors.engine.block_manager import BlockManager
 from actors.engine.clock import Clock
 from actors.engine.request import Request, RequestStatus
-from actors.engine.scheduler import ScheduledBatch, Scheduler
+from actors.engine.scheduler import ScheduledBatch, Scheduler, stop_reason
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
@@ -124,11 +124,10 @@ def _steps_to_finish(req: Request) -> int:
 def _new_blocks(requests: list[Request], block_size: int, num_steps: int) -> list[tuple[int, int]]:
     """(step, request index) of each block the steps after the first allocate, in the order a step at
     a time allocates them: step by step, then the batch's order. Step i (0-based) computes token
-    position num_computed + i, which needs a new block where that position starts one."""
+    position num_computed + i, which needs a new block once it lies past the blocks held."""
     out = []
     for r, req in enumerate(requests):
-        c = req.num_computed_tokens
-        first = (-c) % block_size or block_size  # first i > 0 with (c + i) % block_size == 0
+        first = max(1, len(req.block_ids) * block_size - req.num_computed_tokens)
         out += [(i, r) for i in range(first, num_steps, block_size)]
     return sorted(out)
 
@@ -149,7 +148,7 @@ def commit(window: DecodeWindow, sched: Scheduler) -> list[tuple[Request, list[i
     window.committed = True
     k, requests = window.num_steps, window.batch.requests
     for _, r in itertools.takewhile(lambda e: e[0] < k, _new_blocks(requests, sched.blocks.block_size, k)):
-        sched.blocks.append_block(requests[r])
+        sched.blocks.append_blocks(requests[r], 1)
     out = []
     for req in requests:
         assert req.status is RequestStatus.RUNNING, "a window's requests run to its end"
@@ -163,13 +162,7 @@ def commit(window: DecodeWindow, sched: Scheduler) -> list[tuple[Request, list[i
         tokens = list(forced[len(req.output_token_ids) : len(req.output_token_ids) + k])
         req.output_token_ids += tokens
         sched.blocks.cache_full_blocks(req)
-        num_output = len(req.output_token_ids)
-        stop: FinishedReason | None = None
-        if num_output >= req.max_tokens:
-            stop = "length"
-        elif num_output >= len(forced):
-            stop = "stop"
-        out.append((req, tokens, stop))
+        out.append((req, tokens, stop_reason(req, tokens[-1])))
     return out
 
 

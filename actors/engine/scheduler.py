@@ -232,15 +232,7 @@ class Scheduler:
                 token = forced[len(req.output_token_ids)]
             assert token is not None, "greedy output needs real compute"
             req.output_token_ids.append(token)
-            num_output = len(req.output_token_ids)
-            stop: FinishedReason | None = None
-            if forced is None and token in req.stop_token_ids:
-                stop = "stop"
-            elif num_output >= req.max_tokens:
-                stop = "length"
-            elif forced is not None and num_output >= len(forced):
-                stop = "stop"  # the forced answer is complete
-            emitted.append((req, token, stop))
+            emitted.append((req, token, stop_reason(req, token)))
         return emitted
 
     def kv_received(self, req: Request) -> None:
@@ -288,3 +280,15 @@ class Scheduler:
         assert not self.recving, f"waiting for remote KV: {list(self.recving)}"
         assert not self.held, f"held for pickup: {list(self.held)}"
         self.blocks.assert_empty()
+
+
+def stop_reason(req: Request, token: int) -> FinishedReason | None:
+    """Why `req` stops now that `token` is its last output token (None: it goes on)."""
+    forced, num_output = req.forced_output_token_ids, len(req.output_token_ids)
+    if forced is None and token in req.stop_token_ids:
+        return "stop"
+    if num_output >= req.max_tokens:
+        return "length"
+    if forced is not None and num_output >= len(forced):
+        return "stop"  # the forced answer is complete
+    return None
