@@ -1,6 +1,7 @@
 """KV blocks and the prefix cache: chained hashes, hits, LRU eviction, nothing leaked."""
 
 import os
+import random
 import subprocess
 import sys
 
@@ -122,3 +123,62 @@ def test_a_block_hash_chains_over_everything_before_it():
     b = hash_blocks([99, *range(1, 64)], 16)
     assert all(x != y for x, y in zip(a, b, strict=True))  # one changed token changes every later hash
     assert hash_blocks(list(range(32, 64)), 16, parent=a[1]) == a[2:]  # resumable from any block
+
+
+def test_a_prompt_sharing_nothing_is_hashed_only_at_its_first_block():
+    bm = BlockManager(64, 16, True)
+    a = req(range(160), "a")
+    assert bm.get_computed_blocks(a) == 0
+    compute_all(bm, a)
+    assert len(a.block_hashes) == 1  # published under its first block's hash alone
+    bm.free(a)
+    b = req([*range(100), 7, 7], "b")  # the same first block: a's blocks are hashed in, then hit
+    assert bm.get_computed_blocks(b) == 96
+    assert len(a.block_hashes) == 10
+    bm.free(b)
+    bm.assert_empty()
+
+
+def _random_ops(seed: int, events: bool) -> list[object]:
+    """A random mix of requests on a small cache (shared prefixes, evictions, preemptions), with
+    everything the block manager answers along the way."""
+    rng = random.Random(seed)
+    bm = BlockManager(32, 4, True)
+    if events:
+        bm.publish_kv_events()
+    prefixes = [[rng.randrange(50) for _ in range(rng.randrange(1, 30))] for _ in range(4)]
+    running: list[Request] = []
+    seen: list[object] = []
+    for i in range(300):
+        op = rng.random()
+        if op < 0.35 or not running:
+            tail = [rng.randrange(50) for _ in range(rng.randrange(1, 20))]
+            r = req(rng.choice([*prefixes, []]) + tail, f"r{i}")
+            seen.append(("hit", bm.get_computed_blocks(r), list(r.block_ids)))
+            running.append(r)
+        elif op < 0.8:  # compute a chunk
+            r = rng.choice(running)
+            n = min(rng.randrange(1, 12), r.num_tokens - r.num_computed_tokens)
+            ok = n > 0 and bm.allocate_slots(r, n)
+            if ok:
+                r.num_computed_tokens += n
+                bm.cache_full_blocks(r)
+            seen.append(("step", ok, list(r.block_ids), bm.num_free_blocks))
+        else:  # finish (or be preempted: the same request comes back and looks up again)
+            r = running.pop(rng.randrange(len(running)))
+            bm.free(r)
+            if rng.random() < 0.5:
+                r.num_computed_tokens = 0
+                seen.append(("again", bm.get_computed_blocks(r), list(r.block_ids)))
+                running.append(r)
+    for r in running:
+        bm.free(r)
+    bm.assert_empty()
+    return seen
+
+
+def test_hashing_when_needed_gives_the_cache_of_hashing_as_blocks_fill():
+    """KV events make every block hashed as it fills; without them hashes wait for a lookup to
+    need them. Every answer, over random runs with sharing, eviction and preemption, is the same."""
+    for seed in range(40):
+        assert _random_ops(seed, events=False) == _random_ops(seed, events=True)

@@ -4,14 +4,28 @@ A block's hash covers its own tokens *and* every token before it (`block_hash`),
 changes every later hash. Freed blocks keep their hash and stay findable until
 they are reused: the free queue is LRU, and a request frees its blocks tail first so that the
 prefix it shares with others is evicted last.
+
+Hashes are computed when they can first matter, not as blocks fill (the same cache as vLLM's eager
+hashing, at a fraction of the work where prompts share nothing). A lookup walks a sequence's hashes
+from its first block, and a chained hash differs from every other sequence's unless their first
+blocks match too. So a sequence whose first block's hash (its *root*) no other sequence has is
+published *unhashed*: its blocks are filed under the root alone, and hashed into the cache the moment
+another lookup reaches that root (or never, if they are reused first)::
+
+    A published: root rA, blocks [4 9 2] unhashed      B looks up, root rB != rA: a miss, 1 hash
+    C looks up, root rA: A's blocks hashed -> cache {rA: 4, h1: 9, h2: 2}, then C's walk hits them
+
+Until then nothing else could have met those hashes, so the cache is the same as if they had been
+entered as they filled. KV events need every hash at once: with them on, every block is hashed.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from itertools import repeat
 
 from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
+from actors.engine.free_queue import FreeQueue
 from actors.engine.request import Request
 from messages import KVEvents
 from target.kv_cache import cdiv
@@ -29,6 +43,13 @@ class BlockManager:
         """block hash -> block id, for full blocks whose KV is computed."""
         self._hash_of: dict[int, BlockHash] = {}
         """The inverse of `_cached`: the block a hash is cached under, to forget when it is reused."""
+        self._unhashed: dict[BlockHash, _Unhashed] = {}
+        """root -> the one sequence under it whose blocks are published unhashed."""
+        self._unhashed_of: dict[int, _Unhashed] = {}
+        """block id -> its unhashed sequence, for such blocks not reused since."""
+        self._hashed_roots: set[BlockHash] = set()
+        """Roots of every sequence ever hashed into the cache: another sequence from there may meet
+        its hashes anywhere, so it is hashed as it fills."""
         self.num_prefix_cache_queries = 0
         """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
         self.num_prefix_cache_hits = 0
@@ -37,6 +58,8 @@ class BlockManager:
 
     def publish_kv_events(self) -> None:
         """Record every block stored in and evicted from the prefix cache (for a KV-aware router)."""
+        for seq in list(self._unhashed.values()):
+            self._hash_in(seq)
         self._events = {}
 
     @property
@@ -70,6 +93,13 @@ class BlockManager:
             parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
             hashes += hash_blocks(tokens, bs, parent, req.mm_items, len(hashes) * bs)
 
+    def block_hashes(self, req: Request, num_blocks: int) -> list[BlockHash]:
+        """The chained hashes of `req`'s first `num_blocks` full blocks (hashed now where they were not
+        yet); none without prefix caching."""
+        if self.enable_prefix_caching:
+            self._extend_hashes(req, num_blocks * self.block_size)
+        return req.block_hashes[:num_blocks]
+
     def get_computed_blocks(self, req: Request) -> int:
         """Attach the longest cached prefix of `req`'s tokens to it; returns the tokens it covers.
 
@@ -78,13 +108,14 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return 0
         max_hit_tokens = req.num_tokens - 1
-        self._extend_hashes(req, max_hit_tokens)
         hits: list[int] = []
-        for h in req.block_hashes[: max_hit_tokens // self.block_size]:
-            block = self._cached.get(h)
-            if block is None:
-                break
-            hits.append(block)
+        if max_hit_tokens >= self.block_size and self._root_cached(req):
+            self._extend_hashes(req, max_hit_tokens)
+            for h in req.block_hashes[: max_hit_tokens // self.block_size]:
+                block = self._cached.get(h)
+                if block is None:
+                    break
+                hits.append(block)
         self.num_prefix_cache_queries += req.num_tokens
         self.num_prefix_cache_hits += len(hits) * self.block_size
         for block in hits:
@@ -92,6 +123,15 @@ class BlockManager:
         req.block_ids = hits
         req.num_published_blocks = len(hits)
         return len(hits) * self.block_size
+
+    def _root_cached(self, req: Request) -> bool:
+        """Whether `req`'s first block is in the cache, hashing in first the unhashed sequence it
+        reaches."""
+        self._extend_hashes(req, self.block_size)
+        root = req.block_hashes[0]
+        if (seq := self._unhashed.get(root)) is not None:
+            self._hash_in(seq)
+        return root in self._cached
 
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
         """Give `req` blocks for num_computed_tokens + num_new_tokens; False (nothing changed) if short."""
@@ -113,27 +153,71 @@ class BlockManager:
             deque(map(self._cached.__delitem__, gone), maxlen=0)
             if self._events is not None:
                 self._events.update(dict.fromkeys(gone, False))
+        if self._unhashed_of:
+            for seq, n in Counter(filter(None, map(self._unhashed_of.pop, new, repeat(None)))).items():
+                seq.num_live -= n
+                if not seq.num_live:
+                    del self._unhashed[seq.root]
         self._ref_cnt.update(dict.fromkeys(new, 1))
         req.block_ids += new
 
     def cache_full_blocks(self, req: Request) -> None:
-        """Publish the full blocks of `req` whose KV is now computed (a hash already cached under
-        another block, computed twice at once, stays with that block, as `setdefault` would)."""
+        """Publish the full blocks of `req` whose KV is now computed: unhashed if its root is its own,
+        else hashed (a hash already cached under another block, computed twice at once, stays with
+        that block, as `setdefault` would)."""
         if not self.enable_prefix_caching:
             return
         num_full = req.num_computed_tokens // self.block_size
         lo = req.num_published_blocks
         if num_full <= lo:
             return
-        self._extend_hashes(req, req.num_computed_tokens)
-        new = dict(zip(req.block_hashes[lo:num_full], req.block_ids[lo:num_full], strict=True))
+        new_blocks = req.block_ids[lo:num_full]
+        req.num_published_blocks = num_full
+        if (seq := self._unhashed_sequence(req, lo)) is not None:
+            seq.blocks += new_blocks
+            seq.num_live += len(new_blocks)
+            self._unhashed_of.update(dict.fromkeys(new_blocks, seq))
+            return
+        self._extend_hashes(req, num_full * self.block_size)
+        self._hashed_roots.add(req.block_hashes[0])
+        self._enter(dict(zip(req.block_hashes[lo:num_full], new_blocks, strict=True)))
+
+    def _unhashed_sequence(self, req: Request, lo: int) -> _Unhashed | None:
+        """Where `req`'s blocks from its `lo`-th on go unhashed (created if new), or None: they are to
+        be hashed (KV events on, another sequence has shared its root, or `req` publishes again what
+        it published before it was preempted)."""
+        if self._events is not None:
+            return None
+        self._extend_hashes(req, self.block_size)
+        root = req.block_hashes[0]
+        seq = self._unhashed.get(root)
+        if seq is not None and (seq.req is not req or len(seq.blocks) != lo):  # hashed from now on
+            self._hash_in(seq)
+            seq = None
+        if seq is None and root not in self._hashed_roots:
+            seq = self._unhashed[root] = _Unhashed(req, root)
+        return seq
+
+    def _hash_in(self, seq: _Unhashed) -> None:
+        """Hash an unhashed sequence's blocks not reused since into the cache."""
+        del self._unhashed[seq.root]
+        self._hashed_roots.add(seq.root)
+        self._extend_hashes(seq.req, len(seq.blocks) * self.block_size)
+        live = {}
+        for block, h in zip(seq.blocks, seq.req.block_hashes, strict=False):
+            if self._unhashed_of.get(block) is seq:
+                del self._unhashed_of[block]
+                live[h] = block
+        self._enter(live)
+
+    def _enter(self, new: dict[BlockHash, int]) -> None:
+        """Cache blocks by hash (`new`: hash -> block), keeping a hash already cached where it is."""
         for h in new.keys() & self._cached.keys():
             del new[h]
         self._cached.update(new)
         self._hash_of.update(zip(new.values(), new.keys(), strict=True))
         if self._events is not None:
             self._events.update(dict.fromkeys(new, True))
-        req.num_published_blocks = num_full
 
     def free(self, req: Request) -> None:
         """Drop `req`'s hold on its blocks; those nobody else holds go to the free queue, tail first."""
@@ -163,65 +247,15 @@ class BlockManager:
         assert len(self._free) == self.num_blocks, "free queue lost blocks"
 
 
-class FreeQueue:
-    """The free blocks, least recently used first: those never used (in id order, not materialised, so
-    a pool of any size costs nothing to build) ahead of those freed since (oldest first).
+class _Unhashed:
+    """One sequence's blocks published before anything needed their hashes (see the module's
+    docstring): the request whose tokens they hold, in sequence order from its first block."""
 
-    Freed blocks are a list read from `_head` on, so a request's blocks go in and come out by slices (an
-    ordered dict costs ~100 ns a block). A block taken out of the middle (a prefix-cache hit on a freed
-    block) stays in the list as a stale entry, skipped when its turn comes; it is always older than any
-    later entry of the same block, so the first one met is the stale one::
+    __slots__ = ("blocks", "num_live", "req", "root")
 
-        _queue  [ 7  3  9  3  4 ]      _stale {3: 1}: block 3 was hit, then freed again
-                  ^_head                pop_oldest(3) -> [7, 9, 3]
-    """
-
-    def __init__(self, num_blocks: int) -> None:
-        self._next_unused, self._num_blocks = 0, num_blocks
-        self._queue: list[int] = []
-        self._head = 0
-        self._stale: dict[int, int] = {}
-        """block id -> entries of it in the queue that no longer count (taken out by `remove`)."""
-        self._num_stale = 0
-
-    def __len__(self) -> int:
-        return self._num_blocks - self._next_unused + len(self._queue) - self._head - self._num_stale
-
-    def pop_oldest(self, count: int) -> list[int]:
-        """The `count` least recently used blocks (there must be as many), taken out."""
-        unused = min(count, self._num_blocks - self._next_unused)
-        blocks = list(range(self._next_unused, self._next_unused + unused))
-        self._next_unused += unused
-        count -= unused
-        if count and not self._num_stale:
-            blocks += self._queue[self._head : self._head + count]
-            self._head += count
-        elif count:
-            self._pop_skipping_stale(blocks, count)
-        if self._head > 4096 and 2 * self._head > len(self._queue):
-            del self._queue[: self._head]
-            self._head = 0
-        return blocks
-
-    def _pop_skipping_stale(self, out: list[int], count: int) -> None:
-        queue, stale = self._queue, self._stale
-        while count:
-            block = queue[self._head]
-            self._head += 1
-            if stale.get(block):
-                stale[block] -= 1
-                self._num_stale -= 1
-                if not stale[block]:
-                    del stale[block]
-            else:
-                out.append(block)
-                count -= 1
-
-    def push(self, blocks: list[int]) -> None:
-        """Free `blocks`, most recently used last."""
-        self._queue += blocks
-
-    def remove(self, block: int) -> None:
-        """Take out a freed block that is in use again (a prefix-cache hit)."""
-        self._stale[block] = self._stale.get(block, 0) + 1
-        self._num_stale += 1
+    def __init__(self, req: Request, root: BlockHash) -> None:
+        self.req = req
+        self.root = root
+        self.blocks: list[int] = []
+        self.num_live = 0
+        """Of `blocks`, those not reused since (the sequence is dropped when none is left)."""

@@ -115,7 +115,7 @@ class KVConnectorScheduler:
         if self.reuse == "positional":
             return min(len(theirs), limit) * bs
         num = 0
-        for own, other in zip(req.block_hashes[:limit], theirs, strict=False):
+        for own, other in zip(self.scheduler.blocks.block_hashes(req, limit), theirs, strict=False):
             if own != other:
                 break
             num += 1
@@ -175,7 +175,8 @@ class KVConnectorScheduler:
             "remote_engine_id": self.engine_id,  # whom prefill pulls back from
             "remote_request_id": req.request_id,  # what the pull and the free are keyed by
             "remote_block_ids": list(req.block_ids[:num_full]),  # where decode's KV is
-            "remote_block_hashes": list(req.block_hashes[:num_full]),  # what is in them (verified reuse)
+            # what is in them (verified reuse)
+            "remote_block_hashes": self.scheduler.blocks.block_hashes(req, num_full),
         }
 
     def _expires_s(self, req: Request) -> float:

@@ -1,0 +1,67 @@
+"""The free KV blocks in least-recently-used order (the block manager's eviction order)."""
+
+from __future__ import annotations
+
+
+class FreeQueue:
+    """The free blocks, least recently used first: those never used (in id order, not materialised, so
+    a pool of any size costs nothing to build) ahead of those freed since (oldest first).
+
+    Freed blocks are a list read from `_head` on, so a request's blocks go in and come out by slices (an
+    ordered dict costs ~100 ns a block). A block taken out of the middle (a prefix-cache hit on a freed
+    block) stays in the list as a stale entry, skipped when its turn comes; it is always older than any
+    later entry of the same block, so the first one met is the stale one::
+
+        _queue  [ 7  3  9  3  4 ]      _stale {3: 1}: block 3 was hit, then freed again
+                  ^_head                pop_oldest(3) -> [7, 9, 3]
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        self._next_unused, self._num_blocks = 0, num_blocks
+        self._queue: list[int] = []
+        self._head = 0
+        self._stale: dict[int, int] = {}
+        """block id -> entries of it in the queue that no longer count (taken out by `remove`)."""
+        self._num_stale = 0
+
+    def __len__(self) -> int:
+        return self._num_blocks - self._next_unused + len(self._queue) - self._head - self._num_stale
+
+    def pop_oldest(self, count: int) -> list[int]:
+        """The `count` least recently used blocks (there must be as many), taken out."""
+        unused = min(count, self._num_blocks - self._next_unused)
+        blocks = list(range(self._next_unused, self._next_unused + unused))
+        self._next_unused += unused
+        count -= unused
+        if count and not self._num_stale:
+            blocks += self._queue[self._head : self._head + count]
+            self._head += count
+        elif count:
+            self._pop_skipping_stale(blocks, count)
+        if self._head > 4096 and 2 * self._head > len(self._queue):
+            del self._queue[: self._head]
+            self._head = 0
+        return blocks
+
+    def _pop_skipping_stale(self, out: list[int], count: int) -> None:
+        queue, stale = self._queue, self._stale
+        while count:
+            block = queue[self._head]
+            self._head += 1
+            if stale.get(block):
+                stale[block] -= 1
+                self._num_stale -= 1
+                if not stale[block]:
+                    del stale[block]
+            else:
+                out.append(block)
+                count -= 1
+
+    def push(self, blocks: list[int]) -> None:
+        """Free `blocks`, most recently used last."""
+        self._queue += blocks
+
+    def remove(self, block: int) -> None:
+        """Take out a freed block that is in use again (a prefix-cache hit)."""
+        self._stale[block] = self._stale.get(block, 0) + 1
+        self._num_stale += 1
