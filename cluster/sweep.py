@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from cluster.virtual import run_virtual
-from target.config import TestbedConfig
+from target.config import TestbedConfig, WorkloadConfig
 from workloads.summary import mean_records
 
 
@@ -36,6 +36,11 @@ def sweep_points(
     ]
 
 
+def _workload_of(cfg: TestbedConfig) -> WorkloadConfig:
+    """What decides a point's requests but for their rate."""
+    return dataclasses.replace(cfg.workload, rate=1.0)
+
+
 def _run_point(cfg: TestbedConfig) -> tuple[dict[str, Any], pd.DataFrame]:
     out = run_virtual(cfg)
     return {**out.summary, "seed": cfg.seed}, out.results
@@ -45,18 +50,22 @@ def run_sweep(
     points: Sequence[TestbedConfig], jobs: int | None = None, on_done: Callable[[], None] | None = None
 ) -> SweepOutput:
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(points)))
-    outputs: list[tuple[dict[str, Any], pd.DataFrame]] = []
+    # Points with the same workload run back to back, so that a process draws its prompts once.
+    order = sorted(range(len(points)), key=lambda i: (points[i].seed, repr(_workload_of(points[i]))))
+    done: dict[int, tuple[dict[str, Any], pd.DataFrame]] = {}
     if jobs == 1:
-        for p in points:
-            outputs.append(_run_point(p))
+        results: Iterable[tuple[dict[str, Any], pd.DataFrame]] = map(_run_point, (points[i] for i in order))
+        for i, result in zip(order, results, strict=True):
+            done[i] = result
             if on_done:
                 on_done()
     else:
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            for result in pool.map(_run_point, points):
-                outputs.append(result)
+            for i, result in zip(order, pool.map(_run_point, [points[i] for i in order]), strict=True):
+                done[i] = result
                 if on_done:
                     on_done()
+    outputs = [done[i] for i in range(len(points))]
     runs = [r for r, _ in outputs]
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in runs:

@@ -11,6 +11,7 @@ square grid of `image_tokens` (`workloads.images`), its placeholders leading the
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -33,22 +34,34 @@ def synthetic_requests(
 
 
 def _text_requests(w: WorkloadConfig, vocab_size: int, seed: int) -> list[ClientRequest]:
-    rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / w.rate, size=w.num_requests)
+    std_gaps, prompts, answers = _draws(seed, w.num_requests, w.prompt_len, w.output_len, vocab_size)
+    gaps = std_gaps * (1.0 / w.rate)  # numpy's exponential(scale) is this product, bit for bit
     gaps[0] = 0.0  # the first request goes out at t=0, as a benchmark client sends it
     arrivals = np.cumsum(gaps)
-    prompts = rng.integers(0, vocab_size, size=(w.num_requests, w.prompt_len))
-    answers = rng.integers(0, vocab_size, size=(w.num_requests, w.output_len))
     return [
         ClientRequest(
             request_id=f"req-{i:05d}",
             arrival_s=float(arrivals[i]),
-            prompt_token_ids=prompts[i].tolist(),
+            prompt_token_ids=prompts[i],
             max_tokens=w.output_len,
             forced_output_token_ids=answers[i].tolist() if w.output_policy == "forced" else None,
         )
         for i in range(w.num_requests)
     ]
+
+
+@functools.lru_cache(maxsize=2)
+def _draws(
+    seed: int, num_requests: int, prompt_len: int, output_len: int, vocab_size: int
+) -> tuple[np.ndarray, list[list[int]], np.ndarray]:
+    """A seed's standard exponential gaps, prompts and answers. Kept for the next run of the same
+    workload at another rate or design (a sweep's points share them; 8k-token prompts as Python lists
+    cost more to make than a short run): the prompt lists are shared, never changed."""
+    rng = np.random.default_rng(seed)
+    std_gaps = rng.standard_exponential(num_requests)
+    prompts = rng.integers(0, vocab_size, size=(num_requests, prompt_len))
+    answers = rng.integers(0, vocab_size, size=(num_requests, output_len))
+    return std_gaps, [p.tolist() for p in prompts], answers
 
 
 def _add_images(
