@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pandas as pd
 
@@ -23,31 +24,38 @@ _PREFILL_COLUMNS = {
 """P/D: the prefill engine's times kept beside the producing (decode) engine's."""
 
 
-def _row(r: RequestResult) -> dict:
-    """A result with the engines' times flattened into columns of their own."""
-    row = {
-        f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name not in ("times", "prefill_times")
-    }
-    times = dataclasses.asdict(r.times) if r.times is not None else dict.fromkeys(_TIMES_FIELDS)
-    prefill = r.prefill_times
-    row.update({col: getattr(prefill, f) if prefill else None for f, col in _PREFILL_COLUMNS.items()})
-    decode_cached = times["num_cached_tokens"] if r.prefill_engine is not None else None
-    return {**row, **times, "decode_cached_tokens": decode_cached}
+_RESULT_FIELDS = [
+    f.name for f in dataclasses.fields(RequestResult) if f.name not in ("times", "prefill_times")
+]
+"""A result's own columns, ahead of the engines' times."""
 
 
 def results_frame(results: list[RequestResult], design: str, rate: float, seed: int) -> pd.DataFrame:
-    df = pd.DataFrame([_row(r) for r in results], columns=[*_row(results[0])] if results else None)
-    df.insert(0, "design", design)
-    df.insert(1, "rate", rate)
-    df.insert(2, "seed", seed)
-    df["num_output_tokens"] = df["token_times_s"].map(len)
-    lat = [request_latencies(a, t) for a, t in zip(df["arrival_s"], df["token_times_s"], strict=True)]
+    """One row per result, the engines' times flattened into columns of their own (built column by
+    column: a frame from per-row dicts costs several times more)."""
+    n = len(results)
+    cols: dict[str, Any] = {"design": [design] * n, "rate": [rate] * n, "seed": [seed] * n}
+    for name in _RESULT_FIELDS:
+        cols[name] = [getattr(r, name) for r in results]
+    prefill = [r.prefill_times for r in results]
+    for name, col in _PREFILL_COLUMNS.items():
+        cols[col] = [getattr(t, name) if t else None for t in prefill]
+    times = [r.times for r in results]
+    for name in _TIMES_FIELDS:
+        cols[name] = [getattr(t, name) if t is not None else None for t in times]
+    cols["decode_cached_tokens"] = [
+        c if r.prefill_engine is not None else None
+        for c, r in zip(cols["num_cached_tokens"], results, strict=True)
+    ]
+    cols["num_output_tokens"] = [len(t) for t in cols["token_times_s"]]
+    lat = [request_latencies(a, t) for a, t in zip(cols["arrival_s"], cols["token_times_s"], strict=True)]
     for col in ("ttft_s", "e2el_s", "tpot_s", "max_gap_s", "p99_itl_s"):
-        df[col] = [x[col] for x in lat] if lat else pd.Series(dtype=float)
+        cols[col] = [x[col] for x in lat]
+    df = pd.DataFrame(cols)
     df["handoff_s"] = df["kv_transfer_done_s"] - df["kv_transfer_start_s"]
     parts = [handoff_parts(r.prefill_done_s, r.times) for r in results]
-    for part in HANDOFF_PARTS:
-        df[f"handoff_{part}_s"] = [p[part] if p else float("nan") for p in parts]
+    handoff = {f"handoff_{part}_s": [p[part] if p else float("nan") for p in parts] for part in HANDOFF_PARTS}
+    df = pd.concat([df, pd.DataFrame(handoff, index=df.index)], axis=1)
     df["ok"] = df["finished_reason"].isin(["length", "stop"])
     # Where the prompt was computed (prefill in P/D), how much of it the prefix cache served.
     df["prompt_cached_tokens"] = df["prefill_cached_tokens"].fillna(df["num_cached_tokens"]).fillna(0)
