@@ -68,13 +68,14 @@ def build_engine(
     clock: Clock,
     runner: ModelRunner | None,
     peers: Mapping[str, KVSource],
-    metrics: EngineMetrics,
+    metrics: EngineMetrics | None,
     compute_in_thread: bool = False,
     link: Link | None = None,
 ) -> EngineCore:
     """An engine of `pool` in `role`; `peers`: the prefill engines a decode engine pulls from
-    (filled in later is fine); `metrics`: its series; `compute_in_thread`: see `Executor`; `link`: the
-    shared link a prefill engine sends on (kv_transfer.link_scope=fabric), None: its own."""
+    (filled in later is fine); `metrics`: its series (None: none); `compute_in_thread`: see
+    `Executor`; `link`: the shared link a prefill engine sends on (kv_transfer.link_scope=fabric),
+    None: its own."""
     s = cfg.scheduler
     time_model = time_model_for(cfg, pool)
     blocks = BlockManager(num_gpu_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)

@@ -62,6 +62,7 @@ class _InProcess:
         )
         self.proxy: ProxyClient = self.dep.proxy
         self.engines = self.dep.engines
+        assert self.dep.proxy_metrics is not None
         self._registries = [m.registry for m in [*self.dep.engine_metrics, self.dep.proxy_metrics]]
         self._registries += [m.registry for m in self.dep.encoder_metrics]
         self._registries += [m.registry for m in render_metrics]

@@ -42,7 +42,7 @@ def _workload_of(cfg: TestbedConfig) -> WorkloadConfig:
 
 
 def _run_point(cfg: TestbedConfig) -> tuple[dict[str, Any], pd.DataFrame]:
-    out = run_virtual(cfg)
+    out = run_virtual(cfg, metrics=False)  # a sweep keeps summaries and results, no metrics
     return {**out.summary, "seed": cfg.seed}, out.results
 
 

@@ -32,8 +32,8 @@ class Deployment:
     engines: list[EngineCore]
     clock: Clock
     engine_metrics: list[EngineMetrics]
-    """Each engine's series, in the order of `engines`."""
-    proxy_metrics: ProxyMetrics
+    """Each engine's series, in the order of `engines` (none when built without metrics)."""
+    proxy_metrics: ProxyMetrics | None
     render: RenderTier
     """The render tier's cost model, for replayed requests (token IDs: nothing renders)."""
     cfg: TestbedConfig
@@ -63,12 +63,15 @@ class Deployment:
             e.assert_empty()
 
     def expositions(self) -> Expositions:
-        """Every role's final metrics by actor id (engine ids, `proxy`), rendered when read."""
-        out = {e.engine_id: m.exposition for e, m in zip(self.engines, self.engine_metrics, strict=True)}
+        """Every role's final metrics by actor id (engine ids, `proxy`), rendered when read (the
+        encoders' only, when built without metrics)."""
+        out = {e.engine_id: m.exposition for e, m in zip(self.engines, self.engine_metrics, strict=False)}
         out.update(
             {e.encoder_id: m.exposition for e, m in zip(self.encoders, self.encoder_metrics, strict=True)}
         )
-        return Expositions({**out, "proxy": self.proxy_metrics.exposition})
+        if self.proxy_metrics is not None:
+            out["proxy"] = self.proxy_metrics.exposition
+        return Expositions(out)
 
 
 def build_deployment(
@@ -76,17 +79,20 @@ def build_deployment(
     clock: Clock,
     compute_in_thread: bool = False,
     render: Callable[[RenderSpec], Awaitable[list[int]]] | None = None,
+    metrics: bool = True,
 ) -> Deployment:
     """Engines for every pool replica, wired to their peers, and a proxy in front of them (which
     renders again with `render` when decode cannot reuse prefill's prompt IDs).
-    `compute_in_thread`: on a real-time loop (serve), compute off the loop."""
+    `compute_in_thread`: on a real-time loop (serve), compute off the loop. `metrics`: False records
+    only what a run's summary reads (the encoders' series), for runs whose metrics nobody reads."""
     peers: dict[str, KVSource] = {}
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
-    metrics = []
+    engine_metrics: list[EngineMetrics] = []
     fabric = LinkQueue() if cfg.kv_transfer.link_scope == "fabric" else None
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
-            metrics.append(EngineMetrics(cfg, role, i))
+            if metrics:
+                engine_metrics.append(EngineMetrics(cfg, role, i))
             engine = build_engine(
                 f"{role}-{i}",
                 role,
@@ -95,7 +101,7 @@ def build_deployment(
                 clock,
                 runner_for(cfg, pool),
                 peers,
-                metrics[-1],
+                engine_metrics[-1] if metrics else None,
                 compute_in_thread,
                 fabric,
             )
@@ -107,7 +113,7 @@ def build_deployment(
     encoders = [
         build_encoder(f"encoder-{i}", cfg, clock, compute_in_thread, m) for i, m in enumerate(encoder_metrics)
     ]
-    proxy_metrics = ProxyMetrics(cfg)
+    proxy_metrics = ProxyMetrics(cfg) if metrics else None
     push = cfg.kv_transfer.mode == "push"
     proxy = Proxy(
         pools["mixed"],
@@ -127,17 +133,20 @@ def build_deployment(
         for e in engines:
             e.listen_kv_events(proxy.kv_events_sink(e.engine_id))
     tier = render_tier_for(cfg)
-    return Deployment(proxy, engines, clock, metrics, proxy_metrics, tier, cfg, encoders, encoder_metrics)
+    return Deployment(
+        proxy, engines, clock, engine_metrics, proxy_metrics, tier, cfg, encoders, encoder_metrics
+    )
 
 
 async def serve(
     cfg: TestbedConfig,
     requests: Workload,
     on_result: Callable[[RequestResult], None] | None = None,
+    metrics: bool = True,
 ) -> tuple[list[RequestResult], Deployment]:
     """Run the requests (or trace) through a fresh deployment on the current loop; engines are empty
-    afterwards."""
-    dep = build_deployment(cfg, Clock(1.0))
+    afterwards. `metrics`: see `build_deployment`."""
+    dep = build_deployment(cfg, Clock(1.0), metrics=metrics)
     return await replay_on(dep, requests, on_result), dep
 
 
@@ -162,12 +171,15 @@ def run_virtual(
     cfg: TestbedConfig,
     requests: Workload | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
+    metrics: bool = True,
 ) -> RunOutput:
+    """A fresh deployment replays `requests` (default: the config's workload) in virtual time.
+    `metrics`: see `build_deployment`."""
     if requests is None:
         requests = workload_for(cfg)
     loop = VirtualTimeLoop()
     try:
-        results, dep = loop.run_until_complete(serve(cfg, requests, on_result))
+        results, dep = loop.run_until_complete(serve(cfg, requests, on_result, metrics))
     finally:
         loop.close()
     reports = {e.engine_id: e.report() for e in dep.engines}

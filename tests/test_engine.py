@@ -10,7 +10,7 @@ from cluster.config_load import load_designs
 from cluster.virtual import build_deployment, run_virtual, serve
 from messages import EngineRequest
 from target.config import RunnerConfig
-from tests.factories import COLLOCATED, make_config, make_requests, run_async, run_requests
+from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
 from workloads.replay import workload_for
 
 SKIP = {"runner": {"compute": "skip"}}
@@ -72,6 +72,17 @@ def test_same_seed_same_run_different_seed_different_run():
         )
     )
     assert a.results["arrival_s"].tolist() != c.results["arrival_s"].tolist()
+
+
+def test_a_run_without_metrics_is_the_same_run():
+    """Sweeps record no metrics (they keep only summaries and results): nothing else may change."""
+    for design in (COLLOCATED, PD):
+        cfg = make_config(design, SKIP, workload={"num_requests": 20, "prompt_len": 500, "output_len": 30})
+        full, bare = run_virtual(cfg), run_virtual(cfg, metrics=False)
+        assert bare.summary == full.summary
+        assert bare.results.equals(full.results)
+        assert bare.engine_reports == full.engine_reports
+        assert "proxy" in full.metrics and not bare.metrics
 
 
 def test_client_closing_the_stream_aborts_the_request():

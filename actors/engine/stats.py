@@ -77,7 +77,8 @@ class EngineRecorder(Protocol):
 class EngineStats:
     """Counters of an engine's life (its report); every `on_` hook also tells `recorder`."""
 
-    recorder: EngineRecorder
+    recorder: EngineRecorder | None
+    """None: nothing is recorded (a run whose metrics nobody reads, as a sweep's points)."""
     num_steps: int = 0
     num_scheduled_tokens: int = 0
     max_num_scheduled_tokens: int = 0
@@ -126,6 +127,8 @@ class EngineStats:
         for s, c in zip(step_s, cpu_s, strict=True):
             self.busy_s += s
             self.cpu_s += c
+        if self.recorder is None:
+            return
         self.recorder.on_steps(step_s, num_tokens, cpu_s)
         if self._itls_s:
             self.recorder.on_next_tokens(self._itls_s)
@@ -133,6 +136,8 @@ class EngineStats:
 
     def on_state(self, sched: Scheduler) -> None:
         """The scheduler's and its block manager's state, for the gauges."""
+        if self.recorder is None:
+            return
         blocks = sched.blocks
         self.recorder.on_state(
             len(sched.running),
@@ -150,14 +155,15 @@ class EngineStats:
         """A token of `req` was emitted at `now_s`: stamps it on `req.times` and records TTFT or ITL."""
         t = req.times
         if t.first_token_s is None:
-            self.recorder.on_first_token(
-                now_s - t.queued_s,
-                req.num_prompt_tokens,
-                t.num_cached_tokens,
-                req.num_external_computed_tokens,
-            )
+            if self.recorder is not None:
+                self.recorder.on_first_token(
+                    now_s - t.queued_s,
+                    req.num_prompt_tokens,
+                    t.num_cached_tokens,
+                    req.num_external_computed_tokens,
+                )
             t.first_token_s = now_s
-        elif t.last_token_s is not None:
+        elif t.last_token_s is not None and self.recorder is not None:
             self._itls_s.append(now_s - t.last_token_s)
         t.last_token_s = now_s
 
@@ -170,44 +176,52 @@ class EngineStats:
         if stamps_s:
             last = t.last_token_s
             assert last is not None
-            self._itls_s += [s - p for p, s in zip([last, *stamps_s[:-1]], stamps_s, strict=True)]
+            if self.recorder is not None:
+                self._itls_s += [s - p for p, s in zip([last, *stamps_s[:-1]], stamps_s, strict=True)]
             t.last_token_s = stamps_s[-1]
 
     def on_request_finished(self, req: Request, reason: FinishedReason) -> None:
         self.num_finished += 1
-        self.recorder.on_request_finished(
-            reason,
-            req.times,
-            req.num_prompt_tokens,
-            len(req.output_token_ids),
-            req.max_tokens,
-            req.num_external_computed_tokens,
-        )
+        if self.recorder is not None:
+            self.recorder.on_request_finished(
+                reason,
+                req.times,
+                req.num_prompt_tokens,
+                len(req.output_token_ids),
+                req.max_tokens,
+                req.num_external_computed_tokens,
+            )
 
     def on_kv_transfer_done(
         self, xfer_s: float, post_s: float, kv_bytes: int, num_blocks: int, overrun_s: float
     ) -> None:
         self.num_transfers += 1
-        self.recorder.on_kv_transfer_done(xfer_s, post_s, kv_bytes, num_blocks)
+        if self.recorder is not None:
+            self.recorder.on_kv_transfer_done(xfer_s, post_s, kv_bytes, num_blocks)
         if overrun_s > 0:
             self.num_lagged_transfers += 1
             self._lag("kv_transfer", overrun_s)
 
     def on_kv_transfer_failed(self) -> None:
-        self.recorder.on_kv_transfer_failed()
+        if self.recorder is not None:
+            self.recorder.on_kv_transfer_failed()
 
     def on_kv_notification_failed(self) -> None:
         """The prefill side could not be told to release the KV (it died)."""
-        self.recorder.on_kv_notification_failed()
+        if self.recorder is not None:
+            self.recorder.on_kv_notification_failed()
 
     def on_kv_pull_back_failed(self) -> None:
-        self.recorder.on_kv_pull_back_failed()
+        if self.recorder is not None:
+            self.recorder.on_kv_pull_back_failed()
 
     def on_kv_expired(self, num_requests: int) -> None:
         """Prefill side: `num_requests` held KV released unpulled (their decode died)."""
         self.num_expired_handoffs += num_requests
-        self.recorder.on_kv_expired(num_requests)
+        if self.recorder is not None:
+            self.recorder.on_kv_expired(num_requests)
 
     def _lag(self, what: str, overrun_s: float) -> None:
         self.max_overrun_s = max(self.max_overrun_s, overrun_s)
-        self.recorder.on_lag(what, self.max_overrun_s)
+        if self.recorder is not None:
+            self.recorder.on_lag(what, self.max_overrun_s)
