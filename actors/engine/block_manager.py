@@ -21,7 +21,7 @@ entered as they filled. KV events need every hash at once: with them on, every b
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from itertools import repeat
 
 from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
@@ -45,8 +45,10 @@ class BlockManager:
         """The inverse of `_cached`: the block a hash is cached under, to forget when it is reused."""
         self._unhashed: dict[BlockHash, _Unhashed] = {}
         """root -> the one sequence under it whose blocks are published unhashed."""
-        self._unhashed_of: dict[int, _Unhashed] = {}
-        """block id -> its unhashed sequence, for such blocks not reused since."""
+        self._unhashed_of: dict[Request, _Unhashed] = {}
+        """A request holding blocks of its unhashed sequence -> that sequence."""
+        self._freed_unhashed: deque[_Unhashed] = deque()
+        """Unhashed sequences whose blocks are free, in the order freed (dropped once all are reused)."""
         self._hashed_roots: set[BlockHash] = set()
         """Roots of every sequence ever hashed into the cache: another sequence from there may meet
         its hashes anywhere, so it is hashed as it fills."""
@@ -153,11 +155,11 @@ class BlockManager:
             deque(map(self._cached.__delitem__, gone), maxlen=0)
             if self._events is not None:
                 self._events.update(dict.fromkeys(gone, False))
-        if self._unhashed_of:
-            for seq, n in Counter(filter(None, map(self._unhashed_of.pop, new, repeat(None)))).items():
-                seq.num_live -= n
-                if not seq.num_live:
-                    del self._unhashed[seq.root]
+        freed, num_read = self._freed_unhashed, self._free.num_read
+        while freed and freed[0].num_live(num_read) == 0:  # every block reused
+            if self._unhashed.get(freed[0].root) is freed[0]:
+                del self._unhashed[freed[0].root]
+            freed.popleft()
         self._ref_cnt.update(dict.fromkeys(new, 1))
         req.block_ids += new
 
@@ -175,8 +177,7 @@ class BlockManager:
         req.num_published_blocks = num_full
         if (seq := self._unhashed_sequence(req, lo)) is not None:
             seq.blocks += new_blocks
-            seq.num_live += len(new_blocks)
-            self._unhashed_of.update(dict.fromkeys(new_blocks, seq))
+            self._unhashed_of[req] = seq
             return
         self._extend_hashes(req, num_full * self.block_size)
         self._hashed_roots.add(req.block_hashes[0])
@@ -201,14 +202,11 @@ class BlockManager:
     def _hash_in(self, seq: _Unhashed) -> None:
         """Hash an unhashed sequence's blocks not reused since into the cache."""
         del self._unhashed[seq.root]
+        self._unhashed_of.pop(seq.req, None)
         self._hashed_roots.add(seq.root)
-        self._extend_hashes(seq.req, len(seq.blocks) * self.block_size)
-        live = {}
-        for block, h in zip(seq.blocks, seq.req.block_hashes, strict=False):
-            if self._unhashed_of.get(block) is seq:
-                del self._unhashed_of[block]
-                live[h] = block
-        self._enter(live)
+        n = seq.num_live(self._free.num_read)
+        self._extend_hashes(seq.req, n * self.block_size)
+        self._enter(dict(zip(seq.req.block_hashes[:n], seq.blocks[:n], strict=True)))
 
     def _enter(self, new: dict[BlockHash, int]) -> None:
         """Cache blocks by hash (`new`: hash -> block), keeping a hash already cached where it is."""
@@ -224,6 +222,13 @@ class BlockManager:
         ids = req.block_ids[::-1]
         held = list(map(self._ref_cnt.pop, ids))
         unused = ids
+        if (seq := self._unhashed_of.pop(req, None)) is not None:
+            assert max(held, default=1) == 1, "unhashed blocks are never shared: nothing can hit them"
+            seq.end = self._free.push(ids) + len(ids)
+            self._freed_unhashed.append(seq)
+            req.block_ids = []
+            req.num_published_blocks = 0
+            return
         if max(held, default=1) > 1:  # shared through the prefix cache: the others keep theirs
             unused = []
             for block, n in zip(ids, held, strict=True):
@@ -244,18 +249,33 @@ class BlockManager:
     def assert_empty(self) -> None:
         held = list(self._ref_cnt)
         assert not held, f"blocks still referenced: {held[:10]} ({len(held)} in all)"
+        assert not self._unhashed_of, "a request left holding unhashed blocks"
         assert len(self._free) == self.num_blocks, "free queue lost blocks"
 
 
 class _Unhashed:
     """One sequence's blocks published before anything needed their hashes (see the module's
-    docstring): the request whose tokens they hold, in sequence order from its first block."""
+    docstring): the request whose tokens they hold, in sequence order from its first block.
 
-    __slots__ = ("blocks", "num_live", "req", "root")
+    Reuse is read off the free queue, not tracked block by block: the request frees its blocks at once,
+    tail first, so block i's entry sits at `end - 1 - i`, and the blocks not reused yet are the leading
+    ones whose entries the queue has not read::
+
+        blocks  [b0 b1 b2 b3]   freed as entries  b3 b2 b1 b0   ending at `end`
+        queue read up to here:                          ^       -> b0 and b1 are still free: 2 live
+    """
+
+    __slots__ = ("blocks", "end", "req", "root")
 
     def __init__(self, req: Request, root: BlockHash) -> None:
         self.req = req
         self.root = root
         self.blocks: list[int] = []
-        self.num_live = 0
-        """Of `blocks`, those not reused since (the sequence is dropped when none is left)."""
+        self.end: int | None = None
+        """Once its request freed the blocks: one past the position of `blocks[0]`'s queue entry."""
+
+    def num_live(self, num_read: int) -> int:
+        """Leading blocks not reused yet, when the free queue has read `num_read` entries."""
+        if self.end is None:  # its request holds them
+            return len(self.blocks)
+        return max(0, min(len(self.blocks), self.end - num_read))

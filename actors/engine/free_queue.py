@@ -20,6 +20,8 @@ class FreeQueue:
         self._next_unused, self._num_blocks = 0, num_blocks
         self._queue: list[int] = []
         self._head = 0
+        self._num_dropped = 0
+        """Entries read and dropped from the front of `_queue` (positions count from the first push)."""
         self._stale: dict[int, int] = {}
         """block id -> entries of it in the queue that no longer count (taken out by `remove`)."""
         self._num_stale = 0
@@ -40,8 +42,15 @@ class FreeQueue:
             self._pop_skipping_stale(blocks, count)
         if self._head > 4096 and 2 * self._head > len(self._queue):
             del self._queue[: self._head]
+            self._num_dropped += self._head
             self._head = 0
         return blocks
+
+    @property
+    def num_read(self) -> int:
+        """Entries of freed blocks read so far (taken out, or skipped as stale): an entry pushed at
+        position p (`push`) has been read once this passes p."""
+        return self._num_dropped + self._head
 
     def _pop_skipping_stale(self, out: list[int], count: int) -> None:
         queue, stale = self._queue, self._stale
@@ -57,9 +66,11 @@ class FreeQueue:
                 out.append(block)
                 count -= 1
 
-    def push(self, blocks: list[int]) -> None:
-        """Free `blocks`, most recently used last."""
+    def push(self, blocks: list[int]) -> int:
+        """Free `blocks`, most recently used last; returns the position of the first one's entry."""
+        at = self._num_dropped + len(self._queue)
         self._queue += blocks
+        return at
 
     def remove(self, block: int) -> None:
         """Take out a freed block that is in use again (a prefix-cache hit)."""
