@@ -38,7 +38,8 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self._free = FreeQueue(num_blocks)
         self._ref_cnt: dict[int, int] = {}
-        """block id -> the requests holding it, for blocks in use."""
+        """block id -> the requests holding it, for cached blocks in use: only those can be shared (a
+        hit takes a cached block); any other held block has exactly one holder."""
         self._cached: dict[BlockHash, int] = {}
         """block hash -> block id, for full blocks whose KV is computed."""
         self._hash_of: dict[int, BlockHash] = {}
@@ -160,7 +161,6 @@ class BlockManager:
             if self._unhashed.get(freed[0].root) is freed[0]:
                 del self._unhashed[freed[0].root]
             freed.popleft()
-        self._ref_cnt.update(dict.fromkeys(new, 1))
         req.block_ids += new
 
     def cache_full_blocks(self, req: Request) -> None:
@@ -181,7 +181,7 @@ class BlockManager:
             return
         self._extend_hashes(req, num_full * self.block_size)
         self._hashed_roots.add(req.block_hashes[0])
-        self._enter(dict(zip(req.block_hashes[lo:num_full], new_blocks, strict=True)))
+        self._enter(dict(zip(req.block_hashes[lo:num_full], new_blocks, strict=True)), held=True)
 
     def _unhashed_sequence(self, req: Request, lo: int) -> _Unhashed | None:
         """Where `req`'s blocks from its `lo`-th on go unhashed (created if new), or None: they are to
@@ -206,13 +206,16 @@ class BlockManager:
         self._hashed_roots.add(seq.root)
         n = seq.num_live(self._free.num_read)
         self._extend_hashes(seq.req, n * self.block_size)
-        self._enter(dict(zip(seq.req.block_hashes[:n], seq.blocks[:n], strict=True)))
+        self._enter(dict(zip(seq.req.block_hashes[:n], seq.blocks[:n], strict=True)), held=seq.end is None)
 
-    def _enter(self, new: dict[BlockHash, int]) -> None:
-        """Cache blocks by hash (`new`: hash -> block), keeping a hash already cached where it is."""
+    def _enter(self, new: dict[BlockHash, int], held: bool) -> None:
+        """Cache blocks by hash (`new`: hash -> block), keeping a hash already cached where it is;
+        `held`: by the one request that computed them (else they are free)."""
         for h in new.keys() & self._cached.keys():
             del new[h]
         self._cached.update(new)
+        if held:
+            self._ref_cnt.update(dict.fromkeys(new.values(), 1))
         self._hash_of.update(zip(new.values(), new.keys(), strict=True))
         if self._events is not None:
             self._events.update(dict.fromkeys(new, True))
@@ -220,15 +223,14 @@ class BlockManager:
     def free(self, req: Request) -> None:
         """Drop `req`'s hold on its blocks; those nobody else holds go to the free queue, tail first."""
         ids = req.block_ids[::-1]
-        held = list(map(self._ref_cnt.pop, ids))
-        unused = ids
-        if (seq := self._unhashed_of.pop(req, None)) is not None:
-            assert max(held, default=1) == 1, "unhashed blocks are never shared: nothing can hit them"
+        if (seq := self._unhashed_of.pop(req, None)) is not None:  # none cached: none shared
             seq.end = self._free.push(ids) + len(ids)
             self._freed_unhashed.append(seq)
             req.block_ids = []
             req.num_published_blocks = 0
             return
+        held = list(map(self._ref_cnt.pop, ids, repeat(1)))
+        unused = ids
         if max(held, default=1) > 1:  # shared through the prefix cache: the others keep theirs
             unused = []
             for block, n in zip(ids, held, strict=True):
