@@ -312,3 +312,51 @@ def test_virtual_timers_due_together_run_in_the_order_set():
 
     run_async(main())
     assert order == list(range(40))
+
+
+def test_a_sleep_nothing_could_interleave_with_moves_time_at_once_and_changes_nothing(monkeypatch):
+    """`Clock.sleep_until` on a virtual loop moves time on without a timer when nothing could run
+    first (no callback ready, no timer due by then): the same events at the same times, bit for bit,
+    as sleeping through the loop."""
+
+    async def main(log):
+        clock = Clock()
+        loop = asyncio.get_running_loop()
+
+        async def stepper(name, step_s, n):
+            t = 0.0
+            for _ in range(n):
+                t += step_s
+                await clock.sleep_until(t)
+                log.append((name, clock.now()))
+
+        for i in range(5):  # timers in between, and one due with a step's end
+            loop.call_later(0.7 * i + 0.05, lambda i=i: log.append(("timer", i, clock.now())))
+        loop.call_later(0.3, lambda: log.append(("tie", clock.now())))
+        await asyncio.gather(stepper("a", 0.1, 40), stepper("b", 0.37, 9))
+
+    skipping, sleeping = [], []
+    run_async(main(skipping))
+    with monkeypatch.context() as m:
+        m.setattr(VirtualTimeLoop, "skip", lambda self, delay: False)
+        run_async(main(sleeping))
+    assert skipping == sleeping
+    assert len(skipping) == 40 + 9 + 5 + 1
+
+
+def test_a_run_moves_much_of_its_time_without_timers():
+    """The guide's P/D design skips the loop's timers for a good share of its sleeps (the saving is a
+    benchmark's figure; this checks that it happens)."""
+    calls = {"skipped": 0, "slept": 0}
+    skip = VirtualTimeLoop.skip
+
+    def counting(self, delay):
+        moved = skip(self, delay)
+        calls["skipped" if moved else "slept"] += 1
+        return moved
+
+    (cfg,) = load_designs("guide-l40s", ["pd-fast"], ["runner.compute=skip", "workload.num_requests=20"])
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(VirtualTimeLoop, "skip", counting)
+        run_virtual(cfg, metrics=False)
+    assert calls["skipped"] > calls["slept"] / 2

@@ -69,9 +69,14 @@ class Clock:
         """
         delay = sim_t - self.now()
         if delay > 0:
-            await asyncio.sleep(delay * self.time_scale)
+            if self._virtual is None or not self._virtual.skip(delay * self.time_scale):
+                await asyncio.sleep(delay * self.time_scale)
             return 0.0
         return -delay
+
+
+_MAX_TURN_S = 24 * 3600.0
+"""asyncio's longest wait in one turn (`base_events.MAXIMUM_SELECT_TIMEOUT`): a longer sleep takes several."""
 
 
 class DeadlockError(RuntimeError):
@@ -158,3 +163,20 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def advance(self, seconds: float) -> None:
         self._virtual_now += max(0.0, seconds)
+
+    def skip(self, delay: float) -> bool:
+        """Move time on by `delay` at once, as the running callback's sleep of `delay` would, when
+        nothing could run before that sleep ends: no callback is ready and no timer is due by then
+        (one due at the same time was set first; one within the clock's resolution would run in the
+        same turn). True if it moved (the caller need not sleep). The time is the one asyncio would
+        reach (`advance` of the due time less now), and timer watchers are told, as of a timer."""
+        when = self._virtual_now + delay
+        for watch in list(self.timer_watchers):
+            watch(when)
+        timers = self._scheduled  # type: ignore[attr-defined]  # the loop's own timer heap
+        if self._ready or delay > _MAX_TURN_S:  # type: ignore[attr-defined]  # its ready queue
+            return False
+        if timers and timers[0].when() < when + self._clock_resolution:  # type: ignore[attr-defined]
+            return False
+        self.advance(when - self._virtual_now)
+        return True
