@@ -172,13 +172,15 @@ class EngineMetrics(_Registry):
             self.child(s) for s in (held, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE)
         ]
 
-    def on_steps(self, step_s: Sequence[float], num_scheduled_tokens: int, cpu_s: Sequence[float]) -> None:
-        """After steps of `num_scheduled_tokens` each (their outputs stamped); `cpu_s` of each `step_s`
+    def on_steps(
+        self, step_s: Sequence[float], num_scheduled_tokens: Sequence[int], cpu_s: Sequence[float]
+    ) -> None:
+        """After steps of `num_scheduled_tokens` (their outputs stamped); `cpu_s` of each `step_s`
         was CPU work."""
-        observe_many(self.child(ITERATION_TOKENS), [num_scheduled_tokens] * len(step_s))
+        observe_many(self.child(ITERATION_TOKENS), num_scheduled_tokens)
         self.child(STEPS).inc(len(step_s))
-        self.child(BUSY).inc(sum(step_s))
-        self.child(STEP_CPU).inc(sum(cpu_s))
+        _add_each(self.child(BUSY)._value, step_s)
+        _add_each(self.child(STEP_CPU)._value, cpu_s)
 
     def on_state(
         self,
@@ -405,8 +407,8 @@ class EncoderMetrics(_Registry):
 
 def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
     """`histogram.observe(v)` for each of `values`, one increment a bucket: prometheus_client has no
-    bulk observe, so this adds to the same bucket and sum values `observe` adds to (the sum in one
-    addition, so it may differ from one-at-a-time in the last bits)."""
+    bulk observe, so this adds to the same bucket and sum values `observe` adds to, the sum one value
+    at a time (the same bits as observing each)."""
     if not values:
         return
     bounds = histogram._upper_bounds
@@ -414,6 +416,16 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
     for v in values:
         i = bisect.bisect_left(bounds, v)  # the first bound >= v, as observe's `amount <= bound`
         counts[i] = counts.get(i, 0) + 1
-    histogram._sum.inc(sum(values))
+    _add_each(histogram._sum, values)
     for i, n in counts.items():
         histogram._buckets[i].inc(n)
+
+
+def _add_each(value: Any, amounts: Sequence[float]) -> None:
+    """Add `amounts` to a prometheus_client value one at a time, in order, as an `inc` each would (so
+    a window's steps add up to the bits its steps one at a time do); recorders run on their actor's
+    loop only, so nothing writes the value between its get and set."""
+    total = value.get()
+    for amount in amounts:
+        total += amount
+    value.set(total)

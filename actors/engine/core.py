@@ -13,7 +13,7 @@ One step::
                                              (tokens out, stamped at the end)   (t_step: the roofline)
 
 With `macro_steps` (virtual mode, compute skip), a decode-only stretch of steps runs as one event
-(`decode_window`), with the same stamps, tokens and counters.
+(`window`), with the same stamps, tokens and counters.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Literal
 
 from actors.engine.clock import Clock
-from actors.engine.decode_window import DecodeWindows
 from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVLoadError
 from actors.engine.kv_transfer import TransferPlan
@@ -34,6 +33,7 @@ from actors.engine.scheduler import ScheduledBatch, Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
+from actors.engine.windows import Windows
 from messages import EngineOutput, EngineRequest, FinishedReason, KVEvents, KVPayload, KVPull
 from target.time_model import StepTimeModel
 from target.vision import EncoderRoofline
@@ -78,7 +78,7 @@ class EngineCore:
         on = macro_steps and clock.virtual and executor.runner is None
         wake = not on or scheduler.blocks.publishes_kv_events  # KV events on outputs: each wakes a client
         self.streams = OutputStreams(wake_on_tokens=wake)
-        self.windows = DecodeWindows(
+        self.windows = Windows(
             clock, self.step_clock, scheduler, time_model, stats, self.streams, self._finish, on
         )
 

@@ -8,6 +8,7 @@ Roles never import `dashboards`: the recorder is the `EngineRecorder` protocol, 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,8 +21,10 @@ from messages import FinishedReason, RequestTimes
 class EngineRecorder(Protocol):
     """Where an engine's events are recorded (Prometheus series in `dashboards.recorders`)."""
 
-    def on_steps(self, step_s: Sequence[float], num_scheduled_tokens: int, cpu_s: Sequence[float]) -> None:
-        """Steps of `num_scheduled_tokens` each, their times and the CPU's share of each."""
+    def on_steps(
+        self, step_s: Sequence[float], num_scheduled_tokens: Sequence[int], cpu_s: Sequence[float]
+    ) -> None:
+        """Steps, their times, tokens and the CPU's share of each."""
 
     def on_state(
         self,
@@ -113,17 +116,17 @@ class EngineStats:
 
     def on_step(self, step_s: float, num_tokens: int, overrun_s: float, cpu_s: float = 0.0) -> None:
         """`cpu_s`: of `step_s`, the CPU work on the step's path (the time model's overhead)."""
-        self.on_steps([step_s], num_tokens, [cpu_s])
+        self.on_steps([step_s], [num_tokens], [cpu_s])
         if overrun_s > 0:
             self.num_lagged_steps += 1
             self._lag("step", overrun_s)
 
-    def on_steps(self, step_s: Sequence[float], num_tokens: int, cpu_s: Sequence[float]) -> None:
-        """Steps of `num_tokens` each, on time (a decode window's): their sums added one at a time, in
+    def on_steps(self, step_s: Sequence[float], num_tokens: Sequence[int], cpu_s: Sequence[float]) -> None:
+        """Steps on time (a window's), each of its `num_tokens`: their sums added one at a time, in
         order, as single steps add them."""
         self.num_steps += len(step_s)
-        self.num_scheduled_tokens += num_tokens * len(step_s)
-        self.max_num_scheduled_tokens = max(self.max_num_scheduled_tokens, num_tokens)
+        self.num_scheduled_tokens += sum(num_tokens)
+        self.max_num_scheduled_tokens = max(self.max_num_scheduled_tokens, *num_tokens)
         for s, c in zip(step_s, cpu_s, strict=True):
             self.busy_s += s
             self.cpu_s += c
@@ -167,18 +170,26 @@ class EngineStats:
             self._itls_s.append(now_s - t.last_token_s)
         t.last_token_s = now_s
 
-    def on_tokens(self, req: Request, stamps_s: Sequence[float]) -> None:
-        """`on_token` for each of `stamps_s` (a decode window's tokens of `req`)."""
-        t = req.times
-        if t.first_token_s is None or t.last_token_s is None:
-            self.on_token(req, stamps_s[0])
-            stamps_s = stamps_s[1:]
-        if stamps_s:
-            last = t.last_token_s
-            assert last is not None
-            if self.recorder is not None:
-                self._itls_s += [s - p for p, s in zip([last, *stamps_s[:-1]], stamps_s, strict=True)]
-            t.last_token_s = stamps_s[-1]
+    def on_window_tokens(self, emitted: list[tuple[Request, Sequence[float]]]) -> None:
+        """`on_token` for each token a window's steps emitted (each request's stamps, in the batch's
+        order), recorded in the order steps one at a time record them: step by step, the batch's order
+        within a step, so that the recorder's sums add up to the same bits. Every request emits up to
+        the window's last step; a first token (TTFT) is only ever a step's first one."""
+        gaps = []
+        for req, stamps_s in emitted:
+            t = req.times
+            if t.first_token_s is None or t.last_token_s is None:
+                self.on_token(req, stamps_s[0])
+                stamps_s = stamps_s[1:]
+            if stamps_s:
+                last = t.last_token_s
+                assert last is not None
+                if self.recorder is not None:
+                    gaps.append([s - p for p, s in zip([last, *stamps_s[:-1]], stamps_s, strict=True)])
+                t.last_token_s = stamps_s[-1]
+        # Each list ends at the window's last step: aligned from the end, read step by step.
+        by_step = reversed(list(itertools.zip_longest(*(reversed(g) for g in gaps))))
+        self._itls_s += [gap for step in by_step for gap in step if gap is not None]
 
     def on_request_finished(self, req: Request, reason: FinishedReason) -> None:
         self.num_finished += 1

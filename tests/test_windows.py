@@ -1,4 +1,4 @@
-"""`runner.macro_steps` (decode windows, clients woken only at their request's end): a run with them
+"""`runner.macro_steps` (windows of steps, clients woken only at their request's end): a run with them
 is the run a step at a time, each token streamed, gives, exactly."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.parser import text_string_to_metric_families
 
-import actors.engine.decode_window as decode_window
+import actors.engine.windows as windows_module
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
 from dashboards.recorders import observe_many
@@ -39,8 +40,9 @@ CASES = {  # id: (preset, design, overrides): every role, handoff mode and route
 }
 
 
-def run(case: str, macro_steps: bool) -> tuple[object, int]:
-    """`case` with or without macro steps; the windows planned."""
+def run(case: str, macro_steps: bool) -> tuple[object, int, int]:
+    """`case` with or without macro steps; the windows planned, and of them those with a prompt
+    chunk."""
     preset, design, sets = CASES[case]
     overrides = [
         *sets,
@@ -49,19 +51,28 @@ def run(case: str, macro_steps: bool) -> tuple[object, int]:
         f"runner.macro_steps={macro_steps}",
     ]
     (cfg,) = load_designs(preset, [design], overrides)
-    planned = []
-    plan = decode_window.plan_window
+    planned, chunked = [], []
+    plan = windows_module.plan_window
 
     def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         window = plan(*args, **kwargs)
         planned.append(window is not None)
+        chunked.append(window is not None and bool(window.chunks))
         return window
 
-    decode_window.plan_window = spy
+    windows_module.plan_window = spy
     try:
-        return run_virtual(cfg), sum(planned)
+        return run_virtual(cfg), sum(planned), sum(chunked)
     finally:
-        decode_window.plan_window = plan
+        windows_module.plan_window = plan
+
+
+def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+    }
 
 
 def same(a: object, b: object) -> bool:
@@ -70,13 +81,18 @@ def same(a: object, b: object) -> bool:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_windows_change_nothing(case: str) -> None:
-    (one, _), (many, num_windows) = run(case, False), run(case, True)
+    (one, *_), (many, num_windows, num_chunked) = run(case, False), run(case, True)
     assert num_windows > 0, "no window ran: the comparison would prove nothing"
+    if case in ("collocated", "pd-pull", "preempting"):  # prompt chunks: beside decodes, or alone
+        assert num_chunked > 0, "no window with a prompt chunk ran"
     assert one.summary.keys() == many.summary.keys()
     assert all(same(one.summary[k], many.summary[k]) for k in one.summary), {
         k: (one.summary[k], many.summary[k]) for k in one.summary if not same(one.summary[k], many.summary[k])
     }
     assert one.engine_reports == many.engine_reports
+    assert one.metrics.keys() == many.metrics.keys()
+    for actor in one.metrics:  # every series, float sums too: added one value at a time either way
+        assert samples(one.metrics[actor]) == samples(many.metrics[actor]), actor
     cols = ["request_id", "finished_reason", "num_output_tokens", "token_times_s", "ttft_s", "e2el_s"]
     for col in cols:
         assert [

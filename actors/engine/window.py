@@ -1,0 +1,252 @@
+"""Windows: many steps emulated as one event (virtual mode, compute skip).
+
+When a step's batch is every running request, each decoding one token but perhaps the last, which
+computes a prompt chunk, and nothing can change that batch for the next k steps (no request finishes
+before step k, none becomes visible, no block runs short, no other event of the run is due), those k
+steps differ only in the KV each decode reads and the chunk each computes (what the decodes leave of
+the token budget, up to the step that completes the prompt). The engine then plans them at once: the
+time model evaluates the k step shapes (decode-only: as arrays, `step_shape.decode_steps`), each
+step's end is the previous end plus its time (the same additions a step at a time makes, so every
+stamp is bit for bit the same), and the window's state is committed in bulk when it closes::
+
+    planned at T:   T ──── step 1 ──── step 2 ──── ... ──── step k ──── end_k
+    engine wakes:                                           ^ start_k: commits steps 1..k (tokens
+                                                              out, stamped end_1..end_k), sleeps
+                                                              until end_k as after any step
+    cut short:      an entry point (new request, abort, push notice) or a timer set for before
+                    start_k closes the window after the steps begun by then.
+
+Nothing may see the engine's state between T and start_k that a step at a time would have shown it:
+the engine's own known events (requests queued for later, KV loads and expiries) bound k when
+planning; an entry point (a new request, an abort, a push notice) ends the window at once; its
+clients read only stamps, and get each request's tokens at its end; and when a KV router reads the
+engine's events as they come, every other timer of the run bounds k too (`Clock.horizon_s` when
+planning, `Clock.watch_timers` while the window is open). Its counters and metrics are recorded in the
+order steps one at a time record them, so they add up to the same bits.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+
+from actors.engine.block_manager import BlockManager
+from actors.engine.request import Request, RequestStatus
+from actors.engine.scheduler import ScheduledBatch, Scheduler, stop_reason
+from messages import FinishedReason
+from target.step_shape import StepShape, decode_steps
+from target.time_model import StepTimeModel
+
+
+@dataclass
+class Window:
+    """Steps planned at once; `num_steps` shrinks when the window is cut short."""
+
+    batch: ScheduledBatch
+    starts: list[float]
+    ends: list[float]
+    step_s: list[float]
+    """Each step's emulated time (what its end adds)."""
+    cpu_s: list[float]
+    """Of `step_s`, the CPU's (the time model's overhead)."""
+    num_steps: int
+    chunks: list[int] = field(default_factory=list)
+    """The prompt chunk the batch's last request computes at each step (none: decodes only)."""
+    committed: bool = False
+
+    def cut_before(self, sim_t: float) -> None:
+        """Keep only the steps that start before `sim_t` (the first one always: it is under way)."""
+        self.num_steps = max(1, min(self.num_steps, bisect.bisect_left(self.starts, sim_t)))
+
+    @property
+    def last_start(self) -> float:
+        return self.starts[self.num_steps - 1]
+
+    @property
+    def end(self) -> float:
+        return self.ends[self.num_steps - 1]
+
+    @property
+    def num_scheduled_tokens(self) -> list[int]:
+        """Each step's tokens."""
+        num_decodes = len(self.batch.requests) - (1 if self.chunks else 0)
+        if not self.chunks:
+            return [num_decodes] * self.num_steps
+        return [num_decodes + n for n in self.chunks[: self.num_steps]]
+
+
+def plan_window(
+    batch: ScheduledBatch,
+    sched: Scheduler,
+    time_model: StepTimeModel,
+    start: float,
+    horizon: float,
+) -> Window | None:
+    """The window of steps starting with `batch` at `start`, up to (not at) `horizon` (the first other
+    event that could change it), or None when it would be a single step."""
+    if not _steady(batch, sched, start):
+        return None
+    if batch.num_new_tokens[-1] > 1:
+        return _plan_chunks(batch, sched, time_model, start, horizon)
+    num_steps = min(_steps_to_finish(r) for r in batch.requests)
+    if num_steps <= 1:
+        return None
+    if horizon < math.inf:  # steps only grow (each reads more KV): no more than this many start before it
+        first_s = time_model.step_time_of(batch.shape).total_s
+        num_steps = min(num_steps, math.floor((horizon - start) / first_s) + 1)
+        if num_steps <= 1:
+            return None
+    num_steps = min(num_steps, _steps_with_blocks(batch.requests, [], sched.blocks, num_steps))
+    times = time_model.step_time_of(decode_steps(batch.shape, num_steps))
+    step_s = times.total_s.tolist()  # type: ignore[attr-defined]  # an array: decode_steps's
+    cpu = times.overhead_s
+    cpu_s = cpu.tolist() if hasattr(cpu, "tolist") else [cpu] * num_steps
+    ends = list(itertools.accumulate(step_s, initial=start))  # end_i = end_(i-1) + t_i, as steps do
+    window = Window(batch, ends[:-1], ends[1:], step_s, cpu_s, num_steps)
+    window.cut_before(horizon)
+    return window if window.num_steps > 1 else None
+
+
+def _plan_chunks(
+    batch: ScheduledBatch, sched: Scheduler, time_model: StepTimeModel, start: float, horizon: float
+) -> Window | None:
+    """A window whose batch's last request computes its prompt in chunks beside the decodes: each step
+    gives it what the decodes leave of the token budget, up to the step that completes its prompt
+    (after which it decodes too, or ends). Step times one step at a time (the chunks differ)."""
+    *decodes, chunked = batch.requests
+    budget = sched.max_num_batched_tokens - len(decodes)
+    chunks: list[int] = []
+    left = chunked.num_tokens - chunked.num_computed_tokens
+    while left > 0 and not (chunks and left == 1):  # one token left: scheduled as a decode, in order
+        chunks.append(min(left, budget))
+        left -= chunks[-1]
+    num_steps = min([len(chunks), *(_steps_to_finish(r) for r in decodes)])
+    if num_steps <= 1 or chunks[0] != batch.num_new_tokens[-1]:
+        return None
+    num_steps = min(num_steps, _steps_with_blocks(batch.requests, chunks, sched.blocks, num_steps))
+    decoding = StepShape()
+    for req in decodes:
+        decoding.add(1, req.num_computed_tokens, True)
+    starts, step_s, cpu_s = [start], [], []
+    computed = chunked.num_computed_tokens
+    for i in range(num_steps):
+        if i > 0 and starts[-1] >= horizon:
+            starts.pop()
+            break
+        shape = batch.shape
+        if i > 0:  # every decode reads one more KV token a step
+            grow = i * len(decodes)
+            shape = replace(
+                decoding,
+                num_context_tokens=decoding.num_context_tokens + grow,
+                keys_attended=decoding.keys_attended + grow,
+                decode_keys_attended=decoding.decode_keys_attended + grow,
+            )
+            shape.add(chunks[i], computed, computed + chunks[i] == chunked.num_tokens)
+        computed += chunks[i]
+        t = time_model.step_time_of(shape)
+        step_s.append(t.total_s)
+        cpu_s.append(t.overhead_s)
+        starts.append(starts[-1] + t.total_s)  # end_i = end_(i-1) + t_i, as steps do
+    ends = starts[1:]
+    if len(ends) <= 1:
+        return None
+    return Window(batch, starts[:-1], ends, step_s, cpu_s, len(ends), chunks)
+
+
+def _steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:
+    """Every running request is in the batch, each decoding one token but the last, which may compute
+    a prompt chunk, all with forced answers (compute skip); nothing else happens this step, and no
+    waiting request is visible yet."""
+    if batch.preempted or batch.new_remote_requests or batch.pull_backs_taking_nothing:
+        return False
+    if batch.encoder_inputs or len(batch.requests) != len(sched.running):
+        return False
+    if sched.waiting and sched.waiting[0].times.queued_s <= start:
+        return False
+    *decodes, last = batch.num_new_tokens
+    if any(n != 1 for n in decodes):
+        return False
+    if last == 1 and batch.shape.num_logits != batch.shape.num_new_tokens:
+        return False
+    if last > 1 and batch.requests[-1].mm_items:  # its chunks would stop at images to encode
+        return False
+    return all(r.forced_output_token_ids is not None for r in batch.requests)
+
+
+def _steps_to_finish(req: Request) -> int:
+    """Steps until `req` stops, its last token's step included (forced answers only)."""
+    forced = req.forced_output_token_ids
+    assert forced is not None
+    return min(req.max_tokens, len(forced)) - len(req.output_token_ids)
+
+
+def _new_blocks(
+    requests: list[Request], chunks: list[int], block_size: int, num_steps: int
+) -> list[tuple[int, int]]:
+    """(step, request index) of each block the steps after the first allocate, in the order a step at
+    a time allocates them: step by step, then the batch's order. A decode at step i (0-based)
+    computes token position num_computed + i, which needs a new block once it lies past the blocks
+    held; the chunked request (the last, with `chunks`) needs what its chunk reaches past them."""
+    out = []
+    decodes = requests[:-1] if chunks else requests
+    for r, req in enumerate(decodes):
+        first = max(1, len(req.block_ids) * block_size - req.num_computed_tokens)
+        out += [(i, r) for i in range(first, num_steps, block_size)]
+    if chunks:
+        req = requests[-1]
+        held, computed = len(req.block_ids), req.num_computed_tokens + chunks[0]
+        for i in range(1, num_steps):
+            computed += chunks[i]
+            need = max(0, -(-computed // block_size) - held)
+            out += [(i, len(requests) - 1)] * need
+            held += need
+    return sorted(out)
+
+
+def _steps_with_blocks(
+    requests: list[Request], chunks: list[int], blocks: BlockManager, num_steps: int
+) -> int:
+    """How many of the steps the free blocks last for (a step short of blocks would preempt)."""
+    needed = _new_blocks(requests, chunks, blocks.block_size, num_steps)
+    if len(needed) <= blocks.num_free_blocks:
+        return num_steps
+    return needed[blocks.num_free_blocks][0]  # the step whose block is missing does not run
+
+
+def commit(
+    window: Window, sched: Scheduler
+) -> list[tuple[Request, list[int], list[float], FinishedReason | None]]:
+    """Apply the window's steps to its requests, as `Scheduler.update_from_output` applies one step
+    at a time: blocks, computed tokens, compute time, tokens out; each request with its new tokens,
+    their stamps and the reason it now stops (None: it goes on)."""
+    assert not window.committed
+    window.committed = True
+    k, requests, chunks = window.num_steps, window.batch.requests, window.chunks
+    new_blocks = itertools.takewhile(
+        lambda e: e[0] < k, _new_blocks(requests, chunks, sched.blocks.block_size, k)
+    )
+    for (_, r), run in itertools.groupby(new_blocks):  # a request's blocks of one step at once
+        sched.blocks.append_blocks(requests[r], sum(1 for _ in run))
+    out = []
+    for i, req in enumerate(requests):
+        assert req.status is RequestStatus.RUNNING, "a window's requests run to its end"
+        if req.times.first_scheduled_s is None:
+            req.times.first_scheduled_s = window.starts[0]
+        chunked = bool(chunks) and i == len(requests) - 1
+        req.num_computed_tokens += sum(chunks[:k]) if chunked else k
+        for t in window.step_s[:k]:
+            req.compute_s += t
+        forced = req.forced_output_token_ids
+        assert forced is not None
+        n = len(req.output_token_ids)
+        num_out = (1 if req.num_computed_tokens >= req.num_tokens else 0) if chunked else k
+        tokens = list(forced[n : n + num_out])
+        req.output_token_ids += tokens
+        sched.blocks.cache_full_blocks(req)
+        if tokens:
+            stamps = window.ends[k - len(tokens) : k]
+            out.append((req, tokens, stamps, stop_reason(req, tokens[-1])))
+    return out

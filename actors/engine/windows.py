@@ -1,0 +1,90 @@
+"""An engine's windows (`window`): planning one at a step, sleeping through it, committing it, and
+ending it early when something from outside reaches the engine."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from actors.engine.clock import Clock
+from actors.engine.request import Request
+from actors.engine.scheduler import ScheduledBatch, Scheduler
+from actors.engine.stats import EngineStats
+from actors.engine.step_clock import StepClock
+from actors.engine.streams import OutputStreams
+from actors.engine.window import Window, commit, plan_window
+from messages import FinishedReason
+from target.time_model import StepTimeModel
+
+
+class Windows:
+    """An engine's windows: planning one, running it, ending it early. Its collaborators are
+    the engine's; `finish` ends a request as the engine does."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        step_clock: StepClock,
+        scheduler: Scheduler,
+        time_model: StepTimeModel,
+        stats: EngineStats,
+        streams: OutputStreams,
+        finish: Callable[[Request, FinishedReason, float], None],
+        enabled: bool = True,
+    ) -> None:
+        """`enabled`: plan windows at all (virtual clock, compute skip, `runner.macro_steps`)."""
+        self.enabled = enabled
+        self.clock, self.step_clock, self.scheduler = clock, step_clock, scheduler
+        self.time_model, self.stats, self.streams, self.finish = time_model, stats, streams, finish
+        self._window: Window | None = None
+        """The window under way, until its steps are committed."""
+
+    def plan(
+        self, batch: ScheduledBatch, start: float, upcoming: Callable[[float], list[float]]
+    ) -> Window | None:
+        """The window starting with `batch` at `start`, before the engine's `upcoming(start)` events
+        and, when a KV router reads the engine's events as they come, every other event of the run."""
+        if not self.enabled:
+            return None
+        observed = self.scheduler.blocks.publishes_kv_events
+        horizon = min([self.clock.horizon_s() if observed else math.inf, *upcoming(start)])
+        return plan_window(batch, self.scheduler, self.time_model, start, horizon)
+
+    async def run(self, window: Window) -> float:
+        """Sleep to the window's last step (unless it is cut short), commit its steps, sleep to their
+        end; the end."""
+        self._window = window
+
+        def on_timer(sim_t: float) -> None:  # another event of the run is due: the window ends before it
+            last = window.last_start
+            window.cut_before(sim_t)
+            if window.last_start != last:
+                self.step_clock.interrupt()
+
+        watch = on_timer if self.scheduler.blocks.publishes_kv_events else None
+        while not window.committed:
+            if await self.step_clock.nap(window.last_start, watch):
+                self._commit(window)
+        self._window = None
+        await self.clock.sleep_until(window.end)
+        k = window.num_steps
+        self.stats.on_steps(window.step_s[:k], window.num_scheduled_tokens, window.cpu_s[:k])
+        self.stats.on_state(self.scheduler)
+        return window.end
+
+    def settle(self) -> None:
+        """End the window under way with the steps begun by now (a step at a time, a change from
+        outside would reach the next step)."""
+        window = self._window
+        if window is not None and not window.committed:
+            window.cut_before(math.nextafter(self.clock.now(), math.inf))
+            self._commit(window)
+            self.step_clock.interrupt()
+
+    def _commit(self, window: Window) -> None:
+        emitted = commit(window, self.scheduler)
+        self.stats.on_window_tokens([(req, stamps) for req, _, stamps, _ in emitted])
+        for req, tokens, stamps, stop in emitted:
+            self.streams.push_many(req.request_id, tokens, stamps)
+            if stop is not None:
+                self.finish(req, stop, window.end)
