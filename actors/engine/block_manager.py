@@ -147,9 +147,19 @@ class BlockManager:
         return True
 
     def append_blocks(self, req: Request, count: int) -> None:
-        """Give `req` the `count` least recently used free blocks (there must be as many), forgetting
-        the hashes they were cached under. Every per-block step is a builtin's loop (`map`, `dict`
-        methods): a prompt's hundreds of blocks at C speed."""
+        """Give `req` the `count` least recently used free blocks (there must be as many)."""
+        req.block_ids += self._take(count)
+
+    def append_blocks_in_turn(self, owners: list[Request]) -> None:
+        """Give each of `owners` the next least recently used free block, in order (a request listed
+        n times gets n): what that many one-block `append_blocks` calls give, in one."""
+        for req, block in zip(owners, self._take(len(owners)), strict=True):
+            req.block_ids.append(block)
+
+    def _take(self, count: int) -> list[int]:
+        """The `count` least recently used free blocks, the hashes they were cached under forgotten.
+        Every per-block step is a builtin's loop (`map`, `dict` methods): a prompt's hundreds of
+        blocks at C speed."""
         new = self._free.pop_oldest(count)
         if self._hash_of:
             gone = list(filter(None, map(self._hash_of.pop, new, repeat(None))))
@@ -161,7 +171,7 @@ class BlockManager:
             if self._unhashed.get(freed[0].root) is freed[0]:
                 del self._unhashed[freed[0].root]
             freed.popleft()
-        req.block_ids += new
+        return new
 
     def cache_full_blocks(self, req: Request) -> None:
         """Publish the full blocks of `req` whose KV is now computed: unhashed if its root is its own,

@@ -28,8 +28,10 @@ order steps one at a time record them, so they add up to the same bits.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
+import operator
 from dataclasses import dataclass, field, replace
 
 from actors.engine.block_manager import BlockManager
@@ -225,11 +227,8 @@ def commit(
     assert not window.committed
     window.committed = True
     k, requests, chunks = window.num_steps, window.batch.requests, window.chunks
-    new_blocks = itertools.takewhile(
-        lambda e: e[0] < k, _new_blocks(requests, chunks, sched.blocks.block_size, k)
-    )
-    for (_, r), run in itertools.groupby(new_blocks):  # a request's blocks of one step at once
-        sched.blocks.append_blocks(requests[r], sum(1 for _ in run))
+    new_blocks = _new_blocks(requests, chunks, sched.blocks.block_size, k)
+    sched.blocks.append_blocks_in_turn([requests[r] for _, r in new_blocks])
     out = []
     for i, req in enumerate(requests):
         assert req.status is RequestStatus.RUNNING, "a window's requests run to its end"
@@ -237,8 +236,7 @@ def commit(
             req.times.first_scheduled_s = window.starts[0]
         chunked = bool(chunks) and i == len(requests) - 1
         req.num_computed_tokens += sum(chunks[:k]) if chunked else k
-        for t in window.step_s[:k]:
-            req.compute_s += t
+        req.compute_s = functools.reduce(operator.add, window.step_s[:k], req.compute_s)  # one at a time
         forced = req.forced_output_token_ids
         assert forced is not None
         n = len(req.output_token_ids)
