@@ -69,10 +69,16 @@ class Clock:
         """
         delay = sim_t - self.now()
         if delay > 0:
-            if self._virtual is None or not self._virtual.skip(delay * self.time_scale):
+            if not self.skip_to(sim_t):
                 await asyncio.sleep(delay * self.time_scale)
             return 0.0
         return -delay
+
+    def skip_to(self, sim_t: float) -> bool:
+        """Move a virtual clock to `sim_t` (not earlier than now) at once, if nothing else could run
+        first (`VirtualTimeLoop.skip`): then the caller need not wait."""
+        delay = max(0.0, sim_t - self.now()) * self.time_scale
+        return self._virtual is not None and self._virtual.skip(delay)
 
 
 _MAX_TURN_S = 24 * 3600.0

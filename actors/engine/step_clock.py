@@ -37,6 +37,8 @@ class StepClock:
     async def nap(self, sim_t: float, on_timer: Callable[[float], None] | None = None) -> bool:
         """Sleep until emulated `sim_t`, telling `on_timer` (a virtual clock) of every timer the rest of
         the run sets meanwhile; True if `sim_t` came, False if `interrupt()` came first."""
+        if self.clock.skip_to(sim_t):  # nothing could come first
+            return True
         loop = asyncio.get_running_loop()
         nap = self._nap = loop.create_future()
         due = loop.call_later(max(0.0, sim_t - self.clock.now()) * self.clock.time_scale, _resolve, nap, True)
