@@ -166,5 +166,5 @@ def test_request_percentile_is_numpys_bit_for_bit() -> None:
     rng = np.random.default_rng(0)
     for n in [*range(1, 40), 127, 255, 1000]:
         for values in (rng.exponential(0.03, n), rng.integers(0, 4, n) * 0.025):  # ties too
-            for q in (50.0, 90.0, 99.0):
+            for q in (50.0, 90.0, 99.0, 100.0):
                 assert percentile(sorted(values.tolist()), q) == float(np.percentile(values, q))

@@ -2,22 +2,43 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from workloads.latency import HANDOFF_PARTS
+from workloads.latency import HANDOFF_PARTS, percentile
 from workloads.slo import COLUMNS, Slo, parse_slo
 
 
-def _ms(values: Any, q: float | None = None) -> float | None:
+def _gaps(token_times: list[list[float]]) -> np.ndarray:
+    """Every request's inter-token gaps, request after request: one difference over all the stamps,
+    less those across two requests (numpy per request costs more than the arithmetic)."""
+    if not token_times:
+        return np.empty(0)
+    lengths = [len(t) for t in token_times]
+    flat = np.fromiter(itertools.chain.from_iterable(token_times), float, sum(lengths))
+    return np.delete(np.diff(flat), np.cumsum(lengths)[:-1] - 1)
+
+
+def _finite(values: Any) -> np.ndarray:
     arr = np.asarray(values, dtype=float)
-    arr = arr[~np.isnan(arr)]
-    if arr.size == 0:
-        return None
-    return float((np.mean(arr) if q is None else np.percentile(arr, q)) * 1000.0)
+    return arr[~np.isnan(arr)]
+
+
+def _mean_ms(values: Any) -> float | None:
+    """The mean of `values` but NaNs, in ms; None if none is left."""
+    arr = _finite(values)
+    return float(np.mean(arr) * 1000.0) if arr.size else None
+
+
+def _percentiles_ms(values: Any, *qs: float) -> list[float | None]:
+    """The `qs`-th percentiles of `values` but NaNs, in ms (None if none is left): one sort, then
+    `latency.percentile` (numpy's, bit for bit) for each."""
+    arr = np.sort(_finite(values))
+    return [float(percentile(arr, q) * 1000.0) if arr.size else None for q in qs]  # type: ignore[arg-type]
 
 
 def slo_met(df: pd.DataFrame, slo: Slo) -> pd.Series:
@@ -36,41 +57,48 @@ def slo_met(df: pd.DataFrame, slo: Slo) -> pd.Series:
 def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """One record: bench-serve keys (ms, req/s), worst gap, handoff, SLO attainment and goodput."""
     ok = df[df["ok"]]
-    itls = np.concatenate([np.diff(t) for t in ok["token_times_s"] if len(t) > 1] or [np.empty(0)])
+    itls = _gaps([t for t in ok["token_times_s"] if len(t) > 1])
     last = ok["token_times_s"].map(lambda t: t[-1])
     duration = float(last.max() - df["arrival_s"].min()) if len(ok) else math.nan
+    ttft, itl, tpot = ok["ttft_s"], itls, ok["tpot_s"]
+    median_ttft, p99_ttft = _percentiles_ms(ttft, 50, 99)
+    median_itl, p99_itl, max_gap = _percentiles_ms(itl, 50, 99, 100)
+    median_tpot, p99_tpot = _percentiles_ms(tpot, 50, 99)
+    median_e2el, p99_e2el = _percentiles_ms(ok["e2el_s"], 50, 99)
+    median_handoff, p99_handoff = _percentiles_ms(ok["handoff_s"], 50, 99)
     record: dict[str, Any] = {
         "completed": len(ok),
         "failed": int((~df["ok"]).sum()),
         "duration_s": duration,
         "request_throughput": len(ok) / duration if duration and duration > 0 else 0.0,
         "output_throughput": float(ok["num_output_tokens"].sum()) / duration if duration > 0 else 0.0,
-        "mean_ttft_ms": _ms(ok["ttft_s"]),
-        "median_ttft_ms": _ms(ok["ttft_s"], 50),
-        "p99_ttft_ms": _ms(ok["ttft_s"], 99),
-        "mean_itl_ms": _ms(itls),
-        "median_itl_ms": _ms(itls, 50),
-        "p99_itl_ms": _ms(itls, 99),
-        "mean_tpot_ms": _ms(ok["tpot_s"]),
-        "median_tpot_ms": _ms(ok["tpot_s"], 50),
-        "p99_tpot_ms": _ms(ok["tpot_s"], 99),
-        "median_e2el_ms": _ms(ok["e2el_s"], 50),
-        "p99_e2el_ms": _ms(ok["e2el_s"], 99),
-        "max_gap_ms": _ms(itls, 100),
-        "median_render_ms": _ms(ok["render_s"], 50),
-        "median_encode_ms": _ms(ok["encode_s"], 50),
-        "median_ec_transfer_ms": _ms(ok["ec_transfer_s"], 50),
-        "median_handoff_ms": _ms(ok["handoff_s"], 50),
-        "p99_handoff_ms": _ms(ok["handoff_s"], 99),
+        "mean_ttft_ms": _mean_ms(ttft),
+        "median_ttft_ms": median_ttft,
+        "p99_ttft_ms": p99_ttft,
+        "mean_itl_ms": _mean_ms(itl),
+        "median_itl_ms": median_itl,
+        "p99_itl_ms": p99_itl,
+        "mean_tpot_ms": _mean_ms(tpot),
+        "median_tpot_ms": median_tpot,
+        "p99_tpot_ms": p99_tpot,
+        "median_e2el_ms": median_e2el,
+        "p99_e2el_ms": p99_e2el,
+        "max_gap_ms": max_gap,
+        "median_render_ms": _percentiles_ms(ok["render_s"], 50)[0],
+        "median_encode_ms": _percentiles_ms(ok["encode_s"], 50)[0],
+        "median_ec_transfer_ms": _percentiles_ms(ok["ec_transfer_s"], 50)[0],
+        "median_handoff_ms": median_handoff,
+        "p99_handoff_ms": p99_handoff,
         **{
-            f"{q}_handoff_{part}_ms": _ms(ok[f"handoff_{part}_s"], pct)
+            f"{q}_handoff_{part}_ms": v
             for part in HANDOFF_PARTS
-            for q, pct in (("median", 50), ("p99", 99))
+            for q, v in zip(("median", "p99"), _percentiles_ms(ok[f"handoff_{part}_s"], 50, 99), strict=True)
         },
         "num_preemptions": int(df["num_preemptions"].sum()),
         "prefix_hit_rate": _ratio(df["prompt_cached_tokens"].sum(), df["num_prompt_tokens"].sum()),
         "median_ttft_ms_by_turn": {
-            f"{turn:g}": _ms(part["ttft_s"], 50) for turn, part in ok.groupby("turn", dropna=True)
+            f"{turn:g}": _percentiles_ms(part["ttft_s"], 50)[0]
+            for turn, part in ok.groupby("turn", dropna=True)
         },
         "slo_attainment": {},
         "goodput": {},
