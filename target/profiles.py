@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class GpuProfile:
 
 @dataclass(frozen=True)
 class ModelProfile:
-    """A target model's geometry, from its Hugging Face config values."""
+    """A target model's geometry, from its Hugging Face config values (the derived counts are cached:
+    the time models read them at every step, and a frozen profile never changes them)."""
 
     name: str
     num_layers: int
@@ -52,7 +54,7 @@ class ModelProfile:
     vision_encoder: str | None = None
     """Its vision encoder, a name from target.vision.VISION_ENCODERS (None: text only)."""
 
-    @property
+    @cached_property
     def params_per_layer(self) -> int:
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
@@ -60,31 +62,31 @@ class ModelProfile:
         mlp = 3 * self.hidden_size * self.intermediate_size  # gate, up, down
         return attention + mlp
 
-    @property
+    @cached_property
     def num_layer_params(self) -> int:
         return self.num_layers * self.params_per_layer
 
-    @property
+    @cached_property
     def num_head_params(self) -> int:
         """LM-head parameters: read every step, multiplied only for tokens that need logits."""
         return self.vocab_size * self.hidden_size
 
-    @property
+    @cached_property
     def num_params(self) -> int:
         embeddings = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
         return self.num_layer_params + self.num_head_params + embeddings
 
-    @property
+    @cached_property
     def weight_bytes(self) -> int:
         """Bytes resident on the GPU(s): every parameter, embeddings included."""
         return self.num_params * self.dtype_bytes
 
-    @property
+    @cached_property
     def step_weight_bytes(self) -> int:
         """Weight bytes a forward pass streams: layers + LM head (an embedding lookup reads a few rows)."""
         return (self.num_layer_params + self.num_head_params) * self.dtype_bytes
 
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 

@@ -161,7 +161,8 @@ class KVConnectorScheduler:
             "remote_engine_id": self.engine_id,  # whom decode pulls from (its peer by id)
             "remote_request_id": req.request_id,  # what the pull and the free are keyed by
             "remote_block_ids": list(req.block_ids),  # where the KV is (NIXL's descriptor; sizes it)
-            "prompt_token_ids": list(req.prompt_token_ids),  # for the proxy: decode reuses prefill's IDs
+            "prompt_token_ids": req.prompt_token_ids,  # for the proxy: decode reuses prefill's IDs
+            # (the list itself: prompts are never changed, and an actor boundary copies it anyway)
             "kv_sent_s": now,  # push: when the send starts
             "prefill_compute_s": req.compute_s,  # layer-wise push: its own compute, to hide under
         }, holding
