@@ -189,32 +189,49 @@ def _new_blocks(
     requests: list[Request], chunks: list[int], block_size: int, num_steps: int
 ) -> list[tuple[int, int]]:
     """(step, request index) of each block the steps after the first allocate, in the order a step at
-    a time allocates them: step by step, then the batch's order. A decode at step i (0-based)
-    computes token position num_computed + i, which needs a new block once it lies past the blocks
-    held; the chunked request (the last, with `chunks`) needs what its chunk reaches past them."""
+    a time allocates them: step by step, then the batch's order."""
     out = []
-    decodes = requests[:-1] if chunks else requests
-    for r, req in enumerate(decodes):
-        first = max(1, len(req.block_ids) * block_size - req.num_computed_tokens)
+    for r, first in enumerate(_first_new_blocks(requests, chunks, block_size)):
         out += [(i, r) for i in range(first, num_steps, block_size)]
     if chunks:
-        req = requests[-1]
-        held, computed = len(req.block_ids), req.num_computed_tokens + chunks[0]
-        for i in range(1, num_steps):
-            computed += chunks[i]
-            need = max(0, -(-computed // block_size) - held)
-            out += [(i, len(requests) - 1)] * need
-            held += need
+        out += [
+            (i, len(requests) - 1) for i in _chunk_new_blocks(requests[-1], chunks, block_size, num_steps)
+        ]
     return sorted(out)
+
+
+def _first_new_blocks(requests: list[Request], chunks: list[int], block_size: int) -> list[int]:
+    """Each decode's first step (after the first) that needs a new block: step i (0-based) computes
+    token position num_computed + i, which needs one once it lies past the blocks held; then every
+    `block_size` steps."""
+    decodes = requests[:-1] if chunks else requests
+    return [max(1, len(req.block_ids) * block_size - req.num_computed_tokens) for req in decodes]
+
+
+def _chunk_new_blocks(req: Request, chunks: list[int], block_size: int, num_steps: int) -> list[int]:
+    """The steps (after the first) of each block the chunked request needs: what its chunk reaches
+    past the blocks it holds."""
+    out = []
+    held, computed = len(req.block_ids), req.num_computed_tokens + chunks[0]
+    for i in range(1, num_steps):
+        computed += chunks[i]
+        need = max(0, -(-computed // block_size) - held)
+        out += [i] * need
+        held += need
+    return out
 
 
 def _steps_with_blocks(
     requests: list[Request], chunks: list[int], blocks: BlockManager, num_steps: int
 ) -> int:
     """How many of the steps the free blocks last for (a step short of blocks would preempt)."""
-    needed = _new_blocks(requests, chunks, blocks.block_size, num_steps)
-    if len(needed) <= blocks.num_free_blocks:
+    bs = blocks.block_size
+    num_needed = sum(len(range(first, num_steps, bs)) for first in _first_new_blocks(requests, chunks, bs))
+    if chunks:
+        num_needed += len(_chunk_new_blocks(requests[-1], chunks, bs, num_steps))
+    if num_needed <= blocks.num_free_blocks:  # counted, not listed: the usual case
         return num_steps
+    needed = _new_blocks(requests, chunks, bs, num_steps)
     return needed[blocks.num_free_blocks][0]  # the step whose block is missing does not run
 
 
