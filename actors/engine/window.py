@@ -88,7 +88,7 @@ def plan_window(
 ) -> Window | None:
     """The window of steps starting with `batch` at `start`, up to (not at) `horizon` (the first other
     event that could change it), or None when it would be a single step."""
-    if not _steady(batch, sched, start):
+    if not steady(batch, sched, start):
         return None
     if batch.num_new_tokens[-1] > 1:
         return _plan_chunks(batch, sched, time_model, start, horizon)
@@ -158,7 +158,7 @@ def _plan_chunks(
     return Window(batch, starts[:-1], ends, step_s, cpu_s, len(ends), chunks)
 
 
-def _steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:
+def steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:
     """Every running request is in the batch, each decoding one token but the last, which may compute
     a prompt chunk, all with forced answers (compute skip); nothing else happens this step, and no
     waiting request is visible yet."""

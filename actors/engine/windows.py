@@ -12,7 +12,7 @@ from actors.engine.scheduler import ScheduledBatch, Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
-from actors.engine.window import Window, commit, plan_window
+from actors.engine.window import Window, commit, plan_window, steady
 from messages import FinishedReason
 from target.time_model import StepTimeModel
 
@@ -44,7 +44,7 @@ class Windows:
     ) -> Window | None:
         """The window starting with `batch` at `start`, before the engine's `upcoming(start)` events
         and, when a KV router reads the engine's events as they come, every other event of the run."""
-        if not self.enabled:
+        if not self.enabled or not steady(batch, self.scheduler, start):  # before the horizon's work
             return None
         observed = self.scheduler.blocks.publishes_kv_events
         horizon = min([self.clock.horizon_s() if observed else math.inf, *upcoming(start)])
