@@ -44,7 +44,7 @@ def _text_requests(w: WorkloadConfig, vocab_size: int, seed: int) -> list[Client
             arrival_s=float(arrivals[i]),
             prompt_token_ids=prompts[i],
             max_tokens=w.output_len,
-            forced_output_token_ids=answers[i].tolist() if w.output_policy == "forced" else None,
+            forced_output_token_ids=answers[i] if w.output_policy == "forced" else None,
         )
         for i in range(w.num_requests)
     ]
@@ -53,15 +53,15 @@ def _text_requests(w: WorkloadConfig, vocab_size: int, seed: int) -> list[Client
 @functools.lru_cache(maxsize=2)
 def _draws(
     seed: int, num_requests: int, prompt_len: int, output_len: int, vocab_size: int
-) -> tuple[np.ndarray, list[list[int]], np.ndarray]:
+) -> tuple[np.ndarray, list[list[int]], list[list[int]]]:
     """A seed's standard exponential gaps, prompts and answers. Kept for the next run of the same
     workload at another rate or design (a sweep's points share them; 8k-token prompts as Python lists
-    cost more to make than a short run): the prompt lists are shared, never changed."""
+    cost more to make than a short run): the token lists are shared, never changed."""
     rng = np.random.default_rng(seed)
     std_gaps = rng.standard_exponential(num_requests)
     prompts = rng.integers(0, vocab_size, size=(num_requests, prompt_len))
     answers = rng.integers(0, vocab_size, size=(num_requests, output_len))
-    return std_gaps, [p.tolist() for p in prompts], answers
+    return std_gaps, [p.tolist() for p in prompts], [a.tolist() for a in answers]
 
 
 def _add_images(
