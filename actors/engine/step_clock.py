@@ -14,7 +14,6 @@ resumes at that event's emulated time::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -27,12 +26,17 @@ TIMER_RESOLUTION_S = time.get_clock_info("monotonic").resolution
 class StepClock:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self._wake = asyncio.Event()
+        self._woken = False
+        """Something changed since the engine last looked (it runs its next schedule before idling)."""
+        self._idle: asyncio.Future[bool] | None = None
+        """The idle engine's wait, which `wake` ends."""
         self._nap: asyncio.Future[bool] | None = None
 
     def wake(self) -> None:
         """Something changed that may let the engine run (it re-schedules at its next boundary)."""
-        self._wake.set()
+        self._woken = True
+        if self._idle is not None:
+            _resolve(self._idle, True)
 
     async def nap(self, sim_t: float, on_timer: Callable[[float], None] | None = None) -> bool:
         """Sleep until emulated `sim_t`, telling `on_timer` (a virtual clock) of every timer the rest of
@@ -61,14 +65,21 @@ class StepClock:
         """Sleep until woken or the first of `upcoming(since)` (emulated times of known events the
         schedule at `since` has not seen) comes due; returns the emulated time to resume at: the
         earliest event due by then, else now."""
-        if not self._wake.is_set():
+        if not self._woken:
             times = upcoming(since)
-            timeout = None
+            loop = asyncio.get_running_loop()
+            idle = self._idle = loop.create_future()
+            timer = None
             if times:
                 timeout = max(0.0, min(times) - self.clock.now()) * self.clock.time_scale
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
-        self._wake.clear()
+                timer = loop.call_later(timeout, _resolve, idle, False)
+            try:
+                await idle
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                self._idle = None
+        self._woken = False
         # asyncio runs a timer up to its clock's resolution early: an event that close is due (else
         # a virtual loop, whose time then does not move, would wake this engine forever).
         now = self.clock.now()
