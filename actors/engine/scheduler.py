@@ -130,7 +130,7 @@ class Scheduler:
             req = self.waiting[0]
             if req.times.queued_s > now:
                 break
-            if req.is_remote_prefill and not req.remote_kv_loaded and req.status is RequestStatus.WAITING:
+            if self.takes_blocks_first(req):
                 if not self._allocate_for_remote_kv(req):
                     break
                 if req.num_external_computed_tokens > 0:
@@ -166,6 +166,12 @@ class Scheduler:
             batch.add(req, n)
             budget -= n
         return budget
+
+    @staticmethod
+    def takes_blocks_first(req: Request) -> bool:
+        """A waiting request that gets blocks before the token budget is looked at: a remote prefill
+        whose KV has not moved (its blocks are allocated for the pull, budget or not)."""
+        return req.is_remote_prefill and not req.remote_kv_loaded and req.status is RequestStatus.WAITING
 
     def _cut_for_images(self, req: Request, n: int, batch: ScheduledBatch) -> int:
         """`n`, or fewer where an image the chunk reaches cannot be encoded this step

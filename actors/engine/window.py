@@ -124,6 +124,9 @@ def _plan_chunks(
     while left > 0 and not (chunks and left == 1):  # one token left: scheduled as a decode, in order
         chunks.append(min(left, budget))
         left -= chunks[-1]
+    if sched.waiting and sched.waiting[0].times.queued_s <= start:
+        # A request waits: a step that leaves budget would admit it, so the window ends before one.
+        chunks = list(itertools.takewhile(lambda n: n == budget, chunks))
     num_steps = min([len(chunks), *(_steps_to_finish(r) for r in decodes)])
     if num_steps <= 1 or chunks[0] != batch.num_new_tokens[-1]:
         return None
@@ -161,14 +164,15 @@ def _plan_chunks(
 def steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:
     """Every running request is in the batch, each decoding one token but the last, which may compute
     a prompt chunk, all with forced answers (compute skip); nothing else happens this step, and no
-    waiting request is visible yet."""
+    waiting request is visible yet, or (beside a prompt chunk) one only the token budget holds back."""
     if batch.preempted or batch.new_remote_requests or batch.pull_backs_taking_nothing:
         return False
     if batch.encoder_inputs or len(batch.requests) != len(sched.running):
         return False
-    if sched.waiting and sched.waiting[0].times.queued_s <= start:
-        return False
     *decodes, last = batch.num_new_tokens
+    head = sched.waiting[0] if sched.waiting and sched.waiting[0].times.queued_s <= start else None
+    if head is not None and (last == 1 or sched.takes_blocks_first(head)):
+        return False
     if any(n != 1 for n in decodes):
         return False
     if last == 1 and batch.shape.num_logits != batch.shape.num_new_tokens:
