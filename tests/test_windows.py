@@ -134,3 +134,29 @@ def test_observe_many_is_observe_each() -> None:
     assert samples[0].pop(("h_sum", None)) == pytest.approx(samples[1].pop(("h_sum", None)), rel=1e-12)
     assert samples[0] == samples[1]
     assert samples[0][("h_bucket", "0.02")] == 4
+
+
+def test_window_blocks_come_in_the_order_single_steps_take_them() -> None:
+    """Decodes allocate every `block_size` steps from where their last block fills: the window's
+    round-by-round order is the (step, batch position) order single steps take blocks in."""
+    import random
+
+    from actors.engine.request import Request
+    from actors.engine.window import _new_blocks
+    from messages import EngineRequest
+
+    rng = random.Random(0)
+    for _ in range(200):
+        bs, num_steps = rng.choice([1, 4, 16]), rng.randrange(1, 80)
+        requests = []
+        for i in range(rng.randrange(1, 12)):
+            req = Request(EngineRequest(str(i), [1] * rng.randrange(1, 100), 4), 0.0)
+            req.num_computed_tokens = req.num_prompt_tokens - 1
+            req.block_ids = list(range(-(-req.num_prompt_tokens // bs)))
+            requests.append(req)
+        expected = sorted(
+            (i, r)
+            for r, req in enumerate(requests)
+            for i in range(max(1, len(req.block_ids) * bs - req.num_computed_tokens), num_steps, bs)
+        )
+        assert _new_blocks(requests, [], bs, num_steps) == expected

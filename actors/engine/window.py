@@ -194,8 +194,17 @@ def _new_blocks(
 ) -> list[tuple[int, int]]:
     """(step, request index) of each block the steps after the first allocate, in the order a step at
     a time allocates them: step by step, then the batch's order."""
+    firsts = _first_new_blocks(requests, chunks, block_size)
+    if not chunks and all(f <= block_size for f in firsts):
+        # Decodes only, each starting within the first `block_size` steps: every round of that many
+        # steps allocates in the same order (by first step, then the batch's), the last one cut short.
+        order = sorted(range(len(firsts)), key=lambda r: (firsts[r], r))
+        out = []
+        for base in range(0, num_steps, block_size):
+            out += [(base + firsts[r], r) for r in order if base + firsts[r] < num_steps]
+        return out
     out = []
-    for r, first in enumerate(_first_new_blocks(requests, chunks, block_size)):
+    for r, first in enumerate(firsts):
         out += [(i, r) for i in range(first, num_steps, block_size)]
     if chunks:
         out += [
