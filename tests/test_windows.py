@@ -4,6 +4,7 @@ is the run a step at a time, each token streamed, gives, exactly."""
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,12 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 import actors.engine.windows as windows_module
+from actors.engine.request import Request
+from actors.engine.window import _new_blocks
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
 from dashboards.recorders import observe_many
+from messages import EngineRequest
 from target.operators import OperatorRoofline
 from target.profiles import GPUS, MODELS
 from target.roofline import Roofline
@@ -139,12 +143,6 @@ def test_observe_many_is_observe_each() -> None:
 def test_window_blocks_come_in_the_order_single_steps_take_them() -> None:
     """Decodes allocate every `block_size` steps from where their last block fills: the window's
     round-by-round order is the (step, batch position) order single steps take blocks in."""
-    import random
-
-    from actors.engine.request import Request
-    from actors.engine.window import _new_blocks
-    from messages import EngineRequest
-
     rng = random.Random(0)
     for _ in range(200):
         bs, num_steps = rng.choice([1, 4, 16]), rng.randrange(1, 80)
