@@ -149,10 +149,14 @@ def _run_designs(
     out = out_dir(args, kind)
     records, frames, engines = [], [], {}
     live = [] if getattr(args, "target", None) else configs  # a target needs no Ray
+    # Designs in virtual time are independent: one process each, as a sweep's points.
+    parallel = len(configs) > 1 and not getattr(args, "target", None)
+    parallel = parallel and all(c.clock.mode == "virtual" for c in configs)
     with _ray_session(live, args.address):
-        for cfg in configs:
+        outputs = _run_virtual_designs(configs) if parallel else None
+        for i, cfg in enumerate(configs):
             dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
-            result = _run_one(cfg, args, total)
+            result = outputs[i] if outputs is not None else _run_one(cfg, args, total)
             records.append(clean_json(result.summary))
             (out / "metrics" / cfg.design).mkdir(parents=True, exist_ok=True)
             for actor, text in result.metrics.items():
@@ -198,6 +202,27 @@ def _reference(args: argparse.Namespace, configs: list[TestbedConfig]) -> str | 
         return str(chosen)
     greedy = all(c.workload.output_policy == "greedy" and c.runner.compute == "real" for c in configs)
     return "collocated" if greedy and "collocated" in names and len(names) > 1 else None
+
+
+def _run_virtual_designs(configs: list[TestbedConfig]) -> list[Any]:
+    """Each design in virtual time, in worker processes, under a progress display of designs."""
+    from rich.progress import Progress
+
+    from cluster.sweep import run_in_processes
+
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"{len(configs)} designs, in parallel", total=len(configs))
+        return run_in_processes(_virtual_design, configs, on_done=lambda: progress.advance(task))
+
+
+def _virtual_design(cfg: TestbedConfig) -> Any:
+    """One design in virtual time, its metrics rendered (to come back from a worker process)."""
+    import dataclasses
+
+    from cluster.virtual import run_virtual
+
+    out = run_virtual(cfg)
+    return dataclasses.replace(out, metrics=dict(out.metrics))
 
 
 def _run_one(cfg: TestbedConfig, args: argparse.Namespace, total: int | None) -> Any:

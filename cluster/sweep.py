@@ -1,4 +1,5 @@
-"""Sweeps: designs × rates × seeds, each point a fresh virtual deployment, run in parallel processes."""
+"""Sweeps: designs × rates × seeds, each point a fresh virtual deployment, run in parallel processes (as
+are a replay's designs: `run_in_processes`)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,19 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
 from cluster.virtual import run_virtual
 from target.config import TestbedConfig, WorkloadConfig
 from workloads.summary import mean_records
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclasses.dataclass
@@ -62,30 +66,43 @@ def _run_point(cfg: TestbedConfig) -> tuple[dict[str, Any], pd.DataFrame]:
     return {**out.summary, "seed": cfg.seed}, out.results
 
 
+def run_in_processes(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    jobs: int | None = None,
+    on_done: Callable[[], None] | None = None,
+) -> list[R]:
+    """`fn` of each item, on up to `jobs` worker processes (default: one a core; one: in this
+    process), in the items' order; `on_done` after each. `fn` must be a module-level function."""
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(items)))
+    if jobs == 1:
+        out = []
+        for item in items:
+            out.append(fn(item))
+            if on_done:
+                on_done()
+        return out
+    with (
+        warnings.catch_warnings(),
+        ProcessPoolExecutor(jobs, mp_context=get_context(_start_method())) as pool,
+    ):
+        # Python 3.12+ warns of forking beside native threads; numpy's BLAS pool is fork-safe.
+        warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
+        out = []
+        for result in pool.map(fn, items):
+            out.append(result)
+            if on_done:
+                on_done()
+        return out
+
+
 def run_sweep(
     points: Sequence[TestbedConfig], jobs: int | None = None, on_done: Callable[[], None] | None = None
 ) -> SweepOutput:
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(points)))
     # Points with the same workload run back to back, so that a process draws its prompts once.
     order = sorted(range(len(points)), key=lambda i: (points[i].seed, repr(_workload_of(points[i]))))
-    done: dict[int, tuple[dict[str, Any], pd.DataFrame]] = {}
-    if jobs == 1:
-        results: Iterable[tuple[dict[str, Any], pd.DataFrame]] = map(_run_point, (points[i] for i in order))
-        for i, result in zip(order, results, strict=True):
-            done[i] = result
-            if on_done:
-                on_done()
-    else:
-        with (
-            warnings.catch_warnings(),
-            ProcessPoolExecutor(jobs, mp_context=get_context(_start_method())) as pool,
-        ):
-            # Python 3.12+ warns of forking beside native threads; numpy's BLAS pool is fork-safe.
-            warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
-            for i, result in zip(order, pool.map(_run_point, [points[i] for i in order]), strict=True):
-                done[i] = result
-                if on_done:
-                    on_done()
+    results = run_in_processes(_run_point, [points[i] for i in order], jobs, on_done)
+    done = dict(zip(order, results, strict=True))
     outputs = [done[i] for i in range(len(points))]
     runs = [r for r, _ in outputs]
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}

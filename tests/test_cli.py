@@ -256,3 +256,16 @@ def test_replay_of_a_broken_trace_names_file_line_and_field(tmp_path, capsys):
     assert main(["replay", "--compute", "skip", "--trace", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:1: output_length: 0: expected an integer >= 1" in err and err.count("\n") == 1
+
+
+def test_a_run_of_several_designs_in_worker_processes_matches_each_run_alone():
+    from cluster.cli_run import _run_virtual_designs
+    from cluster.config_load import load_designs
+    from cluster.virtual import run_virtual
+
+    configs = load_designs("guide-l40s", None, ["runner.compute=skip", "workload.num_requests=8"])
+    parallel = _run_virtual_designs(configs)
+    for cfg, out in zip(configs, parallel, strict=True):
+        alone = run_virtual(cfg)
+        assert out.summary == alone.summary and out.engine_reports == alone.engine_reports
+        assert out.results.equals(alone.results) and out.metrics == dict(alone.metrics)
