@@ -209,10 +209,11 @@ class RunnerConfig:
     num_gpus: float = 0.0
     """live only: share of a GPU each engine actor asks Ray for (e.g. 0.25 packs four per GPU)."""
     macro_steps: bool = True
-    """virtual mode with compute skip: emulate a decode-only stretch of steps (nothing arriving,
-    finishing or running short of blocks before its end) as one event, and hand each request's
-    tokens to its client at its end, with the stamps, tokens and counters of a step at a time; false
-    runs every step as its own event and streams every token (to compare)."""
+    """virtual mode with compute skip: emulate a steady stretch of steps (every running request
+    decoding, perhaps one computing its prompt in chunks; nothing arriving, finishing or running short
+    of blocks before its end) as one event, and hand each request's tokens to its client at its end,
+    with the stamps, tokens, counters and metrics of a step at a time; false runs every step as its own
+    event and streams every token (to compare)."""
 
 
 @dataclass(frozen=True)

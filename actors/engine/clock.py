@@ -180,7 +180,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         nothing could run before that sleep ends: no callback is ready and no timer is due by then
         (one due at the same time was set first; one within the clock's resolution would run in the
         same turn). True if it moved (the caller need not sleep). The time is the one asyncio would
-        reach (`advance` of the due time less now), and timer watchers are told, as of a timer."""
+        reach (`advance` of the due time less now). Timer watchers are told first, as of a timer (and
+        told again by the timer the caller then sets if it cannot move: telling twice changes nothing)."""
         when = self._virtual_now + delay
         for watch in list(self.timer_watchers):
             watch(when)

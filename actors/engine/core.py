@@ -12,8 +12,8 @@ One step::
     start ── schedule ── execute (runner) ── update from output ── sleep until start + t_step
                                              (tokens out, stamped at the end)   (t_step: the roofline)
 
-With `macro_steps` (virtual mode, compute skip), a decode-only stretch of steps runs as one event
-(`window`), with the same stamps, tokens and counters.
+With `macro_steps` (virtual mode, compute skip), a steady stretch of steps (decodes, perhaps one prompt
+in chunks) runs as one event (`window`), with the same stamps, tokens, counters and metrics.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ class EngineCore:
         macro_steps: bool = False,
     ) -> None:
         """`encoder_roofline`: the time of the target's vision encoder, run in this engine's steps
-        (None: a text-only target, whose engines refuse images). `macro_steps`: run decode-only
-        stretches of steps as one event where the clock is virtual and nothing computes."""
+        (None: a text-only target, whose engines refuse images). `macro_steps`: run steady stretches
+        of steps as one event (`window`) where the clock is virtual and nothing computes."""
         self.engine_id, self.role, self.clock, self.max_model_len = engine_id, role, clock, max_model_len
         self.time_model, self.encoder_roofline = time_model, encoder_roofline
         self.scheduler, self.executor, self.stats = scheduler, executor, stats

@@ -72,11 +72,9 @@ class Window:
 
     @property
     def num_scheduled_tokens(self) -> list[int]:
-        """Each step's tokens."""
-        num_decodes = len(self.batch.requests) - (1 if self.chunks else 0)
-        if not self.chunks:
-            return [num_decodes] * self.num_steps
-        return [num_decodes + n for n in self.chunks[: self.num_steps]]
+        """Each step's tokens: one a decode, and the chunk's."""
+        num_decodes = len(self.batch.requests) - bool(self.chunks)
+        return [num_decodes + n for n in self.chunks[: self.num_steps] or [0] * self.num_steps]
 
 
 def plan_window(
