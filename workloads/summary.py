@@ -44,11 +44,9 @@ def _percentiles_ms(values: Any, *qs: float) -> list[float | None]:
 def slo_met(df: pd.DataFrame, slo: Slo) -> pd.Series:
     """Per request: finished and within every bound (`Slo.met`, as the proxy's metrics count it)."""
     cols = list(COLUMNS.values())
+    rows = zip(df["ok"].tolist(), *(df[c].tolist() for c in cols), strict=True)  # cheaper than itertuples
     return pd.Series(
-        [
-            slo.met(bool(ok), dict(zip(cols, v, strict=True)))
-            for ok, *v in df[["ok", *cols]].itertuples(False)
-        ],
+        [slo.met(bool(ok), dict(zip(cols, v, strict=True))) for ok, *v in rows],
         index=df.index,
         dtype=bool,
     )
