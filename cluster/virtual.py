@@ -65,7 +65,9 @@ class Deployment:
     def expositions(self) -> Expositions:
         """Every role's final metrics by actor id (engine ids, `proxy`), rendered when read (the
         encoders' only, when built without metrics)."""
-        out = {e.engine_id: m.exposition for e, m in zip(self.engines, self.engine_metrics, strict=False)}
+        out = {}
+        if self.engine_metrics:  # built with metrics
+            out = {e.engine_id: m.exposition for e, m in zip(self.engines, self.engine_metrics, strict=True)}
         out.update(
             {e.encoder_id: m.exposition for e, m in zip(self.encoders, self.encoder_metrics, strict=True)}
         )
