@@ -3,13 +3,14 @@ are a replay's designs: `run_in_processes`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import Any, TypeVar
@@ -75,21 +76,16 @@ def run_in_processes(
     """`fn` of each item, on up to `jobs` worker processes (default: one a core; one: in this
     process), in the items' order; `on_done` after each. `fn` must be a module-level function."""
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(items)))
-    if jobs == 1:
+    with contextlib.ExitStack() as stack:
+        results: Iterable[R] = map(fn, items)
+        if jobs > 1:
+            # Python 3.12+ warns of forking beside native threads; numpy's BLAS pool is fork-safe.
+            stack.enter_context(warnings.catch_warnings())
+            warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
+            pool = stack.enter_context(ProcessPoolExecutor(jobs, mp_context=get_context(_start_method())))
+            results = pool.map(fn, items)
         out = []
-        for item in items:
-            out.append(fn(item))
-            if on_done:
-                on_done()
-        return out
-    with (
-        warnings.catch_warnings(),
-        ProcessPoolExecutor(jobs, mp_context=get_context(_start_method())) as pool,
-    ):
-        # Python 3.12+ warns of forking beside native threads; numpy's BLAS pool is fork-safe.
-        warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
-        out = []
-        for result in pool.map(fn, items):
+        for result in results:
             out.append(result)
             if on_done:
                 on_done()

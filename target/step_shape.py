@@ -92,11 +92,20 @@ def decode_steps(shape: StepShape, num_steps: int) -> StepShape:
 
         step i:  num_context_tokens + i·num_decodes,  keys_attended + i·num_decodes  (decode_ too)
     """
+    return _decoded_ahead(shape, np.arange(num_steps, dtype=np.int64))  # type: ignore[arg-type]
+
+
+def decode_step(shape: StepShape, i: int) -> StepShape:
+    """The decode-only step `shape` repeated `i` steps later (`decode_steps`'s step i, as ints)."""
+    return _decoded_ahead(shape, i)
+
+
+def _decoded_ahead(shape: StepShape, i: int) -> StepShape:
     assert shape.num_decodes == shape.num_new_tokens, "decode-only steps: one new token a request"
-    grow = np.arange(num_steps, dtype=np.int64) * shape.num_decodes
-    return replace(  # arrays where the fields say int: read elementwise by the time models only
+    grow = i * shape.num_decodes
+    return replace(  # arrays where the fields say int, for `decode_steps`: read elementwise
         shape,
-        num_context_tokens=shape.num_context_tokens + grow,  # type: ignore[arg-type]
-        keys_attended=shape.keys_attended + grow,  # type: ignore[arg-type]
-        decode_keys_attended=shape.decode_keys_attended + grow,  # type: ignore[arg-type]
+        num_context_tokens=shape.num_context_tokens + grow,
+        keys_attended=shape.keys_attended + grow,
+        decode_keys_attended=shape.decode_keys_attended + grow,
     )

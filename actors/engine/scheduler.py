@@ -167,6 +167,10 @@ class Scheduler:
             budget -= n
         return budget
 
+    def head_of_line(self, now: float) -> Request | None:
+        """The first waiting request, if it is visible at `now` (the one the next schedule looks at)."""
+        return self.waiting[0] if self.waiting and self.waiting[0].times.queued_s <= now else None
+
     @staticmethod
     def takes_blocks_first(req: Request) -> bool:
         """A waiting request that gets blocks before the token budget is looked at: a remote prefill

@@ -32,13 +32,13 @@ import functools
 import itertools
 import math
 import operator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import ScheduledBatch, Scheduler, stop_reason
 from messages import FinishedReason
-from target.step_shape import StepShape, decode_steps
+from target.step_shape import StepShape, decode_step, decode_steps
 from target.time_model import StepTimeModel
 
 
@@ -122,7 +122,7 @@ def _plan_chunks(
     while left > 0 and not (chunks and left == 1):  # one token left: scheduled as a decode, in order
         chunks.append(min(left, budget))
         left -= chunks[-1]
-    if sched.waiting and sched.waiting[0].times.queued_s <= start:
+    if sched.head_of_line(start) is not None:
         # A request waits: a step that leaves budget would admit it, so the window ends before one.
         chunks = list(itertools.takewhile(lambda n: n == budget, chunks))
     num_steps = min([len(chunks), *(_steps_to_finish(r) for r in decodes)])
@@ -139,14 +139,8 @@ def _plan_chunks(
             starts.pop()
             break
         shape = batch.shape
-        if i > 0:  # every decode reads one more KV token a step
-            grow = i * len(decodes)
-            shape = replace(
-                decoding,
-                num_context_tokens=decoding.num_context_tokens + grow,
-                keys_attended=decoding.keys_attended + grow,
-                decode_keys_attended=decoding.decode_keys_attended + grow,
-            )
+        if i > 0:
+            shape = decode_step(decoding, i)
             shape.add(chunks[i], computed, computed + chunks[i] == chunked.num_tokens)
         computed += chunks[i]
         t = time_model.step_time_of(shape)
@@ -168,7 +162,7 @@ def steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:
     if batch.encoder_inputs or len(batch.requests) != len(sched.running):
         return False
     *decodes, last = batch.num_new_tokens
-    head = sched.waiting[0] if sched.waiting and sched.waiting[0].times.queued_s <= start else None
+    head = sched.head_of_line(start)
     if head is not None and (last == 1 or sched.takes_blocks_first(head)):
         return False
     if any(n != 1 for n in decodes):
