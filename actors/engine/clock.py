@@ -69,7 +69,7 @@ class Clock:
         """
         delay = sim_t - self.now()
         if delay > 0:
-            if not self.skip_to(sim_t):
+            if not self._skip(delay):
                 await asyncio.sleep(delay * self.time_scale)
             return 0.0
         return -delay
@@ -77,8 +77,10 @@ class Clock:
     def skip_to(self, sim_t: float) -> bool:
         """Move a virtual clock to `sim_t` (not earlier than now) at once, if nothing else could run
         first (`VirtualTimeLoop.skip`): then the caller need not wait."""
-        delay = max(0.0, sim_t - self.now()) * self.time_scale
-        return self._virtual is not None and self._virtual.skip(delay)
+        return self._skip(max(0.0, sim_t - self.now()))
+
+    def _skip(self, delay: float) -> bool:
+        return self._virtual is not None and self._virtual.skip(delay * self.time_scale)
 
 
 _MAX_TURN_S = 24 * 3600.0
