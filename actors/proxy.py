@@ -48,6 +48,14 @@ class EngineClient(Protocol):
         """Push: prefill finished `request_id`; its KV may now be pushed into this decode engine."""
 
 
+class InProcessEngine(EngineClient, Protocol):
+    """An engine in the proxy's process (virtual mode), whose KV events need not ride its outputs."""
+
+    def listen_kv_events(self, listener: Callable[[KVEvents], None]) -> Callable[[], None]:
+        """Hand this engine's KV events to `listener`; returns what brings them up to now."""
+        ...
+
+
 class _Pool:
     """A pool's engines and their router."""
 
@@ -123,11 +131,13 @@ class Proxy:
         self._prefill = pool("prefill", prefill)
         self._decode = pool("decode", decode, decode_policy)
 
-    def kv_events_sink(self, engine_id: str) -> Callable[[KVEvents], None]:
-        """Where engine `engine_id`'s KV events go: its pool's router (for an in-process engine)."""
+    def listen_kv_events(self, engine: InProcessEngine) -> None:
+        """Send an in-process engine's KV events straight to its pool's router, which brings them up
+        to date (the engine's `listen_kv_events` says how) before it reads them."""
         pools = [p for p in (self._mixed, self._prefill, self._decode) if p is not None]
-        at = [(p, i) for p in pools for i, e in enumerate(p.engines) if e.engine_id == engine_id]
-        return functools.partial(at[0][0].router.on_kv_events, at[0][1])
+        ((pool, i),) = [(p, i) for p in pools for i, e in enumerate(p.engines) if e is engine]
+        catch_up = engine.listen_kv_events(functools.partial(pool.router.on_kv_events, i))
+        pool.router.before_read.append(catch_up)
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         """Serve one request to the end; failures are recorded in the result, never raised."""

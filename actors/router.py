@@ -57,6 +57,9 @@ class Router:
         """What each engine holds: block hash -> when the entry expires (events: never)."""
         self._rng = np.random.default_rng(seed)
         self.num_routed = 0
+        self.before_read: list[Callable[[], None]] = []
+        """Called before `kv_aware` reads what engines hold: in process, each brings an engine's KV
+        events up to now (its steps may run ahead of the events they handed over)."""
 
     def pick(self, creq: ClientRequest, engine: int | None = None) -> int:
         """The engine for `creq` (or `engine`, where the caller must send it: a conversation's decode
@@ -65,6 +68,8 @@ class Router:
         overlaps = [0] * len(self._active_blocks)
         if self.policy in ("kv_aware", "kv_estimated"):
             hashes = hash_blocks(creq.prompt_token_ids, self.block_size, mm_items=creq.mm_items)
+            for catch_up in self.before_read:
+                catch_up()
             overlaps = [self._overlap(i, hashes) for i in range(len(overlaps))]
         if engine is None:
             engine = self._choose(creq, overlaps)

@@ -133,7 +133,7 @@ def build_deployment(
     engines = [e for engines in pools.values() for e in engines]
     if cfg.router.policy == "kv_aware":  # in process: the KV events go straight to the routers
         for e in engines:
-            e.listen_kv_events(proxy.kv_events_sink(e.engine_id))
+            proxy.listen_kv_events(e)
     tier = render_tier_for(cfg)
     return Deployment(
         proxy, engines, clock, engine_metrics, proxy_metrics, tier, cfg, encoders, encoder_metrics

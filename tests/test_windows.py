@@ -41,6 +41,16 @@ CASES = {  # id: (preset, design, overrides): every role, handoff mode and route
     "bidirectional": ("six-turn-l40s", "pd-bidirectional", ["multi_turn.num_conversations=6"]),
     "e-pd-operators": ("epd-a100", "e-pd", ["workload.rate=8", "workload.output_len=40"]),
     "trace": ("agentic-h200", "collocated", [f"replay.trace={MOONCAKE}", "replay.window_s=[0,30]"]),
+    "kv-aware-evicting": (  # the router reads evictions made mid-window: they must have reached it
+        "six-turn-l40s",
+        "collocated",
+        [
+            "router.policy=kv_aware",
+            "pools.mixed.replicas=3",
+            "scheduler.num_gpu_blocks_override=3000",
+            "multi_turn.num_conversations=24",
+        ],
+    ),
 }
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import math
 import selectors
 import time
 from collections.abc import Callable
@@ -41,23 +40,6 @@ class Clock:
     def virtual(self) -> bool:
         """Time jumps from event to event (a `VirtualTimeLoop`): the run's next events are known."""
         return self._virtual is not None
-
-    def horizon_s(self) -> float:
-        """Emulated time of the run's next timer (virtual; inf when none is set, or on a live clock)."""
-        when = self._virtual.next_timer() if self._virtual is not None else None
-        return math.inf if when is None else self._sim(when)
-
-    def watch_timers(self, on_timer: Callable[[float], None]) -> Callable[[], None]:
-        """Tell `on_timer` the emulated time of every timer set from now on (virtual only), until the
-        returned function is called."""
-        assert self._virtual is not None, "only a virtual loop knows its timers"
-        loop = self._virtual
-
-        def watch(when: float) -> None:
-            on_timer(self._sim(when))
-
-        loop.timer_watchers.append(watch)
-        return lambda: loop.timer_watchers.remove(watch)
 
     def _sim(self, source_t: float) -> float:
         return (source_t - self._origin) / self.time_scale
@@ -143,8 +125,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def __init__(self) -> None:
         self._virtual_now = 0.0
-        self.timer_watchers: list[Callable[[float], None]] = []
-        """Told of every timer set (`Clock.watch_timers`)."""
         self._num_timers = 0
         super().__init__(selector=_JumpSelector(self))
 
@@ -156,11 +136,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         close those left open): a virtual run closes every stream it opens, and adding each request's
         half-dozen generators to it costs more than the rest of their start."""
 
-    def call_at(  # type: ignore[override]  # asyncio's, with its watchers told first and ties in order
+    def call_at(  # type: ignore[override]  # asyncio's, with ties in order
         self, when: float, callback: Any, *args: Any, context: Any = None
     ) -> asyncio.TimerHandle:
-        for watch in list(self.timer_watchers):  # call_later and every sleep come through here
-            watch(when)
         self._check_closed()  # type: ignore[attr-defined]
         self._num_timers += 1
         timer = _OrderedTimer(when, callback, args, self, context)
@@ -168,11 +146,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]  # the loop's timer heap
         timer._scheduled = True  # type: ignore[attr-defined]
         return timer
-
-    def next_timer(self) -> float | None:
-        """When the earliest timer is due (a cancelled one too: an early bound is still a bound)."""
-        timers = self._scheduled  # type: ignore[attr-defined]  # the loop's own timer heap
-        return timers[0].when() if timers else None
 
     def advance(self, seconds: float) -> None:
         self._virtual_now += max(0.0, seconds)
@@ -182,11 +155,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         nothing could run before that sleep ends: no callback is ready and no timer is due by then
         (one due at the same time was set first; one within the clock's resolution would run in the
         same turn). True if it moved (the caller need not sleep). The time is the one asyncio would
-        reach (`advance` of the due time less now). Timer watchers are told first, as of a timer (and
-        told again by the timer the caller then sets if it cannot move: telling twice changes nothing)."""
+        reach (`advance` of the due time less now)."""
         when = self._virtual_now + delay
-        for watch in list(self.timer_watchers):
-            watch(when)
         timers = self._scheduled  # type: ignore[attr-defined]  # the loop's own timer heap
         if self._ready or delay > _MAX_TURN_S:  # type: ignore[attr-defined]  # its ready queue
             return False

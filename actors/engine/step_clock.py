@@ -38,21 +38,16 @@ class StepClock:
         if self._idle is not None:
             _resolve(self._idle, True)
 
-    async def nap(self, sim_t: float, on_timer: Callable[[float], None] | None = None) -> bool:
-        """Sleep until emulated `sim_t`, telling `on_timer` (a virtual clock) of every timer the rest of
-        the run sets meanwhile; True if `sim_t` came, False if `interrupt()` came first."""
+    async def nap(self, sim_t: float) -> bool:
+        """Sleep until emulated `sim_t`; True if it came, False if `interrupt()` came first."""
         if self.clock.skip_to(sim_t):  # nothing could come first
             return True
         loop = asyncio.get_running_loop()
         nap = self._nap = loop.create_future()
         due = loop.call_later(max(0.0, sim_t - self.clock.now()) * self.clock.time_scale, _resolve, nap, True)
-        # Watching starts after setting its own timer: that one is not news.
-        unwatch = self.clock.watch_timers(on_timer) if on_timer is not None else None
         try:
             return await nap
         finally:
-            if unwatch is not None:
-                unwatch()
             due.cancel()
             self._nap = None
 

@@ -3,8 +3,8 @@
 The step loop pushes each token (with its emulated stamp) and the final output; a client's iterator
 wakes and takes everything pending at once, so a consumer that falls behind gets one coalesced output
 instead of one per step. Where nobody reads tokens as they come (a virtual run with
-`runner.macro_steps`: its clients keep the stamps, and no KV router reads the engine's events), only
-the final output wakes the client: one output a request instead of one a step.
+`runner.macro_steps`: its clients keep the stamps, and a KV router takes the engine's events in
+process), only the final output wakes the client: one output a request instead of one a step.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 When a step's batch is every running request, each decoding one token but perhaps the last, which
 computes a prompt chunk, and nothing can change that batch for the next k steps (no request finishes
-before step k, none becomes visible, no block runs short, no other event of the run is due), those k
+before step k, none becomes visible, no block runs short, no known event of the engine is due), those k
 steps differ only in the KV each decode reads and the chunk each computes (what the decodes leave of
 the token budget, up to the step that completes the prompt). The engine then plans them at once: the
 time model evaluates the k step shapes (decode-only: as arrays, `step_shape.decode_steps`), each
@@ -19,9 +19,9 @@ stamp is bit for bit the same), and the window's state is committed in bulk when
 Nothing may see the engine's state between T and start_k that a step at a time would have shown it:
 the engine's own known events (requests queued for later, KV loads and expiries) bound k when
 planning; an entry point (a new request, an abort, a push notice) ends the window at once; its
-clients read only stamps, and get each request's tokens at its end; and when a KV router reads the
-engine's events as they come, every other timer of the run bounds k too (`Clock.horizon_s` when
-planning, `Clock.watch_timers` while the window is open). Its counters and metrics are recorded in the
+clients read only stamps, and get each request's tokens at its end; and a KV router in process ends
+the window after the steps begun by now before it reads the engine's events (`Router.before_read`),
+so it sees what it would have seen a step at a time. Its counters and metrics are recorded in the
 order steps one at a time record them, so they add up to the same bits.
 """
 

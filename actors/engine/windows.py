@@ -42,28 +42,18 @@ class Windows:
     def plan(
         self, batch: ScheduledBatch, start: float, upcoming: Callable[[float], list[float]]
     ) -> Window | None:
-        """The window starting with `batch` at `start`, before the engine's `upcoming(start)` events
-        and, when a KV router reads the engine's events as they come, every other event of the run."""
+        """The window starting with `batch` at `start`, before the engine's `upcoming(start)` events."""
         if not self.enabled or not steady(batch, self.scheduler, start):  # before the horizon's work
             return None
-        observed = self.scheduler.blocks.publishes_kv_events
-        horizon = min([self.clock.horizon_s() if observed else math.inf, *upcoming(start)])
+        horizon = min(upcoming(start), default=math.inf)
         return plan_window(batch, self.scheduler, self.time_model, start, horizon)
 
     async def run(self, window: Window) -> float:
         """Sleep to the window's last step (unless it is cut short), commit its steps, sleep to their
         end; the end."""
         self._window = window
-
-        def on_timer(sim_t: float) -> None:  # another event of the run is due: the window ends before it
-            last = window.last_start
-            window.cut_before(sim_t)
-            if window.last_start != last:
-                self.step_clock.interrupt()
-
-        watch = on_timer if self.scheduler.blocks.publishes_kv_events else None
         while not window.committed:
-            if await self.step_clock.nap(window.last_start, watch):
+            if await self.step_clock.nap(window.last_start):
                 self._commit(window)
         self._window = None
         await self.clock.sleep_until(window.end)
@@ -74,7 +64,7 @@ class Windows:
 
     def settle(self) -> None:
         """End the window under way with the steps begun by now (a step at a time, a change from
-        outside would reach the next step)."""
+        outside would reach the next step; a reader of the engine's state sees what those steps did)."""
         window = self._window
         if window is not None and not window.committed:
             window.cut_before(math.nextafter(self.clock.now(), math.inf))
