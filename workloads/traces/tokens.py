@@ -1,8 +1,8 @@
 """Token synthesis that keeps a trace's sharing: hash IDs -> token IDs, deterministically.
 
-Each hash ID becomes one block of `trace_block_size` token IDs drawn from a generator seeded by
-(seed, namespace, ID), so equal IDs in one namespace are equal tokens and nothing else is (IDs local to
-a file get the file as namespace: two files never share by accident). The engine hashes the tokens at
+Each hash ID becomes one block of `trace_block_size` token IDs drawn from a counter-based generator
+keyed by (seed, namespace, ID), so equal IDs in one namespace are equal tokens and nothing else is
+(IDs local to a file get the file as namespace: two files never share by accident). The engine hashes the tokens at
 its own `block_size`, so trace and engine block sizes are independent::
 
     hash_ids   [  7  ][  8  ][  9  ]          trace blocks (512 tokens: Mooncake; 64: WEKA)
@@ -14,7 +14,7 @@ Token IDs are drawn from the runner's vocabulary, so the real-compute runner can
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,16 +43,16 @@ class TokenSynthesizer:
         and then as its own; it is made (drawn, rendered) once."""
         self._blocks: dict[tuple[str, int], np.ndarray] = {}
 
-    def block(self, namespace: str, hash_id: int) -> np.ndarray:
-        """One hash ID's tokens (cached: a trace's shared blocks are drawn once)."""
-        key = (namespace, hash_id)
-        tokens = self._blocks.get(key)
-        if tokens is None:
-            assert self.block_size is not None
-            ns = xxhash.xxh3_64_intdigest(namespace.encode())
-            rng = np.random.default_rng([self.seed, ns, hash_id & (2**63 - 1), hash_id < 0])
-            tokens = self._blocks[key] = rng.integers(0, self.vocab_size, self.block_size, dtype=np.int32)
-        return tokens
+    def blocks(self, namespace: str, hash_ids: Sequence[int]) -> list[np.ndarray]:
+        """The tokens of each hash ID (cached: a trace's shared blocks are drawn once; the new ones at
+        once)."""
+        assert self.block_size is not None
+        missing = [h for h in dict.fromkeys(hash_ids) if (namespace, h) not in self._blocks]
+        if missing:
+            keys = [xxhash.xxh3_64_intdigest(f"{self.seed}/{namespace}/{h}".encode()) for h in missing]
+            drawn = _counter_tokens(np.array(keys, dtype=np.uint64), self.block_size, self.vocab_size)
+            self._blocks.update(zip([(namespace, h) for h in missing], drawn, strict=True))
+        return [self._blocks[namespace, h] for h in hash_ids]
 
     def tokens(self, prompt: Prompt, salt: str = "") -> list[int]:
         """A prompt's token IDs: hash IDs drawn as blocks, token IDs as they are, chat messages rendered.
@@ -74,7 +74,7 @@ class TokenSynthesizer:
             assert self.render_chat is not None, "a chat trace needs the render tier (render_chat)"
             return self.render_chat(list(prompt.messages))
         assert isinstance(prompt, HashPrompt), "a follow-up's history is the session's, not the trace's"
-        blocks = [self.block(prompt.namespace + salt, h) for h in prompt.hash_ids]
+        blocks = self.blocks(prompt.namespace + salt, prompt.hash_ids)
         return np.concatenate(blocks)[: prompt.num_tokens].tolist() if blocks else []
 
     def answer(
@@ -91,3 +91,16 @@ class TokenSynthesizer:
             return reused
         rng = np.random.default_rng([self.seed, xxhash.xxh3_64_intdigest(salt.encode())])
         return reused + rng.integers(0, self.vocab_size, max_tokens - len(reused)).tolist()
+
+
+def _counter_tokens(keys: np.ndarray, block_size: int, vocab_size: int) -> np.ndarray:
+    """`block_size` token IDs below `vocab_size` for each of `keys` (uint64), a row each: SplitMix64
+    over the counter key + position (its output passes BigCrush from a counter), scaled into the
+    vocabulary by its high 32 bits. Written out because numpy's generators cost a seeding each
+    (~27 us a block, seconds on a trace's tens of thousands of blocks); this is arrays throughout."""
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    x = keys[:, None] + np.arange(1, block_size + 1, dtype=np.uint64)[None, :] * golden
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return ((x >> np.uint64(32)) * np.uint64(vocab_size) >> np.uint64(32)).astype(np.int32)
