@@ -6,14 +6,16 @@ they are reused: the free queue is LRU, and a request frees its blocks tail firs
 prefix it shares with others is evicted last.
 
 Hashes are computed when they can first matter, not as blocks fill (the same cache as vLLM's eager
-hashing, at a fraction of the work where prompts share nothing). A lookup walks a sequence's hashes
-from its first block, and a chained hash differs from every other sequence's unless their first
-blocks match too. So a sequence whose first block's hash (its *root*) no other sequence has is
-published *unhashed*: its blocks are filed under the root alone, and hashed into the cache the moment
-another lookup reaches that root (or never, if they are reused first)::
+hashing, at a fraction of the work where prompts share little). A lookup walks a sequence's hashes
+from its first block and stops at the first it misses, and a chained hash differs from every other
+sequence's unless all blocks before it match too. So blocks a request computes past the prefix it
+found cached are published *unhashed* when their first block's hash (their *key*) is nobody else's:
+filed under the key alone, and hashed into the cache the moment another lookup reaches that key, or
+another publication enters it (or never, if they are reused first)::
 
-    A published: root rA, blocks [4 9 2] unhashed      B looks up, root rB != rA: a miss, 1 hash
-    C looks up, root rA: A's blocks hashed -> cache {rA: 4, h1: 9, h2: 2}, then C's walk hits them
+    A looks up: hits s0 s1, misses at h2       A publishes key h2, blocks [4 9 2] unhashed
+    B looks up: hits s0 s1, misses at h2'      (its own third block: one hash past its hits)
+    C looks up: hits s0 s1, h2 is A's key: A's blocks hashed -> cache {h2: 4, h3: 9, h4: 2}, C hits them
 
 Until then nothing else could have met those hashes, so the cache is the same as if they had been
 entered as they filled. KV events need every hash at once: with them on, every block is hashed.
@@ -45,14 +47,11 @@ class BlockManager:
         self._hash_of: dict[int, BlockHash] = {}
         """The inverse of `_cached`: the block a hash is cached under, to forget when it is reused."""
         self._unhashed: dict[BlockHash, _Unhashed] = {}
-        """root -> the one sequence under it whose blocks are published unhashed."""
+        """key (its first block's hash) -> a sequence of blocks published unhashed; never cached."""
         self._unhashed_of: dict[Request, _Unhashed] = {}
         """A request holding blocks of its unhashed sequence -> that sequence."""
         self._freed_unhashed: deque[_Unhashed] = deque()
         """Unhashed sequences whose blocks are free, in the order freed (dropped once all are reused)."""
-        self._hashed_roots: set[BlockHash] = set()
-        """Roots of every sequence ever hashed into the cache: another sequence from there may meet
-        its hashes anywhere, so it is hashed as it fills."""
         self.num_prefix_cache_queries = 0
         """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
         self.num_prefix_cache_hits = 0
@@ -110,15 +109,20 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return 0
-        max_hit_tokens = req.num_tokens - 1
+        bs, hashes, cached = self.block_size, req.block_hashes, self._cached
+        max_hit_blocks = (req.num_tokens - 1) // bs
         hits: list[int] = []
-        if max_hit_tokens >= self.block_size and self._root_cached(req):
-            self._extend_hashes(req, max_hit_tokens)
-            for h in req.block_hashes[: max_hit_tokens // self.block_size]:
-                block = self._cached.get(h)
-                if block is None:
-                    break
-                hits.append(block)
+        while len(hits) < max_hit_blocks:
+            i = len(hits)
+            if i == len(hashes):  # hashed in growing runs: a long hit takes few calls, a miss little
+                self._extend_hashes(req, min(max_hit_blocks, 2 * i + 1) * bs)
+            block = cached.get(hashes[i])
+            if block is None and (seq := self._unhashed.get(hashes[i])) is not None:
+                self._hash_in(seq)
+                block = cached.get(hashes[i])
+            if block is None:
+                break
+            hits.append(block)
         self.num_prefix_cache_queries += req.num_tokens
         self.num_prefix_cache_hits += len(hits) * self.block_size
         for block in hits:
@@ -126,15 +130,6 @@ class BlockManager:
         req.block_ids = hits
         req.num_published_blocks = len(hits)
         return len(hits) * self.block_size
-
-    def _root_cached(self, req: Request) -> bool:
-        """Whether `req`'s first block is in the cache, hashing in first the unhashed sequence it
-        reaches."""
-        self._extend_hashes(req, self.block_size)
-        root = req.block_hashes[0]
-        if (seq := self._unhashed.get(root)) is not None:
-            self._hash_in(seq)
-        return root in self._cached
 
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
         """Give `req` blocks for num_computed_tokens + num_new_tokens; False (nothing changed) if short."""
@@ -168,13 +163,13 @@ class BlockManager:
                 self._events.update(dict.fromkeys(gone, False))
         freed, num_read = self._freed_unhashed, self._free.num_read
         while freed and freed[0].num_live(num_read) == 0:  # every block reused
-            if self._unhashed.get(freed[0].root) is freed[0]:
-                del self._unhashed[freed[0].root]
+            if self._unhashed.get(freed[0].key) is freed[0]:
+                del self._unhashed[freed[0].key]
             freed.popleft()
         return new
 
     def cache_full_blocks(self, req: Request) -> None:
-        """Publish the full blocks of `req` whose KV is now computed: unhashed if its root is its own,
+        """Publish the full blocks of `req` whose KV is now computed: unhashed if their key is their own,
         else hashed (a hash already cached under another block, computed twice at once, stays with
         that block, as `setdefault` would)."""
         if not self.enable_prefix_caching:
@@ -190,37 +185,46 @@ class BlockManager:
             self._unhashed_of[req] = seq
             return
         self._extend_hashes(req, num_full * self.block_size)
-        self._hashed_roots.add(req.block_hashes[0])
         self._enter(dict(zip(req.block_hashes[lo:num_full], new_blocks, strict=True)), held=True)
 
     def _unhashed_sequence(self, req: Request, lo: int) -> _Unhashed | None:
-        """Where `req`'s blocks from its `lo`-th on go unhashed (created if new), or None: they are to
-        be hashed (KV events on, another sequence has shared its root, or `req` publishes again what
-        it published before it was preempted)."""
+        """Where `req`'s blocks from its `lo`-th on go unhashed: its sequence under way, or a new one
+        keyed by block `lo`'s hash; None: they are to be hashed (KV events on, or that hash is cached
+        or another sequence's key: computed twice at once, or again after a preemption)."""
         if self._events is not None:
             return None
-        self._extend_hashes(req, self.block_size)
-        root = req.block_hashes[0]
-        seq = self._unhashed.get(root)
-        if seq is not None and (seq.req is not req or len(seq.blocks) != lo):  # hashed from now on
-            self._hash_in(seq)
-            seq = None
-        if seq is None and root not in self._hashed_roots:
-            seq = self._unhashed[root] = _Unhashed(req, root)
+        seq = self._unhashed_of.get(req)
+        if seq is not None:  # a request publishes in order: its blocks continue its sequence
+            assert seq.start + len(seq.blocks) == lo
+            return seq
+        self._extend_hashes(req, (lo + 1) * self.block_size)
+        key = req.block_hashes[lo]
+        if (other := self._unhashed.get(key)) is not None:
+            self._hash_in(other)
+            return None
+        if key in self._cached:
+            return None
+        seq = self._unhashed[key] = _Unhashed(req, key, lo)
         return seq
 
     def _hash_in(self, seq: _Unhashed) -> None:
         """Hash an unhashed sequence's blocks not reused since into the cache."""
-        del self._unhashed[seq.root]
-        self._unhashed_of.pop(seq.req, None)
-        self._hashed_roots.add(seq.root)
+        del self._unhashed[seq.key]
+        if self._unhashed_of.get(seq.req) is seq:
+            del self._unhashed_of[seq.req]
         n = seq.num_live(self._free.num_read)
-        self._extend_hashes(seq.req, n * self.block_size)
-        self._enter(dict(zip(seq.req.block_hashes[:n], seq.blocks[:n], strict=True)), held=seq.end is None)
+        self._extend_hashes(seq.req, (seq.start + n) * self.block_size)
+        hashes = seq.req.block_hashes[seq.start : seq.start + n]
+        self._enter(dict(zip(hashes, seq.blocks[:n], strict=True)), held=seq.end is None)
 
     def _enter(self, new: dict[BlockHash, int], held: bool) -> None:
         """Cache blocks by hash (`new`: hash -> block), keeping a hash already cached where it is;
-        `held`: by the one request that computed them (else they are free)."""
+        `held`: by the one request that computed them (else they are free). A hash that is an unhashed
+        sequence's key was computed there first: that sequence is hashed in first, and keeps it."""
+        if self._unhashed:
+            for key in new.keys() & self._unhashed.keys():
+                if key in self._unhashed:  # (hashing one in may hash in another)
+                    self._hash_in(self._unhashed[key])
         for h in new.keys() & self._cached.keys():
             del new[h]
         self._cached.update(new)
@@ -233,12 +237,6 @@ class BlockManager:
     def free(self, req: Request) -> None:
         """Drop `req`'s hold on its blocks; those nobody else holds go to the free queue, tail first."""
         ids = req.block_ids[::-1]
-        if (seq := self._unhashed_of.pop(req, None)) is not None:  # none cached: none shared
-            seq.end = self._free.push(ids) + len(ids)
-            self._freed_unhashed.append(seq)
-            req.block_ids = []
-            req.num_published_blocks = 0
-            return
         held = list(map(self._ref_cnt.pop, ids, repeat(1)))
         unused = ids
         if max(held, default=1) > 1:  # shared through the prefix cache: the others keep theirs
@@ -248,7 +246,11 @@ class BlockManager:
                     self._ref_cnt[block] = n - 1
                 else:
                     unused.append(block)
-        self._free.push(unused)  # to the LRU end, tail first
+        at = self._free.push(unused)  # to the LRU end, tail first
+        if (seq := self._unhashed_of.pop(req, None)) is not None:
+            # Nothing past its first block is shared: that block's entry is the (len - start)-th pushed.
+            seq.end = at + len(req.block_ids) - seq.start
+            self._freed_unhashed.append(seq)
         req.block_ids = []
         req.num_published_blocks = 0
 
@@ -266,8 +268,8 @@ class BlockManager:
 
 
 class _Unhashed:
-    """One sequence's blocks published before anything needed their hashes (see the module's
-    docstring): the request whose tokens they hold, in sequence order from its first block.
+    """A request's blocks published before anything needed their hashes (see the module's docstring),
+    in sequence order from its `start`-th block, whose hash is the sequence's `key`.
 
     Reuse is read off the free queue, not tracked block by block: the request frees its blocks at once,
     tail first, so block i's entry sits at `end - 1 - i`, and the blocks not reused yet are the leading
@@ -277,11 +279,12 @@ class _Unhashed:
         queue read up to here:                          ^       -> b0 and b1 are still free: 2 live
     """
 
-    __slots__ = ("blocks", "end", "req", "root")
+    __slots__ = ("blocks", "end", "key", "req", "start")
 
-    def __init__(self, req: Request, root: BlockHash) -> None:
+    def __init__(self, req: Request, key: BlockHash, start: int) -> None:
         self.req = req
-        self.root = root
+        self.key = key
+        self.start = start
         self.blocks: list[int] = []
         self.end: int | None = None
         """Once its request freed the blocks: one past the position of `blocks[0]`'s queue entry."""

@@ -2,8 +2,8 @@
 
 Each hash ID becomes one block of `trace_block_size` token IDs drawn from a counter-based generator
 keyed by (seed, namespace, ID), so equal IDs in one namespace are equal tokens and nothing else is
-(IDs local to a file get the file as namespace: two files never share by accident). The engine hashes the tokens at
-its own `block_size`, so trace and engine block sizes are independent::
+(IDs local to a file get the file as namespace: two files never share by accident). The engine
+hashes the tokens at its own `block_size`, so trace and engine block sizes are independent::
 
     hash_ids   [  7  ][  8  ][  9  ]          trace blocks (512 tokens: Mooncake; 64: WEKA)
     tokens     |.......|.......|...|          the last block cut to num_tokens
