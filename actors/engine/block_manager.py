@@ -145,11 +145,14 @@ class BlockManager:
         """Give `req` the `count` least recently used free blocks (there must be as many)."""
         req.block_ids += self._take(count)
 
-    def append_blocks_in_turn(self, owners: list[Request]) -> None:
-        """Give each of `owners` the next least recently used free block, in order (a request listed
-        n times gets n): what that many one-block `append_blocks` calls give, in one."""
-        for req, block in zip(owners, self._take(len(owners)), strict=True):
-            req.block_ids.append(block)
+    def append_block_runs(self, runs: list[tuple[Request, int]]) -> None:
+        """Give each run's request its next `count` least recently used free blocks, run after run:
+        what that many `append_blocks` calls give, in one."""
+        new = self._take(sum(count for _, count in runs))
+        at = 0
+        for req, count in runs:
+            req.block_ids += new[at : at + count]
+            at += count
 
     def _take(self, count: int) -> list[int]:
         """The `count` least recently used free blocks, the hashes they were cached under forgotten.

@@ -28,11 +28,11 @@ order steps one at a time record them, so they add up to the same bits.
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
-import operator
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request, RequestStatus
@@ -183,26 +183,30 @@ def _steps_to_finish(req: Request) -> int:
 
 def _new_blocks(
     requests: list[Request], chunks: list[int], block_size: int, num_steps: int
-) -> list[tuple[int, int]]:
-    """(step, request index) of each block the steps after the first allocate, in the order a step at
-    a time allocates them: step by step, then the batch's order."""
-    firsts = _first_new_blocks(requests, chunks, block_size)
-    if not chunks and all(f <= block_size for f in firsts):
-        # Decodes only, each starting within the first `block_size` steps: every round of that many
-        # steps allocates in the same order (by first step, then the batch's), the last one cut short.
-        order = sorted(range(len(firsts)), key=lambda r: (firsts[r], r))
-        out = []
-        for base in range(0, num_steps, block_size):
-            out += [(base + firsts[r], r) for r in order if base + firsts[r] < num_steps]
-        return out
-    out = []
-    for r, first in enumerate(firsts):
-        out += [(i, r) for i in range(first, num_steps, block_size)]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The blocks the steps after the first allocate, as runs in the order a step at a time allocates
+    them (step by step, then the batch's order): each run's step, request index and block count. A
+    decode takes one at its first step and every `block_size` steps after; the chunked request one run
+    a step, what its chunk reaches past the blocks it holds::
+
+        firsts [3, 1], chunk run at step 2 (5 blocks), block_size 4, 8 steps:
+            steps 3 7 | 1 5 | 2      sorted: step 1 2 3 5 7
+            owner 0 0 | 1 1 | 2              owner 1 2 0 1 0
+            count 1 1 | 1 1 | 5              count 1 5 1 1 1
+    """
+    firsts = np.array(_first_new_blocks(requests, chunks, block_size), dtype=np.int64)
+    counts = np.maximum(0, -(-(num_steps - firsts) // block_size))
+    owners = np.repeat(np.arange(len(firsts)), counts)
+    nth = np.arange(len(owners)) - np.repeat(np.cumsum(counts) - counts, counts)  # each one's rank
+    steps = np.repeat(firsts, counts) + block_size * nth
+    sizes = np.ones(len(steps), dtype=np.int64)
     if chunks:
-        out += [
-            (i, len(requests) - 1) for i in _chunk_new_blocks(requests[-1], chunks, block_size, num_steps)
-        ]
-    return sorted(out)
+        chunk_steps, chunk_sizes = _chunk_new_blocks(requests[-1], chunks, block_size, num_steps)
+        steps = np.concatenate([steps, np.array(chunk_steps, dtype=np.int64)])
+        owners = np.concatenate([owners, np.full(len(chunk_steps), len(requests) - 1)])
+        sizes = np.concatenate([sizes, np.array(chunk_sizes, dtype=np.int64)])
+    order = np.lexsort((owners, steps))
+    return steps[order], owners[order], sizes[order]
 
 
 def _first_new_blocks(requests: list[Request], chunks: list[int], block_size: int) -> list[int]:
@@ -213,17 +217,21 @@ def _first_new_blocks(requests: list[Request], chunks: list[int], block_size: in
     return [max(1, len(req.block_ids) * block_size - req.num_computed_tokens) for req in decodes]
 
 
-def _chunk_new_blocks(req: Request, chunks: list[int], block_size: int, num_steps: int) -> list[int]:
-    """The steps (after the first) of each block the chunked request needs: what its chunk reaches
-    past the blocks it holds."""
-    out = []
+def _chunk_new_blocks(
+    req: Request, chunks: list[int], block_size: int, num_steps: int
+) -> tuple[list[int], list[int]]:
+    """The steps (after the first) at which the chunked request needs blocks, and how many: what its
+    chunk reaches past the blocks it holds."""
+    steps, sizes = [], []
     held, computed = len(req.block_ids), req.num_computed_tokens + chunks[0]
     for i in range(1, num_steps):
         computed += chunks[i]
-        need = max(0, -(-computed // block_size) - held)
-        out += [i] * need
-        held += need
-    return out
+        need = -(-computed // block_size) - held
+        if need > 0:
+            steps.append(i)
+            sizes.append(need)
+            held += need
+    return steps, sizes
 
 
 def _steps_with_blocks(
@@ -233,11 +241,12 @@ def _steps_with_blocks(
     bs = blocks.block_size
     num_needed = sum(len(range(first, num_steps, bs)) for first in _first_new_blocks(requests, chunks, bs))
     if chunks:
-        num_needed += len(_chunk_new_blocks(requests[-1], chunks, bs, num_steps))
+        num_needed += sum(_chunk_new_blocks(requests[-1], chunks, bs, num_steps)[1])
     if num_needed <= blocks.num_free_blocks:  # counted, not listed: the usual case
         return num_steps
-    needed = _new_blocks(requests, chunks, bs, num_steps)
-    return needed[blocks.num_free_blocks][0]  # the step whose block is missing does not run
+    steps, _, sizes = _new_blocks(requests, chunks, bs, num_steps)
+    short = np.searchsorted(np.cumsum(sizes), blocks.num_free_blocks, side="right")  # its run
+    return int(steps[short])  # the step whose block is missing does not run
 
 
 def commit(
@@ -249,16 +258,21 @@ def commit(
     assert not window.committed
     window.committed = True
     k, requests, chunks = window.num_steps, window.batch.requests, window.chunks
-    new_blocks = _new_blocks(requests, chunks, sched.blocks.block_size, k)
-    sched.blocks.append_blocks_in_turn([requests[r] for _, r in new_blocks])
+    _, owners, sizes = _new_blocks(requests, chunks, sched.blocks.block_size, k)
+    sched.blocks.append_block_runs(
+        [(requests[r], n) for r, n in zip(owners.tolist(), sizes.tolist(), strict=True)]
+    )
+    compute_s = np.array([req.compute_s for req in requests])
+    for step_s in window.step_s[:k]:  # a step at a time, as steps add it: the same roundings
+        compute_s += step_s
     out = []
-    for i, req in enumerate(requests):
+    for i, (req, req_compute_s) in enumerate(zip(requests, compute_s.tolist(), strict=True)):
         assert req.status is RequestStatus.RUNNING, "a window's requests run to its end"
         if req.times.first_scheduled_s is None:
             req.times.first_scheduled_s = window.starts[0]
         chunked = bool(chunks) and i == len(requests) - 1
         req.num_computed_tokens += sum(chunks[:k]) if chunked else k
-        req.compute_s = functools.reduce(operator.add, window.step_s[:k], req.compute_s)  # one at a time
+        req.compute_s = req_compute_s
         forced = req.forced_output_token_ids
         assert forced is not None
         n = len(req.output_token_ids)
