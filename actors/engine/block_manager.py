@@ -24,7 +24,8 @@ entered as they filled. KV events need every hash at once: with them on, every b
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat
+from itertools import compress, repeat
+from operator import not_
 
 from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
 from actors.engine.free_queue import FreeQueue
@@ -72,9 +73,8 @@ class BlockManager:
         """The changes since the last call, or None (none, or events off)."""
         if not self._events:
             return None
-        events = KVEvents(
-            [h for h, s in self._events.items() if s], [h for h, s in self._events.items() if not s]
-        )
+        hashes, stored = list(self._events), list(self._events.values())
+        events = KVEvents(list(compress(hashes, stored)), list(compress(hashes, map(not_, stored))))
         self._events = {}
         return events
 
