@@ -8,7 +8,10 @@ in-process roles, and every run writes the final exposition beside its results.
 from __future__ import annotations
 
 import bisect
+import collections
+import functools
 import math
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -411,11 +414,8 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
     at a time (the same bits as observing each)."""
     if not values:
         return
-    bounds = histogram._upper_bounds
-    counts: dict[int, int] = {}
-    for v in values:
-        i = bisect.bisect_left(bounds, v)  # the first bound >= v, as observe's `amount <= bound`
-        counts[i] = counts.get(i, 0) + 1
+    # the first bound >= v, as observe's `amount <= bound`
+    counts = collections.Counter(map(functools.partial(bisect.bisect_left, histogram._upper_bounds), values))
     _add_each(histogram._sum, values)
     for i, n in counts.items():
         histogram._buckets[i].inc(n)
@@ -425,7 +425,4 @@ def _add_each(value: Any, amounts: Sequence[float]) -> None:
     """Add `amounts` to a prometheus_client value one at a time, in order, as an `inc` each would (so
     a window's steps add up to the bits its steps one at a time do); recorders run on their actor's
     loop only, so nothing writes the value between its get and set."""
-    total = value.get()
-    for amount in amounts:
-        total += amount
-    value.set(total)
+    value.set(functools.reduce(operator.add, amounts, value.get()))
