@@ -41,18 +41,20 @@ class TokenSynthesizer:
         """Recent prompts' tokens by (object id, salt), with the prompt (so an id is never mistaken for
         a later object's): a session asks for a turn's prompt twice, as the turn before's next prompt
         and then as its own; it is made (drawn, rendered) once."""
-        self._blocks: dict[tuple[str, int], np.ndarray] = {}
+        self._blocks: dict[str, dict[int, np.ndarray]] = {}
+        """namespace -> hash ID -> its tokens."""
 
     def blocks(self, namespace: str, hash_ids: Sequence[int]) -> list[np.ndarray]:
         """The tokens of each hash ID (cached: a trace's shared blocks are drawn once; the new ones at
         once)."""
         assert self.block_size is not None
-        missing = [h for h in dict.fromkeys(hash_ids) if (namespace, h) not in self._blocks]
+        blocks = self._blocks.setdefault(namespace, {})
+        missing = [h for h in dict.fromkeys(hash_ids) if h not in blocks]
         if missing:
             keys = [xxhash.xxh3_64_intdigest(f"{self.seed}/{namespace}/{h}".encode()) for h in missing]
             drawn = _counter_tokens(np.array(keys, dtype=np.uint64), self.block_size, self.vocab_size)
-            self._blocks.update(zip([(namespace, h) for h in missing], drawn, strict=True))
-        return [self._blocks[namespace, h] for h in hash_ids]
+            blocks.update(zip(missing, drawn, strict=True))
+        return list(map(blocks.__getitem__, hash_ids))
 
     def tokens(self, prompt: Prompt, salt: str = "") -> list[int]:
         """A prompt's token IDs: hash IDs drawn as blocks, token IDs as they are, chat messages rendered.
