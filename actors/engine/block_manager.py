@@ -116,11 +116,16 @@ class BlockManager:
             i = len(hits)
             if i == len(hashes):  # hashed in growing runs: a long hit takes few calls, a miss little
                 self._extend_hashes(req, min(max_hit_blocks, 2 * i + 1) * bs)
-            block = cached.get(hashes[i])
-            if block is None and (seq := self._unhashed.get(hashes[i])) is not None:
-                self._hash_in(seq)
-                block = cached.get(hashes[i])
-            if block is None:
+            run = list(map(cached.get, hashes[i:max_hit_blocks]))  # looked up at C speed
+            num_hit = run.index(None) if None in run else len(run)
+            hits += run[:num_hit]  # type: ignore[arg-type]  # no None before num_hit
+            if num_hit == len(run):
+                continue
+            miss = hashes[i + num_hit]  # a miss, unless it is an unhashed sequence's key
+            if (seq := self._unhashed.get(miss)) is None:
+                break
+            self._hash_in(seq)
+            if (block := cached.get(miss)) is None:
                 break
             hits.append(block)
         self.num_prefix_cache_queries += req.num_tokens

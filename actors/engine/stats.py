@@ -8,10 +8,11 @@ Roles never import `dashboards`: the recorder is the `EngineRecorder` protocol, 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
 
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
@@ -185,11 +186,15 @@ class EngineStats:
                 last = t.last_token_s
                 assert last is not None
                 if self.recorder is not None:
-                    gaps.append([s - p for p, s in zip([last, *stamps_s[:-1]], stamps_s, strict=True)])
+                    gaps.append(np.diff([last, *stamps_s]))  # each stamp less the one before
                 t.last_token_s = stamps_s[-1]
-        # Each list ends at the window's last step: aligned from the end, read step by step.
-        by_step = reversed(list(itertools.zip_longest(*(reversed(g) for g in gaps))))
-        self._itls_s += [gap for step in by_step for gap in step if gap is not None]
+        if gaps:  # each ends at the window's last step: aligned from the end, read step by step
+            num_steps = max(map(len, gaps))
+            by_step = np.full((num_steps, len(gaps)), np.nan)
+            for r, g in enumerate(gaps):
+                by_step[num_steps - len(g) :, r] = g
+            flat = by_step.ravel()
+            self._itls_s += flat[~np.isnan(flat)].tolist()
 
     def on_request_finished(self, req: Request, reason: FinishedReason) -> None:
         self.num_finished += 1

@@ -43,6 +43,9 @@ class TokenSynthesizer:
         and then as its own; it is made (drawn, rendered) once."""
         self._blocks: dict[str, dict[int, np.ndarray]] = {}
         """namespace -> hash ID -> its tokens."""
+        self._drawn: dict[int, tuple[list[int], np.ndarray]] = {}
+        """Recent drawn prompts by the id of their token list: the list and the same tokens as an
+        array, to compare prompts at C speed (`answer`)."""
 
     def blocks(self, namespace: str, hash_ids: Sequence[int]) -> list[np.ndarray]:
         """The tokens of each hash ID (cached: a trace's shared blocks are drawn once; the new ones at
@@ -77,7 +80,14 @@ class TokenSynthesizer:
             return self.render_chat(list(prompt.messages))
         assert isinstance(prompt, HashPrompt), "a follow-up's history is the session's, not the trace's"
         blocks = self.blocks(prompt.namespace + salt, prompt.hash_ids)
-        return np.concatenate(blocks)[: prompt.num_tokens].tolist() if blocks else []
+        if not blocks:
+            return []
+        drawn = np.concatenate(blocks)[: prompt.num_tokens]
+        tokens = drawn.tolist()
+        self._drawn[id(tokens)] = tokens, drawn
+        while len(self._drawn) > 256:  # as `_made`: compared right after they are made
+            del self._drawn[next(iter(self._drawn))]
+        return tokens
 
     def answer(
         self, prompt: list[int], next_prompt: list[int] | None, max_tokens: int, salt: str
@@ -87,12 +97,21 @@ class TokenSynthesizer:
         drawn from `salt` (the request's own)."""
         n = len(prompt)
         reused = (
-            next_prompt[n : n + max_tokens] if next_prompt is not None and next_prompt[:n] == prompt else []
+            next_prompt[n : n + max_tokens]
+            if next_prompt is not None and self._starts_with(next_prompt, prompt)
+            else []
         )
         if len(reused) == max_tokens:
             return reused
         rng = np.random.default_rng([self.seed, xxhash.xxh3_64_intdigest(salt.encode())])
         return reused + rng.integers(0, self.vocab_size, max_tokens - len(reused)).tolist()
+
+    def _starts_with(self, tokens: list[int], prefix: list[int]) -> bool:
+        """`tokens[:len(prefix)] == prefix`, as arrays where both were drawn here."""
+        a, b = self._drawn.get(id(tokens)), self._drawn.get(id(prefix))
+        if a is None or b is None or a[0] is not tokens or b[0] is not prefix:
+            return tokens[: len(prefix)] == prefix
+        return len(a[1]) >= len(b[1]) and bool(np.array_equal(a[1][: len(b[1])], b[1]))
 
 
 def _counter_tokens(keys: np.ndarray, block_size: int, vocab_size: int) -> np.ndarray:
