@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import compress, repeat
-from operator import not_
+from operator import add, not_
 
 from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
 from actors.engine.free_queue import FreeQueue
@@ -130,8 +130,7 @@ class BlockManager:
             hits.append(block)
         self.num_prefix_cache_queries += req.num_tokens
         self.num_prefix_cache_hits += len(hits) * self.block_size
-        for block in hits:
-            self._touch(block)
+        self._touch(hits)
         req.block_ids = hits
         req.num_published_blocks = len(hits)
         return len(hits) * self.block_size
@@ -262,11 +261,11 @@ class BlockManager:
         req.block_ids = []
         req.num_published_blocks = 0
 
-    def _touch(self, block: int) -> None:
-        n = self._ref_cnt.get(block, 0)
-        if n == 0:
-            self._free.remove(block)
-        self._ref_cnt[block] = n + 1
+    def _touch(self, blocks: list[int]) -> None:
+        """Hold `blocks` (distinct) once more; those free leave the free queue."""
+        held = list(map(self._ref_cnt.get, blocks, repeat(0)))
+        self._free.remove(list(compress(blocks, map(not_, held))))
+        self._ref_cnt.update(zip(blocks, map(add, held, repeat(1)), strict=True))
 
     def assert_empty(self) -> None:
         held = list(self._ref_cnt)

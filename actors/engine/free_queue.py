@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import operator
+from itertools import repeat
+
 
 class FreeQueue:
     """The free blocks, least recently used first: those never used (in id order, not materialised, so
@@ -54,17 +57,23 @@ class FreeQueue:
 
     def _pop_skipping_stale(self, out: list[int], count: int) -> None:
         queue, stale = self._queue, self._stale
-        while count:
-            block = queue[self._head]
-            self._head += 1
-            if stale.get(block):
-                stale[block] -= 1
-                self._num_stale -= 1
-                if not stale[block]:
-                    del stale[block]
-            else:
-                out.append(block)
-                count -= 1
+        while count:  # a slice at a time, entry by entry only where it holds stale ones
+            chunk = queue[self._head : self._head + count]
+            assert chunk, "fewer free blocks than asked for"
+            self._head += len(chunk)
+            if not any(map(stale.__contains__, chunk)):
+                out += chunk
+                count -= len(chunk)
+                continue
+            for block in chunk:
+                if stale.get(block):
+                    stale[block] -= 1
+                    self._num_stale -= 1
+                    if not stale[block]:
+                        del stale[block]
+                else:
+                    out.append(block)
+                    count -= 1
 
     def push(self, blocks: list[int]) -> int:
         """Free `blocks`, most recently used last; returns the position of the first one's entry."""
@@ -72,7 +81,9 @@ class FreeQueue:
         self._queue += blocks
         return at
 
-    def remove(self, block: int) -> None:
-        """Take out a freed block that is in use again (a prefix-cache hit)."""
-        self._stale[block] = self._stale.get(block, 0) + 1
-        self._num_stale += 1
+    def remove(self, blocks: list[int]) -> None:
+        """Take out freed blocks (each once) that are in use again (prefix-cache hits)."""
+        stale = self._stale
+        counts = map(operator.add, map(stale.get, blocks, repeat(0)), repeat(1))
+        stale.update(zip(blocks, counts, strict=True))
+        self._num_stale += len(blocks)
