@@ -412,7 +412,9 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
     """`histogram.observe(v)` for each of `values`, one increment a bucket: prometheus_client has no
     bulk observe, so this adds to the same bucket and sum values `observe` adds to, the sum one value
     at a time (the same bits as observing each)."""
-    if not values:
+    if len(values) <= 1:  # none, or one: observed as itself (cheaper than counting)
+        for v in values:
+            histogram.observe(v)
         return
     # the first bound >= v, as observe's `amount <= bound`
     counts = collections.Counter(map(functools.partial(bisect.bisect_left, histogram._upper_bounds), values))

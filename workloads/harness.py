@@ -79,8 +79,8 @@ class Harness:
 
     def answered(self, prompt_ids: list[int], result: RequestResult, next_prompt: Prompt | None) -> None:
         """Turn done: keep what the next turn (`next_prompt`, None after the last) repeats."""
-        answer = result.output_token_ids
+        self.token_ids = []  # only a follow-up reads it: the trace's own prompts stand alone
         if isinstance(next_prompt, FollowUp):
-            answer = answer_in_history(answer, next_prompt, self.vocab_size)
-        self.token_ids = prompt_ids + answer
+            answer = answer_in_history(result.output_token_ids, next_prompt, self.vocab_size)
+            self.token_ids = prompt_ids + answer
         self._answer = result.answer_message
