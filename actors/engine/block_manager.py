@@ -130,7 +130,8 @@ class BlockManager:
             hits.append(block)
         self.num_prefix_cache_queries += req.num_tokens
         self.num_prefix_cache_hits += len(hits) * self.block_size
-        self._touch(hits)
+        if hits:
+            self._touch(hits)
         req.block_ids = hits
         req.num_published_blocks = len(hits)
         return len(hits) * self.block_size
@@ -243,7 +244,9 @@ class BlockManager:
 
     def free(self, req: Request) -> None:
         """Drop `req`'s hold on its blocks; those nobody else holds go to the free queue, tail first."""
-        ids = req.block_ids[::-1]
+        seq = self._unhashed_of.pop(req, None)
+        cut = len(req.block_ids) if seq is None else seq.start  # from its unhashed sequence on: blocks
+        ids = req.block_ids[:cut][::-1]  # never cached, so held by it alone
         held = list(map(self._ref_cnt.pop, ids, repeat(1)))
         unused = ids
         if max(held, default=1) > 1:  # shared through the prefix cache: the others keep theirs
@@ -253,10 +256,10 @@ class BlockManager:
                     self._ref_cnt[block] = n - 1
                 else:
                     unused.append(block)
-        at = self._free.push(unused)  # to the LRU end, tail first
-        if (seq := self._unhashed_of.pop(req, None)) is not None:
-            # Nothing past its first block is shared: that block's entry is the (len - start)-th pushed.
-            seq.end = at + len(req.block_ids) - seq.start
+        own = req.block_ids[cut:][::-1]
+        at = self._free.push(own + unused)  # to the LRU end, tail first
+        if seq is not None:  # its first block's entry is the last of its own
+            seq.end = at + len(own)
             self._freed_unhashed.append(seq)
         req.block_ids = []
         req.num_published_blocks = 0

@@ -8,11 +8,10 @@ Roles never import `dashboards`: the recorder is the `EngineRecorder` protocol, 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import numpy as np
 
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
@@ -176,7 +175,9 @@ class EngineStats:
         order), recorded in the order steps one at a time record them: step by step, the batch's order
         within a step, so that the recorder's sums add up to the same bits. Every request emits up to
         the window's last step; a first token (TTFT) is only ever a step's first one."""
-        gaps = []
+        rows: list[tuple[int, float]] = []
+        """(stamps, the first's gap) of each request with gaps, in the batch's order"""
+        longest: Sequence[float] = []
         for req, stamps_s in emitted:
             t = req.times
             if t.first_token_s is None or t.last_token_s is None:
@@ -186,15 +187,11 @@ class EngineStats:
                 last = t.last_token_s
                 assert last is not None
                 if self.recorder is not None:
-                    gaps.append(np.diff([last, *stamps_s]))  # each stamp less the one before
+                    rows.append((len(stamps_s), stamps_s[0] - last))
+                    longest = max(longest, stamps_s, key=len)
                 t.last_token_s = stamps_s[-1]
-        if gaps:  # each ends at the window's last step: aligned from the end, read step by step
-            num_steps = max(map(len, gaps))
-            by_step = np.full((num_steps, len(gaps)), np.nan)
-            for r, g in enumerate(gaps):
-                by_step[num_steps - len(g) :, r] = g
-            flat = by_step.ravel()
-            self._itls_s += flat[~np.isnan(flat)].tolist()
+        if rows:
+            self._itls_s += _step_major_gaps(rows, longest)
 
     def on_request_finished(self, req: Request, reason: FinishedReason) -> None:
         self.num_finished += 1
@@ -241,3 +238,26 @@ class EngineStats:
         self.max_overrun_s = max(self.max_overrun_s, overrun_s)
         if self.recorder is not None:
             self.recorder.on_lag(what, self.max_overrun_s)
+
+
+def _step_major_gaps(rows: list[tuple[int, float]], ends_s: Sequence[float]) -> list[float]:
+    """Every request's gaps, step by step, the batch's order within a step. A window's requests are
+    stamped with its last steps' ends (`ends_s`: the longest's), so a gap after a request's first is
+    its step's own, the same subtraction for each: computed once a step and repeated, and only the
+    steps where requests start emitting are listed request by request::
+
+        rows (3, g0) (2, g1)   ends e0 e1 e2:  step 0: g0 | step 1: e1-e0, g1 | step 2: e2-e1, e2-e1
+    """
+    num_steps = len(ends_s)
+    step_gaps = [s - p for p, s in itertools.pairwise(ends_s)]  # step j's: step_gaps[j - 1]
+    starts = sorted({num_steps - n for n, _ in rows})
+    out: list[float] = []
+    for a, b in itertools.pairwise([*starts, num_steps]):
+        at_a = [
+            (first if num_steps - n == a else step_gaps[a - 1]) for n, first in rows if num_steps - n <= a
+        ]
+        out += at_a  # step a, where requests start
+        out += itertools.chain.from_iterable(
+            map(itertools.repeat, step_gaps[a : b - 1], itertools.repeat(len(at_a)))
+        )
+    return out

@@ -28,11 +28,11 @@ order steps one at a time record them, so they add up to the same bits.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
+import operator
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request, RequestStatus
@@ -183,30 +183,25 @@ def _steps_to_finish(req: Request) -> int:
 
 def _new_blocks(
     requests: list[Request], chunks: list[int], block_size: int, num_steps: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> list[tuple[int, int, int]]:
     """The blocks the steps after the first allocate, as runs in the order a step at a time allocates
-    them (step by step, then the batch's order): each run's step, request index and block count. A
-    decode takes one at its first step and every `block_size` steps after; the chunked request one run
-    a step, what its chunk reaches past the blocks it holds::
-
-        firsts [3, 1], chunk run at step 2 (5 blocks), block_size 4, 8 steps:
-            steps 3 7 | 1 5 | 2      sorted: step 1 2 3 5 7
-            owner 0 0 | 1 1 | 2              owner 1 2 0 1 0
-            count 1 1 | 1 1 | 5              count 1 5 1 1 1
-    """
-    firsts = np.array(_first_new_blocks(requests, chunks, block_size), dtype=np.int64)
-    counts = np.maximum(0, -(-(num_steps - firsts) // block_size))
-    owners = np.repeat(np.arange(len(firsts)), counts)
-    nth = np.arange(len(owners)) - np.repeat(np.cumsum(counts) - counts, counts)  # each one's rank
-    steps = np.repeat(firsts, counts) + block_size * nth
-    sizes = np.ones(len(steps), dtype=np.int64)
+    them (step by step, then the batch's order): (step, request index, block count). A decode takes one
+    at its first step and every `block_size` steps after; the chunked request one run a step, what its
+    chunk reaches past the blocks it holds (hundreds of blocks: listed as one)."""
+    firsts = _first_new_blocks(requests, chunks, block_size)
+    if not chunks and all(f <= block_size for f in firsts):
+        # Decodes only, each starting within the first `block_size` steps: every round of that many
+        # steps allocates in the same order (by first step, then the batch's), the last one cut short.
+        order = sorted(range(len(firsts)), key=lambda r: (firsts[r], r))
+        out = []
+        for base in range(0, num_steps, block_size):
+            out += [(base + firsts[r], r, 1) for r in order if base + firsts[r] < num_steps]
+        return out
+    out = [(i, r, 1) for r, first in enumerate(firsts) for i in range(first, num_steps, block_size)]
     if chunks:
-        chunk_steps, chunk_sizes = _chunk_new_blocks(requests[-1], chunks, block_size, num_steps)
-        steps = np.concatenate([steps, np.array(chunk_steps, dtype=np.int64)])
-        owners = np.concatenate([owners, np.full(len(chunk_steps), len(requests) - 1)])
-        sizes = np.concatenate([sizes, np.array(chunk_sizes, dtype=np.int64)])
-    order = np.lexsort((owners, steps))
-    return steps[order], owners[order], sizes[order]
+        steps, sizes = _chunk_new_blocks(requests[-1], chunks, block_size, num_steps)
+        out += [(i, len(requests) - 1, n) for i, n in zip(steps, sizes, strict=True)]
+    return sorted(out)  # (step, request) pairs are distinct: counts are never compared
 
 
 def _first_new_blocks(requests: list[Request], chunks: list[int], block_size: int) -> list[int]:
@@ -244,9 +239,9 @@ def _steps_with_blocks(
         num_needed += sum(_chunk_new_blocks(requests[-1], chunks, bs, num_steps)[1])
     if num_needed <= blocks.num_free_blocks:  # counted, not listed: the usual case
         return num_steps
-    steps, _, sizes = _new_blocks(requests, chunks, bs, num_steps)
-    short = np.searchsorted(np.cumsum(sizes), blocks.num_free_blocks, side="right")  # its run
-    return int(steps[short])  # the step whose block is missing does not run
+    runs = _new_blocks(requests, chunks, bs, num_steps)
+    counts = list(itertools.accumulate(n for _, _, n in runs))
+    return runs[bisect.bisect_right(counts, blocks.num_free_blocks)][0]  # it misses a block: not run
 
 
 def commit(
@@ -258,21 +253,16 @@ def commit(
     assert not window.committed
     window.committed = True
     k, requests, chunks = window.num_steps, window.batch.requests, window.chunks
-    _, owners, sizes = _new_blocks(requests, chunks, sched.blocks.block_size, k)
-    sched.blocks.append_block_runs(
-        [(requests[r], n) for r, n in zip(owners.tolist(), sizes.tolist(), strict=True)]
-    )
-    compute_s = np.array([req.compute_s for req in requests])
-    for step_s in window.step_s[:k]:  # a step at a time, as steps add it: the same roundings
-        compute_s += step_s
+    runs = _new_blocks(requests, chunks, sched.blocks.block_size, k)
+    sched.blocks.append_block_runs([(requests[r], n) for _, r, n in runs])
     out = []
-    for i, (req, req_compute_s) in enumerate(zip(requests, compute_s.tolist(), strict=True)):
+    for i, req in enumerate(requests):
         assert req.status is RequestStatus.RUNNING, "a window's requests run to its end"
         if req.times.first_scheduled_s is None:
             req.times.first_scheduled_s = window.starts[0]
         chunked = bool(chunks) and i == len(requests) - 1
         req.num_computed_tokens += sum(chunks[:k]) if chunked else k
-        req.compute_s = req_compute_s
+        req.compute_s = functools.reduce(operator.add, window.step_s[:k], req.compute_s)  # one at a time
         forced = req.forced_output_token_ids
         assert forced is not None
         n = len(req.output_token_ids)
