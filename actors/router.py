@@ -19,7 +19,6 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import repeat
 
 import numpy as np
 
@@ -119,7 +118,7 @@ class Router:
             return
         held = self._held[engine]
         held.update(dict.fromkeys(events.stored, math.inf))
-        deque(map(held.pop, events.removed, repeat(None)), maxlen=0)  # each, at C speed
+        deque(map(held.pop, events.removed, itertools.repeat(None)), maxlen=0)  # each, at C speed
 
     def _overlaps(self, creq: ClientRequest) -> list[int]:
         """Each engine's `_overlap` with the prompt, hashing its blocks only as far as some engine

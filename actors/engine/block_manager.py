@@ -245,8 +245,9 @@ class BlockManager:
     def free(self, req: Request) -> None:
         """Drop `req`'s hold on its blocks; those nobody else holds go to the free queue, tail first."""
         seq = self._unhashed_of.pop(req, None)
-        cut = len(req.block_ids) if seq is None else seq.start  # from its unhashed sequence on: blocks
-        ids = req.block_ids[:cut][::-1]  # never cached, so held by it alone
+        # Its blocks from its unhashed sequence on were never cached: it alone holds them.
+        cut = len(req.block_ids) if seq is None else seq.start
+        ids = req.block_ids[:cut][::-1]
         held = list(map(self._ref_cnt.pop, ids, repeat(1)))
         unused = ids
         if max(held, default=1) > 1:  # shared through the prefix cache: the others keep theirs

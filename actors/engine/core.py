@@ -75,13 +75,10 @@ class EngineCore:
         self._loop_task: asyncio.Future[None] | None = None
         self.step_clock = StepClock(clock)
         self._stopped = False
-        self._windows_allowed = macro_steps and clock.virtual and executor.runner is None
-        # KV events on outputs: a router reads them as the steps go (each output wakes its client), so
-        # steps go one at a time unless the router reads in process (`listen_kv_events`).
-        on = self._windows_allowed and not scheduler.blocks.publishes_kv_events
-        self.streams = OutputStreams(wake_on_tokens=not on)
+        self.streams = OutputStreams()
+        allowed = macro_steps and clock.virtual and executor.runner is None
         self.windows = Windows(
-            clock, self.step_clock, scheduler, time_model, stats, self.streams, self._finish, on
+            clock, self.step_clock, scheduler, time_model, stats, self.streams, self._finish, allowed
         )
 
     # ---- client side -------------------------------------------------------------------------------
@@ -229,14 +226,10 @@ class EngineCore:
         return end
 
     def listen_kv_events(self, listener: Callable[[KVEvents], None]) -> Callable[[], None]:
-        """In process (a composition root calls it): the router gets this engine's KV events directly,
-        when an output leaves (as it would read them off the outputs). Returns what the router calls
-        before it reads them: it ends the window under way after the steps begun by now, whose outputs
-        (and so events) a step at a time would have handed over by then."""
+        """In process (a composition root calls it): this engine's KV events go to `listener` as its
+        outputs leave; returns what to call before reading them (`Windows.read_in_process`)."""
         self.streams.hand_over_kv_events(self.scheduler.blocks.take_kv_events, listener)
-        self.windows.enabled = self._windows_allowed
-        self.streams.wake_on_tokens = not self.windows.enabled
-        return self.windows.settle
+        return self.windows.read_in_process()
 
     def _upcoming(self, since: float) -> list[float]:
         """Emulated times of known events the scheduler has not seen at `since`: requests queued after

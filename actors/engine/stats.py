@@ -176,7 +176,7 @@ class EngineStats:
         within a step, so that the recorder's sums add up to the same bits. Every request emits up to
         the window's last step; a first token (TTFT) is only ever a step's first one."""
         rows: list[tuple[int, float]] = []
-        """(stamps, the first's gap) of each request with gaps, in the batch's order"""
+        """(its number of stamps, the first one's gap) for each request with gaps, in the batch's order"""
         longest: Sequence[float] = []
         for req, stamps_s in emitted:
             t = req.times

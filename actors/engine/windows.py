@@ -30,14 +30,26 @@ class Windows:
         stats: EngineStats,
         streams: OutputStreams,
         finish: Callable[[Request, FinishedReason, float], None],
-        enabled: bool = True,
+        allowed: bool = True,
     ) -> None:
-        """`enabled`: plan windows at all (virtual clock, compute skip, `runner.macro_steps`)."""
-        self.enabled = enabled
+        """`allowed`: plan windows at all (virtual clock, compute skip, `runner.macro_steps`)."""
+        self.allowed = allowed
         self.clock, self.step_clock, self.scheduler = clock, step_clock, scheduler
         self.time_model, self.stats, self.streams, self.finish = time_model, stats, streams, finish
+        # KV events on outputs: a router reads them as the steps go (each output wakes its client), so
+        # steps go one at a time, unless the router reads them in process (`read_in_process`).
+        self.enabled = allowed and not scheduler.blocks.publishes_kv_events
+        streams.wake_on_tokens = not self.enabled
         self._window: Window | None = None
         """The window under way, until its steps are committed."""
+
+    def read_in_process(self) -> Callable[[], None]:
+        """A router in process takes the engine's KV events as outputs leave: windows may run, and
+        what the router calls before it reads the events ends the one under way after the steps begun
+        by now (`settle`), whose outputs, and so events, a step at a time would have handed over."""
+        self.enabled = self.allowed
+        self.streams.wake_on_tokens = not self.enabled
+        return self.settle
 
     def plan(
         self, batch: ScheduledBatch, start: float, upcoming: Callable[[float], list[float]]
