@@ -47,9 +47,9 @@ class RequestStream:
 class OutputStreams:
     """The open streams of one engine, by request id."""
 
-    def __init__(self, wake_on_tokens: bool = True) -> None:
-        """`wake_on_tokens`: wake a client at each push (False: only at its request's end)."""
-        self.wake_on_tokens = wake_on_tokens
+    def __init__(self) -> None:
+        self.wake_on_tokens = True
+        """Wake a client at each push (False: only at its request's end; the engine's windows say)."""
         self._streams: dict[str, RequestStream] = {}
         self._hand_over: tuple[Callable[[], KVEvents | None], Callable[[KVEvents], None]] | None = None
 
