@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -54,8 +53,10 @@ class Router:
         self._active_blocks = [0] * num_engines
         self._inflight: dict[str, tuple[int, int]] = {}
         """request id -> (engine, its blocks)"""
-        self._held: list[dict[BlockHash, float]] = [{} for _ in range(num_engines)]
-        """What each engine holds: block hash -> when the entry expires (events: never)."""
+        self._held: list[set[BlockHash]] = [set() for _ in range(num_engines)]
+        """What each engine holds, by its KV events (`kv_aware`)."""
+        self._estimated: list[dict[BlockHash, float]] = [{} for _ in range(num_engines)]
+        """What each engine is assumed to hold: block hash -> when the entry expires (`kv_estimated`)."""
         self._rng = np.random.default_rng(seed)
         self.num_routed = 0
         self.before_read: list[Callable[[], None]] = []
@@ -102,9 +103,9 @@ class Router:
     def _remember(self, engine: int, hashes: list[BlockHash]) -> None:
         """kv_estimated: a routed prompt's blocks count as cached on `engine` for the TTL."""
         now = self.now()
-        self._held[engine].update(dict.fromkeys(hashes, now + self.cfg.estimate_ttl_s))
+        self._estimated[engine].update(dict.fromkeys(hashes, now + self.cfg.estimate_ttl_s))
         if self.num_routed % 256 == 0:  # drop what expired, now and then (a long trace's worth)
-            for held in self._held:
+            for held in self._estimated:
                 for h in [h for h, expires in held.items() if expires <= now]:
                     del held[h]
 
@@ -116,9 +117,8 @@ class Router:
         """An engine's prefix cache changed (`kv_aware`): blocks it now holds, and blocks it evicted."""
         if self.policy != "kv_aware":  # decode's pool in P/D is routed by load: nothing to index
             return
-        held = self._held[engine]
-        held.update(dict.fromkeys(events.stored, math.inf))
-        deque(map(held.pop, events.removed, itertools.repeat(None)), maxlen=0)  # each, at C speed
+        self._held[engine].update(events.stored)
+        self._held[engine].difference_update(events.removed)
 
     def _overlaps(self, creq: ClientRequest) -> list[int]:
         """Each engine's `_overlap` with the prompt, hashing its blocks only as far as some engine
@@ -140,14 +140,10 @@ class Router:
 
     def _overlap(self, engine: int, hashes: Sequence[BlockHash]) -> int:
         """Leading blocks of the prompt `engine` holds (chained hashes: a match covers all before it)."""
-        held, now = self._held[engine], self.now()
-        num = 0
-        for h in hashes:
-            expires = held.get(h)
-            if expires is None or expires <= now:
-                break
-            num += 1
-        return num
+        if self.policy == "kv_aware":
+            return sum(1 for _ in itertools.takewhile(self._held[engine].__contains__, hashes))
+        held, now = self._estimated[engine], self.now()
+        return sum(1 for _ in itertools.takewhile(lambda h: held.get(h, -math.inf) > now, hashes))
 
     def _lowest_cost(self, creq: ClientRequest, overlaps: list[int], w: float) -> int:
         num_blocks = cdiv(len(creq.prompt_token_ids), self.block_size)
