@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from messages import ClientRequest, EngineRequest
+from messages.token_ids import PromptIds
 
 
 def for_decode(creq: ClientRequest) -> ClientRequest:
@@ -25,7 +26,7 @@ def engine_arrival_s(creq: ClientRequest) -> float:
 
 
 def engine_request(
-    creq: ClientRequest, prompt: list[int], max_tokens: int, sent_s: float | None, params: dict | None
+    creq: ClientRequest, prompt: PromptIds, max_tokens: int, sent_s: float | None, params: dict | None
 ) -> EngineRequest:
     """The token-ID request an engine gets for `creq`."""
     return EngineRequest(

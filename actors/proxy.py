@@ -23,6 +23,7 @@ from actors.engine.clock import Clock
 from actors.engine_requests import engine_arrival_s, engine_request, for_decode
 from actors.router import Router
 from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, RenderSpec, RequestResult
+from messages.token_ids import PromptIds
 from target.config import RouterConfig
 
 
@@ -298,7 +299,7 @@ class Proxy:
             return None
         return final
 
-    async def _decode_prompt(self, creq: ClientRequest, ids: object) -> tuple[list[int], float]:
+    async def _decode_prompt(self, creq: ClientRequest, ids: object) -> tuple[PromptIds, float]:
         """The prompt decode computes: prefill's own token IDs (`ids`) when they can be reused, else
         rendered again (a template that reads the clock may then render different tokens: see the
         tests); and the emulated seconds a re-render took (0 without a clock)."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
 from messages import ClientRequest, KVEvents
+from messages.token_ids import span
 from target.config import RouterConfig
 from target.kv_cache import cdiv
 
@@ -134,7 +135,7 @@ class Router:
                     break
                 lo, hi = len(hashes), min(num_full, 2 * len(hashes) + 1)
                 parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
-                hashes += hash_blocks(tokens[lo * bs : hi * bs], bs, parent, creq.mm_items, lo * bs)
+                hashes += hash_blocks(span(tokens, lo * bs, hi * bs), bs, parent, creq.mm_items, lo * bs)
             overlaps.append(num)
         return overlaps
 

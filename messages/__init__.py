@@ -11,12 +11,16 @@ from typing import Any, Literal
 
 import numpy as np
 
+from messages.token_ids import TokenIds
+
 FinishedReason = Literal["length", "stop", "abort", "error"]
 
 
 def token_ids_valid(ids: object, vocab_size: int) -> bool:
     """A token-ID list an engine can compute: ints in [0, vocab_size) (checked at the HTTP edge, and by
     engines, since a bad ID would break the runner's embedding lookup)."""
+    if isinstance(ids, TokenIds):  # ints by construction
+        return not ids or (min(ids.array) >= 0 and max(ids.array) < vocab_size)
     if not isinstance(ids, list) or not ids:
         return isinstance(ids, list)
     return set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab_size  # C loops: long prompts
@@ -83,7 +87,7 @@ class EngineRequest:
 
     request_id: str
     """Correlates outputs, KV handoff and results across actors."""
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | TokenIds
     """The prompt the engine computes; in P/D decode receives it so it never re-renders."""
     max_tokens: int
     """Output tokens to produce (1 on a prefill engine)."""
@@ -220,7 +224,8 @@ class ClientRequest:
     request_id: str
     arrival_s: float
     """Emulated send time from the trace or generator."""
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | TokenIds
+    """A trace's synthesized prompt is a `TokenIds` (ints made only where read)."""
     max_tokens: int
     forced_output_token_ids: list[int] | None = None
     """The workload's answer, emitted under the forced output policy; None for greedy."""

@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from messages import RequestResult
+from messages.token_ids import PromptIds
 from target.config import ReplayConfig
 from workloads.traces.session import ChatPrompt, FollowUp, Prompt
 
@@ -77,7 +78,7 @@ class Harness:
         self._trace_messages, self._sent_messages = trace, sent
         return sent
 
-    def answered(self, prompt_ids: list[int], result: RequestResult, next_prompt: Prompt | None) -> None:
+    def answered(self, prompt_ids: PromptIds, result: RequestResult, next_prompt: Prompt | None) -> None:
         """Turn done: keep what the next turn (`next_prompt`, None after the last) repeats."""
         self.token_ids = []  # only a follow-up reads it: the trace's own prompts stand alone
         if isinstance(next_prompt, FollowUp):

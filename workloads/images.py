@@ -19,6 +19,7 @@ import blake3
 import numpy as np
 
 from messages import MultiModalItem
+from messages.token_ids import PromptIds
 
 
 def synthetic_image(rng: np.random.Generator, num_tokens: int, patch_size: int | None) -> MultiModalItem:
@@ -33,7 +34,7 @@ def synthetic_image(rng: np.random.Generator, num_tokens: int, patch_size: int |
 
 
 def with_images(
-    token_ids: list[int], images: list[MultiModalItem], vocab_size: int
+    token_ids: PromptIds, images: list[MultiModalItem], vocab_size: int
 ) -> tuple[list[int], list[MultiModalItem]]:
     """`token_ids` behind each image's placeholders, and the images at their offsets."""
     pad, start, end = vocab_size - 1, vocab_size - 2, vocab_size - 3

@@ -62,7 +62,7 @@ class OpenAITarget:
             if creq.render.template_kwargs:
                 body["chat_template_kwargs"] = creq.render.template_kwargs
         else:
-            path, body["prompt"] = "/v1/completions", creq.prompt_token_ids
+            path, body["prompt"] = "/v1/completions", list(creq.prompt_token_ids)  # JSON: a list
         try:
             async with self.client.stream("POST", path, json=body) as resp:
                 if resp.status_code != 200:

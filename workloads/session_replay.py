@@ -22,6 +22,7 @@ import numpy as np
 import xxhash
 
 from messages import ClientRequest, RenderSpec, RequestResult
+from messages.token_ids import PromptIds
 from target.config import ReplayConfig
 from workloads.harness import Harness
 from workloads.images import synthetic_image, with_images
@@ -134,6 +135,7 @@ class SessionReplay:
         root = session.session_id.split("/")[0]
         salt = f"/{root}" if self.cfg.session_salt else ""
         spec = None
+        prompt: PromptIds
         if isinstance(turn.prompt, FollowUp):
             prompt = harness.follow_up_ids(turn.prompt)
         elif isinstance(turn.prompt, ChatPrompt) and self.cfg.history == "model":

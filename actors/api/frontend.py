@@ -27,6 +27,7 @@ from actors.render.images import ImageError
 from actors.render.parsers import ParsedDelta
 from actors.render.render import Render
 from messages import ClientRequest, EngineOutput, RenderedPrompt, RenderSpec, RequestResult
+from messages.token_ids import PromptIds
 from target.config import TestbedConfig
 
 
@@ -44,7 +45,7 @@ class Completion:
     """A whole (or failed) request as the HTTP layer answers it."""
 
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: PromptIds
     output_token_ids: list[int] = field(default_factory=list)
     parsed: ParsedDelta = field(default_factory=ParsedDelta)
     finished_reason: str | None = None

@@ -13,12 +13,12 @@ process. XXH3 rather than SHA-256: as stable, and 3x faster where every prompt b
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import xxhash
 
 from messages import MultiModalItem
+from messages.token_ids import bytes_of
 
 BlockHash = bytes
 
@@ -44,7 +44,7 @@ def hash_blocks(
         block      0: H(parent || mm || tokens)      1: H(h0 || mm || tokens)
     """
     num_full = len(token_ids) // block_size
-    data = struct.pack(f"<{num_full * block_size}I", *token_ids[: num_full * block_size])
+    data = bytes_of(token_ids, 0, num_full * block_size)
     step = 4 * block_size
     blocks = [data[at : at + step] for at in range(0, len(data), step)]
     if mm_items:  # each block overlapping images hashes their mm_hash first (none: every prompt block)

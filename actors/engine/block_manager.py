@@ -91,7 +91,7 @@ class BlockManager:
         bs, hashes = self.block_size, req.block_hashes
         num_full = num_tokens // bs
         if num_full > len(hashes):
-            tokens = req.token_ids(len(hashes) * bs, num_full * bs)
+            tokens = req.token_span(len(hashes) * bs, num_full * bs)
             parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
             hashes += hash_blocks(tokens, bs, parent, req.mm_items, len(hashes) * bs)
 

@@ -11,11 +11,13 @@ No prefill or decode phase: a request has `num_tokens` (prompt + output so far) 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from messages import EngineRequest, FinishedReason, RequestTimes, token_ids_valid
+from messages.token_ids import span
 
 
 def check_request(
@@ -117,6 +119,12 @@ class Request:
         if start >= n:
             return self.output_token_ids[start - n : end - n]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+
+    def token_span(self, start: int, end: int) -> Sequence[int]:
+        """`token_ids`, without an int each where the prompt is a `TokenIds` (for hashing)."""
+        if end <= len(self.prompt_token_ids):
+            return span(self.prompt_token_ids, start, end)
+        return self.token_ids(start, end)
 
     @property
     def is_remote_decode(self) -> bool:

@@ -58,7 +58,7 @@ class RenderClient:
         )
         return deltas
 
-    async def detokenize(self, token_ids: list[int]) -> str:
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
         text: str = await self._call("detokenize", token_ids)
         return text
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from messages.token_ids import TokenIds
 from workloads.traces.session import ChatPrompt, HashPrompt, Prompt, TokenPrompt
 
 
@@ -37,15 +38,12 @@ class TokenSynthesizer:
         self.block_size = block_size
         self.seed = seed
         self.render_chat = render_chat
-        self._made: dict[tuple[int, str], tuple[Prompt, list[int]]] = {}
+        self._made: dict[tuple[int, str], tuple[Prompt, list[int] | TokenIds]] = {}
         """Recent prompts' tokens by (object id, salt), with the prompt (so an id is never mistaken for
         a later object's): a session asks for a turn's prompt twice, as the turn before's next prompt
         and then as its own; it is made (drawn, rendered) once."""
         self._blocks: dict[str, dict[int, np.ndarray]] = {}
         """namespace -> hash ID -> its tokens."""
-        self._drawn: dict[int, tuple[list[int], np.ndarray]] = {}
-        """Recent drawn prompts by the id of their token list: the list and the same tokens as an
-        array, to compare prompts at C speed (`answer`)."""
 
     def blocks(self, namespace: str, hash_ids: Sequence[int]) -> list[np.ndarray]:
         """The tokens of each hash ID (cached: a trace's shared blocks are drawn once; the new ones at
@@ -59,7 +57,7 @@ class TokenSynthesizer:
             blocks.update(zip(missing, drawn, strict=True))
         return list(map(blocks.__getitem__, hash_ids))
 
-    def tokens(self, prompt: Prompt, salt: str = "") -> list[int]:
+    def tokens(self, prompt: Prompt, salt: str = "") -> list[int] | TokenIds:
         """A prompt's token IDs: hash IDs drawn as blocks, token IDs as they are, chat messages rendered.
         `salt` extends a hash-ID prompt's namespace: a replayed user's private blocks."""
         key = (id(prompt), salt)
@@ -72,7 +70,7 @@ class TokenSynthesizer:
             del self._made[next(iter(self._made))]
         return tokens
 
-    def _make(self, prompt: Prompt, salt: str) -> list[int]:
+    def _make(self, prompt: Prompt, salt: str) -> list[int] | TokenIds:
         if isinstance(prompt, TokenPrompt):
             return list(prompt.token_ids)
         if isinstance(prompt, ChatPrompt):
@@ -80,17 +78,14 @@ class TokenSynthesizer:
             return self.render_chat(list(prompt.messages))
         assert isinstance(prompt, HashPrompt), "a follow-up's history is the session's, not the trace's"
         blocks = self.blocks(prompt.namespace + salt, prompt.hash_ids)
-        if not blocks:
-            return []
-        drawn = np.concatenate(blocks)[: prompt.num_tokens]
-        tokens = drawn.tolist()
-        self._drawn[id(tokens)] = tokens, drawn
-        while len(self._drawn) > 256:  # as `_made`: compared right after they are made
-            del self._drawn[next(iter(self._drawn))]
-        return tokens
+        return TokenIds(np.concatenate(blocks)[: prompt.num_tokens]) if blocks else []
 
     def answer(
-        self, prompt: list[int], next_prompt: list[int] | None, max_tokens: int, salt: str
+        self,
+        prompt: list[int] | TokenIds,
+        next_prompt: list[int] | TokenIds | None,
+        max_tokens: int,
+        salt: str,
     ) -> list[int]:
         """The forced answer of a turn: where the session's next prompt continues this one, the tokens
         it continues with (so an engine that kept the answer's KV hits on the next turn); the rest
@@ -98,7 +93,7 @@ class TokenSynthesizer:
         n = len(prompt)
         reused = (
             next_prompt[n : n + max_tokens]
-            if next_prompt is not None and self._starts_with(next_prompt, prompt)
+            if next_prompt is not None and _starts_with(next_prompt, prompt)
             else []
         )
         if len(reused) == max_tokens:
@@ -106,12 +101,11 @@ class TokenSynthesizer:
         rng = np.random.default_rng([self.seed, xxhash.xxh3_64_intdigest(salt.encode())])
         return reused + rng.integers(0, self.vocab_size, max_tokens - len(reused)).tolist()
 
-    def _starts_with(self, tokens: list[int], prefix: list[int]) -> bool:
-        """`tokens[:len(prefix)] == prefix`, as arrays where both were drawn here."""
-        a, b = self._drawn.get(id(tokens)), self._drawn.get(id(prefix))
-        if a is None or b is None or a[0] is not tokens or b[0] is not prefix:
-            return tokens[: len(prefix)] == prefix
-        return len(a[1]) >= len(b[1]) and bool(np.array_equal(a[1][: len(b[1])], b[1]))
+
+def _starts_with(tokens: list[int] | TokenIds, prefix: list[int] | TokenIds) -> bool:
+    if isinstance(tokens, TokenIds) and isinstance(prefix, TokenIds):  # drawn here: as arrays
+        return tokens.startswith(prefix)
+    return tokens[: len(prefix)] == prefix
 
 
 def _counter_tokens(keys: np.ndarray, block_size: int, vocab_size: int) -> np.ndarray:
