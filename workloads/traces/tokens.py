@@ -14,6 +14,7 @@ Token IDs are drawn from the runner's vocabulary, so the real-compute runner can
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -98,8 +99,8 @@ class TokenSynthesizer:
         )
         if len(reused) == max_tokens:
             return reused
-        rng = np.random.default_rng([self.seed, xxhash.xxh3_64_intdigest(salt.encode())])
-        return reused + rng.integers(0, self.vocab_size, max_tokens - len(reused)).tolist()
+        key = np.array([xxhash.xxh3_64_intdigest(f"{self.seed}/answer/{salt}".encode())], dtype=np.uint64)
+        return reused + _counter_tokens(key, max_tokens - len(reused), self.vocab_size)[0].tolist()
 
 
 def _starts_with(tokens: list[int] | TokenIds, prefix: list[int] | TokenIds) -> bool:
@@ -113,9 +114,18 @@ def _counter_tokens(keys: np.ndarray, block_size: int, vocab_size: int) -> np.nd
     over the counter key + position (its output passes BigCrush from a counter), scaled into the
     vocabulary by its high 32 bits. Written out because numpy's generators cost a seeding each
     (~27 us a block, seconds on a trace's tens of thousands of blocks); this is arrays throughout."""
-    golden = np.uint64(0x9E3779B97F4A7C15)
-    x = keys[:, None] + np.arange(1, block_size + 1, dtype=np.uint64)[None, :] * golden
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = keys[:, None] + _golden_steps(block_size)[None, :]
+    for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):  # in place: no copies
+        x ^= x >> np.uint64(shift)
+        x *= np.uint64(mul)
     x ^= x >> np.uint64(31)
-    return ((x >> np.uint64(32)) * np.uint64(vocab_size) >> np.uint64(32)).astype(np.int32)
+    x >>= np.uint64(32)
+    x *= np.uint64(vocab_size)
+    x >>= np.uint64(32)
+    return x.astype(np.int32)
+
+
+@functools.lru_cache(maxsize=8)
+def _golden_steps(n: int) -> np.ndarray:
+    """SplitMix64's counter increments for positions 1..n."""
+    return np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
