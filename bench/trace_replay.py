@@ -2,7 +2,7 @@
 
 - The whole Mooncake conversation window (3,658 requests, 20 minutes of Kimi traffic) on the
   agentic-h200 preset's collocated design (four Llama-3.1-8B engines on H200s, max_model_len 262k so
-  every request fits), KV-aware and round-robin routing: wall seconds (target: under 60), emulated
+  every request fits), KV-aware and round-robin routing: wall seconds (aim: under 5), emulated
   duration, completed requests, achieved and theoretical prefix-hit rates, median and p99 TTFT.
 - The WEKA Claude Code sessions (11 sessions, 551 requests with sub-agents) on the same design, every
   router: the same figures.
