@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from messages.token_ids import TokenIds
+from messages.token_ids import PromptIds, TokenIds
 
 FinishedReason = Literal["length", "stop", "abort", "error"]
 
@@ -87,7 +87,7 @@ class EngineRequest:
 
     request_id: str
     """Correlates outputs, KV handoff and results across actors."""
-    prompt_token_ids: list[int] | TokenIds
+    prompt_token_ids: PromptIds
     """The prompt the engine computes; in P/D decode receives it so it never re-renders."""
     max_tokens: int
     """Output tokens to produce (1 on a prefill engine)."""
@@ -224,7 +224,7 @@ class ClientRequest:
     request_id: str
     arrival_s: float
     """Emulated send time from the trace or generator."""
-    prompt_token_ids: list[int] | TokenIds
+    prompt_token_ids: PromptIds
     """A trace's synthesized prompt is a `TokenIds` (ints made only where read)."""
     max_tokens: int
     forced_output_token_ids: list[int] | None = None

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from messages.token_ids import TokenIds
+from messages.token_ids import PromptIds, TokenIds
 from workloads.traces.session import ChatPrompt, HashPrompt, Prompt, TokenPrompt
 
 
@@ -39,7 +39,7 @@ class TokenSynthesizer:
         self.block_size = block_size
         self.seed = seed
         self.render_chat = render_chat
-        self._made: dict[tuple[int, str], tuple[Prompt, list[int] | TokenIds]] = {}
+        self._made: dict[tuple[int, str], tuple[Prompt, PromptIds]] = {}
         """Recent prompts' tokens by (object id, salt), with the prompt (so an id is never mistaken for
         a later object's): a session asks for a turn's prompt twice, as the turn before's next prompt
         and then as its own; it is made (drawn, rendered) once."""
@@ -58,7 +58,7 @@ class TokenSynthesizer:
             blocks.update(zip(missing, drawn, strict=True))
         return list(map(blocks.__getitem__, hash_ids))
 
-    def tokens(self, prompt: Prompt, salt: str = "") -> list[int] | TokenIds:
+    def tokens(self, prompt: Prompt, salt: str = "") -> PromptIds:
         """A prompt's token IDs: hash IDs drawn as blocks, token IDs as they are, chat messages rendered.
         `salt` extends a hash-ID prompt's namespace: a replayed user's private blocks."""
         key = (id(prompt), salt)
@@ -71,7 +71,7 @@ class TokenSynthesizer:
             del self._made[next(iter(self._made))]
         return tokens
 
-    def _make(self, prompt: Prompt, salt: str) -> list[int] | TokenIds:
+    def _make(self, prompt: Prompt, salt: str) -> PromptIds:
         if isinstance(prompt, TokenPrompt):
             return list(prompt.token_ids)
         if isinstance(prompt, ChatPrompt):
@@ -83,8 +83,8 @@ class TokenSynthesizer:
 
     def answer(
         self,
-        prompt: list[int] | TokenIds,
-        next_prompt: list[int] | TokenIds | None,
+        prompt: PromptIds,
+        next_prompt: PromptIds | None,
         max_tokens: int,
         salt: str,
     ) -> list[int]:
@@ -103,7 +103,8 @@ class TokenSynthesizer:
         return reused + _counter_tokens(key, max_tokens - len(reused), self.vocab_size)[0].tolist()
 
 
-def _starts_with(tokens: list[int] | TokenIds, prefix: list[int] | TokenIds) -> bool:
+def _starts_with(tokens: PromptIds, prefix: PromptIds) -> bool:
+    """`tokens[:len(prefix)] == prefix`."""
     if isinstance(tokens, TokenIds) and isinstance(prefix, TokenIds):  # drawn here: as arrays
         return tokens.startswith(prefix)
     return tokens[: len(prefix)] == prefix
