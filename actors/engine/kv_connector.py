@@ -196,19 +196,15 @@ class KVConnectorScheduler:
     def upcoming(self, since: float) -> list[float]:
         """Emulated times of the connector's own events after `since`: loads already moved (noticed only
         once the loop runs again, so one done exactly at `since` counts) and the next held KV to expire
-        (every caller wants the earliest; all held KV shares one timeout)."""
+        (every caller wants only the earliest)."""
         times = [
             done
             for req in self._loaded.values()
             if (done := req.times.kv_transfer_done_s) is not None and done >= since
         ]
-        held = self.scheduler.held.values()
-        if held:
-            first = min(req.times.finished_s or 0.0 for req in held) + self.hold_timeout_s
-            if first > since:
-                times.append(first)
-            elif later := [t for t in map(self._expires_s, held) if t > since]:
-                times.append(min(later))  # some expired by `since` are still held (until the next step)
+        # (some expired by `since` are still held, until the next step: those are not to come)
+        if later := [t for t in map(self._expires_s, self.scheduler.held.values()) if t > since]:
+            times.append(min(later))
         return times
 
 

@@ -84,10 +84,8 @@ def plan_window(
     start: float,
     horizon: float,
 ) -> Window | None:
-    """The window of steps starting with `batch` at `start`, up to (not at) `horizon` (the first other
-    event that could change it), or None when it would be a single step."""
-    if not steady(batch, sched, start):
-        return None
+    """The window of steps starting with `batch` at `start` (a `steady` one), up to (not at) `horizon`
+    (the first other event that could change it), or None when it would be a single step."""
     if batch.num_new_tokens[-1] > 1:
         return _plan_chunks(batch, sched, time_model, start, horizon)
     num_steps = min(_steps_to_finish(r) for r in batch.requests)

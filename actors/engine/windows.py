@@ -55,7 +55,7 @@ class Windows:
         self, batch: ScheduledBatch, start: float, upcoming: Callable[[float], list[float]]
     ) -> Window | None:
         """The window starting with `batch` at `start`, before the engine's `upcoming(start)` events."""
-        if not self.enabled or not steady(batch, self.scheduler, start):  # before the horizon's work
+        if not self.enabled or not steady(batch, self.scheduler, start):  # (before the horizon's work)
             return None
         horizon = min(upcoming(start), default=math.inf)
         return plan_window(batch, self.scheduler, self.time_model, start, horizon)
