@@ -14,7 +14,7 @@ from cluster.virtual import run_virtual
 from dashboards import metrics as m
 from dashboards.exposition import sum_series
 from tests.factories import COLLOCATED, PD, make_config
-from workloads.latency import percentile
+from workloads.latency import latency_columns, percentile, percentiles, request_latencies
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-metrics.md"
 WORKLOAD = {"num_requests": 12, "rate": 0.6, "prompt_len": 2048, "output_len": 48}
@@ -168,3 +168,19 @@ def test_request_percentile_is_numpys_bit_for_bit() -> None:
         for values in (rng.exponential(0.03, n), rng.integers(0, 4, n) * 0.025):  # ties too
             for q in (50.0, 90.0, 99.0, 100.0):
                 assert percentile(sorted(values.tolist()), q) == float(np.percentile(values, q))
+            qs = (50.0, 90.0, 99.0, 100.0)
+            assert percentiles(values, qs) == [float(np.percentile(values, q)) for q in qs]
+
+
+def test_latency_columns_are_each_requests_latencies_bit_for_bit() -> None:
+    """The results table's latencies (all requests at once) equal the proxy's (one request at a time)."""
+    rng = np.random.default_rng(1)
+    arrivals, stamps = [], []
+    for n in [0, 1, 2, 3, 50, 0, 300, 1, 1000]:
+        arrivals.append(float(rng.uniform(0, 100)))
+        gaps = rng.choice([0.0125, 0.025, 0.0375], n) if n % 2 else rng.exponential(0.02, n)  # ties too
+        stamps.append((arrivals[-1] + np.cumsum(gaps)).tolist())
+    cols = latency_columns(arrivals, stamps)
+    for i, (arrival_s, token_times_s) in enumerate(zip(arrivals, stamps, strict=True)):
+        one = request_latencies(arrival_s, token_times_s)
+        assert [cols[c][i] for c in one] == pytest.approx(list(one.values()), rel=0, abs=0, nan_ok=True)

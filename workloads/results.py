@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from messages import RequestResult, RequestTimes
-from workloads.latency import HANDOFF_PARTS, handoff_parts, request_latencies
+from workloads.latency import HANDOFF_PARTS, handoff_parts, latency_columns
 
 _TIMES_FIELDS = [f.name for f in dataclasses.fields(RequestTimes)]
 _PREFILL_COLUMNS = {
@@ -48,9 +48,7 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
         for c, r in zip(cols["num_cached_tokens"], results, strict=True)
     ]
     cols["num_output_tokens"] = [len(t) for t in cols["token_times_s"]]
-    lat = [request_latencies(a, t) for a, t in zip(cols["arrival_s"], cols["token_times_s"], strict=True)]
-    for col in ("ttft_s", "e2el_s", "tpot_s", "max_gap_s", "p99_itl_s"):
-        cols[col] = [x[col] for x in lat]
+    cols.update(latency_columns(cols["arrival_s"], cols["token_times_s"]))
     df = pd.DataFrame(cols)
     df["handoff_s"] = df["kv_transfer_done_s"] - df["kv_transfer_start_s"]
     parts = [handoff_parts(r.prefill_done_s, r.times) for r in results]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from workloads.latency import HANDOFF_PARTS, percentile
+from workloads.latency import HANDOFF_PARTS, flat_stamps, percentiles
 from workloads.slo import COLUMNS, Slo, parse_slo
 
 
@@ -19,7 +18,7 @@ def _gaps(token_times: list[list[float]]) -> np.ndarray:
     if not token_times:
         return np.empty(0)
     lengths = [len(t) for t in token_times]
-    flat = np.fromiter(itertools.chain.from_iterable(token_times), float, sum(lengths))
+    flat = flat_stamps(token_times, lengths)
     return np.delete(np.diff(flat), np.cumsum(lengths)[:-1] - 1)
 
 
@@ -35,10 +34,12 @@ def _mean_ms(values: Any) -> float | None:
 
 
 def _percentiles_ms(values: Any, *qs: float) -> list[float | None]:
-    """The `qs`-th percentiles of `values` but NaNs, in ms (None if none is left): one sort, then
-    `latency.percentile` (numpy's, bit for bit) for each."""
-    arr = np.sort(_finite(values))
-    return [float(percentile(arr, q) * 1000.0) if arr.size else None for q in qs]  # type: ignore[arg-type]
+    """The `qs`-th percentiles of `values` but NaNs, in ms (None if none is left): numpy's, bit for
+    bit (`latency.percentiles`)."""
+    arr = _finite(values)
+    if not arr.size:
+        return [None] * len(qs)
+    return [v * 1000.0 for v in percentiles(arr, qs)]
 
 
 def slo_met(df: pd.DataFrame, slo: Slo) -> pd.Series:
