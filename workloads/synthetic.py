@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from messages import ClientRequest, MultiModalItem
+from messages.token_ids import TokenIds
 from target.config import WorkloadConfig
 from workloads.images import synthetic_image, with_images
 from workloads.traces.multi_turn import parse_dist
@@ -53,15 +54,16 @@ def _text_requests(w: WorkloadConfig, vocab_size: int, seed: int) -> list[Client
 @functools.lru_cache(maxsize=2)
 def _draws(
     seed: int, num_requests: int, prompt_len: int, output_len: int, vocab_size: int
-) -> tuple[np.ndarray, list[list[int]], list[list[int]]]:
+) -> tuple[np.ndarray, list[TokenIds], list[list[int]]]:
     """A seed's standard exponential gaps, prompts and answers. Kept for the next run of the same
-    workload at another rate or design (a sweep's points share them; 8k-token prompts as Python lists
-    cost more to make than a short run): the token lists are shared, never changed."""
+    workload at another rate or design (a sweep's points share them): never changed. Prompts are
+    `TokenIds` (8k-token prompts as Python lists cost more to make than a short run, and every cycle
+    collection until they age visits each int)."""
     rng = np.random.default_rng(seed)
     std_gaps = rng.standard_exponential(num_requests)
     prompts = rng.integers(0, vocab_size, size=(num_requests, prompt_len))
     answers = rng.integers(0, vocab_size, size=(num_requests, output_len))
-    return std_gaps, [p.tolist() for p in prompts], [a.tolist() for a in answers]
+    return std_gaps, [TokenIds(p) for p in prompts], [a.tolist() for a in answers]
 
 
 def _add_images(
