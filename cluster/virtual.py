@@ -192,15 +192,19 @@ def run_virtual(
         return run_output(cfg, results, reports, dep.expositions(), info)
 
 
+RARE_GC_THRESHOLDS = (50_000, 20, 100)
+"""Python's cycle collector every 50,000 container allocations rather than 700 (`gc.set_threshold`)."""
+
+
 @contextlib.contextmanager
 def _collecting_rarely() -> Iterator[None]:
-    """Python's cycle collector, for the run and its tables, every 50,000 container allocations rather
-    than 700: a run allocates millions of short-lived containers (tasks, outputs, token lists) that
-    reference counting frees, and at the default it collected ~180 times in a Mooncake replay, 6 % of
-    its time (and building its tables, with the whole deployment still alive, 3 % more). The
-    thresholds are restored after."""
+    """`RARE_GC_THRESHOLDS` for the run and its tables: a run allocates millions of short-lived
+    containers (tasks, outputs, token lists) that reference counting frees, and at the default it
+    collected ~180 times in a Mooncake replay, 6 % of its time (and building its tables, with the
+    whole deployment still alive, 3 % more). The thresholds are restored after (a sweep's worker
+    processes keep them throughout: `sweep.run_in_processes`)."""
     thresholds = gc.get_threshold()
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(*RARE_GC_THRESHOLDS)
     try:
         yield
     finally:
