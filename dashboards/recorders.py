@@ -299,6 +299,7 @@ class ProxyMetrics(_Registry):
 
         super().__init__(PROXY_SERIES, cfg, "proxy", replica)
         self._slos = [parse_slo(s) for s in cfg.slos]
+        self._slos_read_p99 = any(m == "itl" for slo in self._slos for m, _ in slo.bounds_s)  # p99_itl_s
         for reason in FINISHED_REASONS:
             self.child(REQUESTS_FINISHED, finished_reason=reason)
         for slo in self._slos:
@@ -338,7 +339,7 @@ class ProxyMetrics(_Registry):
 
     def on_request_done(self, result: RequestResult) -> None:
         """The proxy finished `result` (any outcome); the same figures as its row of the results table."""
-        lat = request_latencies(result.arrival_s, result.token_times_s)
+        lat = request_latencies(result.arrival_s, result.token_times_s, p99=self._slos_read_p99)
         ok = result.finished_reason in ("length", "stop")
         self.child(REQUESTS_FINISHED, finished_reason=result.finished_reason or "error").inc()
         if not math.isnan(lat["ttft_s"]):

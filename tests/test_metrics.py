@@ -24,8 +24,10 @@ WORKLOAD = {"num_requests": 12, "rate": 0.6, "prompt_len": 2048, "output_len": 4
 def runs():
     """One virtual run per design kind (compute skip): the results table and every actor's exposition."""
     out = {}
+    # P/D: an SLO on each request's p99 ITL too (the proxy then sorts its gaps), met by some only.
+    slos = {"pd": {"slos": ["ttft<=2s,tpot<=30ms", "itl<=24.3ms,ttft<=3s"]}, "collocated": {}}
     for name, layer in (("collocated", COLLOCATED), ("pd", PD)):
-        cfg = make_config(layer, runner={"compute": "skip"}, workload=WORKLOAD, design=name)
+        cfg = make_config(layer, runner={"compute": "skip"}, workload=WORKLOAD, design=name, **slos[name])
         out[name] = run_virtual(cfg)
     return out
 

@@ -17,16 +17,20 @@ LATENCY_COLUMNS = ("ttft_s", "e2el_s", "tpot_s", "max_gap_s", "p99_itl_s")
 """A request's client-side latencies (`request_latencies`), as the results table names its columns."""
 
 
-def request_latencies(arrival_s: float, token_times_s: list[float]) -> dict[str, float]:
+def request_latencies(arrival_s: float, token_times_s: list[float], p99: bool = True) -> dict[str, float]:
     """One request's client-side latencies (NaN where undefined): what the proxy's metrics record, and
     the results table's columns (`latency_columns`, the same arithmetic), so both always agree. Plain
     Python (every request, on the proxy's hot path: numpy's per-call overhead outweighs its loops at a
-    few hundred tokens)."""
+    few hundred tokens). `p99=False`: no `p99_itl_s` (NaN), for a reader that needs none (its sort is
+    most of the cost)."""
     n = len(token_times_s)
-    if n == 0:
-        return dict.fromkeys(LATENCY_COLUMNS, math.nan)
-    gaps = sorted(map(operator.sub, token_times_s[1:], token_times_s[:-1]))  # b - a, at C speed
-    return _latencies(arrival_s, token_times_s[0], token_times_s[-1], n, gaps)
+    if n < 2:
+        return _latencies(arrival_s, token_times_s, n, math.nan, math.nan)
+    gaps = list(map(operator.sub, token_times_s[1:], token_times_s[:-1]))  # b - a, at C speed
+    if not p99:
+        return _latencies(arrival_s, token_times_s, n, max(gaps), math.nan)
+    gaps.sort()
+    return _latencies(arrival_s, token_times_s, n, gaps[-1], percentile(gaps, 99.0))
 
 
 def latency_columns(arrival_s: list[float], token_times_s: list[list[float]]) -> dict[str, list[float]]:
@@ -40,12 +44,12 @@ def latency_columns(arrival_s: list[float], token_times_s: list[list[float]]) ->
     start = 0
     for a, n in zip(arrival_s, lengths, strict=True):
         end = start + n
-        if n == 0:
-            rows.append(dict.fromkeys(LATENCY_COLUMNS, math.nan))
+        stamps = flat[start:end]
+        if n < 2:
+            rows.append(_latencies(a, stamps, n, math.nan, math.nan))
         else:
-            rows.append(
-                _latencies(a, float(flat[start]), float(flat[end - 1]), n, np.sort(gaps[start : end - 1]))
-            )
+            ordered = np.sort(gaps[start : end - 1])
+            rows.append(_latencies(a, stamps, n, ordered[-1], percentile(ordered, 99.0)))
         start = end
     return {col: [float(row[col]) for row in rows] for col in LATENCY_COLUMNS}
 
@@ -56,17 +60,19 @@ def flat_stamps(token_times_s: list[list[float]], lengths: list[int]) -> np.ndar
 
 
 def _latencies(
-    arrival_s: float, first_s: float, last_s: float, n: int, gaps: Sequence[float] | np.ndarray
+    arrival_s: float, stamps: Sequence[float] | np.ndarray, n: int, max_gap_s: float, p99_itl_s: float
 ) -> dict[str, float]:
-    """The latencies of a request with `n` > 0 tokens, its first and last stamps and its `n` - 1 gaps
-    sorted."""
-    nan = math.nan
+    """The latencies of a request with `n` token `stamps`, the largest of its gaps and their 99th
+    percentile (NaN for fewer than two tokens)."""
+    if n == 0:
+        return dict.fromkeys(LATENCY_COLUMNS, math.nan)
+    first_s, last_s = stamps[0], stamps[n - 1]
     return {
         "ttft_s": first_s - arrival_s,
         "e2el_s": last_s - arrival_s,
-        "tpot_s": (last_s - first_s) / (n - 1) if n > 1 else nan,
-        "max_gap_s": gaps[-1] if n > 1 else nan,
-        "p99_itl_s": percentile(gaps, 99.0) if n > 1 else nan,
+        "tpot_s": (last_s - first_s) / (n - 1) if n > 1 else math.nan,
+        "max_gap_s": max_gap_s,
+        "p99_itl_s": p99_itl_s,
     }
 
 
