@@ -252,6 +252,15 @@ def _check_pools(cfg: TestbedConfig) -> None:
                 f"pools.{name}: {t.model} on {pool.tp} x {pool.gpu} leaves KV room for {have} blocks, "
                 f"a request needs {need}; allowed: a larger tp or GPU, or shorter requests",
             )
+            # As vLLM refuses at start-up: a request of max_model_len tokens must fit in the KV cache
+            # (else one could wait for blocks that never come free).
+            key = "scheduler.num_gpu_blocks_override" if s.num_gpu_blocks_override else f"pools.{name}"
+            _require(
+                have * s.block_size >= s.max_model_len,
+                f"{key}: {have} blocks of {s.block_size} hold {have * s.block_size} tokens of KV, less "
+                f"than scheduler.max_model_len={s.max_model_len}; allowed: at least "
+                f"{cdiv(s.max_model_len, s.block_size)} blocks, or a smaller max_model_len",
+            )
     collocated = p.mixed.replicas > 0 and p.prefill.replicas == 0 and p.decode.replicas == 0
     disagg = p.mixed.replicas == 0 and p.prefill.replicas > 0 and p.decode.replicas > 0
     _require(

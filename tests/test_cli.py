@@ -123,6 +123,10 @@ def test_sweep_writes_means_over_seeds_and_goodput(tmp_path):
         (["run", "--design", "pd-slow"], ["design", "pd-slow", "pd-fast"]),
         (["run", "--set", "pools.mixed.replicas=1", "--design", "pd-fast"], ["pools", "mixed=1"]),
         (["run", "--set", "target.model=llama-3.1-70b"], ["pools.mixed", "llama-3.1-70b", "tp"]),
+        (  # as vLLM refuses a max_model_len the KV cache cannot hold (it would wait forever)
+            ["run", "--set", "scheduler.num_gpu_blocks_override=1200"],
+            ["scheduler.num_gpu_blocks_override", "1200", "max_model_len=32768", "2048 blocks"],
+        ),
         (["run", "--set", "slos=[ttft<=fast]"], ["slos", "ttft<=fast"]),
         (["run", "--compute", "skip", "--output-policy", "greedy"], ["greedy", "compute"]),
         (["run", "--set", "clock.stream_flush_wall_s=-1"], ["clock.stream_flush_wall_s", "-1", ">= 0"]),

@@ -48,7 +48,7 @@ def test_preemption_under_kv_pressure_keeps_greedy_tokens_exact():
     tight_cfg = make_config(
         COLLOCATED,
         REAL_GREEDY,
-        scheduler={"num_gpu_blocks_override": 16},
+        scheduler={"num_gpu_blocks_override": 16, "max_model_len": 256},
         workload={"prompt_len": 60, "output_len": 40},
     )
     tight, dep = run_requests(tight_cfg, reqs)
@@ -238,7 +238,7 @@ def test_a_request_blocked_by_unpulled_kv_runs_when_the_hold_expires():
     cfg = make_config(
         {"pools": {"mixed": {"replicas": 0}, "prefill": {"replicas": 1}, "decode": {"replicas": 1}}},
         SKIP,
-        scheduler={"num_gpu_blocks_override": 8},
+        scheduler={"num_gpu_blocks_override": 8, "max_model_len": 128},
         kv_transfer={"hold_timeout_s": 30.0},
         workload={"prompt_len": 100, "output_len": 1},
     )

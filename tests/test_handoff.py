@@ -134,7 +134,7 @@ def test_the_handoff_parts_add_up_to_ttft_minus_prefill():
         {"pools": {"mixed": {"replicas": 0}, "prefill": {"replicas": 2}, "decode": {"replicas": 1}}},
         SKIP,
         kv_transfer={"link": "pcie4-x16"},
-        scheduler={"num_gpu_blocks_override": 200},
+        scheduler={"num_gpu_blocks_override": 200, "max_model_len": 2048},
         workload={"prompt_len": 600, "output_len": 120},
     )
     requests = make_requests(24, [300 + 13 * i for i in range(24)], 120, forced=True, gap_s=0.01)
@@ -157,7 +157,7 @@ def test_a_push_waits_for_decode_blocks_and_never_finishes_before_them():
         PD,
         SKIP,
         kv_transfer={"link": "pcie4-x16", "mode": "push"},
-        scheduler={"num_gpu_blocks_override": 100},
+        scheduler={"num_gpu_blocks_override": 100, "max_model_len": 1536},
         workload={"prompt_len": 1000, "output_len": 200},
     )
     first, second = make_requests(2, 1000, 200, forced=True, gap_s=0.2)
@@ -175,7 +175,7 @@ def test_layerwise_push_hides_only_prefill_compute_after_decode_blocks_exist():
     decode had blocks: the request decode had no room for hides nothing."""
     base = {
         "kv_transfer": {"link": "pcie4-x16", "mode": "push"},
-        "scheduler": {"num_gpu_blocks_override": 100},
+        "scheduler": {"num_gpu_blocks_override": 100, "max_model_len": 1536},
     }
     small = {"workload": {"prompt_len": 1000, "output_len": 200}}
     reqs = make_requests(2, 1000, 200, forced=True, gap_s=0.2)

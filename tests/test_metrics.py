@@ -135,7 +135,7 @@ def test_preemptions_and_prefix_hits_are_counted():
     cfg = make_config(
         COLLOCATED,
         runner={"compute": "skip"},
-        scheduler={"num_gpu_blocks_override": 40},
+        scheduler={"num_gpu_blocks_override": 40, "max_model_len": 512},
         workload={"num_requests": 4, "rate": 50, "prompt_len": 160, "output_len": 200},
     )
     run = run_virtual(cfg)

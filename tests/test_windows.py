@@ -36,7 +36,7 @@ CASES = {  # id: (preset, design, overrides): every role, handoff mode and route
     "preempting": (
         "guide-l40s",
         "collocated",
-        ["workload.rate=2.0", "scheduler.num_gpu_blocks_override=1200"],
+        ["workload.rate=2.0", "scheduler.num_gpu_blocks_override=1200", "scheduler.max_model_len=16384"],
     ),
     "bidirectional": ("six-turn-l40s", "pd-bidirectional", ["multi_turn.num_conversations=6"]),
     "e-pd-operators": ("epd-a100", "e-pd", ["workload.rate=8", "workload.output_len=40"]),
