@@ -208,6 +208,29 @@ def test_a_crashing_engine_fails_every_request_instead_of_hanging():
     assert all("crashed" in r.error for r in results)
 
 
+def test_requests_reaching_a_crashed_engine_fail_and_the_run_ends_with_its_error(monkeypatch):
+    """Requests that arrive after an engine's step loop broke are refused with the cause (they used to
+    wait forever: the run then ended in a deadlock instead of the engine's error)."""
+    from actors.engine.executor import Executor
+
+    execute = Executor.execute
+
+    async def breaks_on_r2(self, batch):
+        if any(r.request_id == "r2" for r in batch.requests):
+            raise TypeError("step bug")
+        return await execute(self, batch)
+
+    monkeypatch.setattr(Executor, "execute", breaks_on_r2)
+    seen = []
+    with pytest.raises(TypeError, match="step bug"):
+        run_virtual(
+            make_config(COLLOCATED, SKIP), make_requests(6, 200, 30, forced=True, gap_s=2.0), seen.append
+        )
+    assert [r.finished_reason for r in seen] == ["length"] * 2 + ["error"] * 4  # r2: in the broken step
+    assert all("mixed-0 crashed: TypeError('step bug')" in r.error for r in seen[2:])
+    assert all(r.error.startswith("EngineDeadError") for r in seen[3:])  # refused: arrived after
+
+
 async def _collect(engine, req):
     return [out async for out in engine.generate(req)][-1]
 

@@ -41,6 +41,20 @@ from target.vision import EncoderRoofline
 Role = Literal["mixed", "prefill", "decode"]
 
 
+class EngineDeadError(RuntimeError):
+    """The engine's step loop broke (vLLM's name): its requests failed with the cause, and it takes no
+    more (as a dead actor answers every call with an error)."""
+
+
+def _background(tasks: set[asyncio.Future[None]], coro: Coroutine[Any, Any, None]) -> None:
+    """Run `coro` as a task kept in `tasks` until it ends (a reference, so that it is not collected);
+    its errors are dropped."""
+    task = asyncio.ensure_future(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
 class EngineCore:
     """The step loop with the APIs it serves (clients; the KV source; push notices), each call a change
     to what the next step schedules. Every concern below it is a collaborator; what stays here (about
@@ -75,6 +89,7 @@ class EngineCore:
         self._loop_task: asyncio.Future[None] | None = None
         self.step_clock = StepClock(clock)
         self._stopped = False
+        self._dead: EngineDeadError | None = None  # why the step loop broke (then nothing is taken)
         self.streams = OutputStreams()
         allowed = macro_steps and clock.virtual and executor.runner is None
         self.windows = Windows(
@@ -85,6 +100,8 @@ class EngineCore:
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         """Stream a request's outputs; closing the iterator early aborts the request."""
+        if self._dead is not None:
+            raise self._dead
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in engine {self.engine_id}")
         vocab = self.executor.vocab_size if self.executor.runner is not None else None  # what it guards
@@ -118,6 +135,8 @@ class EngineCore:
 
     async def get_kv(self, pull: KVPull) -> KVPayload:
         """The held KV `pull` asks for; its transfer queues on this engine's link (`KVSource`)."""
+        if self._dead is not None:
+            raise self._dead
         req = self.scheduler.held.get(pull.request_id)
         if req is None:
             raise KeyError(f"engine {self.engine_id} holds no KV for request {pull.request_id!r}")
@@ -137,7 +156,7 @@ class EngineCore:
             return
         plan = self.kv_scheduler.push_ready(req, kv_transfer_params)
         if plan is not None:
-            self._background(self._load_kv(req, plan))
+            _background(self._tasks, self._load_kv(req, plan))
 
     def expire_held(self, now: float) -> None:
         """Release KV no decode engine pulled within kv_transfer.hold_timeout_s (its decode died)."""
@@ -162,10 +181,12 @@ class EngineCore:
         self._early_pushes.clear()
 
     async def run(self) -> None:
-        """The step loop, until drained. If it breaks, every request in it fails visibly."""
+        """The step loop, until drained. If it breaks, every request in it fails visibly, later ones
+        are refused (`EngineDeadError`), and the loop's task ends with the error (`drain` raises it)."""
         try:
             await self._step_loop()
         except Exception as e:
+            self._dead = EngineDeadError(f"engine {self.engine_id} crashed: {e!r}")
             for rid in list(self._requests):
                 with contextlib.suppress(Exception):  # each request must still hear of the crash
                     self.abort(rid, "error", f"engine {self.engine_id} crashed: {e!r}")
@@ -179,7 +200,7 @@ class EngineCore:
             scheduled = None
             self.expire_held(now)
             for req in self.kv_scheduler.notice_loaded(now):
-                self._background(self.kv_worker.notify_done(req))
+                _background(self._tasks, self.kv_worker.notify_done(req))
             batch = self._schedule(now)
             if batch is None or batch.num_scheduled_tokens == 0:
                 self.stats.on_state(self.scheduler)
@@ -197,11 +218,11 @@ class EngineCore:
         for req in batch.preempted:
             self.executor.release(req.request_id)
         for req in batch.pull_backs_taking_nothing:
-            self._background(self.kv_worker.notify_done(req))
+            _background(self._tasks, self.kv_worker.notify_done(req))
         for req in batch.new_remote_requests:
             plan = self.kv_scheduler.start_load(req, now)
             if plan is not None:  # None: a push not ready yet (`kv_ready` starts it)
-                self._background(self._load_kv(req, plan))
+                _background(self._tasks, self._load_kv(req, plan))
         return batch
 
     async def _step(self, batch: ScheduledBatch, start: float) -> float:
@@ -242,7 +263,7 @@ class EngineCore:
     def _finish(self, req: Request, reason: FinishedReason, now: float, error: str | None = None) -> None:
         params, holding = self.kv_scheduler.request_finished(req, reason, now)
         if holding:  # ended before its pulled KV was noticed: the prefill side may free it now
-            self._background(self.kv_worker.notify_done(req))
+            _background(self._tasks, self.kv_worker.notify_done(req))
         req.times.finished_s = now
         self._requests.pop(req.request_id, None)
         try:
@@ -254,13 +275,6 @@ class EngineCore:
             self.streams.finish(out)
 
     # ---- KV handoff, receiving side (decode role) --------------------------------------------------
-
-    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run `coro` as a task this engine keeps a reference to until it ends; its errors are dropped."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _load_kv(self, req: Request, plan: TransferPlan) -> None:
         """Move `req`'s KV from its prefill engine into this engine's blocks (noticed at the next step
