@@ -7,11 +7,14 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import requests
 
 from dashboards.exposition import sum_series
 from tests.factories import ServeThread
@@ -275,10 +278,29 @@ def test_bad_input_gets_an_openai_shaped_error(server, path, body, status, param
         assert err["param"] == param, err
 
 
-def test_oversized_body_is_413_and_the_server_keeps_serving(server, client):
-    huge = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (5 * 1024**2)}]}
-    r = httpx.post(f"{server.url}/v1/chat/completions", json=huge)
-    assert r.status_code == 413 and "allowed: at most" in r.json()["error"]["message"]
+def test_a_64_mib_body_is_a_413_every_client_reads_and_the_server_keeps_serving(server, client, tmp_path):
+    """urllib, `requests`, curl and the openai client all get the error object naming the limit (the
+    server reads the refused body before answering: urllib, still writing, saw a reset otherwise)."""
+    huge = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (64 * 1024**2)}]}
+    body, url = json.dumps(huge).encode(), f"{server.url}/v1/chat/completions"
+    json_type = {"content-type": "application/json"}
+    answers = []
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(url, data=body, headers=json_type), timeout=60)
+    answers.append((e.value.code, json.loads(e.value.read())))
+    r = requests.post(url, data=body, headers=json_type, timeout=60)
+    answers.append((r.status_code, r.json()))
+    (tmp_path / "body.json").write_bytes(body)
+    curl = ["curl", "-s", "-w", "\\n%{http_code}", "-H", "content-type: application/json"]
+    out = subprocess.run([*curl, "--data-binary", f"@{tmp_path / 'body.json'}", url], capture_output=True)
+    text, code = out.stdout.decode().rsplit("\n", 1)
+    answers.append((int(code), json.loads(text)))
+    with pytest.raises(openai.APIStatusError) as oe:
+        client.chat.completions.create(**huge)
+    answers.append((oe.value.status_code, oe.value.body and {"error": oe.value.body}))
+    for status, answer in answers:
+        assert status == 413 and answer["error"]["code"] == "request_too_large", answer
+        assert "allowed: at most 4194304 bytes" in answer["error"]["message"]
     assert (
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4).usage.completion_tokens == 4
     )

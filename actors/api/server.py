@@ -99,6 +99,7 @@ def _guard(app: FastAPI, api_key: str | None, max_body_bytes: int) -> None:
                 )
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > max_body_bytes:
+            await _drain(request, int(size))
             return JSONResponse(
                 error_body(
                     f"request body: {int(size)} bytes; allowed: at most {max_body_bytes} bytes",
@@ -124,6 +125,21 @@ def _guard(app: FastAPI, api_key: str | None, max_body_bytes: int) -> None:
         )
         message = f"{loc or 'body'}: {first.get('msg', 'invalid request')}{got_text}"
         return JSONResponse(error_body(message, "invalid_request_error", loc or None), status_code=400)
+
+
+MAX_DRAIN_BYTES = 256 * 1024**2
+"""The most of a refused body read (and dropped) before answering: beyond it the connection closes."""
+
+
+async def _drain(request: Request, size: int) -> None:
+    """Read a refused body to its end (chunk by chunk, kept nowhere) before the 413: a client still
+    writing when the server answers and closes sees the connection reset, not the answer (Python's
+    urllib does; curl, `requests` and httpx read the answer early). Not when the client waits for
+    `100 Continue` (it sends nothing unless asked), nor past `MAX_DRAIN_BYTES`."""
+    if request.headers.get("expect", "").lower() == "100-continue" or size > MAX_DRAIN_BYTES:
+        return
+    async for _ in request.stream():
+        pass
 
 
 def _openai_routes(app: FastAPI, frontend: Frontend) -> None:
