@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import subprocess
@@ -130,20 +131,25 @@ class ServeThread:
     def engines_idle(self):
         return all(not e._requests and not e.scheduler.held for e in self.served.engines)
 
-    def leave_mid_stream(self, idle, timeout_s=10.0):
-        """Start a long streamed chat, read a few events and hang up; wait until its result is recorded
-        and `idle()`; returns the result."""
+    def leave_mid_stream(self, idle, timeout_s=10.0, stream=True):
+        """Start a long chat, read a few events and hang up (not `stream`: wait a second for the whole
+        answer and hang up); wait until its result is recorded and `idle()`; returns the result."""
         before = len(self.served.frontend.results)
         body = {
             "model": self.served.frontend.model_name,
             "messages": [{"role": "user", "content": "a long one"}],
             "max_tokens": 400,
-            "stream": True,
+            "stream": stream,
         }
-        with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=body) as s:
-            lines = s.iter_lines()
-            for _ in range(6):
-                next(lines)
+        url = f"{self.url}/v1/chat/completions"
+        if stream:
+            with httpx.stream("POST", url, json=body) as s:
+                lines = s.iter_lines()
+                for _ in range(6):
+                    next(lines)
+        else:
+            with contextlib.suppress(httpx.ReadTimeout):
+                httpx.post(url, json=body, timeout=httpx.Timeout(10.0, read=1.0))
         deadline = time.monotonic() + timeout_s
         while len(self.served.frontend.results) == before or not idle():
             assert time.monotonic() < deadline, "the abandoned request is still running"

@@ -306,8 +306,11 @@ def test_a_64_mib_body_is_a_413_every_client_reads_and_the_server_keeps_serving(
     )
 
 
-def test_a_client_leaving_mid_stream_cancels_its_request_everywhere(server):
-    assert server.leave_mid_stream(server.engines_idle).finished_reason == "abort"
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_leaving_mid_answer_cancels_its_request_everywhere(server, stream):
+    """Streamed or answered whole (as vLLM's `with_cancellation`): the request is aborted at once, not
+    run to its end for nobody."""
+    assert server.leave_mid_stream(server.engines_idle, stream=stream).finished_reason == "abort"
     assert all(not r._streams for r in server.served.render_replicas)
 
 

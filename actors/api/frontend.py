@@ -183,10 +183,11 @@ class Frontend:
     async def complete(self, creq: ClientRequest, replica: int | None, parse: bool = True) -> Completion:
         """A whole response (still paced: it returns when its last token is due)."""
         done = Completion(creq.request_id, creq.prompt_token_ids)
-        async for ev in self.events(creq, replica, parse):
-            done.output_token_ids += ev.token_ids
-            done.parsed.extend(ev.delta)
-            done.finished_reason = ev.finished_reason or done.finished_reason
+        async with aclosing(self.events(creq, replica, parse)) as events:  # cancelled: aborted at once
+            async for ev in events:
+                done.output_token_ids += ev.token_ids
+                done.parsed.extend(ev.delta)
+                done.finished_reason = ev.finished_reason or done.finished_reason
         return done
 
     @staticmethod

@@ -8,6 +8,8 @@ request that failed inside. A client that goes away mid-stream cancels its reque
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import secrets
 import uuid
@@ -142,6 +144,31 @@ async def _drain(request: Request, size: int) -> None:
         pass
 
 
+async def _unless_client_leaves(request: Request, work: Awaitable[Completion]) -> Completion:
+    """`work` (a whole response), cancelled if the client hangs up first, as vLLM's `with_cancellation`
+    does: its request is aborted everywhere rather than run on for nobody (a client that gave up on a
+    long answer would otherwise keep its engines busy to the end)."""
+    task = asyncio.ensure_future(work)
+    left = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, left}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():  # nobody reads the answer (499: nginx's "client closed request")
+        raise ApiError(499, "the client closed the connection", code="client_closed_request")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Until the client hangs up (its body was read: what is left to receive is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _openai_routes(app: FastAPI, frontend: Frontend) -> None:
     """/v1/models, /v1/chat/completions, /v1/completions."""
     model = frontend.model_name
@@ -152,23 +179,25 @@ def _openai_routes(app: FastAPI, frontend: Frontend) -> None:
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(req: ChatCompletionRequest) -> Any:
+    async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         frontend.check_model(req.model)
         creq, replica = await frontend.chat_request_for(req)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return _stream(_chat_chunks(frontend, creq, replica, include_usage, model))
-        return _chat_completion(frontend, await frontend.complete(creq, replica))
+        return _chat_completion(
+            frontend, await _unless_client_leaves(request, frontend.complete(creq, replica))
+        )
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(req: CompletionRequest) -> Any:
+    async def completions(req: CompletionRequest, request: Request) -> Any:
         frontend.check_model(req.model)
         creq, replica = await frontend.completion_request_for(req)
         echo = await frontend.renders[replica].detokenize(creq.prompt_token_ids) if req.echo else ""
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return _stream(_completion_chunks(frontend, creq, replica, include_usage, model, echo))
-        done: Completion = await frontend.complete(creq, replica, parse=False)
+        done: Completion = await _unless_client_leaves(request, frontend.complete(creq, replica, parse=False))
         text = echo + done.parsed.content
         return {
             "id": done.request_id,
@@ -228,11 +257,11 @@ def _render_routes(app: FastAPI, frontend: Frontend) -> None:
         }
 
     @app.post("/inference/v1/generate", response_model=None)
-    async def generate(req: GenerateRequest) -> Any:
+    async def generate(req: GenerateRequest, request: Request) -> Any:
         creq = frontend.generate_request(req)
         if req.stream:
             return _stream(_generate_chunks(frontend, creq))
-        done = await frontend.complete(creq, None)
+        done = await _unless_client_leaves(request, frontend.complete(creq, None))
         return {
             "request_id": done.request_id,
             "token_ids": done.output_token_ids,
