@@ -197,7 +197,7 @@ def _check_semantics(cfg: TestbedConfig) -> None:
         _check_replay,
         _check_multi_turn,
     )
-    for check in (*checks, _check_runner, _check_rest):
+    for check in (*checks, _check_runner, _check_rest, _check_faults):
         check(cfg)
 
 
@@ -433,3 +433,19 @@ def _check_rest(cfg: TestbedConfig) -> None:
         flush is None or flush >= 0,
         f"clock.stream_flush_wall_s={flush}: must be >= 0 seconds (0: every step's tokens) or null",
     )
+
+
+def _check_faults(cfg: TestbedConfig) -> None:
+    f, p = cfg.faults, cfg.pools
+    rate = f.kv_transfer_failure_rate
+    _require(0 <= rate <= 1, f"faults.kv_transfer_failure_rate={rate}: must be in [0, 1] (a probability)")
+    for n in f.kv_transfer_failures:
+        _require(n >= 1, f"faults.kv_transfer_failures: {n}: must be >= 1 (the Nth load, from 1)")
+    pools = {"mixed": p.mixed.replicas, "prefill": p.prefill.replicas, "decode": p.decode.replicas}
+    engines = [f"{role}-{i}" for role, n in pools.items() for i in range(n)]
+    for kill in f.engine_kills:
+        _require(
+            kill.engine in engines,
+            f"faults.engine_kills: engine={kill.engine!r}: no such engine; allowed: {', '.join(engines)}",
+        )
+        _require(kill.at_s >= 0, f"faults.engine_kills: at_s={kill.at_s}: must be >= 0 (emulated seconds)")

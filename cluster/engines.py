@@ -25,6 +25,7 @@ from actors.engine.core import EngineCore, Role
 from actors.engine.encoder_cache import EncoderCache
 from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVSource
+from actors.engine.kv_faults import KVLoadFaults
 from actors.engine.kv_transfer import KVReceiver, Link
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
@@ -96,7 +97,13 @@ def build_engine(
         kv.decoder_kv_blocks_ttl_s if role == "decode" and kv.bidirectional else kv.hold_timeout_s
     )
     kv_scheduler = KVConnectorScheduler(engine_id, receiver, scheduler, hold_timeout_s, kv.reuse)
-    kv_worker = KVConnectorWorker(executor, peers, stats, clock, s.block_size, link)
+    f = cfg.faults
+    faults = (
+        KVLoadFaults(f.kv_transfer_failure_rate, f.kv_transfer_failures, cfg.seed, engine_id)
+        if f.kv_transfer_failure_rate > 0 or f.kv_transfer_failures
+        else None
+    )
+    kv_worker = KVConnectorWorker(executor, peers, stats, clock, s.block_size, link, faults)
     return EngineCore(
         engine_id,
         role,

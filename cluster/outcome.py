@@ -15,7 +15,7 @@ from dashboards.exposition import sum_series
 from messages import RequestResult
 from target.config import TestbedConfig
 from workloads.results import results_frame
-from workloads.summary import lag_summary, summarize
+from workloads.summary import fault_summary, lag_summary, summarize
 
 
 @dataclass
@@ -49,6 +49,7 @@ def run_output(
         **info,
         "time_scale": cfg.clock.time_scale,
         **lag_summary(reports),
+        **fault_summary(reports),
     }
     summary.update(encoder_summary(metrics, summary.get("duration_s") or 0.0))
     summary["cpu_overhead_share"] = cpu_overhead_share(reports)

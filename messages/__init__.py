@@ -128,6 +128,9 @@ class RequestTimes:
     kv_pull_back_failed: bool = False
     """Bidirectional: decode's blocks of the last turn were gone (expired, or its engine died), so
     prefill computed those tokens again."""
+    kv_load_failed: bool = False
+    """Decode side: the prompt's KV failed to load, so this engine computed the prompt itself
+    (kv_transfer.load_failure_policy=recompute)."""
     num_preemptions: int = 0
     kv_blocks_ready_s: float | None = None
     """Decode side: blocks were allocated for the remote KV (no transfer starts before)."""

@@ -179,6 +179,10 @@ class KVTransferConfig:
     NixlConnector bidirectional mode; conversations are the replayed sessions)."""
     decoder_kv_blocks_ttl_s: float = 480.0
     """bidirectional: how long decode keeps a conversation's blocks waiting for its next turn."""
+    load_failure_policy: Literal["recompute", "fail"] = "fail"
+    """A decode engine's failed KV load (vLLM's `kv_load_failure_policy`). fail: the request ends with
+    an error (vLLM's default); recompute: it computes its prompt here instead (a pull back always
+    does)."""
     reuse: Literal["verified", "positional"] = "verified"
     """bidirectional: which of decode's blocks prefill takes. verified: the leading blocks whose chained
     hashes match its own prompt's (the prefix cache's rule; stops at the first difference);
@@ -409,6 +413,33 @@ class RenderConfig:
 
 
 @dataclass(frozen=True)
+class EngineKill:
+    __pydantic_config__ = _STRICT
+
+    engine: str
+    """The engine to kill: its id, `<role>-<replica>` (prefill-0, decode-1, mixed-0)."""
+    at_s: float
+    """Emulated seconds from the run's start."""
+
+
+@dataclass(frozen=True)
+class FaultsConfig:
+    """Faults injected on purpose (all off by default); deterministic for a seed in virtual mode."""
+
+    __pydantic_config__ = _STRICT
+
+    kv_transfer_failure_rate: float = 0.0
+    """Each KV load into a decode (or pull-back prefill) engine fails with this probability, drawn from
+    the run's seed and the engine's id. A failed load takes its transfer's time, then fails."""
+    kv_transfer_failures: tuple[int, ...] = ()
+    """Also fail these loads (1-based, counted per receiving engine): `[1, 5]` fails each engine's
+    first and fifth."""
+    engine_kills: tuple[EngineKill, ...] = ()
+    """Engines killed at an emulated time: their requests fail (or, a prefill engine's, are retried
+    elsewhere by the proxy), later calls to them fail as a dead actor's do. Live: the actor is killed."""
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     __pydantic_config__ = _STRICT
 
@@ -442,6 +473,7 @@ class TestbedConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
     slos: tuple[str, ...] = ("ttft<=2s,tpot<=30ms", "ttft<=2s,gap<=100ms")
     """SLO sets: comma-joined `metric<=value` terms over ttft, tpot, itl (per-request p99), gap, e2el."""
     seed: int = 0

@@ -7,7 +7,7 @@ import pytest
 
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import KVReceiver, LinkQueue
-from cluster.virtual import build_deployment, replay_on
+from cluster.virtual import build_deployment, replay_on, run_virtual
 from target.profiles import LINKS, MODELS
 from target.transfer import handoff_time
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
@@ -81,6 +81,33 @@ def test_corrupted_handoff_changes_tokens(collocated_run):
     bad, _, _ = serve_with_spies(make_config(PD, REAL_GREEDY), PROMPTS, corrupt=True)
     differ = sum(a.output_token_ids != b.output_token_ids for a, b in zip(colo, bad, strict=True))
     assert differ >= 15
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_failed_kv_loads_recomputed_on_decode_keep_the_greedy_tokens(collocated_run, mode):
+    """Injected KV load failures with load_failure_policy=recompute: decode computes those prompts
+    itself; every request still emits collocated's greedy tokens, and the run says how many failed."""
+    colo, _, _ = collocated_run
+    faults = {"kv_transfer_failure_rate": 0.3, "kv_transfer_failures": [1]}
+    kv = {"mode": mode, "load_failure_policy": "recompute"}
+    out = run_virtual(make_config(PD, REAL_GREEDY, kv_transfer=kv, faults=faults), PROMPTS)
+    df, s = out.results, out.summary
+    assert list(df["output_token_ids"].map(list)) == [r.output_token_ids for r in colo]
+    assert (df["finished_reason"] == "length").all()
+    assert s["num_injected_load_failures"] == s["num_recomputed_loads"] == df["kv_load_failed"].sum() >= 3
+    assert (df.loc[df["kv_load_failed"], "prefill_pulled_back_tokens"].fillna(0) == 0).all()
+    assert out.engine_reports["prefill-0"]["num_expired_handoffs"] == 0  # told to free, not timed out
+
+
+def test_failed_kv_loads_fail_their_requests_by_default():
+    """vLLM's default policy: a failed load fails its request (with the reason); the rest finish."""
+    skip = {"runner": {"compute": "skip"}}
+    reqs = make_requests(6, 100, 12, forced=True, gap_s=0.3)
+    out = run_virtual(make_config(PD, skip, faults={"kv_transfer_failures": [2, 3]}), reqs)
+    df = out.results
+    assert list(df["finished_reason"]) == ["length", "error", "error", "length", "length", "length"]
+    assert df["error"].iloc[1].startswith("KV load of") and out.summary["failed"] == 2
+    assert out.summary["num_injected_load_failures"] == 2 and out.summary["num_recomputed_loads"] == 0
 
 
 def test_pull_handoff_timing_follows_the_link():

@@ -145,6 +145,14 @@ def sweep_goodput(
     return out
 
 
+def fault_summary(reports: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Faults over all engines: KV loads that failed (injected on purpose among them) and those whose
+    request computed the KV instead."""
+    live = [r for r in reports.values() if "num_steps" in r]
+    keys = ("num_failed_loads", "num_injected_load_failures", "num_recomputed_loads")
+    return {k: sum(r.get(k, 0) for r in live) for k in keys}
+
+
 def lag_summary(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Lag over all engines: the share of steps and handoffs whose real work overran its budget."""
     live = [r for r in reports.values() if "num_steps" in r]

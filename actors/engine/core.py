@@ -278,15 +278,15 @@ class EngineCore:
 
     async def _load_kv(self, req: Request, plan: TransferPlan) -> None:
         """Move `req`'s KV from its prefill engine into this engine's blocks (noticed at the next step
-        boundary); a failed pull fails the request, a failed pull back computes those tokens here."""
+        boundary); a failed pull fails the request or computes its prompt here (by policy), a failed
+        pull back computes those tokens here."""
         try:
             if not await self.kv_worker.load(req, plan):
                 return  # aborted meanwhile
         except KVLoadError as e:
-            self.kv_scheduler.on_load_failed(req)
-            if req.is_pull_back and req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+            if self.kv_scheduler.on_load_failed(req):
                 self.scheduler.recompute_instead(req)
-                self.stats.on_kv_pull_back_failed()
+                self.stats.on_kv_load_recomputed(req.is_pull_back)
             else:
                 self.abort(req.request_id, "error", str(e))
         else:

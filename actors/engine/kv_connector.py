@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
+from actors.engine.kv_faults import KVLoadFaults
 from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
@@ -121,9 +122,13 @@ class KVConnectorScheduler:
             num += 1
         return num * bs
 
-    def on_load_failed(self, req: Request) -> None:
-        """The pull failed: the prefill side holds nothing for `req` (it died or lost the KV)."""
+    def on_load_failed(self, req: Request) -> bool:
+        """The load failed: the prefill side holds nothing for `req` (it died, lost the KV, or was told
+        to free it). Whether `req` computes those tokens here instead: a pull back always does, a P/D
+        request by kv_transfer.load_failure_policy (else it fails)."""
         self._holding.discard(req.request_id)
+        recompute = req.is_pull_back or self.receiver.cfg.load_failure_policy == "recompute"
+        return recompute and req.status is RequestStatus.WAITING_FOR_REMOTE_KVS
 
     def on_loaded(self, req: Request) -> None:
         self._loaded[req.request_id] = req
@@ -217,9 +222,12 @@ class KVConnectorWorker:
         clock: Clock,
         block_size: int,
         link: Link | None = None,
+        faults: KVLoadFaults | None = None,
     ) -> None:
         """`peers`: the prefill engines by id (the engines, or clients of their actors); `link`: the
-        link this engine sends on when it is shared (kv_transfer.link_scope=fabric), None: its own."""
+        link this engine sends on when it is shared (kv_transfer.link_scope=fabric), None: its own;
+        `faults`: which of this engine's loads fail on purpose (None: none)."""
+        self.faults = faults
         self.link: Link = link if link is not None else LinkQueue()
         """Prefill side: the link every pull from this engine queues on."""
         self.executor = executor
@@ -245,6 +253,8 @@ class KVConnectorWorker:
     async def load(self, req: Request, plan: TransferPlan) -> bool:
         """Fetch `req`'s KV from its prefill engine and write it into `req`'s blocks; False if `req` was
         aborted meanwhile (it notified its prefill engine when it ended)."""
+        if self.faults is not None and self.faults.next_fails():
+            return await self._fail(req, plan)
         payload = await self._fetch(req, plan)
         if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return False
@@ -265,6 +275,17 @@ class KVConnectorWorker:
         except Exception as e:
             self.stats.on_kv_transfer_failed()
             raise KVLoadError(f"KV pull from {remote_id} failed: {e!r}") from e
+
+    async def _fail(self, req: Request, plan: TransferPlan) -> bool:
+        """An injected failure: the transfer takes its time (unqueued) and is found broken at its end,
+        as NIXL reports a failed read on completion; the sender is told to free what it held (this
+        engine reads it no more). False if `req` was aborted meanwhile."""
+        await self.clock.sleep_until(plan.start_s + plan.time.total_s)
+        await self.notify_done(req)
+        if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return False
+        self.stats.on_kv_transfer_failed(injected=True)
+        raise KVLoadError(f"KV load of {req.request_id} failed (injected: faults.kv_transfer_failure*)")
 
     def _write(self, req: Request, payload: KVPayload, plan: TransferPlan) -> None:
         """Put fetched KV into `req`'s blocks; counts the transfer (late if the real move ended after

@@ -56,6 +56,7 @@ class Request:
         "compute_s",
         "finished_reason",
         "forced_output_token_ids",
+        "kv_load_failed",
         "kv_transfer_params",
         "max_tokens",
         "mm_embeds",
@@ -96,6 +97,8 @@ class Request:
         """Leading blocks of `block_ids` already in the prefix cache."""
         self.pull_back_tokens = 0
         """Pull back: the tokens of decode's leading blocks this request takes (set when admitted)."""
+        self.kv_load_failed = False
+        """Its remote KV failed to load: it computes those tokens here instead (none are external)."""
         self.remote_kv_loaded = False
         """Decode side: the prefill engine's KV is in this engine's blocks (never pulled twice: a 1-token
         prompt has no external tokens, and a preempted request recomputes locally, as in vLLM)."""
@@ -163,6 +166,6 @@ class Request:
     def num_external_computed_tokens(self) -> int:
         """Prompt tokens whose KV comes from another engine: up to `remote_kv_end`, less what this
         engine's own prefix cache held."""
-        if not self.is_remote_prefill:
+        if not self.is_remote_prefill or self.kv_load_failed:
             return 0
         return max(0, self.remote_kv_end - self.times.num_cached_tokens)

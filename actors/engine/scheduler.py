@@ -258,9 +258,13 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def recompute_instead(self, req: Request) -> None:
-        """A pull back failed: `req` computes the tokens it meant to take (recorded on its times)."""
-        req.pull_back_tokens = 0
-        req.times.kv_pull_back_failed, req.times.kv_bytes = True, 0
+        """A load failed: `req` computes the tokens it meant to take (recorded on its times)."""
+        req.kv_load_failed = True
+        if req.is_pull_back:
+            req.times.kv_pull_back_failed = True
+        else:
+            req.times.kv_load_failed = True
+        req.times.kv_bytes = 0
         self.kv_received(req)
 
     def finish(self, req: Request, reason: FinishedReason) -> None:

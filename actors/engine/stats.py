@@ -99,6 +99,13 @@ class EngineStats:
     """Worst overrun of a step or transfer, in emulated seconds."""
     num_expired_handoffs: int = 0
     """Prefill side: held KV released because no decode engine pulled it in time."""
+    num_failed_loads: int = 0
+    """KV loads into this engine that failed (pull backs and injected failures among them)."""
+    num_injected_load_failures: int = 0
+    """Of those, failed on purpose (`faults`)."""
+    num_recomputed_loads: int = 0
+    """Failed loads whose request computed the KV here instead (pull backs; P/D with
+    kv_transfer.load_failure_policy=recompute)."""
     _itls_s: list[float] = field(default_factory=list)
     """Inter-token gaps of the step under way, recorded with the step (one histogram update a step)."""
 
@@ -215,7 +222,9 @@ class EngineStats:
             self.num_lagged_transfers += 1
             self._lag("kv_transfer", overrun_s)
 
-    def on_kv_transfer_failed(self) -> None:
+    def on_kv_transfer_failed(self, injected: bool = False) -> None:
+        self.num_failed_loads += 1
+        self.num_injected_load_failures += injected
         if self.recorder is not None:
             self.recorder.on_kv_transfer_failed()
 
@@ -224,8 +233,10 @@ class EngineStats:
         if self.recorder is not None:
             self.recorder.on_kv_notification_failed()
 
-    def on_kv_pull_back_failed(self) -> None:
-        if self.recorder is not None:
+    def on_kv_load_recomputed(self, pull_back: bool) -> None:
+        """A failed load's request computes the KV here instead."""
+        self.num_recomputed_loads += 1
+        if pull_back and self.recorder is not None:
             self.recorder.on_kv_pull_back_failed()
 
     def on_kv_expired(self, num_requests: int) -> None:
