@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Literal
 
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
-from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVLoadError
-from actors.engine.kv_transfer import TransferPlan
+from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker
+from actors.engine.kv_handoff import KVHandoff
 from actors.engine.request import Request, RequestStatus, check_request
 from actors.engine.scheduler import ScheduledBatch, Scheduler
 from actors.engine.stats import EngineStats
@@ -44,15 +44,6 @@ Role = Literal["mixed", "prefill", "decode"]
 class EngineDeadError(RuntimeError):
     """The engine's step loop broke (vLLM's name): its requests failed with the cause, and it takes no
     more (as a dead actor answers every call with an error)."""
-
-
-def _background(tasks: set[asyncio.Future[None]], coro: Coroutine[Any, Any, None]) -> None:
-    """Run `coro` as a task kept in `tasks` until it ends (a reference, so that it is not collected);
-    its errors are dropped."""
-    task = asyncio.ensure_future(coro)
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 class EngineCore:
@@ -83,9 +74,6 @@ class EngineCore:
         self.scheduler, self.executor, self.stats = scheduler, executor, stats
         self.kv_scheduler, self.kv_worker = kv_scheduler, kv_worker
         self._requests: dict[str, Request] = {}
-        self._early_pushes: dict[str, dict[str, Any]] = {}
-        """Push: prefill's notices for requests not here yet (or aborted; dropped at drain)."""
-        self._tasks: set[asyncio.Future[None]] = set()
         self._loop_task: asyncio.Future[None] | None = None
         self.step_clock = StepClock(clock)
         self._stopped = False
@@ -95,6 +83,7 @@ class EngineCore:
         self.windows = Windows(
             clock, self.step_clock, scheduler, time_model, stats, self.streams, self._finish, allowed
         )
+        self.kv = KVHandoff(engine_id, scheduler, kv_scheduler, kv_worker, stats, self.step_clock, self.abort)
 
     # ---- client side -------------------------------------------------------------------------------
 
@@ -111,9 +100,7 @@ class EngineCore:
         self.windows.settle()  # a change from outside: the next step sees it
         stream = self.streams.open(req.request_id)
         self._requests[req.request_id] = req
-        early = self._early_pushes.pop(req.request_id, None)
-        if early is not None:  # prefill's notice overtook the request: its KV can move once it has blocks
-            self.kv_scheduler.push_ready(req, early)
+        self.kv.on_added(req)
         self.scheduler.add(req)
         self.step_clock.wake()
         try:
@@ -137,32 +124,16 @@ class EngineCore:
         """The held KV `pull` asks for; its transfer queues on this engine's link (`KVSource`)."""
         if self._dead is not None:
             raise self._dead
-        req = self.scheduler.held.get(pull.request_id)
-        if req is None:
-            raise KeyError(f"engine {self.engine_id} holds no KV for request {pull.request_id!r}")
-        return await self.kv_worker.read(req, pull)
+        return await self.kv.get_kv(pull)
 
     async def free_kv(self, request_id: str) -> None:
-        self.scheduler.release_held(request_id)
-        self.step_clock.wake()  # freed blocks may admit a waiting request
+        self.kv.free_kv(request_id)
 
     async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
         """Push, decode side: prefill finished `request_id` (`kv_transfer_params`: where its KV is); the
         push starts once this engine has blocks for it too."""
         self.windows.settle()  # a change from outside: the next step sees it
-        req = self._requests.get(request_id)
-        if req is None:  # not here yet (another actor call may overtake the request), or aborted
-            self._early_pushes[request_id] = kv_transfer_params
-            return
-        plan = self.kv_scheduler.push_ready(req, kv_transfer_params)
-        if plan is not None:
-            _background(self._tasks, self._load_kv(req, plan))
-
-    def expire_held(self, now: float) -> None:
-        """Release KV no decode engine pulled within kv_transfer.hold_timeout_s (its decode died)."""
-        num_expired = self.kv_scheduler.expire_held(now)
-        if num_expired:
-            self.stats.on_kv_expired(num_expired)
+        self.kv.kv_ready(self._requests.get(request_id), request_id, kv_transfer_params)
 
     # ---- the step loop -----------------------------------------------------------------------------
 
@@ -177,8 +148,8 @@ class EngineCore:
         self.step_clock.wake()
         if self._loop_task is not None:
             await self._loop_task
-        self.expire_held(math.inf)
-        self._early_pushes.clear()
+        self.kv.expire_held(math.inf)
+        self.kv.clear()
 
     async def run(self) -> None:
         """The step loop, until drained. If it breaks, every request in it fails visibly, later ones
@@ -198,9 +169,9 @@ class EngineCore:
         while not self._stopped:
             now = self.clock.now() if scheduled is None else scheduled
             scheduled = None
-            self.expire_held(now)
+            self.kv.expire_held(now)
             for req in self.kv_scheduler.notice_loaded(now):
-                _background(self._tasks, self.kv_worker.notify_done(req))
+                self.kv.notify_done(req)
             batch = self._schedule(now)
             if batch is None or batch.num_scheduled_tokens == 0:
                 self.stats.on_state(self.scheduler)
@@ -218,11 +189,9 @@ class EngineCore:
         for req in batch.preempted:
             self.executor.release(req.request_id)
         for req in batch.pull_backs_taking_nothing:
-            _background(self._tasks, self.kv_worker.notify_done(req))
+            self.kv.notify_done(req)
         for req in batch.new_remote_requests:
-            plan = self.kv_scheduler.start_load(req, now)
-            if plan is not None:  # None: a push not ready yet (`kv_ready` starts it)
-                _background(self._tasks, self._load_kv(req, plan))
+            self.kv.start_load(req, now)
         return batch
 
     async def _step(self, batch: ScheduledBatch, start: float) -> float:
@@ -263,7 +232,7 @@ class EngineCore:
     def _finish(self, req: Request, reason: FinishedReason, now: float, error: str | None = None) -> None:
         params, holding = self.kv_scheduler.request_finished(req, reason, now)
         if holding:  # ended before its pulled KV was noticed: the prefill side may free it now
-            _background(self._tasks, self.kv_worker.notify_done(req))
+            self.kv.notify_done(req)
         req.times.finished_s = now
         self._requests.pop(req.request_id, None)
         try:
@@ -273,25 +242,6 @@ class EngineCore:
         finally:  # whatever broke, the client hears how its request ended
             out = EngineOutput(req.request_id, [], [], reason, params, req.times, error)
             self.streams.finish(out)
-
-    # ---- KV handoff, receiving side (decode role) --------------------------------------------------
-
-    async def _load_kv(self, req: Request, plan: TransferPlan) -> None:
-        """Move `req`'s KV from its prefill engine into this engine's blocks (noticed at the next step
-        boundary); a failed pull fails the request or computes its prompt here (by policy), a failed
-        pull back computes those tokens here."""
-        try:
-            if not await self.kv_worker.load(req, plan):
-                return  # aborted meanwhile
-        except KVLoadError as e:
-            if self.kv_scheduler.on_load_failed(req):
-                self.scheduler.recompute_instead(req)
-                self.stats.on_kv_load_recomputed(req.is_pull_back)
-            else:
-                self.abort(req.request_id, "error", str(e))
-        else:
-            self.kv_scheduler.on_loaded(req)
-        self.step_clock.wake()
 
     def report(self) -> dict[str, Any]:
         """Counters of this engine's life so far (steps, lag, preemptions, prefix cache, handoffs)."""
