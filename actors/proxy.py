@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from actors.encoding import EncoderPool
 from actors.engine.clock import Clock
+from actors.engine.core import EngineDeadError
 from actors.engine_requests import engine_arrival_s, engine_request, for_decode
 from actors.router import Router
 from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, RenderSpec, RequestResult
@@ -73,6 +74,9 @@ class _Pool:
                     if out.kv_events is not None:
                         self.router.on_kv_events(i, out.kv_events)
                     yield out
+        except EngineDeadError:
+            self.router.dead.add(i)
+            raise
         finally:
             self.router.finished(ereq.request_id)
 
@@ -112,6 +116,7 @@ class Proxy:
         if bool(mixed) == bool(prefill and decode):
             raise ValueError("a proxy needs mixed engines, or prefill and decode engines")
         cfg = router or RouterConfig()
+        self._max_prefill_retries = cfg.max_prefill_retries
 
         def now() -> float:  # the clock a live proxy joins later (`ProxyHost.join_clock`)
             return self.clock.now() if self.clock is not None else 0.0
@@ -283,15 +288,23 @@ class Proxy:
         decode holds the conversation's last turn); its final output, or None with the failure
         recorded in `result`."""
         assert self._prefill is not None
-        result.prefill_engine = self._prefill.engines[p].engine_id
         final = None
         params = {"do_remote_decode": True, **(pull_back or {})}
         ereq = engine_request(creq, creq.prompt_token_ids, 1, engine_arrival_s(creq), params)
         ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
-        async for out in self._prefill.outputs(p, ereq):
-            if out.token_times_s:
-                result.prefill_done_s = out.token_times_s[-1]
-            final = out
+        while True:
+            result.prefill_engine = self._prefill.engines[p].engine_id
+            try:
+                async for out in self._prefill.outputs(p, ereq):
+                    if out.token_times_s:
+                        result.prefill_done_s = out.token_times_s[-1]
+                    final = out
+                break
+            except EngineDeadError:  # another prefill engine takes it, a bounded number of times
+                if result.num_prefill_retries == self._max_prefill_retries:
+                    raise
+                result.num_prefill_retries += 1
+                p = self._prefill.router.pick(creq)
         result.prefill_times = final.times if final is not None else None
         if final is None or final.finished_reason != "length" or not final.kv_transfer_params:
             result.finished_reason = final.finished_reason if final else "error"

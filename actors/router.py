@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
+from actors.engine.core import EngineDeadError
 from messages import ClientRequest, KVEvents
 from messages.token_ids import span
 from target.config import RouterConfig
@@ -59,6 +60,8 @@ class Router:
         self._estimated: list[dict[BlockHash, float]] = [{} for _ in range(num_engines)]
         """What each engine is assumed to hold: block hash -> when the entry expires (`kv_estimated`)."""
         self._rng = np.random.default_rng(seed)
+        self.dead: set[int] = set()
+        """Engines found dead (a call to one failed as a dead actor's does): never picked again."""
         self.num_routed = 0
         self.before_read: list[Callable[[], None]] = []
         """Called before `kv_aware` reads what engines hold: in process, each brings an engine's KV
@@ -76,7 +79,9 @@ class Router:
             for catch_up in self.before_read:
                 catch_up()
             overlaps = self._overlaps(creq)
-        if engine is None:
+        if len(self.dead) == len(self._active_blocks):
+            raise EngineDeadError(f"every engine of the pool is dead ({len(self.dead)})")
+        if engine is None or engine in self.dead:
             engine = self._choose(creq, overlaps)
         blocks = cdiv(len(creq.prompt_token_ids) + creq.max_tokens, self.block_size)
         self._active_blocks[engine] += blocks
@@ -95,11 +100,13 @@ class Router:
             return self._lowest_cost(creq, overlaps, 0.0)
         if self.policy == "session_affinity" and creq.session_id is not None:
             engine = self._sessions.get(creq.session_id)
-            if engine is None:
-                engines = range(len(self._active_blocks))
+            if engine is None or engine in self.dead:
+                engines = [i for i in range(len(self._active_blocks)) if i not in self.dead]
                 engine = self._sessions[creq.session_id] = min(engines, key=self._active_blocks.__getitem__)
             return engine
-        return next(self._next)
+        while (turn := next(self._next)) in self.dead:
+            pass
+        return turn
 
     def _remember(self, engine: int, hashes: list[BlockHash]) -> None:
         """kv_estimated: a routed prompt's blocks count as cached on `engine` for the TTL."""
@@ -148,18 +155,17 @@ class Router:
 
     def _lowest_cost(self, creq: ClientRequest, overlaps: list[int], w: float) -> int:
         num_blocks = cdiv(len(creq.prompt_token_ids), self.block_size)
-        costs = np.array(
-            [w * (num_blocks - o) + a for o, a in zip(overlaps, self._active_blocks, strict=True)]
-        )
+        alive = [i for i in range(len(overlaps)) if i not in self.dead]  # (some: `pick` checked)
+        costs = np.array([w * (num_blocks - overlaps[i]) + self._active_blocks[i] for i in alive])
         if self.cfg.temperature > 0 and costs.max() > costs.min():
             logits = -(costs - costs.min()) / (costs.max() - costs.min()) / self.cfg.temperature
             p = np.exp(logits - logits.max())
-            return int(self._rng.choice(len(costs), p=p / p.sum()))
-        best = np.flatnonzero(costs == costs.min())
+            return alive[int(self._rng.choice(len(costs), p=p / p.sum()))]
+        best = [alive[i] for i in np.flatnonzero(costs == costs.min())]
         if len(best) == 1:
-            return int(best[0])
+            return best[0]
         fewest = min(self._active_blocks[i] for i in best)
-        ties = [int(i) for i in best if self._active_blocks[i] == fewest]
+        ties = [i for i in best if self._active_blocks[i] == fewest]
         while (i := next(self._next)) not in ties:
             pass
         return i

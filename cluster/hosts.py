@@ -13,15 +13,16 @@ the actor's (an asyncio cancel in an async actor), which aborts the request ther
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import ray
 
 from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock
-from actors.engine.core import EngineCore, Role
+from actors.engine.core import EngineCore, EngineDeadError, Role
 from actors.engine.kv_connector import KVSource
 from actors.proxy import Proxy
 from actors.render.client import METHODS, RenderClient, render_again, render_for
@@ -62,18 +63,30 @@ class RemoteEngine:
         self._handle = handle
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
-        async for out in _remote_stream(self._handle.generate, request):
-            yield out
+        with self._dead_as_engine_dead():
+            async for out in _remote_stream(self._handle.generate, request):
+                yield out
 
     async def get_kv(self, pull: KVPull) -> KVPayload:
-        payload: KVPayload = await self._handle.get_kv.remote(pull)
+        with self._dead_as_engine_dead():
+            payload: KVPayload = await self._handle.get_kv.remote(pull)
         return payload
 
     async def free_kv(self, request_id: str) -> None:
         await self._handle.free_kv.remote(request_id)
 
     async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
-        await self._handle.kv_ready.remote(request_id, kv_transfer_params)
+        with self._dead_as_engine_dead():
+            await self._handle.kv_ready.remote(request_id, kv_transfer_params)
+
+    @contextlib.contextmanager
+    def _dead_as_engine_dead(self) -> Iterator[None]:
+        """A dead actor's error as the engine's own (`EngineDeadError`): the proxy retries a prefill
+        elsewhere and stops routing to it, as in virtual mode."""
+        try:
+            yield
+        except ray.exceptions.RayActorError as e:
+            raise EngineDeadError(f"engine {self.engine_id} died: {type(e).__name__}") from e
 
 
 class RemoteLink:

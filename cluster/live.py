@@ -221,14 +221,20 @@ async def drive(
                     alive[eid] = await h.report.remote()
             on_tick(clock.now(), lag_summary(alive))
 
+    async def kill_at(engine_id: str, at_s: float) -> None:  # faults.engine_kills: the actor dies
+        await clock.sleep_until(at_s)
+        ray.kill(dep.engines[engine_id])
+
     ticker = asyncio.ensure_future(ticks())
+    kills = [asyncio.ensure_future(kill_at(k.engine, k.at_s)) for k in cfg.faults.engine_kills]
     try:
         lead_s = _SEND_LEAD_WALL_S / cfg.clock.scale
         render_chat = chat_renderer(cfg, requests)
         tier = render_tier_for(cfg)
         return await run_workload(submit, requests, clock, cfg, tier, on_result, lead_s, render_chat)
     finally:
-        ticker.cancel()
+        for task in (ticker, *kills):
+            task.cancel()
 
 
 def run_live(

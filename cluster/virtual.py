@@ -42,6 +42,7 @@ class Deployment:
     encoders: list[EncoderCore] = field(default_factory=list)
     """The encoder pool (E/P/D), in front of prefill."""
     encoder_metrics: list[EncoderMetrics] = field(default_factory=list)
+    _kills: list[asyncio.Future[None]] = field(default_factory=list)
 
     @property
     def roles(self) -> list[EngineCore | EncoderCore]:
@@ -49,11 +50,23 @@ class Deployment:
         return [*self.engines, *self.encoders]
 
     def start(self) -> None:
+        """Start every step loop, and the engine kills the config injects (`faults.engine_kills`)."""
         for e in self.roles:
             e.start()
+        engines = {e.engine_id: e for e in self.engines}
+        self._kills = [
+            asyncio.ensure_future(self._kill(engines[k.engine], k.at_s)) for k in self.cfg.faults.engine_kills
+        ]
+
+    async def _kill(self, engine: EngineCore, at_s: float) -> None:
+        await self.clock.sleep_until(at_s)
+        engine.kill(f"at {at_s:g} s (faults.engine_kills)")
 
     async def drain(self) -> None:
-        """Stop every engine and release KV nobody will pull (then each can be checked empty)."""
+        """Stop every engine and release KV nobody will pull (then each can be checked empty); kills not
+        due yet are dropped."""
+        for kill in self._kills:
+            kill.cancel()
         outcomes = await asyncio.gather(*(e.drain() for e in self.roles), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):  # an engine crashed: every drain still ran

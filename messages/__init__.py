@@ -275,6 +275,8 @@ class RequestResult:
     prefill_engine: str | None = None
     prefill_done_s: float | None = None
     """P/D: the prefill engine emitted its token (its KV is ready to move)."""
+    num_prefill_retries: int = 0
+    """P/D: prefill engines that died under it before one finished its prompt (`prefill_engine`)."""
     prefill_times: RequestTimes | None = None
     """P/D: the prefill engine's record of the request (its prefix-cache hits among them)."""
     times: RequestTimes | None = None

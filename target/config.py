@@ -374,6 +374,9 @@ class RouterConfig:
     """0: the lowest cost wins; > 0: softmax over -cost / (max - min) / temperature (seeded)."""
     estimate_ttl_s: float = 120.0
     """kv_estimated: how long a routed prompt's blocks count as cached on its engine (Dynamo: 120 s)."""
+    max_prefill_retries: int = 1
+    """P/D: how many times a request whose prefill engine died is sent to another prefill engine
+    before it fails (a dead engine is never picked again)."""
 
 
 @dataclass(frozen=True)

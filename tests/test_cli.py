@@ -123,6 +123,14 @@ def test_sweep_writes_means_over_seeds_and_goodput(tmp_path):
         (["run", "--design", "pd-slow"], ["design", "pd-slow", "pd-fast"]),
         (["run", "--set", "pools.mixed.replicas=1", "--design", "pd-fast"], ["pools", "mixed=1"]),
         (["run", "--set", "target.model=llama-3.1-70b"], ["pools.mixed", "llama-3.1-70b", "tp"]),
+        (
+            ["run", "--set", "faults.kv_transfer_failure_rate=2"],
+            ["faults.kv_transfer_failure_rate", "2", "[0, 1]"],
+        ),
+        (
+            ["run", "--design", "pd-fast", "--set", "faults.engine_kills=[{engine: prefill-1, at_s: 3}]"],
+            ["faults.engine_kills", "'prefill-1'", "prefill-0, decode-0"],
+        ),
         (  # as vLLM refuses a max_model_len the KV cache cannot hold (it would wait forever)
             ["run", "--set", "scheduler.num_gpu_blocks_override=1200"],
             ["scheduler.num_gpu_blocks_override", "1200", "max_model_len=32768", "2048 blocks"],

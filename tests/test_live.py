@@ -143,6 +143,28 @@ def test_killing_an_engine_fails_its_requests_and_the_run_completes(cluster, vic
     assert out.summary["num_engines_lost"] == 1
 
 
+def test_an_engine_kill_injected_by_config_kills_the_actor_and_its_prefills_are_retried(cluster):
+    """`faults.engine_kills` in live mode: the prefill actor dies at its emulated time; its requests
+    go to the other prefill engine (or, pulled from it too late, are computed on decode), none lost."""
+    cfg = design(
+        "pd-fast",
+        "runner.compute=skip",
+        "workload.num_requests=12",
+        "workload.rate=3",
+        "workload.prompt_len=2048",
+        "workload.output_len=60",
+        "clock.mode=live",
+        "pools.prefill.replicas=2",
+        "kv_transfer.load_failure_policy=recompute",
+        "faults.engine_kills=[{engine: prefill-0, at_s: 1.5}]",
+    )
+    out = run_live(cfg)
+    df = out.results
+    assert len(df) == 12 and df["ok"].all(), df.loc[~df["ok"], "error"].tolist()
+    assert out.summary["num_engines_lost"] == 1 and "error" in out.engine_reports["prefill-0"]
+    assert (df.loc[df["arrival_s"] > 3.0, "prefill_engine"] == "prefill-1").all()
+
+
 def test_a_pool_larger_than_the_cluster_offers_is_a_clear_error(cluster):
     cfg = design("collocated", "pools.mixed.replicas=3", "clock.mode=live")
     with pytest.raises(

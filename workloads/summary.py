@@ -94,6 +94,7 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
             for q, v in zip(("median", "p99"), _percentiles_ms(ok[f"handoff_{part}_s"], 50, 99), strict=True)
         },
         "num_preemptions": int(df["num_preemptions"].sum()),
+        "num_prefill_retries": int(df["num_prefill_retries"].sum()),
         "prefix_hit_rate": _ratio(df["prompt_cached_tokens"].sum(), df["num_prompt_tokens"].sum()),
         "median_ttft_ms_by_turn": {
             f"{turn:g}": _percentiles_ms(part["ttft_s"], 50)[0]
@@ -161,5 +162,5 @@ def lag_summary(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         "lag_fraction": lagged / events if events else 0.0,
         "max_overrun_ms": max((r["max_overrun_s"] for r in live), default=0.0) * 1000.0,
-        "num_engines_lost": len(reports) - len(live),
+        "num_engines_lost": sum("error" in r for r in reports.values()),  # killed, crashed or unreachable
     }

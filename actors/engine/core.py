@@ -49,7 +49,7 @@ class EngineDeadError(RuntimeError):
 class EngineCore:
     """The step loop with the APIs it serves (clients; the KV source; push notices), each call a change
     to what the next step schedules. Every concern below it is a collaborator; what stays here (about
-    240 lines) is the order of events each step, which is what makes runs deterministic."""
+    230 lines) is the order of events each step, which is what makes runs deterministic."""
 
     def __init__(
         self,
@@ -78,6 +78,7 @@ class EngineCore:
         self.step_clock = StepClock(clock)
         self._stopped = False
         self._dead: EngineDeadError | None = None  # why the step loop broke (then nothing is taken)
+        self._killed: EngineDeadError | None = None  # a kill (`kill`) the step loop has yet to meet
         self.streams = OutputStreams()
         allowed = macro_steps and clock.virtual and executor.runner is None
         self.windows = Windows(
@@ -105,6 +106,8 @@ class EngineCore:
         self.step_clock.wake()
         try:
             async for out in stream.outputs(req.request_id, self.scheduler.blocks.take_kv_events):
+                if self._dead is not None and out.finished_reason == "error":
+                    raise self._dead  # as a dead actor's stream breaks (the proxy may retry elsewhere)
                 yield out
         finally:
             if stream.final is None:
@@ -153,20 +156,34 @@ class EngineCore:
 
     async def run(self) -> None:
         """The step loop, until drained. If it breaks, every request in it fails visibly, later ones
-        are refused (`EngineDeadError`), and the loop's task ends with the error (`drain` raises it)."""
+        are refused (`EngineDeadError`), and the loop's task ends with the error (`drain` raises it;
+        not for a `kill`, which is on purpose)."""
         try:
             await self._step_loop()
         except Exception as e:
-            self._dead = EngineDeadError(f"engine {self.engine_id} crashed: {e!r}")
+            killed = e is self._killed
+            self._dead = (
+                self._killed if killed else EngineDeadError(f"engine {self.engine_id} crashed: {e!r}")
+            )
             for rid in list(self._requests):
-                with contextlib.suppress(Exception):  # each request must still hear of the crash
-                    self.abort(rid, "error", f"engine {self.engine_id} crashed: {e!r}")
-            raise
+                with contextlib.suppress(Exception):  # each request must still hear of it
+                    self.abort(rid, "error", str(self._dead))
+            if not killed:
+                raise
+
+    def kill(self, why: str) -> None:
+        """Die, on purpose (`faults.engine_kills`): at the end of the step under way the loop stops as
+        if it broke (`run`); the run goes on without this engine."""
+        self._killed = EngineDeadError(f"engine {self.engine_id} killed: {why}")
+        self.windows.settle()  # a change from outside: the next step sees it
+        self.step_clock.wake()
 
     async def _step_loop(self) -> None:
         # The next step starts at the previous one's scheduled end (`StepClock`), or from the clock.
         scheduled: float | None = None
         while not self._stopped:
+            if self._killed is not None:
+                raise self._killed
             now = self.clock.now() if scheduled is None else scheduled
             scheduled = None
             self.kv.expire_held(now)
@@ -245,7 +262,8 @@ class EngineCore:
 
     def report(self) -> dict[str, Any]:
         """Counters of this engine's life so far (steps, lag, preemptions, prefix cache, handoffs)."""
-        return self.stats.report(self.role, self.scheduler, len(self._requests))
+        report = self.stats.report(self.role, self.scheduler, len(self._requests))
+        return report if self._dead is None else {**report, "error": str(self._dead)}
 
     # ---- invariants --------------------------------------------------------------------------------
 

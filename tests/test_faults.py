@@ -1,0 +1,72 @@
+"""Faults injected on purpose (`faults:`), in virtual time: each kind completes its replay, every request
+ends with exactly one row, and the summary counts the faults, the recoveries and the failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.config_load import load_designs
+from cluster.virtual import run_virtual
+
+NUM_REQUESTS = 40
+P2D2 = [
+    "runner.compute=skip",
+    f"workload.num_requests={NUM_REQUESTS}",
+    "workload.rate=2",
+    "pools.prefill.replicas=2",
+    "pools.decode.replicas=2",
+]
+KINDS = {  # kind: (overrides, what the summary must show)
+    "kv-rate-fail": (["faults.kv_transfer_failure_rate=0.2"], {"num_injected_load_failures": ">0"}),
+    "kv-nth-recompute": (
+        ["faults.kv_transfer_failures=[2,4,6]", "kv_transfer.load_failure_policy=recompute"],
+        {"num_injected_load_failures": 6, "num_recomputed_loads": 6, "failed": 0},
+    ),
+    "prefill-killed": (
+        ["faults.engine_kills=[{engine: prefill-0, at_s: 6}]", "kv_transfer.load_failure_policy=recompute"],
+        {"num_engines_lost": 1, "num_prefill_retries": ">0", "failed": 0},
+    ),
+    "decode-killed": (
+        ["faults.engine_kills=[{engine: decode-1, at_s: 6}]"],
+        {"num_engines_lost": 1, "failed": ">0"},
+    ),
+}
+
+
+def run(kind: str, *extra: str):
+    sets, _ = KINDS[kind]
+    (cfg,) = load_designs("guide-l40s", ["pd-fast"], [*P2D2, *sets, *extra])
+    return run_virtual(cfg)  # engines are checked empty at the end: no request or block left
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_fault_kind_completes_and_every_request_is_accounted_for(kind):
+    out = run(kind)
+    df, s = out.results, out.summary
+    assert len(df) == NUM_REQUESTS and df["request_id"].is_unique  # one final row each
+    assert s["completed"] + s["failed"] == NUM_REQUESTS  # (nothing is rejected: no admission limit)
+    assert s["failed"] == (~df["ok"]).sum() and df.loc[~df["ok"], "error"].notna().all()
+    for key, want in KINDS[kind][1].items():
+        assert s[key] > 0 if want == ">0" else s[key] == want, (key, s[key])
+
+
+def test_a_killed_prefill_engine_is_never_routed_to_again_and_its_requests_went_elsewhere():
+    df = run("prefill-killed").results
+    killed_at = 6.0
+    assert (df.loc[df["arrival_s"] > killed_at + 1, "prefill_engine"] == "prefill-1").all()
+    retried = df[df["num_prefill_retries"] > 0]
+    assert (retried["prefill_engine"] == "prefill-1").all() and retried["ok"].all()
+
+
+def test_injected_failures_are_the_same_for_a_seed_and_differ_across_seeds():
+    failed = [
+        set(run("kv-rate-fail", f"seed={seed}").results.query("not ok")["request_id"]) for seed in (0, 0, 1)
+    ]
+    assert failed[0] == failed[1] and failed[0] != failed[2]
+
+
+def test_without_retries_a_request_on_a_dying_prefill_engine_fails_with_the_reason():
+    out = run("prefill-killed", "router.max_prefill_retries=0", "kv_transfer.load_failure_policy=fail")
+    failed = out.results.query("not ok")
+    assert len(failed) > 0 and failed["error"].str.contains("engine prefill-0 killed").all()
+    assert out.summary["num_prefill_retries"] == 0
