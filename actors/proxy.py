@@ -74,8 +74,8 @@ class _Pool:
                     if out.kv_events is not None:
                         self.router.on_kv_events(i, out.kv_events)
                     yield out
-        except EngineDeadError:
-            self.router.dead.add(i)
+        except EngineDeadError as e:
+            self.router.dead[i] = str(e)
             raise
         finally:
             self.router.finished(ereq.request_id)

@@ -60,8 +60,9 @@ class Router:
         self._estimated: list[dict[BlockHash, float]] = [{} for _ in range(num_engines)]
         """What each engine is assumed to hold: block hash -> when the entry expires (`kv_estimated`)."""
         self._rng = np.random.default_rng(seed)
-        self.dead: set[int] = set()
-        """Engines found dead (a call to one failed as a dead actor's does): never picked again."""
+        self.dead: dict[int, str] = {}
+        """Engines found dead (a call to one failed as a dead actor's does), with why: never picked
+        again."""
         self.num_routed = 0
         self.before_read: list[Callable[[], None]] = []
         """Called before `kv_aware` reads what engines hold: in process, each brings an engine's KV
@@ -80,7 +81,7 @@ class Router:
                 catch_up()
             overlaps = self._overlaps(creq)
         if len(self.dead) == len(self._active_blocks):
-            raise EngineDeadError(f"every engine of the pool is dead ({len(self.dead)})")
+            raise EngineDeadError(f"every engine of the pool is dead; {'; '.join(self.dead.values())}")
         if engine is None or engine in self.dead:
             engine = self._choose(creq, overlaps)
         blocks = cdiv(len(creq.prompt_token_ids) + creq.max_tokens, self.block_size)
