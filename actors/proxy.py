@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 from actors.encoding import EncoderPool
 from actors.engine.clock import Clock
-from actors.engine.core import EngineDeadError
+from actors.engine_pool import EngineClient, EnginePool, InProcessEngine
 from actors.engine_requests import engine_arrival_s, engine_request, for_decode
 from actors.router import Router
-from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, RenderSpec, RequestResult
+from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
 from messages.token_ids import PromptIds
 from target.config import RouterConfig
 
@@ -37,48 +37,6 @@ class ProxyRecorder(Protocol):
 
     def on_routed(self, pool: str, engine_id: str, overlap_blocks: int, prompt_blocks: int) -> None:
         """A pool's router chose `engine_id`, which held `overlap_blocks` of the prompt's blocks."""
-
-
-class EngineClient(Protocol):
-    """An engine as the proxy sees it: the engine itself, or a handle to its actor."""
-
-    engine_id: str
-
-    def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]: ...
-
-    async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
-        """Push: prefill finished `request_id`; its KV may now be pushed into this decode engine."""
-
-
-class InProcessEngine(EngineClient, Protocol):
-    """An engine in the proxy's process (virtual mode), whose KV events need not ride its outputs."""
-
-    def listen_kv_events(self, listener: Callable[[KVEvents], None]) -> Callable[[], None]:
-        """Hand this engine's KV events to `listener`; returns what brings them up to now."""
-        ...
-
-
-class _Pool:
-    """A pool's engines and their router."""
-
-    def __init__(self, engines: Sequence[EngineClient], router: Router) -> None:
-        self.engines = list(engines)
-        self.router = router
-
-    async def outputs(self, i: int, ereq: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
-        """`ereq` on engine `i`: its outputs. The engine's KV events go to the router, which is told
-        when the request has ended there."""
-        try:
-            async with aclosing(self.engines[i].generate(ereq)) as outs:
-                async for out in outs:
-                    if out.kv_events is not None:
-                        self.router.on_kv_events(i, out.kv_events)
-                    yield out
-        except EngineDeadError as e:
-            self.router.dead[i] = str(e)
-            raise
-        finally:
-            self.router.finished(ereq.request_id)
 
 
 class Proxy:
@@ -116,14 +74,13 @@ class Proxy:
         if bool(mixed) == bool(prefill and decode):
             raise ValueError("a proxy needs mixed engines, or prefill and decode engines")
         cfg = router or RouterConfig()
-        self._max_prefill_retries = cfg.max_prefill_retries
 
         def now() -> float:  # the clock a live proxy joins later (`ProxyHost.join_clock`)
             return self.clock.now() if self.clock is not None else 0.0
 
         decode_policy = cfg.policy if cfg.policy in ("round_robin", "session_affinity") else "least_loaded"
 
-        def pool(name: str, engines: Sequence[EngineClient], policy: str | None = None) -> _Pool | None:
+        def pool(name: str, engines: Sequence[EngineClient], policy: str | None = None) -> EnginePool | None:
             if not engines:
                 return None
 
@@ -131,7 +88,8 @@ class Proxy:
                 if self.recorder is not None:
                     self.recorder.on_routed(name, engines[i].engine_id, overlap_blocks, prompt_blocks)
 
-            return _Pool(engines, Router(len(engines), cfg, block_size, now, policy, on_routed=on_routed))
+            router = Router(len(engines), cfg, block_size, now, policy, on_routed=on_routed)
+            return EnginePool(engines, router, cfg.max_prefill_retries)
 
         self._mixed = pool("mixed", mixed)
         self._prefill = pool("prefill", prefill)
@@ -292,19 +250,10 @@ class Proxy:
         params = {"do_remote_decode": True, **(pull_back or {})}
         ereq = engine_request(creq, creq.prompt_token_ids, 1, engine_arrival_s(creq), params)
         ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
-        while True:
-            result.prefill_engine = self._prefill.engines[p].engine_id
-            try:
-                async for out in self._prefill.outputs(p, ereq):
-                    if out.token_times_s:
-                        result.prefill_done_s = out.token_times_s[-1]
-                    final = out
-                break
-            except EngineDeadError:  # another prefill engine takes it, a bounded number of times
-                if result.num_prefill_retries == self._max_prefill_retries:
-                    raise
-                result.num_prefill_retries += 1
-                p = self._prefill.router.pick(creq)
+        async for out in self._prefill.outputs_on_a_live_engine(p, creq, ereq, result):
+            if out.token_times_s:
+                result.prefill_done_s = out.token_times_s[-1]
+            final = out
         result.prefill_times = final.times if final is not None else None
         if final is None or final.finished_reason != "length" or not final.kv_transfer_params:
             result.finished_reason = final.finished_reason if final else "error"
@@ -329,7 +278,7 @@ class Proxy:
         return prompt, self.clock.now() - start
 
     async def _stream(
-        self, pool: _Pool, i: int, ereq: EngineRequest, result: RequestResult
+        self, pool: EnginePool, i: int, ereq: EngineRequest, result: RequestResult
     ) -> AsyncGenerator[EngineOutput, None]:
         result.engine = pool.engines[i].engine_id
         async with aclosing(pool.outputs(i, ereq)) as outs:
