@@ -32,7 +32,7 @@ def main() -> int:
     start = time.perf_counter()
     out = run_sweep(points, args.jobs)
     wall_s = time.perf_counter() - start
-    num_requests = sum(r["completed"] + r["failed"] for r in out.runs)
+    num_requests = sum(r["completed"] + r["failed"] + r["rejected"] for r in out.runs)
     sim_s = sum(r["duration_s"] for r in out.runs)
     report = {
         "num_runs": len(points),

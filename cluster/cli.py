@@ -63,7 +63,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     write_json(out / "runs.json", clean_json(result.runs))
     write_json(out / "summary.json", records)
     write_json(out / "goodput.json", goodput)
-    num_requests = sum(r["completed"] + r["failed"] for r in result.runs)
+    num_requests = sum(r["completed"] + r["failed"] + r["rejected"] for r in result.runs)
     write_json(
         out / "timing.json",
         {

@@ -235,6 +235,10 @@ def _check_scheduler(cfg: TestbedConfig) -> None:
         s.num_gpu_blocks_override is None or s.num_gpu_blocks_override > 0,
         f"scheduler.num_gpu_blocks_override={s.num_gpu_blocks_override}: must be > 0",
     )
+    _require(
+        s.max_waiting is None or s.max_waiting >= 1,
+        f"scheduler.max_waiting={s.max_waiting}: must be >= 1 (or null: no admission limit)",
+    )
 
 
 def _check_pools(cfg: TestbedConfig) -> None:

@@ -83,7 +83,9 @@ def build_engine(
     if cfg.router.policy == "kv_aware":
         blocks.publish_kv_events()
     encoder_cache = EncoderCache(s.encoder_cache_embeds)
-    scheduler = Scheduler(blocks, s.max_num_batched_tokens, s.max_num_seqs, s.encoder_budget, encoder_cache)
+    scheduler = Scheduler(
+        blocks, s.max_num_batched_tokens, s.max_num_seqs, s.encoder_budget, encoder_cache, s.max_waiting
+    )
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread, vision)

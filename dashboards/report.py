@@ -30,9 +30,9 @@ from target.kv_cache import cdiv
 from workloads.latency import HANDOFF_PARTS
 
 _SUMMARY_COLUMNS = [
-    "design", "rate", "completed", "failed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms",
-    "max_gap_ms", "median_handoff_ms", "median_encode_ms", "encoder_busy_fraction", "encoder_cache_hit_rate",
-    "cpu_overhead_share", "request_throughput", "output_throughput", "lag_fraction",
+    "design", "rate", "completed", "failed", "rejected", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
+    "p99_itl_ms", "max_gap_ms", "median_handoff_ms", "median_encode_ms", "encoder_busy_fraction",
+    "encoder_cache_hit_rate", "cpu_overhead_share", "request_throughput", "output_throughput", "lag_fraction",
 ]  # fmt: skip
 _STALL_CONTEXT_S = 1.5
 """Emulated seconds shown before and after the worst stall in a timeline."""

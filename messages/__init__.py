@@ -13,7 +13,8 @@ import numpy as np
 
 from messages.token_ids import PromptIds, TokenIds
 
-FinishedReason = Literal["length", "stop", "abort", "error"]
+FinishedReason = Literal["length", "stop", "abort", "error", "rejected"]
+"""vLLM's reasons, and `rejected`: refused at admission (scheduler.max_waiting), nothing computed."""
 
 
 def token_ids_valid(ids: object, vocab_size: int) -> bool:

@@ -126,6 +126,10 @@ class SchedulerConfig:
     """Reuse cached KV blocks keyed by chained block hashes."""
     num_gpu_blocks_override: int | None = None
     """Fix the KV capacity in blocks instead of deriving it from GPU memory (for tests of KV pressure)."""
+    max_waiting: int | None = None
+    """Admission limit: a request that finds this many waiting to be scheduled is rejected at once
+    (finished_reason `rejected`; HTTP 429 with Retry-After) instead of queueing without bound.
+    None: no limit (vLLM's behaviour)."""
     max_num_batched_encoder_embeds: int | None = None
     """Visual tokens the vision encoder may produce in one step (vLLM's name; None: as many as
     max_num_batched_tokens). An image that does not fit waits for a later step, its prompt chunk cut

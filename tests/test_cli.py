@@ -123,6 +123,7 @@ def test_sweep_writes_means_over_seeds_and_goodput(tmp_path):
         (["run", "--design", "pd-slow"], ["design", "pd-slow", "pd-fast"]),
         (["run", "--set", "pools.mixed.replicas=1", "--design", "pd-fast"], ["pools", "mixed=1"]),
         (["run", "--set", "target.model=llama-3.1-70b"], ["pools.mixed", "llama-3.1-70b", "tp"]),
+        (["run", "--set", "scheduler.max_waiting=0"], ["scheduler.max_waiting", "0", ">= 1"]),
         (
             ["run", "--set", "faults.kv_transfer_failure_rate=2"],
             ["faults.kv_transfer_failure_rate", "2", "[0, 1]"],

@@ -70,3 +70,21 @@ def test_without_retries_a_request_on_a_dying_prefill_engine_fails_with_the_reas
     failed = out.results.query("not ok")
     assert len(failed) > 0 and failed["error"].str.contains("engine prefill-0 killed").all()
     assert out.summary["num_prefill_retries"] == 0
+
+
+def test_past_the_admission_limit_requests_are_rejected_at_once_and_counted():
+    """scheduler.max_waiting under a burst: the rest are refused at arrival (nothing computed, no KV
+    held for them), and completed + failed + rejected is every request sent."""
+    (cfg,) = load_designs(
+        "guide-l40s",
+        ["pd-fast"],
+        [*P2D2, "workload.rate=50", "scheduler.max_waiting=2", "faults.kv_transfer_failures=[3]"],
+    )
+    out = run_virtual(cfg)
+    df, s = out.results, out.summary
+    rejected = df[df["finished_reason"] == "rejected"]
+    assert s["rejected"] == len(rejected) > 0 and s["failed"] == s["num_injected_load_failures"] > 0
+    assert s["completed"] + s["failed"] + s["rejected"] == NUM_REQUESTS == len(df)
+    assert (rejected["num_output_tokens"] == 0).all() and rejected["error"].str.contains("max_waiting").all()
+    assert sum(r["num_rejected"] for r in out.engine_reports.values()) == len(rejected)
+    assert all(r["num_expired_handoffs"] == 0 for r in out.engine_reports.values())  # freed at once

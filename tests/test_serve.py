@@ -1,6 +1,7 @@
 """`testbed serve`: the official openai client, the token-ID and render APIs, and bad input, against a
 real HTTP server (uvicorn on loopback) in front of a P/D design."""
 
+import asyncio
 import json
 import os
 import statistics
@@ -17,6 +18,7 @@ import pytest
 import requests
 
 from dashboards.exposition import sum_series
+from messages import EngineOutput
 from tests.factories import ServeThread
 from tests.test_images import data_url, picture
 from workloads.latency import handoff_parts
@@ -430,16 +432,25 @@ def test_the_serve_command_binds_loopback_and_writes_results_when_stopped(tmp_pa
 
 
 def test_a_request_failing_inside_is_a_500_or_an_error_event(server, monkeypatch):
-    async def failing(creq, result):
-        result.finished_reason, result.error = "error", "engine prefill-0 crashed"
-        return
-        yield
+    """Failing before its first token: a 500, streamed or not (a stream's status waits for its first
+    chunk). Failing after it: the stream ends with an error event, then [DONE]."""
 
-    monkeypatch.setattr(server.served.frontend.proxy, "stream", failing)
+    def failing(num_tokens):
+        async def stream(creq, result):
+            if num_tokens:
+                yield EngineOutput(creq.request_id, [7] * num_tokens, [0.0] * num_tokens)
+            result.finished_reason, result.error = "error", "engine prefill-0 crashed"
+
+        return stream
+
     body = {"model": MODEL, "messages": ASK, "max_tokens": 4}
-    r = httpx.post(f"{server.url}/v1/chat/completions", json=body)
-    assert r.status_code == 500 and "engine prefill-0 crashed" in r.json()["error"]["message"]
+    monkeypatch.setattr(server.served.frontend.proxy, "stream", failing(0))
+    for stream in (False, True):
+        r = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "stream": stream})
+        assert r.status_code == 500 and "engine prefill-0 crashed" in r.json()["error"]["message"]
+    monkeypatch.setattr(server.served.frontend.proxy, "stream", failing(2))
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}) as s:
+        assert s.status_code == 200
         lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
     assert "crashed" in lines[-2] and json.loads(lines[-2][6:])["error"]["type"] == "server_error"
     assert lines[-1] == "data: [DONE]"
@@ -478,3 +489,47 @@ def test_images_become_visual_tokens_and_bad_ones_are_400s_naming_the_part(serve
         assert r.status_code == 400 and "text only" in r.json()["error"]["message"]
     finally:
         text_only.stop()
+
+
+def test_beyond_the_admission_limit_requests_get_a_429_and_the_server_keeps_answering():
+    """A burst of 120 requests at once against engines that admit 4 waiting each: the rest are refused
+    at once (429, Retry-After, the OpenAI error object; a `rejected` row each), streamed or not, and
+    /health and /metrics answer within a second throughout."""
+    s = ServeThread("scheduler.max_waiting=4")
+    try:
+        body = {"model": s.served.frontend.model_name, "messages": ASK, "max_tokens": 8}
+
+        async def storm():
+            async with httpx.AsyncClient(base_url=s.url, timeout=60) as c:
+
+                async def probe():
+                    worst = 0.0
+                    for _ in range(10):
+                        for path in ("/health", "/metrics"):
+                            t = time.monotonic()
+                            assert (await c.get(path)).status_code == 200
+                            worst = max(worst, time.monotonic() - t)
+                        await asyncio.sleep(0.05)
+                    return worst
+
+                sends = [
+                    c.post("/v1/chat/completions", json={**body, "stream": i % 2 == 1}) for i in range(120)
+                ]
+                *answers, worst_s = await asyncio.gather(*sends, probe())
+                return answers, worst_s
+
+        answers, worst_s = asyncio.run(storm())
+        refused = [r for r in answers if r.status_code == 429]
+        assert len(refused) > 60 and all(r.status_code in (200, 429) for r in answers)
+        assert {r.headers["retry-after"] for r in refused} == {"1"}
+        assert {r.json()["error"]["code"] for r in refused} == {"rate_limit_exceeded"}
+        assert {json.loads(r.request.content)["stream"] for r in refused} == {True, False}
+        assert worst_s < 1.0
+        rows = s.served.frontend.results[-120:]
+        assert sum(r.finished_reason == "rejected" for r in rows) == len(refused)
+        deadline = time.monotonic() + 30
+        while not s.engines_idle():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        s.stop()

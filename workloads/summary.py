@@ -56,6 +56,7 @@ def slo_met(df: pd.DataFrame, slo: Slo) -> pd.Series:
 def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """One record: bench-serve keys (ms, req/s), worst gap, handoff, SLO attainment and goodput."""
     ok = df[df["ok"]]
+    rejected = df["finished_reason"] == "rejected"
     itls = _gaps([t for t in ok["token_times_s"] if len(t) > 1])
     last = ok["token_times_s"].map(lambda t: t[-1])
     duration = float(last.max() - df["arrival_s"].min()) if len(ok) else math.nan
@@ -67,7 +68,8 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
     median_handoff, p99_handoff = _percentiles_ms(ok["handoff_s"], 50, 99)
     record: dict[str, Any] = {
         "completed": len(ok),
-        "failed": int((~df["ok"]).sum()),
+        "failed": int((~df["ok"] & ~rejected).sum()),
+        "rejected": int(rejected.sum()),  # completed + failed + rejected: every request sent
         "duration_s": duration,
         "request_throughput": len(ok) / duration if duration and duration > 0 else 0.0,
         "output_throughput": float(ok["num_output_tokens"].sum()) / duration if duration > 0 else 0.0,

@@ -30,6 +30,10 @@ from messages import ClientRequest, EngineOutput, RenderedPrompt, RenderSpec, Re
 from messages.token_ids import PromptIds
 from target.config import TestbedConfig
 
+RETRY_AFTER_S = 1
+"""What a 429 (a request refused at admission: scheduler.max_waiting) asks the client to wait, in
+seconds: a fixed hint (nothing predicts when a place in the queue frees)."""
+
 
 @dataclass
 class TokenEvent:
@@ -156,6 +160,8 @@ class Frontend:
         try:
             async with aclosing(self.proxy.stream(creq, result)) as outs:
                 async for out in outs:
+                    if out.finished_reason == "rejected":
+                        break  # refused at admission, nothing computed: a 429 below, no event
                     finished = out.finished_reason is not None
                     ids = out.new_token_ids
                     if render is None:
@@ -179,6 +185,10 @@ class Frontend:
             self.results.append(result)
         if result.finished_reason == "error":  # not when closed early: that was the client's choice
             raise ApiError(500, f"request {creq.request_id} failed: {result.error}", type_="server_error")
+        if result.finished_reason == "rejected":  # admission limit: the client may try again soon
+            message = f"request {creq.request_id} rejected: {result.error}; retry later"
+            retry = {"Retry-After": str(RETRY_AFTER_S)}
+            raise ApiError(429, message, code="rate_limit_exceeded", type_="rate_limit_error", headers=retry)
 
     async def complete(self, creq: ClientRequest, replica: int | None, parse: bool = True) -> Completion:
         """A whole response (still paced: it returns when its last token is due)."""

@@ -22,9 +22,12 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         type_: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+        self.headers = headers
+        """Sent with the error (a 429's Retry-After)."""
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)

@@ -15,7 +15,7 @@ import secrets
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +33,8 @@ from actors.api.protocol import (
     error_body,
 )
 from actors.render.parsers import ParsedDelta, ToolCall
+
+T = TypeVar("T")
 
 
 def _tool_calls(calls: list[ToolCall], stream: bool = False) -> list[dict[str, Any]]:
@@ -115,7 +117,7 @@ def _guard(app: FastAPI, api_key: str | None, max_body_bytes: int) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -144,7 +146,7 @@ async def _drain(request: Request, size: int) -> None:
         pass
 
 
-async def _unless_client_leaves(request: Request, work: Awaitable[Completion]) -> Completion:
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
     """`work` (a whole response), cancelled if the client hangs up first, as vLLM's `with_cancellation`
     does: its request is aborted everywhere rather than run on for nobody (a client that gave up on a
     long answer would otherwise keep its engines busy to the end)."""
@@ -184,7 +186,7 @@ def _openai_routes(app: FastAPI, frontend: Frontend) -> None:
         creq, replica = await frontend.chat_request_for(req)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _stream(_chat_chunks(frontend, creq, replica, include_usage, model))
+            return await _stream(request, _chat_chunks(frontend, creq, replica, include_usage, model))
         return _chat_completion(
             frontend, await _unless_client_leaves(request, frontend.complete(creq, replica))
         )
@@ -196,7 +198,9 @@ def _openai_routes(app: FastAPI, frontend: Frontend) -> None:
         echo = await frontend.renders[replica].detokenize(creq.prompt_token_ids) if req.echo else ""
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _stream(_completion_chunks(frontend, creq, replica, include_usage, model, echo))
+            return await _stream(
+                request, _completion_chunks(frontend, creq, replica, include_usage, model, echo)
+            )
         done: Completion = await _unless_client_leaves(request, frontend.complete(creq, replica, parse=False))
         text = echo + done.parsed.content
         return {
@@ -260,7 +264,7 @@ def _render_routes(app: FastAPI, frontend: Frontend) -> None:
     async def generate(req: GenerateRequest, request: Request) -> Any:
         creq = frontend.generate_request(req)
         if req.stream:
-            return _stream(_generate_chunks(frontend, creq))
+            return await _stream(request, _generate_chunks(frontend, creq))
         done = await _unless_client_leaves(request, frontend.complete(creq, None))
         return {
             "request_id": done.request_id,
@@ -270,10 +274,26 @@ def _render_routes(app: FastAPI, frontend: Frontend) -> None:
         }
 
 
-def _stream(chunks: AsyncGenerator[str, None]) -> StreamingResponse:
+async def _stream(request: Request, chunks: AsyncGenerator[str, None]) -> StreamingResponse:
+    """An SSE response whose first chunk was awaited before it starts: a request refused before its
+    first token (a 429 at admission, a 500) gets that status, not a 200 and an error event."""
+    try:
+        first = await _unless_client_leaves(request, anext(chunks))
+    except BaseException:
+        await chunks.aclose()
+        raise
     return StreamingResponse(
-        _guarded(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        _guarded(_prepend(first, chunks)),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
     )
+
+
+async def _prepend(first: str, chunks: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+    yield first
+    async with aclosing(chunks):
+        async for chunk in chunks:
+            yield chunk
 
 
 async def _guarded(chunks: AsyncGenerator[str, None]) -> AsyncIterator[str]:

@@ -98,6 +98,12 @@ class EngineCore:
         check_request(request, self.max_model_len, vocab, self.encoder_roofline is not None)
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)
+        if (
+            self.scheduler.max_waiting is not None
+            and len(self.scheduler.waiting) >= self.scheduler.max_waiting
+        ):
+            yield self._rejected(req)
+            return
         self.windows.settle()  # a change from outside: the next step sees it
         stream = self.streams.open(req.request_id)
         self._requests[req.request_id] = req
@@ -245,6 +251,17 @@ class EngineCore:
         that schedule did with it): counting it would make an idle engine spin."""
         times = [r.times.queued_s for r in self.scheduler.waiting if r.times.queued_s > since]
         return times + self.kv_scheduler.upcoming(since)
+
+    def _rejected(self, req: Request) -> EngineOutput:
+        """`req` refused at admission (scheduler.max_waiting): nothing computed; a decode request's
+        prefill engine is told to free the KV it holds for it."""
+        self.stats.num_rejected += 1
+        if req.is_remote_prefill:
+            self.kv.notify_done(req)
+        why = (
+            f"engine {self.engine_id}: {len(self.scheduler.waiting)} requests waiting (scheduler.max_waiting)"
+        )
+        return EngineOutput(req.request_id, [], [], "rejected", None, req.times, why)
 
     def _finish(self, req: Request, reason: FinishedReason, now: float, error: str | None = None) -> None:
         params, holding = self.kv_scheduler.request_finished(req, reason, now)

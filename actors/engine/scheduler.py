@@ -61,8 +61,11 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_encoder_embeds: int | None = None,
         encoder_cache: EncoderCache | None = None,
+        max_waiting: int | None = None,
     ) -> None:
         self.blocks = blocks
+        self.max_waiting = max_waiting
+        """Admission limit on `waiting` (None: none)."""
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_encoder_embeds = max_num_batched_encoder_embeds or max_num_batched_tokens

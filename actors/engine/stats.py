@@ -99,6 +99,8 @@ class EngineStats:
     """Worst overrun of a step or transfer, in emulated seconds."""
     num_expired_handoffs: int = 0
     """Prefill side: held KV released because no decode engine pulled it in time."""
+    num_rejected: int = 0
+    """Requests refused at admission (scheduler.max_waiting)."""
     num_failed_loads: int = 0
     """KV loads into this engine that failed (pull backs and injected failures among them)."""
     num_injected_load_failures: int = 0
