@@ -116,17 +116,20 @@ def test_lag_is_counted_when_the_host_cannot_keep_up(cluster):
     assert out.summary["lag_fraction"] > 0.5 and out.summary["max_overrun_ms"] > 0
 
 
+LOSING_AN_ENGINE = (
+    "pd-fast",
+    "runner.compute=skip",
+    "workload.num_requests=12",
+    "workload.rate=3",
+    "workload.prompt_len=2048",
+    "clock.mode=live",
+)
+"""A P/D run that loses an engine a second or two in, with requests in flight everywhere."""
+
+
 @pytest.mark.parametrize("victim", ["decode-0", "prefill-0"])
 def test_killing_an_engine_fails_its_requests_and_the_run_completes(cluster, victim):
-    cfg = design(
-        "pd-fast",
-        "runner.compute=skip",
-        "workload.num_requests=12",
-        "workload.rate=3",
-        "workload.prompt_len=2048",
-        "workload.output_len=120",
-        "clock.mode=live",
-    )
+    cfg = design(*LOSING_AN_ENGINE, "workload.output_len=120")
 
     def kill_later(dep):
         threading.Timer(2.0, ray.kill, args=(dep.engines[victim],)).start()
@@ -147,13 +150,8 @@ def test_an_engine_kill_injected_by_config_kills_the_actor_and_its_prefills_are_
     """`faults.engine_kills` in live mode: the prefill actor dies at its emulated time; its requests
     go to the other prefill engine (or, pulled from it too late, are computed on decode), none lost."""
     cfg = design(
-        "pd-fast",
-        "runner.compute=skip",
-        "workload.num_requests=12",
-        "workload.rate=3",
-        "workload.prompt_len=2048",
+        *LOSING_AN_ENGINE,
         "workload.output_len=60",
-        "clock.mode=live",
         "pools.prefill.replicas=2",
         "kv_transfer.load_failure_policy=recompute",
         "faults.engine_kills=[{engine: prefill-0, at_s: 1.5}]",

@@ -147,9 +147,9 @@ async def _drain(request: Request, size: int) -> None:
 
 
 async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
-    """`work` (a whole response), cancelled if the client hangs up first, as vLLM's `with_cancellation`
-    does: its request is aborted everywhere rather than run on for nobody (a client that gave up on a
-    long answer would otherwise keep its engines busy to the end)."""
+    """`work` (a whole response, or a stream's first chunk), cancelled if the client hangs up first,
+    as vLLM's `with_cancellation` does: its request is aborted everywhere rather than run on for
+    nobody (a client that gave up on a long answer would otherwise keep its engines busy to the end)."""
     task = asyncio.ensure_future(work)
     left = asyncio.ensure_future(_disconnected(request))
     try:
@@ -278,7 +278,7 @@ async def _stream(request: Request, chunks: AsyncGenerator[str, None]) -> Stream
     """An SSE response whose first chunk was awaited before it starts: a request refused before its
     first token (a 429 at admission, a 500) gets that status, not a 200 and an error event."""
     try:
-        first = await _unless_client_leaves(request, anext(chunks))
+        first = await _unless_client_leaves(request, anext(chunks, None))
     except BaseException:
         await chunks.aclose()
         raise
@@ -289,8 +289,9 @@ async def _stream(request: Request, chunks: AsyncGenerator[str, None]) -> Stream
     )
 
 
-async def _prepend(first: str, chunks: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
-    yield first
+async def _prepend(first: str | None, chunks: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+    if first is not None:
+        yield first
     async with aclosing(chunks):
         async for chunk in chunks:
             yield chunk

@@ -98,10 +98,7 @@ class EngineCore:
         check_request(request, self.max_model_len, vocab, self.encoder_roofline is not None)
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)
-        if (
-            self.scheduler.max_waiting is not None
-            and len(self.scheduler.waiting) >= self.scheduler.max_waiting
-        ):
+        if self.scheduler.full:
             yield self._rejected(req)
             return
         self.windows.settle()  # a change from outside: the next step sees it
