@@ -447,6 +447,12 @@ def _check_faults(cfg: TestbedConfig) -> None:
         _require(n >= 1, f"faults.kv_transfer_failures: {n}: must be >= 1 (the Nth load, from 1)")
     pools = {"mixed": p.mixed.replicas, "prefill": p.prefill.replicas, "decode": p.decode.replicas}
     engines = [f"{role}-{i}" for role, n in pools.items() for i in range(n)]
+    for w in f.link_slowdowns:
+        _require(
+            0 <= w.start_s < w.end_s and w.bandwidth_factor > 0,
+            f"faults.link_slowdowns: start_s={w.start_s}, end_s={w.end_s}, bandwidth_factor="
+            f"{w.bandwidth_factor}; allowed: 0 <= start_s < end_s (emulated seconds), bandwidth_factor > 0",
+        )
     for kill in f.engine_kills:
         _require(
             kill.engine in engines,

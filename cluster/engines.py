@@ -92,7 +92,15 @@ def build_engine(
     stats = EngineStats(metrics)
     kv_link = LINKS[cfg.kv_transfer.link]
     peer = {"decode": cfg.pools.prefill, "prefill": cfg.pools.decode}.get(role, pool)  # who sends to it
-    receiver = KVReceiver(cfg.kv_transfer, kv_link, MODELS[cfg.target.model], s.block_size, pool.tp, peer.tp)
+    receiver = KVReceiver(
+        cfg.kv_transfer,
+        kv_link,
+        MODELS[cfg.target.model],
+        s.block_size,
+        pool.tp,
+        peer.tp,
+        cfg.faults.link_slowdowns,
+    )
     kv = cfg.kv_transfer
     # decode, bidirectional: a finished turn's blocks wait for the conversation's next turn
     hold_timeout_s = (

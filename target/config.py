@@ -430,6 +430,17 @@ class EngineKill:
 
 
 @dataclass(frozen=True)
+class LinkSlowdown:
+    __pydantic_config__ = _STRICT
+
+    start_s: float
+    end_s: float
+    """The emulated window [start_s, end_s) in which KV transfers start slowed."""
+    bandwidth_factor: float
+    """The link's bandwidth times this (0.1: a tenth of it) for those transfers."""
+
+
+@dataclass(frozen=True)
 class FaultsConfig:
     """Faults injected on purpose (all off by default); deterministic for a seed in virtual mode."""
 
@@ -441,6 +452,10 @@ class FaultsConfig:
     kv_transfer_failures: tuple[int, ...] = ()
     """Also fail these loads (1-based, counted per receiving engine): `[1, 5]` fails each engine's
     first and fifth."""
+    link_slowdowns: tuple[LinkSlowdown, ...] = ()
+    """KV links slowed in emulated windows (several make a flapping link): a transfer that starts in
+    one moves its bytes at `bandwidth_factor` of the link's bandwidth (latency and fixed costs as
+    they are)."""
     engine_kills: tuple[EngineKill, ...] = ()
     """Engines killed at an emulated time: their requests fail (or, a prefill engine's, are retried
     elsewhere by the proxy), later calls to them fail as a dead actor's do. Live: the actor is killed."""

@@ -125,6 +125,10 @@ def test_sweep_writes_means_over_seeds_and_goodput(tmp_path):
         (["run", "--set", "target.model=llama-3.1-70b"], ["pools.mixed", "llama-3.1-70b", "tp"]),
         (["run", "--set", "scheduler.max_waiting=0"], ["scheduler.max_waiting", "0", ">= 1"]),
         (
+            ["run", "--set", "faults.link_slowdowns=[{start_s: 5, end_s: 1, bandwidth_factor: 0.5}]"],
+            ["faults.link_slowdowns", "end_s=1", "start_s < end_s"],
+        ),
+        (
             ["run", "--set", "faults.kv_transfer_failure_rate=2"],
             ["faults.kv_transfer_failure_rate", "2", "[0, 1]"],
         ),

@@ -88,3 +88,22 @@ def test_past_the_admission_limit_requests_are_rejected_at_once_and_counted():
     assert (rejected["num_output_tokens"] == 0).all() and rejected["error"].str.contains("max_waiting").all()
     assert sum(r["num_rejected"] for r in out.engine_reports.values()) == len(rejected)
     assert all(r["num_expired_handoffs"] == 0 for r in out.engine_reports.values())  # freed at once
+
+
+def test_a_slowed_link_slows_only_the_transfers_starting_in_its_windows():
+    """A flapping link (two windows at a tenth of the bandwidth): transfers that start inside take 10x
+    the wire time, the others the link's own; the run completes."""
+    windows = (
+        "[{start_s: 4, end_s: 8, bandwidth_factor: 0.1}, {start_s: 12, end_s: 14, bandwidth_factor: 0.1}]"
+    )
+    plain = run("kv-rate-fail", "faults.kv_transfer_failure_rate=0").results
+    slowed = run(
+        "kv-rate-fail", "faults.kv_transfer_failure_rate=0", f"faults.link_slowdowns={windows}"
+    ).results
+    start = slowed["kv_transfer_start_s"]
+    inside = ((start >= 4) & (start < 8)) | ((start >= 12) & (start < 14))
+    assert inside.sum() >= 5 and (~inside).sum() >= 5 and slowed["ok"].all()
+    bytes_per_s = slowed["kv_bytes"] / slowed["kv_wire_s"]
+    plain_rate = float((plain["kv_bytes"] / plain["kv_wire_s"]).iloc[0])
+    assert bytes_per_s[inside].to_numpy() == pytest.approx(plain_rate / 10)
+    assert bytes_per_s[~inside].to_numpy() == pytest.approx(plain_rate)

@@ -22,10 +22,11 @@ push: the prefill engine starts sending when it finishes the prompt (or, layer-w
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from target.config import KVTransferConfig
+from target.config import KVTransferConfig, LinkSlowdown
 from target.profiles import LinkProfile, ModelProfile
 from target.transfer import HandoffTime, handoff_time, layerwise_handoff_time, tp_transfer
 
@@ -66,8 +67,11 @@ class KVReceiver:
         block_size: int,
         tp: int = 1,
         peer_tp: int = 1,
+        slowdowns: Sequence[LinkSlowdown] = (),
     ) -> None:
+        """`slowdowns`: windows in which a transfer that starts moves its bytes slower (`faults`)."""
         self.cfg = cfg
+        self.slowdowns = slowdowns
         self.link = link
         self.target = target
         self.block_size = block_size
@@ -85,15 +89,24 @@ class KVReceiver:
         num_blocks = len(params["remote_block_ids"]) - first_block
         kv_bytes = num_blocks * self.block_size * self.kv_bytes_per_token
         lanes, descriptors = self.split.lanes, num_blocks * self.split.transfers_per_lane
-        t = handoff_time(kv_bytes, descriptors, self.link, lanes)
-        if self.cfg.mode == "pull":
-            return TransferPlan(first_block, num_blocks, blocks_ready_s, kv_bytes, t)
-        sent_s = float(params["kv_sent_s"])
-        if self.cfg.layerwise:
+        start_s = (
+            blocks_ready_s if self.cfg.mode == "pull" else max(float(params["kv_sent_s"]), blocks_ready_s)
+        )
+        link = self._link_at(start_s)
+        t = handoff_time(kv_bytes, descriptors, link, lanes)
+        if self.cfg.mode == "push" and self.cfg.layerwise:
+            sent_s = float(params["kv_sent_s"])
             hideable_s = min(float(params["prefill_compute_s"]), max(0.0, sent_s - blocks_ready_s))
             layers = self.target.num_layers
-            t = layerwise_handoff_time(kv_bytes, descriptors, self.link, hideable_s, layers, lanes)
-        return TransferPlan(first_block, num_blocks, max(sent_s, blocks_ready_s), kv_bytes, t)
+            t = layerwise_handoff_time(kv_bytes, descriptors, link, hideable_s, layers, lanes)
+        return TransferPlan(first_block, num_blocks, start_s, kv_bytes, t)
+
+    def _link_at(self, start_s: float) -> LinkProfile:
+        """The link a transfer starting at `start_s` sees: slowed inside a slowdown window."""
+        for w in self.slowdowns:
+            if w.start_s <= start_s < w.end_s:
+                return dataclasses.replace(self.link, link_gbps=self.link.link_gbps * w.bandwidth_factor)
+        return self.link
 
 
 class Link(Protocol):
