@@ -285,7 +285,7 @@ class KVConnectorWorker:
         if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return False
         self.stats.on_kv_transfer_failed(injected=True)
-        raise KVLoadError(f"KV load of {req.request_id} failed (injected: faults.kv_transfer_failure*)")
+        raise KVLoadError(f"KV load of {req.request_id} failed (injected: faults)")
 
     def _write(self, req: Request, payload: KVPayload, plan: TransferPlan) -> None:
         """Put fetched KV into `req`'s blocks; counts the transfer (late if the real move ended after
