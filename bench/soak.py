@@ -6,8 +6,8 @@ design (2 prefill + 2 decode H200s) with every fault kind on: 2 % of KV loads fa
 decode), the link at a tenth of its bandwidth in recurring windows, a prefill engine killed part-way.
 Each replay runs `--rounds` times in one process. Checked: every request has exactly one row
 (completed + failed + rejected = sent), every engine ends empty (`run_virtual` asserts it: no
-request, block, stream or working KV left), and the process's RSS after each round (a round's results
-are held while it runs, so it peaks within one; what a round left behind would pile up across them).
+request, block, stream or working KV left), and the process's RSS after each round once its output is
+dropped (a round peaks while it holds its results; what one left behind would pile up across them).
 
     python bench/soak.py [--out runs/bench-soak.json] [--rounds 3]
 """
@@ -15,6 +15,7 @@ are held while it runs, so it peaks within one; what a round left behind would p
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import time
@@ -65,6 +66,8 @@ def soak(name: str, rounds: int) -> dict[str, object]:
         s = out.summary
         n = len(out.results)
         assert s["completed"] + s["failed"] + s["rejected"] == n and out.results["request_id"].is_unique
+        del out  # what the round leaves behind, not what it returned
+        gc.collect()
         per_round.append({"requests": n, "rss_mib": round(rss_mib(), 1), **{
             k: s[k] for k in ("completed", "failed", "rejected", "num_injected_load_failures",
                               "num_recomputed_loads", "num_prefill_retries", "num_engines_lost")
