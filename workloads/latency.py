@@ -25,12 +25,12 @@ def request_latencies(arrival_s: float, token_times_s: list[float], p99: bool = 
     most of the cost)."""
     n = len(token_times_s)
     if n < 2:
-        return _latencies(arrival_s, token_times_s, n, math.nan, math.nan)
+        return _latencies(arrival_s, token_times_s, math.nan, math.nan)
     gaps = list(map(operator.sub, token_times_s[1:], token_times_s[:-1]))  # b - a, at C speed
     if not p99:
-        return _latencies(arrival_s, token_times_s, n, max(gaps), math.nan)
+        return _latencies(arrival_s, token_times_s, max(gaps), math.nan)
     gaps.sort()
-    return _latencies(arrival_s, token_times_s, n, gaps[-1], percentile(gaps, 99.0))
+    return _latencies(arrival_s, token_times_s, gaps[-1], percentile(gaps, 99.0))
 
 
 def latency_columns(arrival_s: list[float], token_times_s: list[list[float]]) -> dict[str, list[float]]:
@@ -46,10 +46,10 @@ def latency_columns(arrival_s: list[float], token_times_s: list[list[float]]) ->
         end = start + n
         stamps = flat[start:end]
         if n < 2:
-            rows.append(_latencies(a, stamps, n, math.nan, math.nan))
+            rows.append(_latencies(a, stamps, math.nan, math.nan))
         else:
             ordered = np.sort(gaps[start : end - 1])
-            rows.append(_latencies(a, stamps, n, ordered[-1], percentile(ordered, 99.0)))
+            rows.append(_latencies(a, stamps, ordered[-1], percentile(ordered, 99.0)))
         start = end
     return {col: [float(row[col]) for row in rows] for col in LATENCY_COLUMNS}
 
@@ -60,10 +60,11 @@ def flat_stamps(token_times_s: list[list[float]], lengths: list[int]) -> np.ndar
 
 
 def _latencies(
-    arrival_s: float, stamps: Sequence[float] | np.ndarray, n: int, max_gap_s: float, p99_itl_s: float
+    arrival_s: float, stamps: Sequence[float] | np.ndarray, max_gap_s: float, p99_itl_s: float
 ) -> dict[str, float]:
-    """The latencies of a request with `n` token `stamps`, the largest of its gaps and their 99th
+    """The latencies of a request with these token `stamps`, the largest of its gaps and their 99th
     percentile (NaN for fewer than two tokens)."""
+    n = len(stamps)
     if n == 0:
         return dict.fromkeys(LATENCY_COLUMNS, math.nan)
     first_s, last_s = stamps[0], stamps[n - 1]

@@ -252,7 +252,7 @@ class EngineCore:
     def _rejected(self, req: Request) -> EngineOutput:
         """`req` refused at admission (scheduler.max_waiting): nothing computed; a decode request's
         prefill engine is told to free the KV it holds for it."""
-        self.stats.num_rejected += 1
+        self.stats.on_request_rejected()
         if req.is_remote_prefill:
             self.kv.notify_done(req)
         why = (

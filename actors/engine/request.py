@@ -56,7 +56,6 @@ class Request:
         "compute_s",
         "finished_reason",
         "forced_output_token_ids",
-        "kv_load_failed",
         "kv_transfer_params",
         "max_tokens",
         "mm_embeds",
@@ -97,8 +96,6 @@ class Request:
         """Leading blocks of `block_ids` already in the prefix cache."""
         self.pull_back_tokens = 0
         """Pull back: the tokens of decode's leading blocks this request takes (set when admitted)."""
-        self.kv_load_failed = False
-        """Its remote KV failed to load: it computes those tokens here instead (none are external)."""
         self.remote_kv_loaded = False
         """Decode side: the prefill engine's KV is in this engine's blocks (never pulled twice: a 1-token
         prompt has no external tokens, and a preempted request recomputes locally, as in vLLM)."""
@@ -161,6 +158,12 @@ class Request:
         recomputes that one for the logits of the first output token); a pull back, the tokens of the
         leading blocks of decode's sequence that it takes (`pull_back_tokens`)."""
         return self.pull_back_tokens if self.is_pull_back else self.num_prompt_tokens - 1
+
+    @property
+    def kv_load_failed(self) -> bool:
+        """Its remote KV failed to load (`Scheduler.recompute_instead`): it computes those tokens here
+        instead, none are external."""
+        return self.times.kv_load_failed or self.times.kv_pull_back_failed
 
     @property
     def num_external_computed_tokens(self) -> int:

@@ -267,7 +267,6 @@ class Scheduler:
 
     def recompute_instead(self, req: Request) -> None:
         """A load failed: `req` computes the tokens it meant to take (recorded on its times)."""
-        req.kv_load_failed = True
         if req.is_pull_back:
             req.times.kv_pull_back_failed = True
         else:

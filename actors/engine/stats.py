@@ -202,6 +202,9 @@ class EngineStats:
         if rows:
             self._itls_s += _step_major_gaps(rows, longest)
 
+    def on_request_rejected(self) -> None:
+        self.num_rejected += 1
+
     def on_request_finished(self, req: Request, reason: FinishedReason) -> None:
         self.num_finished += 1
         if self.recorder is not None:
