@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) bench/derender.py
 	$(PY) bench/render_cost.py
 	$(PY) bench/trace_replay.py
+	$(PY) bench/soak.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
