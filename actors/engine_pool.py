@@ -4,6 +4,7 @@ when the one it is on dies."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 from actors.engine.core import EngineDeadError
 from actors.router import Router
 from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, RequestResult
+from target.config import RouterConfig
 
 
 class EngineClient(Protocol):
@@ -35,10 +37,19 @@ class InProcessEngine(EngineClient, Protocol):
 class EnginePool:
     """A pool's engines and their router."""
 
-    def __init__(self, engines: Sequence[EngineClient], router: Router, max_prefill_retries: int = 0) -> None:
+    def __init__(
+        self,
+        engines: Sequence[EngineClient],
+        router: Router,
+        cfg: RouterConfig | None = None,
+        time_scale: Callable[[], float] = lambda: 1.0,
+    ) -> None:
+        """`cfg`: the retries and timeout of a prefill (None: neither); `time_scale`: the run's clock's
+        wall seconds per emulated second (what a timeout waits)."""
         self.engines = list(engines)
         self.router = router
-        self.max_prefill_retries = max_prefill_retries
+        self.cfg = cfg or RouterConfig(max_prefill_retries=0)
+        self.time_scale = time_scale
 
     async def outputs(self, i: int, ereq: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         """`ereq` on engine `i`: its outputs. The engine's KV events go to the router, which is told
@@ -46,29 +57,51 @@ class EnginePool:
         try:
             async with aclosing(self.engines[i].generate(ereq)) as outs:
                 async for out in outs:
+                    if self.router.excluded:  # it answers: back in routing (a dead engine never does)
+                        self.router.excluded.pop(i, None)
                     if out.kv_events is not None:
                         self.router.on_kv_events(i, out.kv_events)
                     yield out
         except EngineDeadError as e:
-            self.router.dead[i] = str(e)
+            self.router.excluded[i] = str(e)
             raise
         finally:
             self.router.finished(ereq.request_id)
 
-    async def outputs_on_a_live_engine(
-        self, i: int, creq: ClientRequest, ereq: EngineRequest, result: RequestResult
-    ) -> AsyncGenerator[EngineOutput, None]:
-        """A prefill's outputs on engine `i`, or, each time the engine it is on dies first, on another
-        one (at most `max_prefill_retries` times): a retry starts the prompt over, and prefill yields
-        only its final output. `result` says where it ran and how many times it was retried."""
+    async def prefill_on_a_live_engine(
+        self,
+        i: int,
+        creq: ClientRequest,
+        ereq: EngineRequest,
+        result: RequestResult,
+    ) -> list[EngineOutput]:
+        """A prefill's outputs on engine `i`, or, each time the engine it is on dies or gives no final
+        output within `prefill_timeout_s`, on another one (at most `max_prefill_retries` times): a
+        retry starts the prompt over. The request is aborted on an engine that timed out, and that
+        engine taken out of routing until it answers again; unless no other could be picked (an
+        overloaded pool is slow, not gone; outlier detection never ejects every host): then the request
+        fails there. `result` says where it ran and how many times it was retried or timed out."""
+        timeout_s = self.cfg.prefill_timeout_s
+        timeout_wall_s = timeout_s * self.time_scale() if timeout_s is not None else None
         while True:
             result.prefill_engine = self.engines[i].engine_id
             try:
-                async for out in self.outputs(i, ereq):
-                    yield out
-                return
+                async with asyncio.timeout(timeout_wall_s):  # (prefill streams one or two outputs)
+                    return [out async for out in self.outputs(i, ereq)]
+            except TimeoutError:
+                why = f"engine {self.engines[i].engine_id} gave no answer within router.prefill_timeout_s"
+                result.num_prefill_timeouts += 1
+                others = set(range(len(self.engines))) - {i, *self.router.excluded}
+                if others:
+                    self.router.excluded[i] = why
+                if not others or result.num_prefill_retries == self.cfg.max_prefill_retries:
+                    raise EngineUnresponsiveError(why) from None
             except EngineDeadError:
-                if result.num_prefill_retries == self.max_prefill_retries:
+                if result.num_prefill_retries == self.cfg.max_prefill_retries:
                     raise
-                result.num_prefill_retries += 1
-                i = self.router.pick(creq)
+            result.num_prefill_retries += 1
+            i = self.router.pick(creq)
+
+
+class EngineUnresponsiveError(RuntimeError):
+    """An engine gave no answer in time (`router.prefill_timeout_s`): it is no longer routed to."""

@@ -69,8 +69,7 @@ class Proxy:
         """session id -> (its decode engine, where that engine holds its last turn's blocks)"""
         self.recorder = recorder
         self.clock = clock
-        self._render = render
-        self._push = push
+        self._render, self._push = render, push
         if bool(mixed) == bool(prefill and decode):
             raise ValueError("a proxy needs mixed engines, or prefill and decode engines")
         cfg = router or RouterConfig()
@@ -89,7 +88,7 @@ class Proxy:
                     self.recorder.on_routed(name, engines[i].engine_id, overlap_blocks, prompt_blocks)
 
             router = Router(len(engines), cfg, block_size, now, policy, on_routed=on_routed)
-            return EnginePool(engines, router, cfg.max_prefill_retries)
+            return EnginePool(engines, router, cfg, lambda: self.clock.time_scale if self.clock else 1.0)
 
         self._mixed = pool("mixed", mixed)
         self._prefill = pool("prefill", prefill)
@@ -250,7 +249,7 @@ class Proxy:
         params = {"do_remote_decode": True, **(pull_back or {})}
         ereq = engine_request(creq, creq.prompt_token_ids, 1, engine_arrival_s(creq), params)
         ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
-        async for out in self._prefill.outputs_on_a_live_engine(p, creq, ereq, result):
+        for out in await self._prefill.prefill_on_a_live_engine(p, creq, ereq, result):
             if out.token_times_s:
                 result.prefill_done_s = out.token_times_s[-1]
             final = out
@@ -258,6 +257,7 @@ class Proxy:
         if final is None or final.finished_reason != "length" or not final.kv_transfer_params:
             result.finished_reason = final.finished_reason if final else "error"
             result.error = (final.error if final else None) or "prefill ended without KV to hand off"
+            result.times = result.prefill_times  # where it ended
             return None
         return final
 

@@ -60,9 +60,9 @@ class Router:
         self._estimated: list[dict[BlockHash, float]] = [{} for _ in range(num_engines)]
         """What each engine is assumed to hold: block hash -> when the entry expires (`kv_estimated`)."""
         self._rng = np.random.default_rng(seed)
-        self.dead: dict[int, str] = {}
-        """Engines found dead (a call to one failed as a dead actor's does), with why: never picked
-        again."""
+        self.excluded: dict[int, str] = {}
+        """Engines not picked, with why: dead ones (a call failed as a dead actor's does) for good,
+        unresponsive ones (`router.prefill_timeout_s`) until they answer again."""
         self.num_routed = 0
         self.before_read: list[Callable[[], None]] = []
         """Called before `kv_aware` reads what engines hold: in process, each brings an engine's KV
@@ -80,9 +80,10 @@ class Router:
             for catch_up in self.before_read:
                 catch_up()
             overlaps = self._overlaps(creq)
-        if len(self.dead) == len(self._active_blocks):
-            raise EngineDeadError(f"every engine of the pool is dead; {'; '.join(self.dead.values())}")
-        if engine is None or engine in self.dead:
+        if len(self.excluded) == len(self._active_blocks):
+            why = "; ".join(self.excluded.values())
+            raise EngineDeadError(f"every engine of the pool is dead or unresponsive; {why}")
+        if engine is None or engine in self.excluded:
             engine = self._choose(creq, overlaps)
         blocks = cdiv(len(creq.prompt_token_ids) + creq.max_tokens, self.block_size)
         self._active_blocks[engine] += blocks
@@ -101,11 +102,11 @@ class Router:
             return self._lowest_cost(creq, overlaps, 0.0)
         if self.policy == "session_affinity" and creq.session_id is not None:
             engine = self._sessions.get(creq.session_id)
-            if engine is None or engine in self.dead:
-                engines = [i for i in range(len(self._active_blocks)) if i not in self.dead]
+            if engine is None or engine in self.excluded:
+                engines = [i for i in range(len(self._active_blocks)) if i not in self.excluded]
                 engine = self._sessions[creq.session_id] = min(engines, key=self._active_blocks.__getitem__)
             return engine
-        while (turn := next(self._next)) in self.dead:
+        while (turn := next(self._next)) in self.excluded:
             pass
         return turn
 
@@ -156,7 +157,7 @@ class Router:
 
     def _lowest_cost(self, creq: ClientRequest, overlaps: list[int], w: float) -> int:
         num_blocks = cdiv(len(creq.prompt_token_ids), self.block_size)
-        alive = [i for i in range(len(overlaps)) if i not in self.dead]  # (some: `pick` checked)
+        alive = [i for i in range(len(overlaps)) if i not in self.excluded]  # (some: `pick` checked)
         costs = np.array([w * (num_blocks - overlaps[i]) + self._active_blocks[i] for i in alive])
         if self.cfg.temperature > 0 and costs.max() > costs.min():
             logits = -(costs - costs.min()) / (costs.max() - costs.min()) / self.cfg.temperature

@@ -239,6 +239,10 @@ def _check_scheduler(cfg: TestbedConfig) -> None:
         s.max_waiting is None or s.max_waiting >= 1,
         f"scheduler.max_waiting={s.max_waiting}: must be >= 1 (or null: no admission limit)",
     )
+    _require(
+        s.max_queue_time_s is None or s.max_queue_time_s > 0,
+        f"scheduler.max_queue_time_s={s.max_queue_time_s}: must be > 0 (emulated seconds; null: no budget)",
+    )
 
 
 def _check_pools(cfg: TestbedConfig) -> None:
@@ -350,6 +354,15 @@ def _check_replay(cfg: TestbedConfig) -> None:
     _require(router.overlap_weight >= 0, f"router.overlap_weight={router.overlap_weight}: must be >= 0")
     _require(router.temperature >= 0, f"router.temperature={router.temperature}: must be >= 0")
     _require(router.estimate_ttl_s > 0, f"router.estimate_ttl_s={router.estimate_ttl_s}: must be > 0")
+    _require(
+        router.max_prefill_retries >= 0,
+        f"router.max_prefill_retries={router.max_prefill_retries}: must be >= 0",
+    )
+    timeout = router.prefill_timeout_s
+    _require(
+        timeout is None or timeout > 0,
+        f"router.prefill_timeout_s={timeout}: must be > 0 (emulated seconds; or null: wait for ever)",
+    )
 
 
 def _check_multi_turn(cfg: TestbedConfig) -> None:
@@ -453,9 +466,17 @@ def _check_faults(cfg: TestbedConfig) -> None:
             f"faults.link_slowdowns: start_s={w.start_s}, end_s={w.end_s}, bandwidth_factor="
             f"{w.bandwidth_factor}; allowed: 0 <= start_s < end_s (emulated seconds), bandwidth_factor > 0",
         )
-    for kill in f.engine_kills:
-        _require(
-            kill.engine in engines,
-            f"faults.engine_kills: engine={kill.engine!r}: no such engine; allowed: {', '.join(engines)}",
-        )
-        _require(kill.at_s >= 0, f"faults.engine_kills: at_s={kill.at_s}: must be >= 0 (emulated seconds)")
+    prefill = [e for e in engines if e.startswith("prefill-")]
+    for kind, allowed in (("engine_kills", engines), ("engine_hangs", prefill)):
+        for fault in getattr(f, kind):
+            _require(
+                fault.engine in allowed,
+                f"faults.{kind}: engine={fault.engine!r}: no such {'prefill ' * (kind == 'engine_hangs')}"
+                f"engine; allowed: {', '.join(allowed) or 'none'}",
+            )
+            _require(fault.at_s >= 0, f"faults.{kind}: at_s={fault.at_s}: must be >= 0 (emulated seconds)")
+    _require(
+        not f.engine_hangs or cfg.router.prefill_timeout_s is not None,
+        "faults.engine_hangs: a hung prefill engine holds its requests for ever without "
+        "router.prefill_timeout_s; allowed: set it (emulated seconds)",
+    )

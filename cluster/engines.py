@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.encoder.encoder import EncoderCore
 from actors.encoding import EncoderClient, EncoderPool
+from actors.engine.admission import Admission
 from actors.engine.block_manager import BlockManager
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
@@ -83,9 +84,7 @@ def build_engine(
     if cfg.router.policy == "kv_aware":
         blocks.publish_kv_events()
     encoder_cache = EncoderCache(s.encoder_cache_embeds)
-    scheduler = Scheduler(
-        blocks, s.max_num_batched_tokens, s.max_num_seqs, s.encoder_budget, encoder_cache, s.max_waiting
-    )
+    scheduler = Scheduler(blocks, s.max_num_batched_tokens, s.max_num_seqs, s.encoder_budget, encoder_cache)
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread, vision)
@@ -127,6 +126,7 @@ def build_engine(
         s.max_model_len,
         encoder_roofline,
         cfg.runner.macro_steps,
+        Admission(engine_id, scheduler, s.max_waiting, s.max_queue_time_s),
     )
 
 

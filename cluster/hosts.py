@@ -168,6 +168,10 @@ class EngineHost:
         assert self.engine is not None
         return self.engine.report()
 
+    async def hang(self, why: str) -> None:
+        assert self.engine is not None
+        self.engine.inject("hang", why)
+
     async def metrics(self) -> str:
         return self._metrics.exposition()
 

@@ -221,19 +221,25 @@ async def drive(
                     alive[eid] = await h.report.remote()
             on_tick(clock.now(), lag_summary(alive))
 
-    async def kill_at(engine_id: str, at_s: float) -> None:  # faults.engine_kills: the actor dies
+    async def strike(kind: str, engine_id: str, at_s: float) -> None:  # faults.engine_kills / _hangs
         await clock.sleep_until(at_s)
-        ray.kill(dep.engines[engine_id])
+        if kind == "engine_kills":  # the actor dies
+            ray.kill(dep.engines[engine_id])
+        else:  # its step loop stops
+            await dep.engines[engine_id].hang.remote(f"at {at_s:g} s (faults.{kind})")
 
     ticker = asyncio.ensure_future(ticks())
-    kills = [asyncio.ensure_future(kill_at(k.engine, k.at_s)) for k in cfg.faults.engine_kills]
+    kinds = ("engine_kills", "engine_hangs")
+    faults = [
+        asyncio.ensure_future(strike(k, f.engine, f.at_s)) for k in kinds for f in getattr(cfg.faults, k)
+    ]
     try:
         lead_s = _SEND_LEAD_WALL_S / cfg.clock.scale
         render_chat = chat_renderer(cfg, requests)
         tier = render_tier_for(cfg)
         return await run_workload(submit, requests, clock, cfg, tier, on_result, lead_s, render_chat)
     finally:
-        for task in (ticker, *kills):
+        for task in (ticker, *faults):
             task.cancel()
 
 

@@ -11,6 +11,7 @@ import contextlib
 import gc
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock, VirtualTimeLoop
@@ -42,7 +43,7 @@ class Deployment:
     encoders: list[EncoderCore] = field(default_factory=list)
     """The encoder pool (E/P/D), in front of prefill."""
     encoder_metrics: list[EncoderMetrics] = field(default_factory=list)
-    _kills: list[asyncio.Future[None]] = field(default_factory=list)
+    _faults: list[asyncio.Future[None]] = field(default_factory=list)
 
     @property
     def roles(self) -> list[EngineCore | EncoderCore]:
@@ -50,23 +51,25 @@ class Deployment:
         return [*self.engines, *self.encoders]
 
     def start(self) -> None:
-        """Start every step loop, and the engine kills the config injects (`faults.engine_kills`)."""
+        """Start every step loop, and the engine kills and hangs the config injects (`faults`)."""
         for e in self.roles:
             e.start()
         engines = {e.engine_id: e for e in self.engines}
-        self._kills = [
-            asyncio.ensure_future(self._kill(engines[k.engine], k.at_s)) for k in self.cfg.faults.engine_kills
+        f = self.cfg.faults
+        self._faults = [
+            *(asyncio.ensure_future(self._strike(engines[k.engine], "kill", k.at_s)) for k in f.engine_kills),
+            *(asyncio.ensure_future(self._strike(engines[h.engine], "hang", h.at_s)) for h in f.engine_hangs),
         ]
 
-    async def _kill(self, engine: EngineCore, at_s: float) -> None:
+    async def _strike(self, engine: EngineCore, fault: Literal["kill", "hang"], at_s: float) -> None:
         await self.clock.sleep_until(at_s)
-        engine.kill(f"at {at_s:g} s (faults.engine_kills)")
+        engine.inject(fault, f"at {at_s:g} s (faults.engine_{fault}s)")
 
     async def drain(self) -> None:
-        """Stop every engine and release KV nobody will pull (then each can be checked empty); kills not
+        """Stop every engine and release KV nobody will pull (then each can be checked empty); faults not
         due yet are dropped."""
-        for kill in self._kills:
-            kill.cancel()
+        for fault in self._faults:
+            fault.cancel()
         outcomes = await asyncio.gather(*(e.drain() for e in self.roles), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):  # an engine crashed: every drain still ran

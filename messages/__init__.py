@@ -277,7 +277,10 @@ class RequestResult:
     prefill_done_s: float | None = None
     """P/D: the prefill engine emitted its token (its KV is ready to move)."""
     num_prefill_retries: int = 0
-    """P/D: prefill engines that died under it before one finished its prompt (`prefill_engine`)."""
+    """P/D: prefill engines that died or timed out under it before one finished its prompt
+    (`prefill_engine`)."""
+    num_prefill_timeouts: int = 0
+    """P/D: prefill engines that gave no answer within router.prefill_timeout_s (aborted there)."""
     prefill_times: RequestTimes | None = None
     """P/D: the prefill engine's record of the request (its prefix-cache hits among them)."""
     times: RequestTimes | None = None

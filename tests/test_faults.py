@@ -26,6 +26,15 @@ KINDS = {  # kind: (overrides, what the summary must show)
         ["faults.engine_kills=[{engine: prefill-0, at_s: 6}]", "kv_transfer.load_failure_policy=recompute"],
         {"num_engines_lost": 1, "num_prefill_retries": ">0", "failed": 0},
     ),
+    "prefill-hung": (
+        # (at half the others' rate: one prefill engine then carries the load and the retries)
+        [
+            "faults.engine_hangs=[{engine: prefill-0, at_s: 12}]",
+            "router.prefill_timeout_s=4",
+            "workload.rate=1",
+        ],
+        {"num_engines_hung": 1, "num_prefill_timeouts": ">0", "failed": 0},
+    ),
     "decode-killed": (
         ["faults.engine_kills=[{engine: decode-1, at_s: 6}]"],
         {"num_engines_lost": 1, "failed": ">0"},
@@ -58,6 +67,41 @@ def test_a_killed_prefill_engine_is_never_routed_to_again_and_its_requests_went_
     assert (retried["prefill_engine"] == "prefill-1").all() and retried["ok"].all()
 
 
+def test_requests_on_a_hung_prefill_engine_time_out_there_and_are_served_by_another():
+    """faults.engine_hangs: prefill-0 stops answering at 12 s without an error; the proxy gives up on
+    each request there after router.prefill_timeout_s, aborts it (the hung engine ends empty) and
+    retries it on prefill-1; the first timeout takes prefill-0 out of routing (it never answers again)."""
+    df = run("prefill-hung").results
+    timed_out = df[df["num_prefill_timeouts"] > 0]
+    assert len(timed_out) > 0 and timed_out["ok"].all()
+    assert (timed_out["prefill_engine"] == "prefill-1").all()
+    assert (timed_out["ttft_s"] >= 4.0).all() and (
+        df.loc[df["num_prefill_timeouts"] == 0, "ttft_s"] < 4
+    ).all()
+    first_given_up = (timed_out["arrival_s"] + 4.0).min()
+    later = df[df["arrival_s"] > first_given_up]
+    assert len(later) > 0 and (later["prefill_engine"] == "prefill-1").all()
+
+
+def test_an_overloaded_pool_keeps_its_last_engine_in_routing_when_its_prefills_time_out():
+    """One prefill engine, overloaded past router.prefill_timeout_s: the requests that waited too long
+    fail with the timeout, but the engine is never taken out (it is slow, not gone): later requests
+    still reach it and some complete."""
+    (cfg,) = load_designs(
+        "guide-l40s",
+        ["pd-fast"],
+        ["runner.compute=skip", "workload.num_requests=40", "workload.rate=4", "router.prefill_timeout_s=3"],
+    )
+    out = run_virtual(cfg)
+    df = out.results
+    failed = df[~df["ok"]]
+    assert len(failed) > 0 and failed["error"].str.contains("no answer within router.prefill_timeout_s").all()
+    first_timeout_s = failed["arrival_s"].min() + 3
+    assert df.loc[df["arrival_s"] > first_timeout_s, "ok"].any()
+    assert (df["num_prefill_retries"] == 0).all()  # (a retry would queue behind the same backlog)
+    assert out.summary["num_prefill_timeouts"] == len(failed)
+
+
 def test_injected_failures_are_the_same_for_a_seed_and_differ_across_seeds():
     failed = [
         set(run("kv-rate-fail", f"seed={seed}").results.query("not ok")["request_id"]) for seed in (0, 0, 1)
@@ -88,6 +132,36 @@ def test_past_the_admission_limit_requests_are_rejected_at_once_and_counted():
     assert (rejected["num_output_tokens"] == 0).all() and rejected["error"].str.contains("max_waiting").all()
     assert sum(r["num_rejected"] for r in out.engine_reports.values()) == len(rejected)
     assert all(r["num_expired_handoffs"] == 0 for r in out.engine_reports.values())  # freed at once
+
+
+@pytest.mark.parametrize("design", ["collocated", "pd-fast"])
+def test_past_the_queue_time_budget_waiting_requests_are_rejected_and_none_started_late(design):
+    """scheduler.max_queue_time_s under overload: a request still waiting for its first step when its
+    budget runs out is refused then (a decode request's prefill KV freed); none that ran waited longer."""
+    (cfg,) = load_designs(
+        "guide-l40s",
+        [design],
+        [
+            "runner.compute=skip",
+            "workload.num_requests=60",
+            "workload.rate=8",
+            "scheduler.max_queue_time_s=2",
+        ],
+    )
+    out = run_virtual(cfg)  # engines are checked empty: nothing left queued or held
+    df, s = out.results, out.summary
+    rejected = df[df["finished_reason"] == "rejected"]
+    assert s["rejected"] == len(rejected) > 0 and s["completed"] + s["rejected"] == 60
+    assert (
+        rejected["error"].str.contains("max_queue_time_s").all()
+        and (rejected["num_output_tokens"] == 0).all()
+    )
+    waited = rejected["finished_s"] - rejected["queued_s"]
+    assert ((waited >= 2.0) & (waited < 2.5)).all()  # refused at the first step boundary past it
+    ran = df[df["ok"]]
+    assert ((ran["first_scheduled_s"] - ran["queued_s"]) <= 2.0).all()
+    assert sum(r["num_rejected"] for r in out.engine_reports.values()) == len(rejected)
+    assert all(r["num_expired_handoffs"] == 0 for r in out.engine_reports.values())
 
 
 def test_a_slowed_link_slows_only_the_transfers_starting_in_its_windows():

@@ -97,6 +97,7 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
         },
         "num_preemptions": int(df["num_preemptions"].sum()),
         "num_prefill_retries": int(df["num_prefill_retries"].sum()),
+        "num_prefill_timeouts": int(df["num_prefill_timeouts"].sum()),
         "prefix_hit_rate": _ratio(df["prompt_cached_tokens"].sum(), df["num_prompt_tokens"].sum()),
         "median_ttft_ms_by_turn": {
             f"{turn:g}": _percentiles_ms(part["ttft_s"], 50)[0]
@@ -150,10 +151,13 @@ def sweep_goodput(
 
 def fault_summary(reports: dict[str, dict[str, Any]]) -> dict[str, int]:
     """Faults over all engines: KV loads that failed (injected on purpose among them) and those whose
-    request computed the KV instead."""
+    request computed the KV instead; engines hung on purpose."""
     live = [r for r in reports.values() if "num_steps" in r]
     keys = ("num_failed_loads", "num_injected_load_failures", "num_recomputed_loads")
-    return {k: sum(r.get(k, 0) for r in live) for k in keys}
+    return {
+        **{k: sum(r.get(k, 0) for r in live) for k in keys},
+        "num_engines_hung": sum("hung" in r for r in reports.values()),
+    }
 
 
 def lag_summary(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import math
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Literal
 
+from actors.engine.admission import Admission
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker
@@ -47,9 +48,8 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineCore:
-    """The step loop with the APIs it serves (clients; the KV source; push notices), each call a change
-    to what the next step schedules. Every concern below it is a collaborator; what stays here (about
-    230 lines) is the order of events each step, which is what makes runs deterministic."""
+    """The step loop with the APIs it serves (clients, the KV source, push notices), each call a change
+    to what the next step schedules. Every concern is a collaborator; what stays is the order of events."""
 
     def __init__(
         self,
@@ -65,20 +65,23 @@ class EngineCore:
         max_model_len: int,
         encoder_roofline: EncoderRoofline | None = None,
         macro_steps: bool = False,
+        admission: Admission | None = None,
     ) -> None:
-        """`encoder_roofline`: the time of the target's vision encoder, run in this engine's steps
-        (None: a text-only target, whose engines refuse images). `macro_steps`: run steady stretches
-        of steps as one event (`window`) where the clock is virtual and nothing computes."""
+        """`encoder_roofline`: the vision encoder's time, run in this engine's steps (None: text only,
+        images refused). `macro_steps`: run steady stretches of steps as one event (`window`) where the
+        clock is virtual and nothing computes. `admission`: its limits (None: none, as vLLM)."""
         self.engine_id, self.role, self.clock, self.max_model_len = engine_id, role, clock, max_model_len
         self.time_model, self.encoder_roofline = time_model, encoder_roofline
         self.scheduler, self.executor, self.stats = scheduler, executor, stats
         self.kv_scheduler, self.kv_worker = kv_scheduler, kv_worker
+        self.admission = admission or Admission(engine_id, scheduler, None, None)
         self._requests: dict[str, Request] = {}
         self._loop_task: asyncio.Future[None] | None = None
         self.step_clock = StepClock(clock)
         self._stopped = False
         self._dead: EngineDeadError | None = None  # why the step loop broke (then nothing is taken)
-        self._killed: EngineDeadError | None = None  # a kill (`kill`) the step loop has yet to meet
+        self._killed: EngineDeadError | None = None  # a kill (`inject`) the step loop has yet to meet
+        self.hung_why: str | None = None  # why the step loop takes no more steps (`inject`)
         self.streams = OutputStreams()
         allowed = macro_steps and clock.virtual and executor.runner is None
         self.windows = Windows(
@@ -98,8 +101,8 @@ class EngineCore:
         check_request(request, self.max_model_len, vocab, self.encoder_roofline is not None)
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)
-        if self.scheduler.full:
-            yield self._rejected(req)
+        if (why := self.admission.refusal()) is not None:
+            yield self._rejected(req, why)
             return
         self.windows.settle()  # a change from outside: the next step sees it
         stream = self.streams.open(req.request_id)
@@ -160,24 +163,28 @@ class EngineCore:
     async def run(self) -> None:
         """The step loop, until drained. If it breaks, every request in it fails visibly, later ones
         are refused (`EngineDeadError`), and the loop's task ends with the error (`drain` raises it;
-        not for a `kill`, which is on purpose)."""
+        not for a kill, which is on purpose)."""
         try:
             await self._step_loop()
         except Exception as e:
             killed = e is self._killed
-            self._dead = (
-                self._killed if killed else EngineDeadError(f"engine {self.engine_id} crashed: {e!r}")
-            )
+            crash = EngineDeadError(f"engine {self.engine_id} crashed: {e!r}")
+            self._dead = self._killed if killed else crash
             for rid in list(self._requests):
                 with contextlib.suppress(Exception):  # each request must still hear of it
                     self.abort(rid, "error", str(self._dead))
             if not killed:
                 raise
 
-    def kill(self, why: str) -> None:
-        """Die, on purpose (`faults.engine_kills`): at the end of the step under way the loop stops as
-        if it broke (`run`); the run goes on without this engine."""
-        self._killed = EngineDeadError(f"engine {self.engine_id} killed: {why}")
+    def inject(self, fault: Literal["kill", "hang"], why: str) -> None:
+        """A fault on purpose, met at the end of the step under way. kill (`faults.engine_kills`): the
+        loop stops as if it broke (`run`), the run goes on without this engine; hang (`engine_hangs`:
+        a wedged GPU or process): no more steps, requests in it and new ones wait without an error
+        (aborts are still heard: a client's timeout frees what its request held) until `drain`."""
+        if fault == "kill":
+            self._killed = EngineDeadError(f"engine {self.engine_id} killed: {why}")
+        else:
+            self.hung_why = f"engine {self.engine_id} hung: {why}"
         self.windows.settle()  # a change from outside: the next step sees it
         self.step_clock.wake()
 
@@ -187,9 +194,14 @@ class EngineCore:
         while not self._stopped:
             if self._killed is not None:
                 raise self._killed
+            if self.hung_why is not None:  # only a wake-up (a drain's) may end the wait
+                await self.step_clock.idle(self.clock.now(), lambda since: [])
+                continue
             now = self.clock.now() if scheduled is None else scheduled
             scheduled = None
             self.kv.expire_held(now)
+            for req, why in self.admission.expired(now):
+                self._finish(req, "rejected", now, why)
             for req in self.kv_scheduler.notice_loaded(now):
                 self.kv.notify_done(req)
             batch = self._schedule(now)
@@ -247,22 +259,18 @@ class EngineCore:
         by `since` was seen (only a freed block or a finished request, which wake the loop, change what
         that schedule did with it): counting it would make an idle engine spin."""
         times = [r.times.queued_s for r in self.scheduler.waiting if r.times.queued_s > since]
-        return times + self.kv_scheduler.upcoming(since)
+        return times + self.kv_scheduler.upcoming(since) + self.admission.next_deadline(since)
 
-    def _rejected(self, req: Request) -> EngineOutput:
-        """`req` refused at admission (scheduler.max_waiting): nothing computed; a decode request's
-        prefill engine is told to free the KV it holds for it."""
+    def _rejected(self, req: Request, why: str) -> EngineOutput:
+        """`req` refused on arrival (`admission`): nothing computed; its prefill engine may free its KV."""
         self.stats.on_request_rejected()
         if req.is_remote_prefill:
             self.kv.notify_done(req)
-        why = (
-            f"engine {self.engine_id}: {len(self.scheduler.waiting)} requests waiting (scheduler.max_waiting)"
-        )
         return EngineOutput(req.request_id, [], [], "rejected", None, req.times, why)
 
     def _finish(self, req: Request, reason: FinishedReason, now: float, error: str | None = None) -> None:
         params, holding = self.kv_scheduler.request_finished(req, reason, now)
-        if holding:  # ended before its pulled KV was noticed: the prefill side may free it now
+        if holding or (reason == "rejected" and req.is_remote_prefill):  # the prefill side may free it now
             self.kv.notify_done(req)
         req.times.finished_s = now
         self._requests.pop(req.request_id, None)
@@ -277,6 +285,8 @@ class EngineCore:
     def report(self) -> dict[str, Any]:
         """Counters of this engine's life so far (steps, lag, preemptions, prefix cache, handoffs)."""
         report = self.stats.report(self.role, self.scheduler, len(self._requests))
+        if self.hung_why is not None:
+            report["hung"] = self.hung_why
         return report if self._dead is None else {**report, "error": str(self._dead)}
 
     # ---- invariants --------------------------------------------------------------------------------

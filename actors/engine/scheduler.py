@@ -61,11 +61,8 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_encoder_embeds: int | None = None,
         encoder_cache: EncoderCache | None = None,
-        max_waiting: int | None = None,
     ) -> None:
         self.blocks = blocks
-        self.max_waiting = max_waiting
-        """Admission limit on `waiting` (None: none): see `full`."""
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_encoder_embeds = max_num_batched_encoder_embeds or max_num_batched_tokens
@@ -259,11 +256,6 @@ class Scheduler:
         req.num_computed_tokens = req.times.num_cached_tokens + req.num_external_computed_tokens
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
-
-    @property
-    def full(self) -> bool:
-        """The admission limit is reached (`max_waiting` requests waiting): a new one is refused."""
-        return self.max_waiting is not None and len(self.waiting) >= self.max_waiting
 
     def recompute_instead(self, req: Request) -> None:
         """A load failed: `req` computes the tokens it meant to take (recorded on its times)."""

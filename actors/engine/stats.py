@@ -206,6 +206,9 @@ class EngineStats:
         self.num_rejected += 1
 
     def on_request_finished(self, req: Request, reason: FinishedReason) -> None:
+        if reason == "rejected":  # refused after queueing (scheduler.max_queue_time_s): never served
+            self.on_request_rejected()
+            return
         self.num_finished += 1
         if self.recorder is not None:
             self.recorder.on_request_finished(

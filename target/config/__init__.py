@@ -1,0 +1,69 @@
+"""The run configuration: frozen dataclasses, one per concern.
+
+Built only through `cluster.config_load` (which validates YAML, presets and `--set` overrides at the
+edge); everything inside the testbed takes these objects as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from target.config.engines import PoolConfig, PoolsConfig, RunnerConfig, SchedulerConfig
+from target.config.faults import EngineFault, FaultsConfig, LinkSlowdown
+from target.config.model import CpuOverhead, OperatorEfficiencies, TargetConfig
+from target.config.serving import ClockConfig, MetricsConfig, RenderConfig, RouterConfig
+from target.config.strict import STRICT
+from target.config.transfer import ECTransferConfig, KVTransferConfig
+from target.config.workload import MultiTurnConfig, ReplayConfig, WorkloadConfig
+
+__all__ = [
+    "ClockConfig",
+    "CpuOverhead",
+    "ECTransferConfig",
+    "EngineFault",
+    "FaultsConfig",
+    "KVTransferConfig",
+    "LinkSlowdown",
+    "MetricsConfig",
+    "MultiTurnConfig",
+    "OperatorEfficiencies",
+    "PoolConfig",
+    "PoolsConfig",
+    "RenderConfig",
+    "ReplayConfig",
+    "RouterConfig",
+    "RunnerConfig",
+    "SchedulerConfig",
+    "TargetConfig",
+    "TestbedConfig",
+    "WorkloadConfig",
+]
+
+
+@dataclass(frozen=True)
+class TestbedConfig:
+    """One design under one workload: everything a run needs."""
+
+    __pydantic_config__ = STRICT
+    __test__ = False  # not a pytest class
+
+    design: str = "default"
+    """Name of the design (a preset's key), carried into results."""
+    target: TargetConfig = field(default_factory=TargetConfig)
+    pools: PoolsConfig = field(default_factory=PoolsConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    ec_transfer: ECTransferConfig = field(default_factory=ECTransferConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    render: RenderConfig = field(default_factory=RenderConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    slos: tuple[str, ...] = ("ttft<=2s,tpot<=30ms", "ttft<=2s,gap<=100ms")
+    """SLO sets: comma-joined `metric<=value` terms over ttft, tpot, itl (per-request p99), gap, e2el."""
+    seed: int = 0
+    """Seeds arrivals, prompts and forced answers."""

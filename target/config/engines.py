@@ -1,0 +1,109 @@
+"""The engines: their pools, scheduler and runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from target.config.strict import STRICT
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    __pydantic_config__ = STRICT
+
+    replicas: int = 0
+    """Number of engine replicas in this pool (data parallel)."""
+    gpu: str = "l40s"
+    """GPU of each replica, a name from target.profiles.GPUS."""
+    tp: int = 1
+    """Tensor-parallel degree: GPUs per replica."""
+
+
+@dataclass(frozen=True)
+class PoolsConfig:
+    """Either `mixed` replicas (collocated) or `prefill` + `decode` replicas (P/D), not both."""
+
+    __pydantic_config__ = STRICT
+
+    mixed: PoolConfig = field(default_factory=lambda: PoolConfig(replicas=1))
+    prefill: PoolConfig = field(default_factory=PoolConfig)
+    decode: PoolConfig = field(default_factory=PoolConfig)
+    encoder: PoolConfig = field(default_factory=PoolConfig)
+    """Vision-encoder replicas (E/P/D, E/PD); none: the LM engines encode images in their own steps."""
+
+    def by_role(self) -> tuple[tuple[Literal["prefill", "decode", "mixed"], PoolConfig], ...]:
+        """(role, pool) pairs, prefill first: decode engines are wired to the prefill engines."""
+        return (("prefill", self.prefill), ("decode", self.decode), ("mixed", self.mixed))
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    __pydantic_config__ = STRICT
+
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step, shared by decodes and prefill chunks."""
+    max_num_seqs: int = 256
+    """Most requests running in one engine at once."""
+    block_size: int = 16
+    """Tokens per KV block."""
+    max_model_len: int = 32768
+    """Most tokens (prompt + max_tokens) one request may have; longer requests are rejected."""
+    enable_prefix_caching: bool = True
+    """Reuse cached KV blocks keyed by chained block hashes."""
+    num_gpu_blocks_override: int | None = None
+    """Fix the KV capacity in blocks instead of deriving it from GPU memory (for tests of KV pressure)."""
+    max_waiting: int | None = None
+    """Admission limit: a request that finds this many waiting to be scheduled is rejected at once
+    (finished_reason `rejected`; HTTP 429 with Retry-After) instead of queueing without bound.
+    None: no limit (vLLM's behaviour)."""
+    max_queue_time_s: float | None = None
+    """Queue-time budget: a request still waiting for its first step this many emulated seconds after
+    it was queued is rejected then (finished_reason `rejected`, HTTP 429) instead of waiting on (a
+    request whose KV is loading, or preempted after it ran, is not). None: no budget (vLLM's)."""
+    max_num_batched_encoder_embeds: int | None = None
+    """Visual tokens the vision encoder may produce in one step (vLLM's name; None: as many as
+    max_num_batched_tokens). An image that does not fit waits for a later step, its prompt chunk cut
+    before it; one larger than the budget runs alone."""
+    encoder_cache_size: int | None = None
+    """Embeddings the engine's encoder cache holds (None: the encoder budget, as vLLM sizes it)."""
+
+    @property
+    def encoder_budget(self) -> int:
+        """`max_num_batched_encoder_embeds`, its default resolved."""
+        return self.max_num_batched_encoder_embeds or self.max_num_batched_tokens
+
+    @property
+    def encoder_cache_embeds(self) -> int:
+        """`encoder_cache_size`, its default resolved."""
+        return self.encoder_cache_size or self.encoder_budget
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    __pydantic_config__ = STRICT
+
+    compute: Literal["real", "skip"] = "real"
+    """real: the runner model computes every scheduled token; skip: timing only."""
+    model_path: str | None = None
+    """Local Hugging Face model directory; None builds (once) the seeded tiny Qwen2 model in the cache."""
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    vocab_size: int = 8192
+    weights_seed: int = 0
+    """Seed of the tiny model's weights (part of its cache key)."""
+    num_threads: int = 1
+    """torch threads per engine; one keeps co-located engines from stealing each other's cores."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the runner computes; auto: a GPU when the process sees one, else the CPU."""
+    num_gpus: float = 0.0
+    """live only: share of a GPU each engine actor asks Ray for (e.g. 0.25 packs four per GPU)."""
+    macro_steps: bool = True
+    """virtual mode with compute skip: emulate a steady stretch of steps (every running request
+    decoding, perhaps one computing its prompt in chunks; nothing arriving, finishing or running short
+    of blocks before its end) as one event, and hand each request's tokens to its client at its end,
+    with the stamps, tokens, counters and metrics of a step at a time; false runs every step as its own
+    event and streams every token (to compare)."""

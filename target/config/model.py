@@ -1,0 +1,75 @@
+"""The emulated target: its model and how its steps' time is modelled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from target.config.strict import STRICT
+
+
+@dataclass(frozen=True)
+class OperatorEfficiencies:
+    """Fractions of peak each operator group achieves (`target.time_model: operators`). Defaults: the
+    aggregate model's two, fitted to the guide's L40S low-load medians (compute: the 8k prompt's TTFT;
+    bandwidth: the ITL), given to the groups they bound; nothing else is fitted."""
+
+    __pydantic_config__ = STRICT
+
+    gemm_compute: float = 0.47
+    """QKV/O and MLP GEMMs and the LM head, of peak FLOP/s (compute-bound: prompt chunks)."""
+    attention_compute: float = 0.47
+    """Prefill attention (FlashAttention-style, causal), of peak FLOP/s."""
+    weights_bandwidth: float = 0.75
+    """Streaming the weights (memory-bound GEMMs: decode batches), of peak memory bandwidth."""
+    kv_bandwidth: float = 0.75
+    """Decode attention reading each decode's KV, of peak memory bandwidth."""
+    all_reduce_bandwidth: float = 0.8
+    """Tensor-parallel all-reduces, of the TP link's bandwidth (an assumed bus efficiency: measure)."""
+
+
+@dataclass(frozen=True)
+class CpuOverhead:
+    """CPU work on a step's path (`target.time_model: operators`): scheduling, preparing inputs,
+    sampling, output processing, detokenising and streaming, which grow with the batch."""
+
+    __pydantic_config__ = STRICT
+
+    s_per_step: float = 0.002
+    """Fixed per step: the aggregate model's step overhead, fitted to the guide's low-load ITL (one or
+    two running requests)."""
+    s_per_request: float = 1.4e-5
+    """Per running (scheduled) request: vLLM V1 measured a 5-6 ms gap between decode steps at 256
+    running requests (Llama-2-7B; vllm-project/vllm#10634), (5.5 ms - 2 ms) / 256."""
+    s_per_token: float = 0.0
+    """Per scheduled token (input arrays, slot mapping) on the step's critical path: none by default.
+    That work is vectorised and runs while the GPU finishes the previous step: an engine with vLLM-like
+    batching measured 0.95 ms for a 16,255-token prefill (58 ns a token), 98.5 % of it under GPU work
+    (wejoncy/sfllm#43); vLLM V1 prepares inputs the same way (numpy arrays, async scheduling). Set it
+    when a profile of your server shows gaps between steps growing with the batch's tokens."""
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    __pydantic_config__ = STRICT
+
+    model: str = "qwen2.5-7b"
+    """Emulated model, a name from target.profiles.MODELS."""
+    served_model_name: str | None = None
+    """The `model_name` label of every metric (vLLM's --served-model-name); None: `model`."""
+    eta_compute: float = 0.47
+    """Fraction of peak FLOP/s a step achieves (fitted to the guide's L40S medians)."""
+    eta_bandwidth: float = 0.75
+    """Fraction of peak memory bandwidth a step achieves."""
+    step_overhead_s: float = 0.002
+    """Fixed per-step cost: scheduling, launch, sampling (the aggregate model's)."""
+    time_model: Literal["aggregate", "operators"] = "aggregate"
+    """aggregate: one roofline over the whole step, max(compute, memory) + step_overhead_s (eta_compute,
+    eta_bandwidth); operators: a roofline per operator group, summed, with tensor-parallel all-reduces
+    and a CPU overhead that grows with the batch (`operators`, `cpu_overhead`; target.operators)."""
+    operators: OperatorEfficiencies = field(default_factory=OperatorEfficiencies)
+    """The per-operator model's efficiencies."""
+    cpu_overhead: CpuOverhead = field(default_factory=CpuOverhead)
+    """The per-operator model's CPU work per step."""
+    gpu_memory_utilization: float = 0.9
+    """Share of GPU memory the engine may use for weights + KV (vLLM's flag)."""

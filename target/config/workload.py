@@ -1,0 +1,121 @@
+"""What is sent: synthetic load, generated conversations, replayed traces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from target.config.strict import STRICT
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    __pydantic_config__ = STRICT
+
+    kind: Literal["synthetic", "trace", "multi_turn"] = "synthetic"
+    """synthetic: random prompts of fixed lengths (the guide's `vllm bench serve --dataset random`);
+    trace: the sessions of `replay.trace`; multi_turn: conversations as `multi_turn` describes them
+    (the fields below apply to synthetic only)."""
+    rate: float = 0.2
+    """Offered load, requests per emulated second (Poisson arrivals)."""
+    num_requests: int = 100
+    prompt_len: int = 8192
+    """Prompt tokens per request."""
+    output_len: int = 256
+    """Output tokens per request (max_tokens, EOS ignored)."""
+    output_policy: Literal["forced", "greedy"] = "forced"
+    """forced: emit the workload's answer tokens; greedy: argmax of the runner's real logits."""
+    images_per_request: str = "constant:0"
+    """Images in each request's prompt, a distribution (`constant:4`, `uniform:1:4`; see
+    multi_turn): each adds its visual tokens to prompt_len's text. Needs a vision-language target."""
+    image_tokens: int = 400
+    """Visual tokens per image (a square grid: 400 is 20 x 20 tokens, 40 x 40 patches, a 560-pixel
+    image in Qwen2.5-VL's processor)."""
+    text_only_fraction: float = 0.0
+    """Share of requests without images."""
+    image_reuse: float = 0.0
+    """Chance that an image is one an earlier request sent (the same hash: encoder cache hits)."""
+
+
+@dataclass(frozen=True)
+class MultiTurnConfig:
+    """Synthetic conversations (workload.kind=multi_turn), in the shape of vLLM's
+    benchmarks/multi_turn generator; lengths are distributions (`constant:N`, `uniform:LO:HI`,
+    `lognormal:MEAN:SIGMA`, `zipf:A`, `poisson:MEAN`, each optionally `:max=M`). The defaults are
+    vLLM's example; `testbed replay --scenario six-turn` is 6 turns of 3,600 + 400 then 600 / 400."""
+
+    __pydantic_config__ = STRICT
+
+    num_conversations: int = 32
+    num_turns: str = "uniform:6:9"
+    """Turns per conversation (user messages, each answered)."""
+    common_prefix_tokens: int = 500
+    """A prefix every conversation's first prompt starts with (a shared system prompt)."""
+    prefix_tokens: str = "lognormal:1000:0.5:max=5000"
+    """Each conversation's own prefix on its first turn (a document, a task)."""
+    user_tokens: str = "uniform:120:160"
+    """Each user message."""
+    output_tokens: str = "uniform:80:120"
+    """Each answer (max_tokens; EOS ignored)."""
+    think_s: str = "constant:0"
+    """Seconds between an answer and the next user message."""
+    conversation_rate: float = 1.0
+    """New conversations per second (Poisson)."""
+    history: Literal["generated", "model"] = "generated"
+    """generated: each turn's prompt repeats the generator's own answers (forced answers match it);
+    model: it repeats the answers the model actually gave (greedy: real logits), so a wrong KV reuse
+    changes every later turn."""
+    strip_answer_tokens: int = 0
+    """history=model: leave each answer's first N tokens out of the history (a template dropping past
+    reasoning: the next prompt is no longer a prefix of what decode generated)."""
+    rewrite_answer_tokens: int = 0
+    """history=model: replace each answer's last N tokens in the history by others of the same count
+    (an agent harness re-serialising the tool call an answer ends with: same length, other tokens)."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """How a trace is replayed (workload.kind=trace)."""
+
+    __pydantic_config__ = STRICT
+
+    trace: str | None = None
+    """The trace: a file, or a directory of WEKA session files."""
+    format: Literal["auto", "mooncake", "azure", "weka", "swe-agent", "servegen"] = "auto"
+    """auto: from the name (`.traj.json` or a directory of them: swe-agent; a directory of
+    `chunk-*-trace.csv`: servegen; `.jsonl`: mooncake; `.csv`: azure; `.json` or a directory: weka),
+    else from the first line."""
+    clients: tuple[int, ...] | None = None
+    """servegen: the clients (chunk ids) to sample; None: all of the directory's."""
+    timing: Literal["think", "original", "api-scaled"] = "think"
+    """When a session's next turn goes, after the previous one finished. think: its think time;
+    original: at its trace time if later; api-scaled: the previous send + its API time x
+    api_time_scale + think time, if later. One-turn sessions always go at their timestamps."""
+    speedup: float = 1.0
+    """Divides every trace time and delay (2: twice the offered load)."""
+    api_time_scale: float = 1.0
+    """api-scaled timing: the share of each original call's duration kept between sends."""
+    window_s: tuple[float, float] | None = None
+    """Replay only sessions starting in [start, end) trace seconds, shifted to start at 0 (servegen:
+    sample arrivals in it; None there: the chosen clients' busiest 600 s)."""
+    max_turns: int | None = None
+    """Replay at most each session's first N turns (vLLM's multi-turn benchmark: --max-turns)."""
+    max_sessions: int | None = None
+    """Most top-level sessions running at once (a closed-loop user count); None: no cap."""
+    session_salt: bool = False
+    """Give each session private blocks (no prefix shared across sessions), as one replayed user per
+    trace session on a shared server would have."""
+    history: Literal["trace", "model"] = "trace"
+    """Chat traces: trace: each turn sends the trace's messages; model: each turn sends the messages the
+    conversation really had, the answer the server gave (content, reasoning, tool calls) in place of
+    the trace's, then the messages the trace adds after it (an agent harness's loop; `--target`)."""
+    harness_edit: Literal["none", "reserialize_tool_calls"] = "none"
+    """history=model: how the harness changes an answer before sending it back. reserialize_tool_calls:
+    every tool call's arguments parsed and dumped compact (`{"a":1}` for `{"a": 1}`), as harnesses that
+    keep calls as objects do: the next prompt is no longer a prefix of what decode generated."""
+    tools: tuple[dict[str, Any], ...] | None = None
+    """OpenAI tool definitions sent with every chat request (an agent acting through function calls:
+    the server's answers then call them, and harness_edit has calls to re-serialise)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Sent with every chat request (vLLM's extension), e.g. `{keep_past_reasoning: true}` (the testbed's
+    template) or `{enable_thinking: false}`."""
