@@ -26,6 +26,7 @@ from actors.engine.core import EngineCore, EngineDeadError, Role
 from actors.engine.kv_connector import KVSource
 from actors.proxy import Proxy
 from actors.render.client import METHODS, RenderClient, render_again, render_for
+from cluster.clock_sync import Probe, probe
 from cluster.engines import build_encoder, build_engine, encoder_pool, runner_for
 from dashboards.exposition import serve_metrics
 from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics, RenderMetrics
@@ -134,11 +135,15 @@ class EngineHost:
         engines, which exist only after it); call before `start`."""
         self._prefill.update(engines)
 
-    async def start(self, epoch_s: float) -> str:
-        """Start the engine on the shared clock and its /metrics endpoint; returns `host:port` of it."""
+    def clock_probe(self) -> Probe:
+        return probe()
+
+    async def start(self, epoch_s: float, offset_s: float) -> str:
+        """Start the engine on the shared clock (`offset_s`: this process's monotonic clock less the
+        head's) and its /metrics endpoint; returns `host:port` of it."""
         engine_id, role, cfg, pool = self._args
         peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
-        clock = Clock(cfg.clock.scale, epoch_s=epoch_s)
+        clock = Clock(cfg.clock.scale, epoch_s, offset_s)
         self.engine = build_engine(
             engine_id, role, cfg, pool, clock, self._runner, peers, self._metrics, True, self._link
         )
@@ -191,10 +196,13 @@ class EncoderHost:
         self._metrics = EncoderMetrics(cfg, replica)
         self.encoder: EncoderCore | None = None
 
-    def start(self, epoch_s: float) -> str:
+    def clock_probe(self) -> Probe:
+        return probe()
+
+    def start(self, epoch_s: float, offset_s: float) -> str:
         """Start the encoder on the shared clock and its /metrics endpoint; returns `host:port` of it."""
         encoder_id, cfg = self._args
-        clock = Clock(cfg.clock.scale, epoch_s=epoch_s)
+        clock = Clock(cfg.clock.scale, epoch_s, offset_s)
         self.encoder = build_encoder(encoder_id, cfg, clock, True, self._metrics)
         self.encoder.start()
         return serve_node_metrics(self._metrics.registry)
@@ -264,9 +272,12 @@ class ProxyHost:
         """Serve /metrics; returns its `host:port`."""
         return serve_node_metrics(self._metrics.registry)
 
-    def join_clock(self, epoch_s: float) -> None:
+    def clock_probe(self) -> Probe:
+        return probe()
+
+    def join_clock(self, epoch_s: float, offset_s: float) -> None:
         """The run's clock, so that a re-render for decode is on the emulated path."""
-        self._proxy.clock = Clock(self._time_scale, epoch_s=epoch_s)
+        self._proxy.clock = Clock(self._time_scale, epoch_s, offset_s)
 
     def metrics(self) -> str:
         return self._metrics.exposition()

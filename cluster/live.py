@@ -28,6 +28,8 @@ import ray
 
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import LinkQueue
+from cluster import clock_sync
+from cluster.clock_sync import ClockOffset, measure_actor
 from cluster.config_load import ConfigError
 from cluster.engines import chat_renderer
 from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost
@@ -71,6 +73,7 @@ class LiveDeployment:
     """engine id -> Ray node id"""
     proxy: Any
     clock_epoch_s: float
+    """Emulated time zero on the driver's monotonic clock."""
     metrics_targets: dict[str, str]
     """actor id (engine ids, `proxy`, `render-i`) -> `host:port` of its /metrics."""
     renders: list[Any] = field(default_factory=list)
@@ -79,6 +82,8 @@ class LiveDeployment:
     """The shared link's actor (kv_transfer.link_scope=fabric), else None."""
     encoders: list[Any] = field(default_factory=list)
     """The encoder pool's actor handles (E/P/D)."""
+    clock_offsets: dict[str, ClockOffset] = field(default_factory=dict)
+    """actor id -> its clock's measured offset to the driver's (`cluster.clock_sync`)."""
 
 
 def connect(configs: Sequence[TestbedConfig], address: str | None) -> bool:
@@ -186,13 +191,27 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     proxy: Any = ray.remote(ProxyHost).options(num_cpus=0).remote(cfg, pools, renders, encoders)
     targets = {"proxy": ray.get(proxy.start.remote())}
     targets.update({f"render-{i}": t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))})
-    epoch = time.time() + _START_SLACK_S
-    encoder_targets = ray.get([h.start.remote(epoch) for h in encoders])
+    dep = LiveDeployment(engines, nodes, proxy, 0.0, targets, renders, fabric, encoders)
+    timed = {"proxy": proxy, **engines, **{f"encoder-{i}": h for i, h in enumerate(encoders)}}
+    dep.clock_offsets = {actor: measure_actor(h) for actor, h in timed.items()}
+    try:
+        clock_sync.check(dep.clock_offsets, cfg.clock.max_sync_uncertainty_s)
+    except ConfigError:
+        kill(dep)
+        raise
+    epoch = dep.clock_epoch_s = time.monotonic() + _START_SLACK_S
+    offset = {actor: o.offset_s for actor, o in dep.clock_offsets.items()}
+    encoder_targets = ray.get([h.start.remote(epoch, offset[f"encoder-{i}"]) for i, h in enumerate(encoders)])
     targets.update({f"encoder-{i}": t for i, t in enumerate(encoder_targets)})
-    started = ray.get([proxy.join_clock.remote(epoch), *[h.start.remote(epoch) for h in engines.values()]])
+    started = ray.get(
+        [
+            proxy.join_clock.remote(epoch, offset["proxy"]),
+            *[h.start.remote(epoch, offset[e]) for e, h in engines.items()],
+        ]
+    )
     targets.update(zip(engines, started[1:], strict=True))
     write_sd_file(cfg.metrics.sd_file, cfg.design, targets)
-    return LiveDeployment(engines, nodes, proxy, epoch, targets, renders, fabric, encoders)
+    return dep
 
 
 async def drive(
@@ -266,8 +285,10 @@ def run_live(
         results = asyncio.run(drive(dep, cfg, requests, on_result, on_tick))
         time.sleep(cfg.metrics.linger_s)
         reports, metrics = shutdown(dep, cfg)
-        dep = None
-        return run_output(cfg, results, reports, metrics, workload_info(requests, cfg.replay.speedup))
+        offsets, dep = dep.clock_offsets, None
+        out = run_output(cfg, results, reports, metrics, workload_info(requests, cfg.replay.speedup))
+        out.summary["clock_sync"] = clock_sync.sync_summary(offsets)
+        return out
     finally:
         if dep is not None:
             kill(dep)

@@ -53,7 +53,7 @@ class _InProcess:
     """Every role in this process, on the server's event loop (engines compute off it)."""
 
     def __init__(self, cfg: TestbedConfig) -> None:
-        self.clock = Clock(cfg.clock.scale, epoch_s=time.time())
+        self.clock = Clock(cfg.clock.scale, epoch_s=time.monotonic())
         render_metrics = [RenderMetrics(cfg, i) for i in range(cfg.render.replicas)]
         self.render_replicas = [render_for(cfg, m.on_render) for m in render_metrics]
         self.renders: list[RenderClient] = [local_render(r) for r in self.render_replicas]

@@ -44,7 +44,7 @@ def run_against_target(
     model = model or _served_model(url, api_key)
 
     async def main() -> list[RequestResult]:
-        clock = Clock(1.0, epoch_s=time.time())
+        clock = Clock(1.0, epoch_s=time.monotonic())
         target = OpenAITarget(url, model, clock.now, api_key)
         try:
             # The server renders chat prompts itself: nothing to render here.

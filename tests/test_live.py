@@ -79,6 +79,9 @@ def test_live_timing_matches_virtual(cluster):
     virtual = run_virtual(design("pd-fast", *overrides)).summary
     live = run_live(design("pd-fast", *overrides, "clock.mode=live")).summary
     assert live["completed"] == 8 and live["lag_fraction"] < 0.05
+    # Every node's clock offset to the head's, known to within half a round trip (well under the bound).
+    assert len(live["clock_sync"]) >= 2  # (prefill and decode nodes; the proxy is on one of the three)
+    assert all(0 < n["uncertainty_ms"] < 5 for n in live["clock_sync"].values())
     assert live["median_ttft_ms"] == pytest.approx(virtual["median_ttft_ms"], rel=0.05)
     assert live["median_itl_ms"] == pytest.approx(virtual["median_itl_ms"], rel=0.05)
     # The render tier's cost model puts the same time on both paths (2,048 tokens: about 2.7 ms).
@@ -161,6 +164,33 @@ def test_an_engine_kill_injected_by_config_kills_the_actor_and_its_prefills_are_
     assert len(df) == 12 and df["ok"].all(), df.loc[~df["ok"], "error"].tolist()
     assert out.summary["num_engines_lost"] == 1 and "error" in out.engine_reports["prefill-0"]
     assert (df.loc[df["arrival_s"] > 3.0, "prefill_engine"] == "prefill-1").all()
+
+
+def test_a_hung_prefill_actor_is_given_up_on_and_its_requests_are_served_by_the_other(cluster):
+    """`faults.engine_hangs` in live mode: the prefill actor's step loop stops (no error); the proxy
+    gives up on each request there after router.prefill_timeout_s and retries it on prefill-1."""
+    cfg = design(
+        *LOSING_AN_ENGINE,
+        "workload.output_len=60",
+        "pools.prefill.replicas=2",
+        "faults.engine_hangs=[{engine: prefill-0, at_s: 1.0}]",
+        "router.prefill_timeout_s=1.5",
+    )
+    out = run_live(cfg)  # the hung engine drains empty: its requests were aborted there
+    df = out.results
+    assert len(df) == 12 and df["ok"].all(), df.loc[~df["ok"], "error"].tolist()
+    assert out.summary["num_engines_hung"] == 1 and out.summary["num_prefill_timeouts"] > 0
+    assert (df.loc[df["num_prefill_timeouts"] > 0, "prefill_engine"] == "prefill-1").all()
+
+
+def test_a_clock_offset_known_worse_than_the_bound_is_refused(cluster):
+    cfg = design("collocated", "runner.compute=skip", "clock.mode=live", "clock.max_sync_uncertainty_s=1e-9")
+    with pytest.raises(ConfigError, match=r"clock.max_sync_uncertainty_s=1e-09: .* on node 127.0.0.2/"):
+        run_live(cfg)
+    deadline = time.monotonic() + 20  # the actors it made are killed: their resources come back
+    while ray.available_resources().get("mixed", 0) < 2:
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.2)
 
 
 def test_a_pool_larger_than_the_cluster_offers_is_a_clear_error(cluster):

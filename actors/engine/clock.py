@@ -4,8 +4,9 @@ Roles compute emulated durations with pure functions and call `sleep_until(sim_t
 waits. Emulated time maps onto a time source as `source = origin + sim × time_scale`:
   - virtual: the loop's time on a `VirtualTimeLoop`, which jumps to the next event, so a run takes as
     long as its real work;
-  - live: wall time (`time.time()`) from an epoch shared by every actor of a run, so all of them, on
-    any node, agree on emulated time; a deadline that has already passed when it is awaited is lag.
+  - live: the head's monotonic time from an epoch shared by every actor of a run: each process reads
+    its own `time.monotonic()` less its offset to the head's (`cluster.clock_sync`), so all of them,
+    on any node, agree on emulated time; a deadline that has already passed when it is awaited is lag.
 """
 
 from __future__ import annotations
@@ -19,8 +20,15 @@ from typing import Any
 
 
 class Clock:
-    def __init__(self, time_scale: float = 1.0, epoch_s: float | None = None) -> None:
-        """Virtual (loop time from now) when `epoch_s` is None; live (wall time from `epoch_s`) otherwise."""
+    def __init__(
+        self,
+        time_scale: float = 1.0,
+        epoch_s: float | None = None,
+        offset_s: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Virtual (loop time from now) when `epoch_s` is None; live otherwise: the head's monotonic time
+        (this process's `monotonic` less `offset_s`, its offset to the head's) from `epoch_s`."""
         self.time_scale = time_scale
         self._source: Callable[[], float]
         self._virtual: VirtualTimeLoop | None = None
@@ -30,7 +38,8 @@ class Clock:
             self._origin = self._source()
             self._virtual = loop if isinstance(loop, VirtualTimeLoop) else None
         else:
-            self._source, self._origin = time.time, epoch_s
+            self._source = (lambda: monotonic() - offset_s) if offset_s else monotonic
+            self._origin = epoch_s
 
     def now(self) -> float:
         """Emulated seconds since the origin."""

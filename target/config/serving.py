@@ -86,6 +86,10 @@ class ClockConfig:
     one Ray message). Tokens keep their emulated stamps, so results and metrics are exact either way,
     but a client of `serve --ray` gets each token up to this late. None: 0.05 in a replayed run, 0.01
     behind `serve --ray` (where client-side ITL is the point)."""
+    max_sync_uncertainty_s: float = 0.005
+    """live only: each actor's clock is the head's monotonic clock through an offset measured at start
+    by halving round trips (`cluster.clock_sync`); a run whose offset to some actor is known no better
+    than this (wall seconds; half the fastest round trip) is refused. Each node's is in the summary."""
 
     @property
     def scale(self) -> float:
