@@ -18,7 +18,7 @@ from actors.engine.scheduler import ScheduledBatch
 from messages import MultiModalItem
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
-    from actors.engine.runner import ModelRunner
+    from actors.engine.runner import ModelRunner, RunnerInput
 
 
 class Executor:
@@ -34,14 +34,26 @@ class Executor:
         self.vision = vision
         self.vocab_size = runner.vocab_size if runner is not None else vocab_size
         self.in_thread = in_thread
+        self._stepping = False
+        """A forward pass runs in its thread: it may still create or use any working copy."""
+        self._deferred: list[str] = []
+        """Requests released while it ran (aborted on the event loop): their working copies go after."""
 
     async def execute(self, batch: ScheduledBatch) -> list[int | None]:
         """The token sampled for each request of `batch` (None where it needs no logits, or skip)."""
         if self.runner is None:
             return [None] * len(batch.requests)
-        if self.in_thread:
-            return await asyncio.to_thread(self._execute, self.runner, batch)
-        return self._execute(self.runner, batch)
+        items = runner_inputs(batch)  # read here: an abort changes its request while the thread runs
+        if not self.in_thread:
+            return self.runner.execute(items)
+        self._stepping = True
+        try:
+            return await asyncio.to_thread(self.runner.execute, items)
+        finally:
+            self._stepping = False
+            for request_id in self._deferred:
+                self.runner.release(request_id)
+            self._deferred.clear()
 
     async def encode(self, inputs: list[tuple[Request, MultiModalItem]], cache: EncoderCache) -> None:
         """Encode a step's images with the vision encoder (compute skip: no embeddings, None); each
@@ -53,27 +65,12 @@ class Executor:
             req.mm_embeds[item.mm_hash] = e
             cache.put(item.mm_hash, item.num_tokens, e)
 
-    @staticmethod
-    def _execute(runner: ModelRunner, batch: ScheduledBatch) -> list[int | None]:
-        from actors.engine.runner import RunnerInput
-
-        items = [
-            RunnerInput(
-                request_id=req.request_id,
-                token_ids=req.token_ids(req.num_computed_tokens, req.num_computed_tokens + n),
-                start_pos=req.num_computed_tokens,
-                block_ids=req.block_ids,
-                capacity=req.num_prompt_tokens + req.max_tokens,
-                needs_logits=req.num_computed_tokens + n == req.num_tokens,
-                embeds=image_rows(req, req.num_computed_tokens, n),
-            )
-            for req, n in zip(batch.requests, batch.num_new_tokens, strict=True)
-        ]
-        return runner.execute(items)
-
     def release(self, request_id: str) -> None:
-        """Drop a request's working KV (it finished or was preempted; its blocks stay in the pool)."""
-        if self.runner is not None:
+        """Drop a request's working KV (it finished or was preempted; its blocks stay in the pool); after
+        the forward pass under way in its thread, which would otherwise make it again (an abort)."""
+        if self._stepping:
+            self._deferred.append(request_id)
+        elif self.runner is not None:
             self.runner.release(request_id)
 
     def read_kv(self, block_ids: list[int], num_tokens: int) -> np.ndarray | None:
@@ -86,6 +83,24 @@ class Executor:
     def assert_empty(self) -> None:
         if self.runner is not None:
             self.runner.assert_empty()
+
+
+def runner_inputs(batch: ScheduledBatch) -> list[RunnerInput]:
+    """What the runner computes for each request of `batch`: its new tokens, where its KV goes."""
+    from actors.engine.runner import RunnerInput
+
+    return [
+        RunnerInput(
+            request_id=req.request_id,
+            token_ids=req.token_ids(req.num_computed_tokens, req.num_computed_tokens + n),
+            start_pos=req.num_computed_tokens,
+            block_ids=req.block_ids,
+            capacity=req.num_prompt_tokens + req.max_tokens,
+            needs_logits=req.num_computed_tokens + n == req.num_tokens,
+            embeds=image_rows(req, req.num_computed_tokens, n),
+        )
+        for req, n in zip(batch.requests, batch.num_new_tokens, strict=True)
+    ]
 
 
 async def encoded(vision: Any, items: list[MultiModalItem], in_thread: bool) -> list[np.ndarray | None]:
