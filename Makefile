@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) bench/render_cost.py
 	$(PY) bench/trace_replay.py
 	$(PY) bench/soak.py
+	$(PY) bench/overload.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy

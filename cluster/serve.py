@@ -141,16 +141,18 @@ def build_server(
     max_body_bytes: int = 4 * 1024**2,
     on_ray: bool = False,
     address: str | None = None,
+    keep_results: bool = True,
 ) -> Served:
     """The app, its front end and its roles (on Ray if `on_ray`: a local Ray, or the one at `address`);
-    the roles start with the app (lifespan) and are checked empty at its end."""
+    the roles start with the app (lifespan) and are checked empty at its end. `keep_results`: keep
+    every request's row (for `out` and tests; ~10 KB per 128-token answer, until the end)."""
     cfg = dataclasses.replace(cfg, clock=dataclasses.replace(cfg.clock, mode="live"))
     if on_ray:
         from cluster.live import with_stream_flush
 
         cfg = with_stream_flush(cfg, serving=True)
     roles = _OnRay(cfg, address) if on_ray else _InProcess(cfg)
-    frontend = Frontend(cfg, roles.proxy, roles.renders, roles.clock, answers=render_for(cfg))
+    frontend = Frontend(cfg, roles.proxy, roles.renders, roles.clock, render_for(cfg), keep_results)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -196,7 +198,7 @@ def serve(
 ) -> None:
     import uvicorn
 
-    app = build_server(cfg, out, api_key, max_body_bytes, on_ray, address).app
+    app = build_server(cfg, out, api_key, max_body_bytes, on_ray, address, keep_results=out is not None).app
     name = cfg.target.served_model_name or cfg.target.model
     where = "roles on Ray" if on_ray else "roles in this process"
     print(f"serving {cfg.design} as model {name!r} on http://{host}:{port}/v1, {where} (Ctrl-C stops)")

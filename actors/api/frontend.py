@@ -5,7 +5,7 @@ into OpenAI responses, paced by emulated time.
     HTTP ◄─ derender (stateful stream: text, reasoning, tool calls) ◄─ token batches (emulated stamps)
 
 Each token leaves when the clock reaches its emulated stamp, so a client measures the emulated TTFT and
-ITL. Every finished request, whatever its outcome, is appended to `results`.
+ITL. Every finished request, whatever its outcome, is appended to `results` (unless told to keep none).
 """
 
 from __future__ import annotations
@@ -69,10 +69,13 @@ class Frontend:
         renders: list[RenderClient],
         clock: Clock,
         answers: Render,
+        keep_results: bool = True,
     ) -> None:
         """`renders`: the render pool (stateful streams stick to the replica that opened them).
         `answers`: this process's copy of the tokenizer, for the workload's forced answers and stop IDs
-        (choosing the output is the emulated model's job, not the render tier's)."""
+        (choosing the output is the emulated model's job, not the render tier's). `keep_results`: keep
+        each request's row for the end (a server without `--out` keeps none: its memory stays flat)."""
+        self.keep_results = keep_results
         self.cfg = cfg
         self.proxy = proxy
         self.renders = renders
@@ -182,7 +185,8 @@ class Frontend:
         finally:
             if render is not None and not stateless:  # a stateless tier keeps nothing to drop
                 render.close(stream_id)
-            self.results.append(result)
+            if self.keep_results:
+                self.results.append(result)
         if result.finished_reason == "error":  # not when closed early: that was the client's choice
             raise ApiError(500, f"request {creq.request_id} failed: {result.error}", type_="server_error")
         if result.finished_reason == "rejected":  # admission limit: the client may try again soon
