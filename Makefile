@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) bench/render_cost.py
 	$(PY) bench/trace_replay.py
 	$(PY) bench/soak.py
+	$(PY) bench/soak.py --live --rounds 2
 	$(PY) bench/overload.py
 
 lint: $(STAMP)

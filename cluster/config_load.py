@@ -450,6 +450,8 @@ def _check_rest(cfg: TestbedConfig) -> None:
         flush is None or flush >= 0,
         f"clock.stream_flush_wall_s={flush}: must be >= 0 seconds (0: every step's tokens) or null",
     )
+    bound = cfg.clock.max_sync_uncertainty_s
+    _require(bound > 0, f"clock.max_sync_uncertainty_s={bound}: must be > 0 (wall seconds)")
 
 
 def _check_faults(cfg: TestbedConfig) -> None:

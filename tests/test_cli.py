@@ -136,6 +136,17 @@ def test_sweep_writes_means_over_seeds_and_goodput(tmp_path):
             ["run", "--design", "pd-fast", "--set", "faults.engine_kills=[{engine: prefill-1, at_s: 3}]"],
             ["faults.engine_kills", "'prefill-1'", "prefill-0, decode-0"],
         ),
+        (
+            ["run", "--design", "pd-fast", "--set", "faults.engine_hangs=[{engine: decode-0, at_s: 3}]"],
+            ["faults.engine_hangs", "'decode-0'", "no such prefill engine", "prefill-0"],
+        ),
+        (
+            ["run", "--design", "pd-fast", "--set", "faults.engine_hangs=[{engine: prefill-0, at_s: 3}]"],
+            ["faults.engine_hangs", "router.prefill_timeout_s", "for ever"],
+        ),
+        (["run", "--set", "router.prefill_timeout_s=0"], ["router.prefill_timeout_s", "0", "> 0"]),
+        (["run", "--set", "scheduler.max_queue_time_s=-2"], ["scheduler.max_queue_time_s", "-2", "> 0"]),
+        (["run", "--set", "clock.max_sync_uncertainty_s=0"], ["clock.max_sync_uncertainty_s", "0", "> 0"]),
         (  # as vLLM refuses a max_model_len the KV cache cannot hold (it would wait forever)
             ["run", "--set", "scheduler.num_gpu_blocks_override=1200"],
             ["scheduler.num_gpu_blocks_override", "1200", "max_model_len=32768", "2048 blocks"],
