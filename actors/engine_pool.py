@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
+from actors.engine.clock import Clock
 from actors.engine.core import EngineDeadError
 from actors.router import Router
 from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, RequestResult
@@ -24,6 +25,9 @@ class EngineClient(Protocol):
 
     async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
         """Push: prefill finished `request_id`; its KV may now be pushed into this decode engine."""
+
+    async def check_health(self) -> None:
+        """Raise `EngineDeadError` if the engine is dead."""
 
 
 class InProcessEngine(EngineClient, Protocol):
@@ -50,6 +54,18 @@ class EnginePool:
         self.router = router
         self.cfg = cfg or RouterConfig(max_prefill_retries=0)
         self.time_scale = time_scale
+
+    async def check_health(self) -> None:
+        """Ask each engine in routing whether it lives; a dead one leaves routing for good (one taken
+        out as unresponsive stays out until it answers a request: passing this says nothing of that)."""
+
+        async def check(i: int) -> None:
+            try:
+                await self.engines[i].check_health()
+            except EngineDeadError as e:
+                self.router.excluded[i] = str(e)
+
+        await asyncio.gather(*(check(i) for i in range(len(self.engines)) if i not in self.router.excluded))
 
     async def outputs(self, i: int, ereq: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         """`ereq` on engine `i`: its outputs. The engine's KV events go to the router, which is told
@@ -105,3 +121,15 @@ class EnginePool:
 
 class EngineUnresponsiveError(RuntimeError):
     """An engine gave no answer in time (`router.prefill_timeout_s`): it is no longer routed to."""
+
+
+async def watch_health(
+    pools: Sequence[EnginePool], clock: Clock, interval_s: float, until_s: float | None
+) -> None:
+    """Check every pool's engines' health every `interval_s` emulated seconds, until `until_s` (None:
+    until cancelled)."""
+    t = clock.now()
+    while until_s is None or t < until_s:
+        t += interval_s
+        await clock.sleep_until(t)
+        await asyncio.gather(*(pool.check_health() for pool in pools))

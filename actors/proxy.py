@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from actors.encoding import EncoderPool
 from actors.engine.clock import Clock
 from actors.engine_pool import EngineClient, EnginePool, InProcessEngine
-from actors.engine_requests import engine_arrival_s, engine_request, for_decode
+from actors.engine_requests import engine_arrival_s, engine_request, for_decode, new_result
 from actors.router import Router
 from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
 from messages.token_ids import PromptIds
@@ -94,34 +94,23 @@ class Proxy:
         self._prefill = pool("prefill", prefill)
         self._decode = pool("decode", decode, decode_policy)
 
+    @property
+    def pools(self) -> list[EnginePool]:
+        return [p for p in (self._mixed, self._prefill, self._decode) if p is not None]
+
     def listen_kv_events(self, engine: InProcessEngine) -> None:
         """Send an in-process engine's KV events straight to its pool's router, which brings them up
         to date (the engine's `listen_kv_events` says how) before it reads them."""
-        pools = [p for p in (self._mixed, self._prefill, self._decode) if p is not None]
-        ((pool, i),) = [(p, i) for p in pools for i, e in enumerate(p.engines) if e is engine]
+        ((pool, i),) = [(p, i) for p in self.pools for i, e in enumerate(p.engines) if e is engine]
         catch_up = engine.listen_kv_events(functools.partial(pool.router.on_kv_events, i))
         pool.router.before_read.append(catch_up)
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         """Serve one request to the end; failures are recorded in the result, never raised."""
-        result = self.new_result(creq)
+        result = new_result(creq)
         async for _ in self.stream(creq, result):
             pass
         return result
-
-    @staticmethod
-    def new_result(creq: ClientRequest) -> RequestResult:
-        num_prompt = len(creq.prompt_token_ids)
-        return RequestResult(
-            creq.request_id,
-            creq.arrival_s,
-            num_prompt,
-            creq.max_tokens,
-            render_s=creq.render_s,
-            session_id=creq.session_id,
-            turn=creq.turn,
-            parent_session_id=creq.parent_session_id,
-        )
 
     async def stream(self, creq: ClientRequest, result: RequestResult) -> AsyncGenerator[EngineOutput, None]:
         """Serve one request, yielding the client's token batches as they come (`result` records

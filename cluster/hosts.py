@@ -24,6 +24,8 @@ from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, EngineDeadError, Role
 from actors.engine.kv_connector import KVSource
+from actors.engine_pool import watch_health
+from actors.engine_requests import new_result
 from actors.proxy import Proxy
 from actors.render.client import METHODS, RenderClient, render_again, render_for
 from cluster.clock_sync import Probe, probe
@@ -75,6 +77,10 @@ class RemoteEngine:
 
     async def free_kv(self, request_id: str) -> None:
         await self._handle.free_kv.remote(request_id)
+
+    async def check_health(self) -> None:
+        with self._dead_as_engine_dead():
+            await self._handle.check_health.remote()
 
     async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
         with self._dead_as_engine_dead():
@@ -173,6 +179,10 @@ class EngineHost:
         assert self.engine is not None
         return self.engine.report()
 
+    async def check_health(self) -> None:
+        assert self.engine is not None
+        await self.engine.check_health()
+
     async def hang(self, why: str) -> None:
         assert self.engine is not None
         self.engine.inject("hang", why)
@@ -245,6 +255,8 @@ class ProxyHost:
         render = render_again([actor_render(h) for h in renders]) if renders else None
         push = cfg.kv_transfer.mode == "push"
         self._time_scale = cfg.clock.scale
+        self._health_check_interval_s = cfg.router.health_check_interval_s
+        self._health: asyncio.Future[None] | None = None
         self._proxy = Proxy(
             remote["mixed"],
             remote["prefill"],
@@ -263,7 +275,7 @@ class ProxyHost:
 
     async def stream(self, creq: ClientRequest) -> AsyncGenerator[EngineOutput | RequestResult, None]:
         """The client's token batches as they come, then the request's result (see `RemoteProxy`)."""
-        result = Proxy.new_result(creq)
+        result = new_result(creq)
         async for out in self._proxy.stream(creq, result):
             yield out
         yield result
@@ -275,9 +287,13 @@ class ProxyHost:
     def clock_probe(self) -> Probe:
         return probe()
 
-    def join_clock(self, epoch_s: float, offset_s: float) -> None:
-        """The run's clock, so that a re-render for decode is on the emulated path."""
-        self._proxy.clock = Clock(self._time_scale, epoch_s, offset_s)
+    async def join_clock(self, epoch_s: float, offset_s: float) -> None:
+        """The run's clock, so that a re-render for decode is on the emulated path; the engines' health
+        checks start on it (`router.health_check_interval_s`)."""
+        clock = self._proxy.clock = Clock(self._time_scale, epoch_s, offset_s)
+        if self._health_check_interval_s is not None:
+            watch = watch_health(self._proxy.pools, clock, self._health_check_interval_s, None)
+            self._health = asyncio.ensure_future(watch)
 
     def metrics(self) -> str:
         return self._metrics.exposition()

@@ -18,6 +18,7 @@ from actors.engine.clock import Clock, VirtualTimeLoop
 from actors.engine.core import EngineCore, Role
 from actors.engine.kv_connector import KVSource
 from actors.engine.kv_transfer import LinkQueue
+from actors.engine_pool import watch_health
 from actors.proxy import Proxy
 from cluster.engines import build_encoder, build_engine, chat_renderer, encoder_pool, runner_for
 from cluster.outcome import RunOutput, run_output
@@ -43,7 +44,8 @@ class Deployment:
     encoders: list[EncoderCore] = field(default_factory=list)
     """The encoder pool (E/P/D), in front of prefill."""
     encoder_metrics: list[EncoderMetrics] = field(default_factory=list)
-    _faults: list[asyncio.Future[None]] = field(default_factory=list)
+    _tasks: list[asyncio.Future[None]] = field(default_factory=list)
+    """The fault injections and the proxy's health checks."""
 
     @property
     def roles(self) -> list[EngineCore | EncoderCore]:
@@ -51,15 +53,21 @@ class Deployment:
         return [*self.engines, *self.encoders]
 
     def start(self) -> None:
-        """Start every step loop, and the engine kills and hangs the config injects (`faults`)."""
+        """Start every step loop, the engine kills and hangs the config injects (`faults`) and the
+        proxy's health checks (in virtual time, while kills are due: nothing else kills an engine, and
+        a timer for ever would hide a deadlock)."""
         for e in self.roles:
             e.start()
         engines = {e.engine_id: e for e in self.engines}
-        f = self.cfg.faults
-        self._faults = [
+        f, interval_s = self.cfg.faults, self.cfg.router.health_check_interval_s
+        self._tasks = [
             *(asyncio.ensure_future(self._strike(engines[k.engine], "kill", k.at_s)) for k in f.engine_kills),
             *(asyncio.ensure_future(self._strike(engines[h.engine], "hang", h.at_s)) for h in f.engine_hangs),
         ]
+        if interval_s is not None and (f.engine_kills or not self.clock.virtual):
+            until_s = max(k.at_s for k in f.engine_kills) + interval_s if self.clock.virtual else None
+            watch = watch_health(self.proxy.pools, self.clock, interval_s, until_s)
+            self._tasks.append(asyncio.ensure_future(watch))
 
     async def _strike(self, engine: EngineCore, fault: Literal["kill", "hang"], at_s: float) -> None:
         await self.clock.sleep_until(at_s)
@@ -68,8 +76,8 @@ class Deployment:
     async def drain(self) -> None:
         """Stop every engine and release KV nobody will pull (then each can be checked empty); faults not
         due yet are dropped."""
-        for fault in self._faults:
-            fault.cancel()
+        for task in self._tasks:
+            task.cancel()
         outcomes = await asyncio.gather(*(e.drain() for e in self.roles), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):  # an engine crashed: every drain still ran

@@ -67,6 +67,21 @@ def test_a_killed_prefill_engine_is_never_routed_to_again_and_its_requests_went_
     assert (retried["prefill_engine"] == "prefill-1").all() and retried["ok"].all()
 
 
+def test_the_proxys_health_checks_take_a_dead_engine_out_of_routing_before_a_request_finds_it():
+    """router.health_check_interval_s: prefill-0 killed at 6 s leaves routing by the check after it,
+    so no request sent later is sent there and retried; without checks, the router learns of it
+    only from requests that fail there (round robin keeps sending every other one until one does)."""
+
+    def sent_late(interval):
+        df = run("prefill-killed", f"router.health_check_interval_s={interval}").results
+        return df[df["arrival_s"] > 7.0]
+
+    checked, unchecked = sent_late(1), sent_late("null")
+    assert len(checked) > 10 and (checked["num_prefill_retries"] == 0).all()
+    assert (checked["prefill_engine"] == "prefill-1").all()
+    assert (unchecked["num_prefill_retries"] > 0).any()
+
+
 def test_requests_on_a_hung_prefill_engine_time_out_there_and_are_served_by_another():
     """faults.engine_hangs: prefill-0 stops answering at 12 s without an error; the proxy gives up on
     each request there after router.prefill_timeout_s, aborts it (the hung engine ends empty) and

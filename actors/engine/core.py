@@ -93,8 +93,7 @@ class EngineCore:
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         """Stream a request's outputs; closing the iterator early aborts the request."""
-        if self._dead is not None:
-            raise self._dead
+        await self.check_health()
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in engine {self.engine_id}")
         vocab = self.executor.vocab_size if self.executor.runner is not None else None  # what it guards
@@ -120,6 +119,11 @@ class EngineCore:
                 self.abort(req.request_id)
             self.streams.close(req.request_id)
 
+    async def check_health(self) -> None:
+        """Raise `EngineDeadError` if the step loop broke or was killed (vLLM's `check_health`)."""
+        if self._dead is not None:
+            raise self._dead
+
     def abort(self, request_id: str, reason: FinishedReason = "abort", error: str | None = None) -> None:
         self.windows.settle()  # a change from outside: the next step sees it
         req = self._requests.get(request_id)
@@ -131,16 +135,14 @@ class EngineCore:
 
     async def get_kv(self, pull: KVPull) -> KVPayload:
         """The held KV `pull` asks for; its transfer queues on this engine's link (`KVSource`)."""
-        if self._dead is not None:
-            raise self._dead
+        await self.check_health()
         return await self.kv.get_kv(pull)
 
     async def free_kv(self, request_id: str) -> None:
         self.kv.free_kv(request_id)
 
     async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
-        """Push, decode side: prefill finished `request_id` (`kv_transfer_params`: where its KV is); the
-        push starts once this engine has blocks for it too."""
+        """Push, decode side: prefill finished `request_id`; its KV moves once this engine has blocks too."""
         self.windows.settle()  # a change from outside: the next step sees it
         self.kv.kv_ready(self._requests.get(request_id), request_id, kv_transfer_params)
 
@@ -177,10 +179,9 @@ class EngineCore:
                 raise
 
     def inject(self, fault: Literal["kill", "hang"], why: str) -> None:
-        """A fault on purpose, met at the end of the step under way. kill (`faults.engine_kills`): the
-        loop stops as if it broke (`run`), the run goes on without this engine; hang (`engine_hangs`:
-        a wedged GPU or process): no more steps, requests in it and new ones wait without an error
-        (aborts are still heard: a client's timeout frees what its request held) until `drain`."""
+        """A fault on purpose, met after the step under way. kill (`faults.engine_kills`): the loop stops
+        as if it broke (`run`); hang (`engine_hangs`: a wedged GPU or process): no more steps, requests
+        wait without an error (aborts are still heard: a client's timeout frees them) until `drain`."""
         if fault == "kill":
             self._killed = EngineDeadError(f"engine {self.engine_id} killed: {why}")
         else:
@@ -284,10 +285,9 @@ class EngineCore:
 
     def report(self) -> dict[str, Any]:
         """Counters of this engine's life so far (steps, lag, preemptions, prefix cache, handoffs)."""
+        faults = {"hung": self.hung_why, "error": str(self._dead) if self._dead is not None else None}
         report = self.stats.report(self.role, self.scheduler, len(self._requests))
-        if self.hung_why is not None:
-            report["hung"] = self.hung_why
-        return report if self._dead is None else {**report, "error": str(self._dead)}
+        return {**report, **{k: v for k, v in faults.items() if v is not None}}
 
     # ---- invariants --------------------------------------------------------------------------------
 

@@ -29,6 +29,11 @@ class RouterConfig:
     max_prefill_retries: int = 1
     """P/D: how many times a request whose prefill engine died is sent to another prefill engine
     before it fails (a dead engine is never picked again)."""
+    health_check_interval_s: float | None = 5.0
+    """Emulated seconds between the proxy's health checks of its engines (vLLM's /health, probed as
+    llm-d's and Kubernetes' readiness probes do): one found dead leaves routing then, not only when a
+    request sent to it fails. None: no checks. (Virtual mode: checks run only while engine kills are
+    due; a hung engine passes them, as a wedged vLLM passes /health.)"""
     prefill_timeout_s: float | None = None
     """P/D: emulated seconds the proxy waits for a prefill engine's answer (its KV descriptor); past
     it the request is aborted there, that engine is taken out of routing (as a failed health check
