@@ -22,6 +22,7 @@ from actors.encoding import EncoderPool
 from actors.engine.clock import Clock
 from actors.engine_pool import EngineClient, EnginePool, InProcessEngine
 from actors.engine_requests import engine_arrival_s, engine_request, for_decode, new_result
+from actors.in_flight import InFlight
 from actors.router import Router
 from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
 from messages.token_ids import PromptIds
@@ -64,6 +65,7 @@ class Proxy:
         lacks of it. `encoders`: the encoder pool a request's images go to first (None: the engines
         encode them)."""
         self._encoders = encoders
+        self.in_flight = InFlight()
         self._bidirectional = bidirectional
         self._conversations: dict[str, tuple[int, dict[str, Any]]] = {}
         """session id -> (its decode engine, where that engine holds its last turn's blocks)"""
@@ -94,6 +96,15 @@ class Proxy:
         self._prefill = pool("prefill", prefill)
         self._decode = pool("decode", decode, decode_policy)
 
+    def kill(self, why: str) -> None:
+        """Die and come back at once, as Ray restarts a killed actor (`faults.proxy_kills`): every
+        request it is serving fails with `why`; its routers start over (KV index, sessions, dead
+        engines: learnt again from events and health checks) and it forgets conversations."""
+        self.in_flight.kill(why)
+        self._conversations.clear()
+        for pool in self.pools:
+            pool.router.forget()
+
     @property
     def pools(self) -> list[EnginePool]:
         return [p for p in (self._mixed, self._prefill, self._decode) if p is not None]
@@ -119,19 +130,19 @@ class Proxy:
         if self.recorder is not None:
             self.recorder.on_request_start(result)
         try:
-            if creq.mm_items and self._encoders is not None:
-                creq = await self._encoders.encode(creq)
-                result.encode_s, result.ec_transfer_s = creq.encode_s, creq.ec_transfer_s
-            if self._mixed is not None:
-                ereq = engine_request(
-                    creq, creq.prompt_token_ids, creq.max_tokens, engine_arrival_s(creq), None
-                )
-                inner = self._stream(self._mixed, self._mixed.router.pick(creq), ereq, result)
-            else:
-                inner = (self._decode_first if self._push else self._disaggregated)(creq, result)
-            async with aclosing(inner):  # closing this stream closes the engine's: it aborts there
-                async for out in inner:
-                    yield out
+            with self.in_flight.track(result):  # (a kill of this proxy fails it)
+                if creq.mm_items and self._encoders is not None:
+                    creq = await self._encoders.encode(creq)
+                    result.encode_s, result.ec_transfer_s = creq.encode_s, creq.ec_transfer_s
+                if self._mixed is not None:
+                    arrival_s = engine_arrival_s(creq)
+                    ereq = engine_request(creq, creq.prompt_token_ids, creq.max_tokens, arrival_s, None)
+                    inner = self._stream(self._mixed, self._mixed.router.pick(creq), ereq, result)
+                else:
+                    inner = (self._decode_first if self._push else self._disaggregated)(creq, result)
+                async with aclosing(inner):  # closing this stream closes the engine's: it aborts there
+                    async for out in inner:
+                        yield out
         except Exception as e:
             result.finished_reason, result.error = "error", f"{type(e).__name__}: {e}"
         finally:

@@ -50,23 +50,29 @@ class Router:
         self.policy = policy or cfg.policy
         self.block_size = block_size
         self.now = now
-        self._next = itertools.cycle(range(num_engines))
-        self._sessions: dict[str, int] = {}
-        self._active_blocks = [0] * num_engines
-        self._inflight: dict[str, tuple[int, int]] = {}
-        """request id -> (engine, its blocks)"""
-        self._held: list[set[BlockHash]] = [set() for _ in range(num_engines)]
-        """What each engine holds, by its KV events (`kv_aware`)."""
-        self._estimated: list[dict[BlockHash, float]] = [{} for _ in range(num_engines)]
-        """What each engine is assumed to hold: block hash -> when the entry expires (`kv_estimated`)."""
         self._rng = np.random.default_rng(seed)
-        self.excluded: dict[int, str] = {}
-        """Engines not picked, with why: dead ones (a call failed as a dead actor's does) for good,
-        unresponsive ones (`router.prefill_timeout_s`) until they answer again."""
+        self.num_engines = num_engines
+        self.forget()
         self.num_routed = 0
         self.before_read: list[Callable[[], None]] = []
         """Called before `kv_aware` reads what engines hold: in process, each brings an engine's KV
         events up to now (its steps may run ahead of the events they handed over)."""
+
+    def forget(self) -> None:
+        """Start over knowing nothing (at construction, and as a restarted proxy's router)."""
+        n = self.num_engines
+        self._next = itertools.cycle(range(n))
+        self._sessions: dict[str, int] = {}
+        self._active_blocks = [0] * n
+        self._inflight: dict[str, tuple[int, int]] = {}
+        """request id -> (engine, its blocks)"""
+        self._held: list[set[BlockHash]] = [set() for _ in range(n)]
+        """What each engine holds, by its KV events (`kv_aware`)."""
+        self._estimated: list[dict[BlockHash, float]] = [{} for _ in range(n)]
+        """What each engine is assumed to hold: hash -> when the entry expires (`kv_estimated`)."""
+        self.excluded: dict[int, str] = {}
+        """Engines not picked, with why: dead ones (a call failed as a dead actor's does) for good,
+        unresponsive ones (`router.prefill_timeout_s`) until they answer again."""
 
     def pick(self, creq: ClientRequest, engine: int | None = None) -> int:
         """The engine for `creq` (or `engine`, where the caller must send it: a conversation's decode

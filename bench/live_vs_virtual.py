@@ -17,7 +17,8 @@ from pathlib import Path
 
 from cluster.calibrate import resolve_time_scale
 from cluster.config_load import load_designs
-from cluster.live import connect, disconnect, run_live
+from cluster.live import run_live
+from cluster.ray_connect import connect, disconnect
 from cluster.virtual import run_virtual
 
 KEYS = ("median_ttft_ms", "median_itl_ms", "p99_itl_ms")

@@ -260,7 +260,7 @@ def _ray_session(configs: list[TestbedConfig], address: str | None) -> Iterator[
     if not any(c.clock.mode == "live" for c in configs):
         yield
         return
-    from cluster.live import connect, disconnect
+    from cluster.ray_connect import connect, disconnect
 
     started = connect(configs, address)
     try:

@@ -477,6 +477,8 @@ def _check_faults(cfg: TestbedConfig) -> None:
                 f"engine; allowed: {', '.join(allowed) or 'none'}",
             )
             _require(fault.at_s >= 0, f"faults.{kind}: at_s={fault.at_s}: must be >= 0 (emulated seconds)")
+    for at_s in f.proxy_kills:
+        _require(at_s >= 0, f"faults.proxy_kills: {at_s}: must be >= 0 (emulated seconds)")
     _require(
         not f.engine_hangs or cfg.router.prefill_timeout_s is not None,
         "faults.engine_hangs: a hung prefill engine holds its requests for ever without "

@@ -3,11 +3,12 @@
     driver (replay, live clock) ──submit──► proxy actor ──generate (streamed batches)──► engine actors
                                                                    decode ──get_kv / free_kv──► prefill
 
-Engines run their own step loop inside their actor on a clock shared through a wall-clock epoch; tokens
-come back as streamed batches (a request's stream yields at most every `clock.stream_flush_wall_s`), so
-nothing crosses an actor boundary per token or per step. Prefill KV moves as numpy arrays through Ray's object
-store. Pools are placed by custom resources named after them (`mixed`, `prefill`, `decode`), one unit
-per emulated GPU: a TP-8 engine takes 8 units of its pool's resource, all on one node. A local Ray
+Engines run their own step loop inside their actor on one clock (the driver's, through each actor's
+measured offset: `cluster.clock_sync`); tokens come back as streamed batches (a request's stream yields
+at most every `clock.stream_flush_wall_s`), so nothing crosses an actor boundary per token or per step.
+Prefill KV moves as numpy arrays through Ray's object store. Pools are placed by custom resources named
+after them (`mixed`, `prefill`, `decode`), one unit per emulated GPU: a TP-8 engine takes 8 units of
+its pool's resource, all on one node. A local Ray
 started here defines them; a joined cluster must offer them (`ray start --resources`).
 """
 
@@ -16,11 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
-import os
-import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +26,13 @@ import ray
 
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import LinkQueue
+from actors.engine_requests import new_result
 from cluster import clock_sync
-from cluster.clock_sync import ClockOffset, measure_actor
+from cluster.clock_sync import ClockOffset, measure_actor, sync_summary
 from cluster.config_load import ConfigError
 from cluster.engines import chat_renderer
 from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost
+from cluster.ray_connect import check_resources, connect, disconnect
 from dashboards.exposition import write_sd_file
 from messages import ClientRequest, RequestResult
 from target.config import TestbedConfig
@@ -43,8 +43,6 @@ from workloads.summary import lag_summary
 if TYPE_CHECKING:
     from cluster.outcome import RunOutput
 
-_LOCAL_NODE_IP = "127.0.0.2"
-"""A local Ray binds a loopback address of its own (Ray rewrites 127.0.0.1 to the host's address)."""
 _START_SLACK_S = 0.5
 """Wall seconds between the last actor being ready and emulated time zero."""
 _SEND_LEAD_WALL_S = 0.05
@@ -84,81 +82,17 @@ class LiveDeployment:
     """The encoder pool's actor handles (E/P/D)."""
     clock_offsets: dict[str, ClockOffset] = field(default_factory=dict)
     """actor id -> its clock's measured offset to the driver's (`cluster.clock_sync`)."""
-
-
-def connect(configs: Sequence[TestbedConfig], address: str | None) -> bool:
-    """Join Ray (`address`, or the one this process already joined) or start a local one offering
-    enough of each pool's resource for every config; True if started here."""
-    if ray.is_initialized():
-        return False
-    if address:
-        _check_reachable(address)
-        try:
-            ray.init(address=address, logging_level=logging.WARNING)
-        except ConnectionError as e:
-            raise ConfigError(f"--address={address}: {e}") from None
-        return False
-    ray.init(
-        _node_ip_address=_LOCAL_NODE_IP,
-        num_cpus=os.cpu_count(),
-        resources=_resources_needed(configs),
-        object_store_memory=512 * 1024**2,
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-    )
-    return True
-
-
-def _check_reachable(address: str) -> None:
-    """Fail at once on a head nobody answers at (Ray itself retries for minutes)."""
-    if address in ("auto", "local"):
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    allowed = "allowed: auto (the cluster started on this machine) or HOST:PORT of a running Ray head"
-    if not host or not port.isdigit():
-        raise ConfigError(f"--address={address}: not HOST:PORT; {allowed}")
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as e:
-        raise ConfigError(
-            f"--address={address}: no Ray head answers there ({e.strerror or e}); {allowed}"
-        ) from None
-
-
-def _resources_needed(configs: Sequence[TestbedConfig]) -> dict[str, float]:
-    """Units of each pool's resource a local Ray offers: one per emulated GPU (replicas x tp)."""
-    needed: dict[str, float] = {}
-    for cfg in configs:
-        for role, pool in cfg.pools.by_role():
-            needed[role] = max(needed.get(role, 0), pool.replicas * pool.tp)
-    return needed
-
-
-def disconnect() -> None:
-    """Stop the Ray this process started (all its processes) or leave the one it joined."""
-    ray.shutdown()
-
-
-def _check_resources(cfg: TestbedConfig) -> None:
-    """Each pool's engines fit the nodes' units of its resource, `tp` of them on one node per engine
-    (an engine that cannot place would wait forever)."""
-    per_node = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    for role, pool in cfg.pools.by_role():
-        units = [r.get(role, 0.0) for r in per_node]
-        if pool.replicas and sum(int(u // pool.tp) for u in units) < pool.replicas:
-            raise ConfigError(
-                f"pools.{role}: {pool.replicas} replica(s) x tp={pool.tp} need {pool.tp} '{role}' "
-                f"resource units on one node each; the Ray cluster's nodes offer {sum(units):g} in all "
-                f"(at most {max(units, default=0.0):g} on one node); allowed: start nodes with "
-                f"--resources='{{\"{role}\": N}}' (one unit per GPU)"
-            )
+    num_proxy_restarts: int = 0
+    """Times the proxy actor died and came back (Ray restarts it: `max_restarts`)."""
+    rejoining: asyncio.Future[None] | None = None
+    """The proxy's rejoin under way (`rejoin_proxy`)."""
 
 
 def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     """Create and start every actor (and the render pool's if `render`); emulated time zero is shortly
     after the last one is ready."""
     cfg = with_stream_flush(cfg, serving=render)
-    _check_resources(cfg)
+    check_resources(cfg)
     if cfg.runner.compute == "real":
         from actors.engine.runner_model import ensure_model
 
@@ -188,7 +122,8 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         ray.remote(EncoderHost).options(num_cpus=0).remote(f"encoder-{i}", i, cfg)
         for i in range(cfg.pools.encoder.replicas)
     ]
-    proxy: Any = ray.remote(ProxyHost).options(num_cpus=0).remote(cfg, pools, renders, encoders)
+    proxy_opts = {"num_cpus": 0, "max_restarts": -1}  # a proxy that dies comes back (`rejoin_proxy`)
+    proxy: Any = ray.remote(ProxyHost).options(**proxy_opts).remote(cfg, pools, renders, encoders)
     targets = {"proxy": ray.get(proxy.start.remote())}
     targets.update({f"render-{i}": t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))})
     dep = LiveDeployment(engines, nodes, proxy, 0.0, targets, renders, fabric, encoders)
@@ -228,8 +163,14 @@ async def drive(
     clock = Clock(cfg.clock.scale, epoch_s=dep.clock_epoch_s)
 
     async def submit(creq: ClientRequest) -> RequestResult:
-        result: RequestResult = await dep.proxy.submit.remote(creq)
-        return result
+        try:
+            result: RequestResult = await dep.proxy.submit.remote(creq)
+            return result
+        except ray.exceptions.RayActorError as e:  # the proxy died under it: failed, not lost
+            rejoin_proxy(dep, cfg)
+            failed = new_result(creq)
+            failed.finished_reason, failed.error = "error", f"the proxy died: {type(e).__name__}"
+            return failed
 
     async def ticks() -> None:
         while on_tick is not None:
@@ -240,18 +181,22 @@ async def drive(
                     alive[eid] = await h.report.remote()
             on_tick(clock.now(), lag_summary(alive))
 
-    async def strike(kind: str, engine_id: str, at_s: float) -> None:  # faults.engine_kills / _hangs
+    async def strike(kind: str, actor: str, at_s: float) -> None:  # faults.engine_kills, _hangs, proxy_kills
         await clock.sleep_until(at_s)
         if kind == "engine_kills":  # the actor dies
-            ray.kill(dep.engines[engine_id])
-        else:  # its step loop stops
-            await dep.engines[engine_id].hang.remote(f"at {at_s:g} s (faults.{kind})")
+            ray.kill(dep.engines[actor])
+        elif kind == "engine_hangs":  # its step loop stops
+            await dep.engines[actor].hang.remote(f"at {at_s:g} s (faults.{kind})")
+        else:  # the actor dies and Ray restarts it
+            ray.kill(dep.proxy, no_restart=False)
+            await rejoin_proxy(dep, cfg)  # (Ray restarts it: requests sent meanwhile wait for it)
 
     ticker = asyncio.ensure_future(ticks())
     kinds = ("engine_kills", "engine_hangs")
     faults = [
         asyncio.ensure_future(strike(k, f.engine, f.at_s)) for k in kinds for f in getattr(cfg.faults, k)
     ]
+    faults += [asyncio.ensure_future(strike("proxy_kills", "proxy", t)) for t in cfg.faults.proxy_kills]
     try:
         lead_s = _SEND_LEAD_WALL_S / cfg.clock.scale
         render_chat = chat_renderer(cfg, requests)
@@ -260,6 +205,32 @@ async def drive(
     finally:
         for task in (ticker, *faults):
             task.cancel()
+
+
+def rejoin_proxy(dep: LiveDeployment, cfg: TestbedConfig) -> asyncio.Future[None]:
+    """Once Ray has restarted the proxy actor (it died, or a fault killed it): its /metrics announced
+    again and its clock joined (its offset measured anew: it may be on another node). Callers that
+    find it dead meanwhile share the one rejoin under way (`dep.rejoining`)."""
+    if dep.rejoining is None or dep.rejoining.done():
+        dep.rejoining = asyncio.ensure_future(_rejoin(dep, cfg))
+    return dep.rejoining
+
+
+async def _rejoin(dep: LiveDeployment, cfg: TestbedConfig) -> None:
+    deadline = time.monotonic() + 60
+    while True:  # calls fail until the actor is back (those made during its restart wait for it)
+        try:
+            await dep.proxy.clock_probe.remote()
+            break
+        except ray.exceptions.RayActorError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+    offset = dep.clock_offsets["proxy"] = measure_actor(dep.proxy)  # (a few ms of round trips)
+    dep.metrics_targets["proxy"] = await dep.proxy.start.remote()
+    write_sd_file(cfg.metrics.sd_file, cfg.design, dep.metrics_targets)
+    await dep.proxy.join_clock.remote(dep.clock_epoch_s, offset.offset_s)
+    dep.num_proxy_restarts += 1
 
 
 def run_live(
@@ -285,10 +256,9 @@ def run_live(
         results = asyncio.run(drive(dep, cfg, requests, on_result, on_tick))
         time.sleep(cfg.metrics.linger_s)
         reports, metrics = shutdown(dep, cfg)
-        offsets, dep = dep.clock_offsets, None
-        out = run_output(cfg, results, reports, metrics, workload_info(requests, cfg.replay.speedup))
-        out.summary["clock_sync"] = clock_sync.sync_summary(offsets)
-        return out
+        info = {"num_proxy_restarts": dep.num_proxy_restarts, "clock_sync": sync_summary(dep.clock_offsets)}
+        dep = None
+        return run_output(cfg, results, reports, metrics, workload_info(requests, cfg.replay.speedup), info)
     finally:
         if dep is not None:
             kill(dep)

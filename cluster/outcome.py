@@ -36,9 +36,11 @@ def run_output(
     reports: dict[str, dict[str, Any]],
     metrics: Mapping[str, str],
     workload_info: dict[str, Any] | None = None,
+    deployment_info: dict[str, Any] | None = None,
 ) -> RunOutput:
     """`workload_info`: what the workload says of itself (a trace's nominal rate, its theoretical
-    prefix-hit rate), overriding `workload.rate` where it has one."""
+    prefix-hit rate), overriding `workload.rate` where it has one; `deployment_info`: what the
+    deployment says of itself (proxy restarts; live: its clocks' offsets)."""
     info = workload_info or {}
     rate = info.get("rate", cfg.workload.rate)
     df = results_frame(results, cfg.design, rate, cfg.seed)
@@ -53,6 +55,7 @@ def run_output(
     }
     summary.update(encoder_summary(metrics, summary.get("duration_s") or 0.0))
     summary["cpu_overhead_share"] = cpu_overhead_share(reports)
+    summary.update(deployment_info or {})
     return RunOutput(df, summary, reports, metrics)
 
 

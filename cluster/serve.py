@@ -90,7 +90,8 @@ class _OnRay:
 
     def __init__(self, cfg: TestbedConfig, address: str | None) -> None:
         from cluster.hosts import RemoteProxy, actor_render
-        from cluster.live import connect, deploy, disconnect
+        from cluster.live import deploy
+        from cluster.ray_connect import connect, disconnect
 
         self.cfg = cfg
         self._started = connect([cfg], address)
@@ -118,7 +119,8 @@ class _OnRay:
 
     async def stop(self) -> str:
         """Drain every actor (each checks it is empty) and stop the Ray started here; the final metrics."""
-        from cluster.live import disconnect, shutdown
+        from cluster.live import shutdown
+        from cluster.ray_connect import disconnect
 
         metrics: dict[str, str] = {}
         try:

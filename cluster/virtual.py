@@ -46,6 +46,8 @@ class Deployment:
     encoder_metrics: list[EncoderMetrics] = field(default_factory=list)
     _tasks: list[asyncio.Future[None]] = field(default_factory=list)
     """The fault injections and the proxy's health checks."""
+    num_proxy_restarts: int = 0
+    """Proxy kills met (`faults.proxy_kills`)."""
 
     @property
     def roles(self) -> list[EngineCore | EncoderCore]:
@@ -63,6 +65,7 @@ class Deployment:
         self._tasks = [
             *(asyncio.ensure_future(self._strike(engines[k.engine], "kill", k.at_s)) for k in f.engine_kills),
             *(asyncio.ensure_future(self._strike(engines[h.engine], "hang", h.at_s)) for h in f.engine_hangs),
+            *(asyncio.ensure_future(self._kill_proxy(at_s)) for at_s in f.proxy_kills),
         ]
         if interval_s is not None and (f.engine_kills or not self.clock.virtual):
             until_s = max(k.at_s for k in f.engine_kills) + interval_s if self.clock.virtual else None
@@ -72,6 +75,11 @@ class Deployment:
     async def _strike(self, engine: EngineCore, fault: Literal["kill", "hang"], at_s: float) -> None:
         await self.clock.sleep_until(at_s)
         engine.inject(fault, f"at {at_s:g} s (faults.engine_{fault}s)")
+
+    async def _kill_proxy(self, at_s: float) -> None:
+        await self.clock.sleep_until(at_s)
+        self.proxy.kill(f"proxy killed at {at_s:g} s (faults.proxy_kills)")
+        self.num_proxy_restarts += 1
 
     async def drain(self) -> None:
         """Stop every engine and release KV nobody will pull (then each can be checked empty); faults not
@@ -213,7 +221,8 @@ def run_virtual(
             loop.close()
         reports = {e.engine_id: e.report() for e in dep.engines}
         info = workload_info(requests, cfg.replay.speedup)
-        return run_output(cfg, results, reports, dep.expositions(), info)
+        restarts = {"num_proxy_restarts": dep.num_proxy_restarts}
+        return run_output(cfg, results, reports, dep.expositions(), info, restarts)
 
 
 RARE_GC_THRESHOLDS = (50_000, 20, 100)

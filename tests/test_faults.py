@@ -35,6 +35,7 @@ KINDS = {  # kind: (overrides, what the summary must show)
         ],
         {"num_engines_hung": 1, "num_prefill_timeouts": ">0", "failed": 0},
     ),
+    "proxy-killed": (["faults.proxy_kills=[6]"], {"num_proxy_restarts": 1, "failed": ">0"}),
     "decode-killed": (
         ["faults.engine_kills=[{engine: decode-1, at_s: 6}]"],
         {"num_engines_lost": 1, "failed": ">0"},
@@ -115,6 +116,17 @@ def test_an_overloaded_pool_keeps_its_last_engine_in_routing_when_its_prefills_t
     assert df.loc[df["arrival_s"] > first_timeout_s, "ok"].any()
     assert (df["num_prefill_retries"] == 0).all()  # (a retry would queue behind the same backlog)
     assert out.summary["num_prefill_timeouts"] == len(failed)
+
+
+def test_a_killed_proxy_fails_exactly_the_requests_in_flight_through_it_and_serves_the_rest():
+    """faults.proxy_kills: at 6 s every request the proxy is serving fails with the reason (the engines
+    abort them: they end empty); it restarts at once and every later request is served."""
+    df = run("proxy-killed").results
+    failed = df[~df["ok"]]
+    assert len(failed) > 0 and failed["error"].str.contains("proxy killed at 6 s").all()
+    assert (failed["arrival_s"] <= 6.0).all() and (df.loc[df["arrival_s"] > 6.0, "ok"]).all()
+    done_before = df["ok"] & (df["arrival_s"] + df["e2el_s"] <= 6.0)
+    assert (df["ok"] == done_before | (df["arrival_s"] > 6.0)).all()  # the rest were in flight
 
 
 def test_injected_failures_are_the_same_for_a_seed_and_differ_across_seeds():

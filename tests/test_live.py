@@ -183,6 +183,20 @@ def test_a_hung_prefill_actor_is_given_up_on_and_its_requests_are_served_by_the_
     assert (df.loc[df["num_prefill_timeouts"] > 0, "prefill_engine"] == "prefill-1").all()
 
 
+def test_a_killed_proxy_actor_fails_its_requests_in_flight_and_ray_brings_it_back(cluster):
+    """`faults.proxy_kills` in live mode: the proxy actor is killed at 1.5 s; the requests it was serving
+    fail with the reason (not lost), Ray restarts it, the driver rejoins it to the run's clock, and the
+    requests sent later are served by it; the engines drain empty."""
+    cfg = design(*LOSING_AN_ENGINE, "workload.output_len=60", "faults.proxy_kills=[1.5]")
+    out = run_live(cfg)
+    df = out.results
+    assert len(df) == 12 and df["request_id"].is_unique and out.summary["num_proxy_restarts"] == 1
+    failed = df[~df["ok"]]
+    assert len(failed) > 0 and failed["error"].str.contains("the proxy died").all()
+    # (the driver sends each request 50 ms ahead of its arrival: one arriving just after may be in flight)
+    assert (failed["arrival_s"] <= 1.6).all() and df.loc[df["arrival_s"] > 2.0, "ok"].all()
+
+
 def test_a_clock_offset_known_worse_than_the_bound_is_refused(cluster):
     cfg = design("collocated", "runner.compute=skip", "clock.mode=live", "clock.max_sync_uncertainty_s=1e-9")
     with pytest.raises(ConfigError, match=r"clock.max_sync_uncertainty_s=1e-09: .* on node 127.0.0.2/"):

@@ -15,8 +15,9 @@ import openai
 import pytest
 
 from cluster.config_load import load_designs
-from cluster.live import connect, deploy, disconnect, drive, shutdown
+from cluster.live import deploy, drive, shutdown
 from cluster.outcome import run_output
+from cluster.ray_connect import connect, disconnect
 from dashboards import grafana
 from dashboards import metrics as m
 from dashboards.stack import down, up
