@@ -3,7 +3,8 @@
 The WEKA Claude Code sessions (551 requests over ~8.5 emulated hours, contexts up to ~200k tokens)
 and the Mooncake conversation window (3,658 requests), replayed on the agentic-h200 preset's P/D
 design (2 prefill + 2 decode H200s) with every fault kind on: 2 % of KV loads failing (recomputed on
-decode), the link at a tenth of its bandwidth in recurring windows, a prefill engine killed part-way.
+decode), the link at a tenth of its bandwidth in recurring windows, the proxy killed (and restarted)
+and a prefill engine killed part-way.
 Two more prefill engines stand by (4 in all): prefill-1 also hangs (stops answering, no error) later
 in the run, and the proxy gives up on each prefill there after `router.prefill_timeout_s` and retries
 it elsewhere. (With 3, the one left is overloaded: its prefills time out and fail, in virtual and live
@@ -29,7 +30,10 @@ import gc
 import json
 import resource
 import time
+from collections import Counter
 from pathlib import Path
+
+import pandas as pd
 
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
@@ -60,6 +64,7 @@ def faults(kill_at_s: float, hang_at_s: float, slow_every_s: int = 1800, slow_s:
         f"faults.link_slowdowns=[{windows}]",
         f"faults.engine_kills=[{{engine: prefill-0, at_s: {kill_at_s}}}]",
         f"faults.engine_hangs=[{{engine: prefill-1, at_s: {hang_at_s}}}]",
+        f"faults.proxy_kills=[{kill_at_s / 2}]",
         "router.prefill_timeout_s=30",
     ]
 
@@ -67,7 +72,14 @@ def faults(kill_at_s: float, hang_at_s: float, slow_every_s: int = 1800, slow_s:
 SUMMARY_KEYS = (
     "completed", "failed", "rejected", "num_injected_load_failures", "num_recomputed_loads",
     "num_prefill_retries", "num_prefill_timeouts", "num_engines_lost", "num_engines_hung",
+    "num_proxy_restarts",
 )  # fmt: skip
+
+
+def failure_causes(results: pd.DataFrame) -> dict[str, int]:
+    """Failed requests by the first words of their error (what failed them)."""
+    failed = results.loc[~results["ok"], "error"].astype(str)
+    return dict(Counter(" ".join(e.split()[:4]) for e in failed))
 
 
 def soak(name: str, rounds: int) -> dict[str, object]:
@@ -91,10 +103,11 @@ def soak(name: str, rounds: int) -> dict[str, object]:
         s = out.summary
         n = len(out.results)
         assert s["completed"] + s["failed"] + s["rejected"] == n and out.results["request_id"].is_unique
+        causes = failure_causes(out.results)
         del out  # what the round leaves behind, not what it returned
         gc.collect()
         per_round.append({"requests": n, "rss_mib": round(rss_mib(), 1), **{k: s[k] for k in SUMMARY_KEYS},
-                          "emulated_s": round(s["duration_s"], 1)})  # fmt: skip
+                          "failure_causes": causes, "emulated_s": round(s["duration_s"], 1)})  # fmt: skip
     return {
         "trace": name,
         "rounds": per_round,
@@ -150,6 +163,7 @@ def live_soak(rounds: int) -> dict[str, object]:
                 "actor_rss_mib_first": round(samples[0], 1), "actor_rss_mib_last": round(samples[-1], 1),
                 "actor_rss_mib_peak": round(max(samples), 1),
                 "clock_uncertainty_ms": max(v["uncertainty_ms"] for v in s["clock_sync"].values()),
+                "failure_causes": failure_causes(out.results),
             })  # fmt: skip
     finally:
         ray.shutdown()

@@ -80,12 +80,17 @@ class LiveDeployment:
     """The shared link's actor (kv_transfer.link_scope=fabric), else None."""
     encoders: list[Any] = field(default_factory=list)
     """The encoder pool's actor handles (E/P/D)."""
+    proxy_args: tuple[Any, ...] = ()
+    """What the proxy actor is made from (a dead one is replaced: `replace_proxy`)."""
+    spare_proxies: list[Any] = field(default_factory=list)
+    """Proxy actors made ahead, one per kill the config injects: starting an actor's process takes a
+    second or two of CPU, which on a small host would make the engines' steps lag at the kill."""
     clock_offsets: dict[str, ClockOffset] = field(default_factory=dict)
     """actor id -> its clock's measured offset to the driver's (`cluster.clock_sync`)."""
     num_proxy_restarts: int = 0
-    """Times the proxy actor died and came back (Ray restarts it: `max_restarts`)."""
-    rejoining: asyncio.Future[None] | None = None
-    """The proxy's rejoin under way (`rejoin_proxy`)."""
+    """Times the proxy actor died and was replaced (`replace_proxy`)."""
+    replacing: asyncio.Future[None] | None = None
+    """The proxy's replacement under way (`replace_proxy`)."""
 
 
 def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
@@ -122,11 +127,11 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         ray.remote(EncoderHost).options(num_cpus=0).remote(f"encoder-{i}", i, cfg)
         for i in range(cfg.pools.encoder.replicas)
     ]
-    proxy_opts = {"num_cpus": 0, "max_restarts": -1}  # a proxy that dies comes back (`rejoin_proxy`)
-    proxy: Any = ray.remote(ProxyHost).options(**proxy_opts).remote(cfg, pools, renders, encoders)
+    proxy_args = (cfg, pools, renders, encoders)
+    proxy, *spares = [new_proxy(proxy_args) for _ in range(1 + len(cfg.faults.proxy_kills))]
     targets = {"proxy": ray.get(proxy.start.remote())}
     targets.update({f"render-{i}": t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))})
-    dep = LiveDeployment(engines, nodes, proxy, 0.0, targets, renders, fabric, encoders)
+    dep = LiveDeployment(engines, nodes, proxy, 0.0, targets, renders, fabric, encoders, proxy_args, spares)
     timed = {"proxy": proxy, **engines, **{f"encoder-{i}": h for i, h in enumerate(encoders)}}
     dep.clock_offsets = {actor: measure_actor(h) for actor, h in timed.items()}
     try:
@@ -163,11 +168,14 @@ async def drive(
     clock = Clock(cfg.clock.scale, epoch_s=dep.clock_epoch_s)
 
     async def submit(creq: ClientRequest) -> RequestResult:
+        if dep.replacing is not None and not dep.replacing.done():
+            await asyncio.shield(dep.replacing)  # a new proxy is on its way
+        proxy = dep.proxy
         try:
-            result: RequestResult = await dep.proxy.submit.remote(creq)
+            result: RequestResult = await proxy.submit.remote(creq)
             return result
         except ray.exceptions.RayActorError as e:  # the proxy died under it: failed, not lost
-            rejoin_proxy(dep, cfg)
+            replace_proxy(dep, cfg, proxy)
             failed = new_result(creq)
             failed.finished_reason, failed.error = "error", f"the proxy died: {type(e).__name__}"
             return failed
@@ -187,9 +195,10 @@ async def drive(
             ray.kill(dep.engines[actor])
         elif kind == "engine_hangs":  # its step loop stops
             await dep.engines[actor].hang.remote(f"at {at_s:g} s (faults.{kind})")
-        else:  # the actor dies and Ray restarts it
-            ray.kill(dep.proxy, no_restart=False)
-            await rejoin_proxy(dep, cfg)  # (Ray restarts it: requests sent meanwhile wait for it)
+        else:  # the actor dies and a new one takes its place
+            dead = dep.proxy
+            ray.kill(dead)
+            await replace_proxy(dep, cfg, dead)
 
     ticker = asyncio.ensure_future(ticks())
     kinds = ("engine_kills", "engine_hangs")
@@ -207,29 +216,30 @@ async def drive(
             task.cancel()
 
 
-def rejoin_proxy(dep: LiveDeployment, cfg: TestbedConfig) -> asyncio.Future[None]:
-    """Once Ray has restarted the proxy actor (it died, or a fault killed it): its /metrics announced
-    again and its clock joined (its offset measured anew: it may be on another node). Callers that
-    find it dead meanwhile share the one rejoin under way (`dep.rejoining`)."""
-    if dep.rejoining is None or dep.rejoining.done():
-        dep.rejoining = asyncio.ensure_future(_rejoin(dep, cfg))
-    return dep.rejoining
+def new_proxy(args: tuple[Any, ...]) -> Any:
+    """A proxy actor (`ProxyHost(*args)`), not started."""
+    return ray.remote(ProxyHost).options(num_cpus=0).remote(*args)
 
 
-async def _rejoin(dep: LiveDeployment, cfg: TestbedConfig) -> None:
-    deadline = time.monotonic() + 60
-    while True:  # calls fail until the actor is back (those made during its restart wait for it)
-        try:
-            await dep.proxy.clock_probe.remote()
-            break
-        except ray.exceptions.RayActorError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
-    offset = dep.clock_offsets["proxy"] = measure_actor(dep.proxy)  # (a few ms of round trips)
-    dep.metrics_targets["proxy"] = await dep.proxy.start.remote()
+def replace_proxy(dep: LiveDeployment, cfg: TestbedConfig, dead: Any) -> asyncio.Future[None]:
+    """Replace the proxy actor `dead` (it died, or a fault killed it) by a new one, as a supervisor
+    restarts a crashed proxy: its routers start empty, its /metrics is announced and its clock joined
+    (its offset measured anew: it may be on another node). Requests sent meanwhile wait for it; a
+    caller that finds `dead` dead after it was replaced changes nothing (`dep.replacing`)."""
+    if dep.proxy is dead and (dep.replacing is None or dep.replacing.done()):
+        dep.replacing = asyncio.ensure_future(_replace(dep, cfg))
+    assert dep.replacing is not None
+    return dep.replacing
+
+
+async def _replace(dep: LiveDeployment, cfg: TestbedConfig) -> None:
+    proxy = dep.spare_proxies.pop() if dep.spare_proxies else new_proxy(dep.proxy_args)
+    await proxy.clock_probe.remote()  # (constructed)
+    offset = dep.clock_offsets["proxy"] = measure_actor(proxy)  # (a few ms of round trips)
+    dep.metrics_targets["proxy"] = await proxy.start.remote()
     write_sd_file(cfg.metrics.sd_file, cfg.design, dep.metrics_targets)
-    await dep.proxy.join_clock.remote(dep.clock_epoch_s, offset.offset_s)
+    await proxy.join_clock.remote(dep.clock_epoch_s, offset.offset_s)
+    dep.proxy = proxy
     dep.num_proxy_restarts += 1
 
 
@@ -298,6 +308,7 @@ def kill(dep: LiveDeployment) -> None:
     for handle in [
         *dep.engines.values(),
         dep.proxy,
+        *dep.spare_proxies,
         *dep.renders,
         *dep.encoders,
         *([dep.link] if dep.link else []),

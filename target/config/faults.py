@@ -51,8 +51,8 @@ class FaultsConfig:
     elsewhere by the proxy), later calls to them fail as a dead actor's do. Live: the actor is killed."""
     proxy_kills: tuple[float, ...] = ()
     """Emulated times the proxy dies: every request in flight through it fails (the engines abort
-    them), and it comes back at once with empty routers (Ray restarts the actor; live: the actor is
-    killed and restarted, requests sent meanwhile wait for it)."""
+    them), and it comes back at once with empty routers (live: the actor is killed and a new one
+    takes its place, as a supervisor restarts a crashed proxy; requests sent meanwhile wait for it)."""
     engine_hangs: tuple[EngineFault, ...] = ()
     """Prefill engines that stop answering at an emulated time (a wedged GPU or process): no error,
     no more steps; their requests wait until the proxy gives up on them (`router.prefill_timeout_s`,
