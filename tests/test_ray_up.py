@@ -61,3 +61,26 @@ def test_ray_prepares_and_validates_it_as_ray_up_would(path):
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     validate_config(prepare_config(yaml.safe_load(path.read_text())))
+
+
+def test_follow_head_runs_its_command_once_the_head_stops_answering(tmp_path):
+    """`follow-head.sh HOST:PORT CMD`: nothing while something answers there, CMD once nothing does (how a
+    worker's Ray and the head's Prometheus leave with `ray down`, which stops only the head's Ray)."""
+    import socket
+    import subprocess
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    done = tmp_path / "done"
+    script = ROOT / "cluster" / "ray-up" / "follow-head.sh"
+    proc = subprocess.Popen([str(script), f"127.0.0.1:{port}", "touch", str(done)])
+    try:
+        time.sleep(3)
+        assert not done.exists() and proc.poll() is None
+        listener.close()
+        proc.wait(timeout=10)
+        assert proc.returncode == 0 and done.exists()
+    finally:
+        listener.close()
+        proc.kill()
