@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 OUT ?= runs/demo
 
-.PHONY: setup demo test bench lint clean prometheus
+.PHONY: setup demo test test-cluster bench lint clean prometheus ssh-tools
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,15 +27,24 @@ demo: $(STAMP)
 		--output-policy greedy --rate 0.4 --num-requests 8 --set workload.prompt_len=2048 \
 		--set workload.output_len=64 --out $(OUT)/live
 
-# The tests scrape a live run with a real Prometheus (Debian's package).
+# The tests scrape a live run with a real Prometheus (Debian's package, installed when missing).
 test: $(STAMP) prometheus
 	$(PY) -m pytest
 
+# `ray up` of cluster/ray-up/onprem.yaml over SSH on this host (needs root; openssh-server and rsync
+# installed when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
+test-cluster: $(STAMP) prometheus ssh-tools
+	$(PY) -m pytest -m cluster tests/test_ray_up_cluster.py
+
+APT_INSTALL = if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1); \
+	elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1); \
+	else echo "$(1) missing: install Debian's package (apt-get install $(1))" >&2; exit 1; fi
+
 prometheus:
-	@command -v prometheus >/dev/null || { \
-		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; \
-		elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; \
-		else echo "prometheus is missing: install Debian's package (apt-get install prometheus)" >&2; exit 1; fi; }
+	@command -v prometheus >/dev/null || { $(call APT_INSTALL,prometheus); }
+
+ssh-tools:
+	@{ [ -x /usr/sbin/sshd ] && command -v rsync >/dev/null; } || { $(call APT_INSTALL,openssh-server rsync); }
 
 bench: $(STAMP)
 	$(PY) bench/guide_sweep.py
