@@ -222,6 +222,7 @@ BOGUS = "127.0.0.9"
 @pytest.mark.parametrize("cluster", [(PREFILL, BOGUS)], indirect=True)
 def test_a_worker_nobody_answers_at_ends_the_wait_in_bounded_time_naming_it(cluster):
     started = time.monotonic()
-    with pytest.raises(AssertionError, match=rf"worker\(s\) \['{BOGUS}'\] never joined"):
+    with pytest.raises(AssertionError) as failed:
         ray_up(cluster, (PREFILL, BOGUS), join_timeout_s=60)
+    assert "never joined the cluster" in str(failed.value) and f"'{BOGUS}'" in str(failed.value)
     assert time.monotonic() - started < 300
