@@ -120,7 +120,8 @@ class EnginePool:
 
 
 class EngineUnresponsiveError(RuntimeError):
-    """An engine gave no answer in time (`router.prefill_timeout_s`): it is no longer routed to."""
+    """An engine gave no answer in time (`router.prefill_timeout_s`): it is not routed to until it answers
+    again (a pool's last engine stays in routing)."""
 
 
 async def watch_health(

@@ -97,7 +97,7 @@ class Proxy:
         self._decode = pool("decode", decode, decode_policy)
 
     def kill(self, why: str) -> None:
-        """Die and come back at once, as Ray restarts a killed actor (`faults.proxy_kills`): every
+        """Die and come back at once, as a supervisor restarts a crashed proxy (`faults.proxy_kills`): every
         request it is serving fails with `why`; its routers start over (KV index, sessions, dead
         engines: learnt again from events and health checks) and it forgets conversations."""
         self.in_flight.kill(why)
