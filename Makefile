@@ -27,12 +27,13 @@ demo: $(STAMP)
 		--output-policy greedy --rate 0.4 --num-requests 8 --set workload.prompt_len=2048 \
 		--set workload.output_len=64 --out $(OUT)/live
 
-# The tests scrape a live run with a real Prometheus (Debian's package, installed when missing).
-test: $(STAMP) prometheus
+# The tests scrape a live run with a real Prometheus (Debian's package, installed when missing) and
+# `ray up` cluster/ray-up/onprem.yaml over SSH on this host (as root; openssh-server and rsync installed
+# when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
+test: $(STAMP) prometheus ssh-tools
 	$(PY) -m pytest
 
-# `ray up` of cluster/ray-up/onprem.yaml over SSH on this host (needs root; openssh-server and rsync
-# installed when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
+# The `ray up` tests alone (~4 min).
 test-cluster: $(STAMP) prometheus ssh-tools
 	$(PY) -m pytest -m cluster tests/test_ray_up_cluster.py
 
@@ -40,11 +41,17 @@ APT_INSTALL = if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND
 	elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1); \
 	else echo "$(1) missing: install Debian's package (apt-get install $(1))" >&2; exit 1; fi
 
+# A service the package starts (on a host with systemd) is stopped again: the testbed starts its own
+# Prometheus, and the `ray up` test an SSH server of its own on port 22.
+NO_SERVICE = { ! command -v systemctl >/dev/null || $$([ "$$(id -u)" = 0 ] || echo sudo) systemctl disable --now $(1) 2>/dev/null || true; }
+
 prometheus:
-	@command -v prometheus >/dev/null || { $(call APT_INSTALL,prometheus); }
+	@command -v prometheus >/dev/null || { $(call APT_INSTALL,prometheus) && $(call NO_SERVICE,prometheus); }
 
 ssh-tools:
-	@{ [ -x /usr/sbin/sshd ] && command -v rsync >/dev/null; } || { $(call APT_INSTALL,openssh-server rsync); }
+	@if [ "$$(id -u)" != 0 ]; then echo "the ray up tests will be skipped: they need root (port 22)"; \
+	elif ! { [ -x /usr/sbin/sshd ] && command -v rsync >/dev/null; }; then \
+		$(call APT_INSTALL,openssh-server rsync) && $(call NO_SERVICE,ssh); fi
 
 bench: $(STAMP)
 	$(PY) bench/guide_sweep.py

@@ -8,22 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from messages import ClientRequest, EngineRequest, RequestResult
+from messages import ClientRequest, EngineRequest
 from messages.token_ids import PromptIds
-
-
-def new_result(creq: ClientRequest) -> RequestResult:
-    """The record of `creq` the proxy fills in as it serves it."""
-    return RequestResult(
-        creq.request_id,
-        creq.arrival_s,
-        len(creq.prompt_token_ids),
-        creq.max_tokens,
-        render_s=creq.render_s,
-        session_id=creq.session_id,
-        turn=creq.turn,
-        parent_session_id=creq.parent_session_id,
-    )
 
 
 def for_decode(creq: ClientRequest) -> ClientRequest:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from actors.encoding import EncoderPool
 from actors.engine.clock import Clock
 from actors.engine_pool import EngineClient, EnginePool, InProcessEngine
-from actors.engine_requests import engine_arrival_s, engine_request, for_decode, new_result
+from actors.engine_requests import engine_arrival_s, engine_request, for_decode
 from actors.in_flight import InFlight
 from actors.router import Router
 from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
@@ -118,7 +118,7 @@ class Proxy:
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         """Serve one request to the end; failures are recorded in the result, never raised."""
-        result = new_result(creq)
+        result = RequestResult.for_request(creq)
         async for _ in self.stream(creq, result):
             pass
         return result

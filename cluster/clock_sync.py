@@ -66,7 +66,7 @@ def measure_actor(handle: Any) -> ClockOffset:
     return measure(lambda: ray.get(handle.clock_probe.remote()))
 
 
-def check(offsets: dict[str, ClockOffset], max_uncertainty_s: float) -> None:
+def check_uncertainty(offsets: dict[str, ClockOffset], max_uncertainty_s: float) -> None:
     """Refuse (one line) an actor whose offset is known no better than `max_uncertainty_s`."""
     for actor, o in offsets.items():
         if o.uncertainty_s > max_uncertainty_s:

@@ -25,7 +25,6 @@ from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, EngineDeadError, Role
 from actors.engine.kv_connector import KVSource
 from actors.engine_pool import watch_health
-from actors.engine_requests import new_result
 from actors.proxy import Proxy
 from actors.render.client import METHODS, RenderClient, render_again, render_for
 from cluster.clock_sync import Probe, probe
@@ -275,7 +274,7 @@ class ProxyHost:
 
     async def stream(self, creq: ClientRequest) -> AsyncGenerator[EngineOutput | RequestResult, None]:
         """The client's token batches as they come, then the request's result (see `RemoteProxy`)."""
-        result = new_result(creq)
+        result = RequestResult.for_request(creq)
         async for out in self._proxy.stream(creq, result):
             yield out
         yield result

@@ -26,9 +26,7 @@ import ray
 
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import LinkQueue
-from actors.engine_requests import new_result
-from cluster import clock_sync
-from cluster.clock_sync import ClockOffset, measure_actor, sync_summary
+from cluster.clock_sync import ClockOffset, check_uncertainty, measure_actor, sync_summary
 from cluster.config_load import ConfigError
 from cluster.engines import chat_renderer
 from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost
@@ -135,7 +133,7 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     timed = {"proxy": proxy, **engines, **{f"encoder-{i}": h for i, h in enumerate(encoders)}}
     dep.clock_offsets = {actor: measure_actor(h) for actor, h in timed.items()}
     try:
-        clock_sync.check(dep.clock_offsets, cfg.clock.max_sync_uncertainty_s)
+        check_uncertainty(dep.clock_offsets, cfg.clock.max_sync_uncertainty_s)
     except ConfigError:
         kill(dep)
         raise
@@ -176,7 +174,7 @@ async def drive(
             return result
         except ray.exceptions.RayActorError as e:  # the proxy died under it: failed, not lost
             replace_proxy(dep, cfg, proxy)
-            failed = new_result(creq)
+            failed = RequestResult.for_request(creq)
             failed.finished_reason, failed.error = "error", f"the proxy died: {type(e).__name__}"
             return failed
 

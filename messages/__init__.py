@@ -300,3 +300,17 @@ class RequestResult:
     answer_message: dict[str, Any] | None = None
     """Replayed against a server: the assistant message it streamed (content, reasoning_content,
     tool_calls), which the client sends back as history (`replay.history=model`)."""
+
+    @classmethod
+    def for_request(cls, creq: ClientRequest) -> RequestResult:
+        """The record of `creq` that whoever serves it (proxy, API server, replay client) fills in."""
+        return cls(
+            creq.request_id,
+            creq.arrival_s,
+            len(creq.prompt_token_ids),
+            creq.max_tokens,
+            render_s=creq.render_s,
+            session_id=creq.session_id,
+            turn=creq.turn,
+            parent_session_id=creq.parent_session_id,
+        )

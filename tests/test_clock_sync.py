@@ -6,7 +6,7 @@ import time
 import pytest
 
 from actors.engine.clock import Clock
-from cluster.clock_sync import ClockOffset, check, measure, offset_of, sync_summary
+from cluster.clock_sync import ClockOffset, check_uncertainty, measure, offset_of, sync_summary
 from cluster.config_load import ConfigError
 
 
@@ -46,6 +46,6 @@ def test_an_offset_known_worse_than_the_bound_is_refused_in_one_line_naming_the_
     with pytest.raises(
         ConfigError, match=r"clock.max_sync_uncertainty_s=0.005: decode-0 on node 10.0.0.3/abcd1234"
     ):
-        check(offsets, 0.005)
-    check(offsets, 0.02)
+        check_uncertainty(offsets, 0.005)
+    check_uncertainty(offsets, 0.02)
     assert sync_summary(offsets) == {"10.0.0.3/abcd1234": {"uncertainty_ms": 12.0, "wall_skew_ms": 200.0}}

@@ -38,6 +38,11 @@ def test_pool_resources_and_token_auth(path):
     assert all("RAY_AUTH_MODE=token" in c for c in cfg["head_start_ray_commands"] if "ray " in c)
     assert any("testbed dashboards up" in c for c in cfg["head_start_ray_commands"])
     assert any("make setup" in c for c in cfg["setup_commands"])
+    # What a `ray up` over SSH found missing (tests/test_ray_up_cluster.py): `ray down`'s bare `ray stop`
+    # needs the venv on the login PATH; Prometheus comes through the Makefile (root or sudo, its service off).
+    assert any("disagg-testbed venv" in c and ".bashrc" in c for c in cfg["setup_commands"])
+    assert any("make prometheus" in c for c in cfg["head_setup_commands"])
+    assert all("--autoscaling-config" in c for c in cfg["head_start_ray_commands"] if "ray start" in c)
 
 
 def test_local_provider_has_no_node_types():

@@ -6,10 +6,9 @@ One host plays every node: an SSH server of the test's own (a throwaway key, loo
 answers at 127.0.0.1 (head), 127.0.0.2 (prefill) and 127.0.0.3 (decode). The test's copy of
 `cluster/ray-up/onprem.yaml` changes what a user would (addresses, SSH user and key, the project path:
 this checkout) and what sharing one host needs: no `ray stop` before a worker starts (it would stop
-every node here) and ports of each worker's own.
+every node here), and ports and a temp dir of each worker's own.
 
-Marked `cluster` (`make test-cluster`): it passed here end to end in ~110 s, but not every time yet (a
-worker's raylet sometimes dies on a port another node's took); it joins `make test` once it does.
+Part of `make test` (root only: port 22); marked `cluster` so that `make test-cluster` runs it alone.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -64,6 +64,11 @@ def run(*cmd: str, timeout: float, check: bool = True) -> subprocess.CompletedPr
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     """An SSH server on port 22 of 127.0.0.1-3 taking a throwaway key; stopped, and its files removed."""
+    taken = [ip for ip in (HEAD, PREFILL, DECODE) if _answers(ip, 22)]
+    assert not taken, (
+        f"port 22 already answers at {taken} (a system SSH server?): the test needs port 22 of "
+        f"{HEAD}-3 for an SSH server of its own (Ray's autoscaler reaches workers on port 22 only)"
+    )
     d = tmp_path_factory.mktemp("sshd")
     for name in ("key", "host_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
@@ -112,7 +117,10 @@ def cluster_file(tmp: Path, key: Path, workers: tuple[str, ...]) -> Path:
     cfg["provider"].update(head_ip=HEAD, worker_ips=list(workers))
     cfg["auth"] = {"ssh_user": getpass.getuser(), "ssh_private_key": str(key)}
     cfg["file_mounts"] = {str(ROOT): str(ROOT)}
+    # Each worker gets ports and a temp dir of its own: the workers start at once, and two nodes in one
+    # temp dir pick the same plasma store socket name (each takes the first name not yet on disk).
     own = " ".join(f"--{p}-port=$((30000 + 10 * ${{NODE_IP##*.}} + {k}))" for k, p in enumerate(OWN_PORTS))
+    own += " --temp-dir=/tmp/ray/node-${NODE_IP##*.}"
     cfg["worker_start_ray_commands"] = [
         c.replace("--resources=", f"{own} --resources=")
         for c in cfg["worker_start_ray_commands"]
@@ -128,9 +136,12 @@ def cluster(request, sshd, tmp_path):
     """The test's cluster file (on `request.param`'s worker addresses, if given); after the test,
     `ray down` and a check that nothing is left, pass or fail (the login shell's ~/.bashrc, which the
     cluster file's setup extends, is restored)."""
+    running = _leftovers()
+    assert not running, f"Ray or Prometheus already runs on this host (ray up would stop it): {running}"
     bashrc = Path.home() / ".bashrc"
     saved = bashrc.read_text() if bashrc.exists() else None
     path = cluster_file(tmp_path, sshd, getattr(request, "param", (PREFILL, DECODE)))
+    name = yaml.safe_load(path.read_text())["cluster_name"]
     try:
         yield path
     finally:
@@ -141,8 +152,13 @@ def cluster(request, sshd, tmp_path):
         run(RAY, "stop", "--force", timeout=60, check=False)  # (so that a failure here leaves nothing)
         subprocess.run(["pkill", "-f", "/usr/bin/prometheus"], check=False)
         subprocess.run(["pkill", "-f", "follow-head.sh"], check=False)
-        for leftover in Path.home().glob("ray_bootstrap_*"):
+        # Ray's files of this cluster: the head's copy of its config, the local provider's node states,
+        # the CLI's cache of its resolved config.
+        for leftover in [*Path.home().glob("ray_bootstrap_*"), *Path("/tmp/ray").glob(f"cluster-{name}.*")]:
             leftover.unlink()
+        for cached in Path(tempfile.gettempdir()).glob("ray-config-*"):
+            if f'"{name}"' in cached.read_text():
+                cached.unlink()
         if saved is not None:
             bashrc.write_text(saved)
         assert not left, f"left running after ray down: {left}"

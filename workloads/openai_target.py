@@ -37,15 +37,7 @@ class OpenAITarget:
 
     async def submit(self, creq: ClientRequest) -> RequestResult:
         """Send `creq` and stream its answer; failures are recorded in the result, never raised."""
-        result = RequestResult(
-            creq.request_id,
-            creq.arrival_s,
-            len(creq.prompt_token_ids),
-            creq.max_tokens,
-            session_id=creq.session_id,
-            turn=creq.turn,
-            parent_session_id=creq.parent_session_id,
-        )
+        result = RequestResult.for_request(creq)
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": creq.max_tokens,

@@ -21,7 +21,6 @@ from typing import Any, Protocol
 from actors.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest
 from actors.api.requests import RequestBuilder
 from actors.engine.clock import Clock
-from actors.engine_requests import new_result
 from actors.render.client import RenderClient
 from actors.render.images import ImageError
 from actors.render.parsers import ParsedDelta
@@ -157,7 +156,7 @@ class Frontend:
         early aborts the request everywhere."""
         render = self.renders[replica] if replica is not None else None
         stateless = self.cfg.render.derender == "stateless"
-        result = new_result(creq)
+        result = RequestResult.for_request(creq)
         stream_id = creq.request_id
         history: list[int] = []  # what a stateless render tier is sent again with every batch
         try:
