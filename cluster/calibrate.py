@@ -8,7 +8,9 @@ Probes are the steps that cost the host most relative to the target: with real c
 longest-context prefill chunk, a decode batch at full context, and both in one step; with compute skip,
 only the engine's own bookkeeping against the shortest step. In P/D, a prompt's KV handoff is a probe
 too: reading it out of one pool and into another, plus an actor round trip, against the emulated
-transfer. Measured here, in one process, with the runner's thread count.
+transfer. Measured in one process with the runner's thread count: here, or, on a Ray cluster the run
+joins, on every node that can host one of its engines (the driver's host may have no GPU, or another
+CPU), the largest scale kept.
 """
 
 from __future__ import annotations
@@ -136,9 +138,37 @@ def calibrate(cfg: TestbedConfig) -> tuple[float, dict[str, Any]]:
     return max(MIN_AUTO_SCALE, math.ceil(scale * 20) / 20), details
 
 
-def resolve_time_scale(cfg: TestbedConfig) -> TestbedConfig:
-    """`cfg` with `clock.time_scale: auto` replaced by its calibrated value (unchanged otherwise)."""
+def calibrate_on_engine_nodes(cfg: TestbedConfig) -> tuple[float, dict[str, dict[str, Any]]]:
+    """`calibrate` on every node of the joined Ray cluster that offers a resource of `cfg`'s pools, all at
+    once (the nodes are separate hosts); the largest scale, and each node's (by id): its address, scale
+    and probes. No such node: calibrated here (placing the engines fails later, naming the pool)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    roles = [role for role, pool in cfg.pools.by_role() if pool.replicas]
+    nodes = [n for n in ray.nodes() if n["Alive"] and any(n["Resources"].get(r, 0) > 0 for r in roles)]
+    if not nodes:
+        return calibrate(cfg)[0], {}
+    task = ray.remote(num_cpus=0)(calibrate)
+    on = {n["NodeID"]: NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes}
+    found = ray.get([task.options(scheduling_strategy=on[n["NodeID"]]).remote(cfg) for n in nodes])
+    per_node = {
+        n["NodeID"]: {"address": n["NodeManagerAddress"], "scale": scale, "probes": probes}
+        for n, (scale, probes) in zip(nodes, found, strict=True)
+    }
+    return max(scale for scale, _ in found), per_node
+
+
+def resolve_time_scale(cfg: TestbedConfig, address: str | None = None) -> TestbedConfig:
+    """`cfg` with `clock.time_scale: auto` replaced by its calibrated value (unchanged otherwise): here,
+    or, joining the Ray cluster at `address`, on the nodes its engines can run on."""
     if cfg.clock.time_scale != "auto":
         return cfg
-    scale, _ = calibrate(cfg)
+    if address:
+        from cluster.ray_connect import connect
+
+        connect([cfg], address)  # joined (never started here): the run's own connect keeps it
+        scale, _ = calibrate_on_engine_nodes(cfg)
+    else:
+        scale, _ = calibrate(cfg)
     return dataclasses.replace(cfg, clock=dataclasses.replace(cfg.clock, time_scale=scale))

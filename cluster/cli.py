@@ -128,7 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.design and len(configs) != 1:
         names = ", ".join(c.design for c in configs)
         raise ConfigError(f"--design={args.design}: serve runs one design; choose one of: {names}")
-    cfg = resolve_time_scale(configs[0])
+    cfg = resolve_time_scale(configs[0], args.address)
     out = Path(args.out) if args.out else None
     serve(
         cfg,

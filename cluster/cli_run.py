@@ -145,7 +145,7 @@ def _run_designs(
     from dashboards.console import lag_warning, run_table, show, turns_table
 
     reference = _reference(args, configs)  # checked before anything runs
-    configs = [resolve_time_scale(c) if c.clock.mode == "live" else c for c in configs]
+    configs = [resolve_time_scale(c, args.address) if c.clock.mode == "live" else c for c in configs]
     out = out_dir(args, kind)
     records, frames, engines = [], [], {}
     live = [] if getattr(args, "target", None) else configs  # a target needs no Ray

@@ -215,6 +215,22 @@ def test_a_pool_larger_than_the_cluster_offers_is_a_clear_error(cluster):
         run_live(cfg)
 
 
+def test_auto_time_scale_joining_a_cluster_is_calibrated_on_the_engines_nodes_not_the_drivers(cluster):
+    from cluster.calibrate import calibrate_on_engine_nodes, resolve_time_scale
+
+    cfg = design("pd-fast", "runner.compute=real", "clock.mode=live", "clock.time_scale=auto")
+    scale, per_node = calibrate_on_engine_nodes(cfg)
+    offers = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+    assert {tuple(sorted({"prefill", "decode"} & set(offers[n]))) for n in per_node} == {
+        ("prefill",),
+        ("decode",),
+    }  # the head (mixed only: no engine of pd-fast) measured nothing
+    assert scale == max(p["scale"] for p in per_node.values()) >= 1.0
+    assert {"prefill chunk", "kv handoff"} <= set(next(iter(per_node.values()))["probes"])
+    resolved = resolve_time_scale(cfg, cluster.address)
+    assert isinstance(resolved.clock.time_scale, float) and ray.is_initialized()  # the cluster is kept
+
+
 MOONCAKE = str(TRACES / "mooncake_fast25" / "conversation_trace.window_0s_1200s.jsonl")
 
 

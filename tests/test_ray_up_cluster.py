@@ -172,7 +172,9 @@ def _leftovers() -> list[str]:
 def ray_up(path: Path, workers: tuple[str, ...], join_timeout_s: float) -> dict[str, dict[str, float]]:
     """`ray up` and wait for every worker to join; each node's resources by address. A worker that has
     not joined in `join_timeout_s` ends the test with its address."""
-    run(RAY, "up", "-y", "--no-config-cache", str(path), timeout=600)
+    up = run(RAY, "up", "-y", "-v", "--no-config-cache", str(path), timeout=600)
+    steps = [line for line in up.stdout.splitlines() if line.startswith("20") and "INFO" in line]
+    print(*steps, sep="\n")  # ray up's steps with their times, shown with a failure
     deadline = time.monotonic() + join_timeout_s
     while True:
         nodes = dict(_nodes())
@@ -208,7 +210,7 @@ def test_ray_up_runs_a_live_job_across_three_nodes_and_ray_down_leaves_nothing(c
     run_dir = f"/tmp/testbed-e2e-run-{os.getpid()}"
     testbed = ROOT / ".venv" / "bin" / "testbed"
     command = (
-        f"{testbed} run --mode live --address auto --design pd-fast --compute skip "
+        f"{testbed} run --mode live --address auto --time-scale auto --design pd-fast --compute skip "
         f"--num-requests {NUM_REQUESTS} --rate 2 --out {run_dir}"
     )
     submitted = time.time()
@@ -227,6 +229,8 @@ def test_ray_up_runs_a_live_job_across_three_nodes_and_ray_down_leaves_nothing(c
         df = pd.read_parquet(back / "results.parquet")
         assert len(df) == NUM_REQUESTS and df["ok"].all() and df["request_id"].is_unique
         assert (back / "summary.json").exists() and (back / "report.html").exists()
+        resolved = yaml.safe_load((back / "configs" / "pd-fast.yaml").read_text())
+        assert isinstance(resolved["clock"]["time_scale"], float)  # auto, calibrated on the workers
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
