@@ -150,8 +150,8 @@ def calibrate_on_engine_nodes(cfg: TestbedConfig) -> tuple[float, dict[str, dict
     if not nodes:
         return calibrate(cfg)[0], {}
     task = ray.remote(num_cpus=0)(calibrate)
-    on = {n["NodeID"]: NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes}
-    found = ray.get([task.options(scheduling_strategy=on[n["NodeID"]]).remote(cfg) for n in nodes])
+    pinned = [NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes]
+    found = ray.get([task.options(scheduling_strategy=on).remote(cfg) for on in pinned])
     per_node = {
         n["NodeID"]: {"address": n["NodeManagerAddress"], "scale": scale, "probes": probes}
         for n, (scale, probes) in zip(nodes, found, strict=True)

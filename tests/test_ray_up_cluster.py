@@ -230,7 +230,7 @@ def test_ray_up_runs_a_live_job_across_three_nodes_and_ray_down_leaves_nothing(c
         assert len(df) == NUM_REQUESTS and df["ok"].all() and df["request_id"].is_unique
         assert (back / "summary.json").exists() and (back / "report.html").exists()
         resolved = yaml.safe_load((back / "configs" / "pd-fast.yaml").read_text())
-        assert isinstance(resolved["clock"]["time_scale"], float)  # auto, calibrated on the workers
+        assert isinstance(resolved["clock"]["time_scale"], float)  # auto, resolved (where: test_live)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
