@@ -460,8 +460,7 @@ def _check_faults(cfg: TestbedConfig) -> None:
     _require(0 <= rate <= 1, f"faults.kv_transfer_failure_rate={rate}: must be in [0, 1] (a probability)")
     for n in f.kv_transfer_failures:
         _require(n >= 1, f"faults.kv_transfer_failures: {n}: must be >= 1 (the Nth load, from 1)")
-    pools = {"mixed": p.mixed.replicas, "prefill": p.prefill.replicas, "decode": p.decode.replicas}
-    engines = [f"{role}-{i}" for role, n in pools.items() for i in range(n)]
+    engines = p.engine_ids()
     for w in f.link_slowdowns:
         _require(
             0 <= w.start_s < w.end_s and w.bandwidth_factor > 0,

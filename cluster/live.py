@@ -33,7 +33,7 @@ from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost
 from cluster.ray_connect import check_resources, connect, disconnect
 from dashboards.exposition import write_sd_file
 from messages import ClientRequest, RequestResult
-from target.config import TestbedConfig
+from target.config import TestbedConfig, replica_id
 from workloads.render_tier import render_tier_for
 from workloads.replay import Workload, run_workload, workload_for, workload_info
 from workloads.summary import lag_summary
@@ -107,7 +107,7 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     pools: dict[str, dict[str, Any]] = {"mixed": {}, "prefill": {}, "decode": {}}
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
-            eid = f"{role}-{i}"
+            eid = replica_id(role, i)
             opts = {"num_cpus": 0, "num_gpus": cfg.runner.num_gpus, "resources": {role: pool.tp}}
             peers = dict(pools["prefill"]) if role == "decode" else {}
             pools[role][eid] = host.options(**opts).remote(
@@ -122,15 +122,17 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         for i in range(cfg.render.replicas if render else 0)
     ]
     encoders: list[Any] = [
-        ray.remote(EncoderHost).options(num_cpus=0).remote(f"encoder-{i}", i, cfg)
+        ray.remote(EncoderHost).options(num_cpus=0).remote(replica_id("encoder", i), i, cfg)
         for i in range(cfg.pools.encoder.replicas)
     ]
     proxy_args = (cfg, pools, renders, encoders)
     proxy, *spares = [new_proxy(proxy_args) for _ in range(1 + len(cfg.faults.proxy_kills))]
     targets = {"proxy": ray.get(proxy.start.remote())}
-    targets.update({f"render-{i}": t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))})
+    targets.update(
+        {replica_id("render", i): t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))}
+    )
     dep = LiveDeployment(engines, nodes, proxy, 0.0, targets, renders, fabric, encoders, proxy_args, spares)
-    timed = {"proxy": proxy, **engines, **{f"encoder-{i}": h for i, h in enumerate(encoders)}}
+    timed = {"proxy": proxy, **engines, **{replica_id("encoder", i): h for i, h in enumerate(encoders)}}
     dep.clock_offsets = {actor: measure_actor(h) for actor, h in timed.items()}
     try:
         check_uncertainty(dep.clock_offsets, cfg.clock.max_sync_uncertainty_s)
@@ -139,8 +141,10 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         raise
     epoch = dep.clock_epoch_s = time.monotonic() + _START_SLACK_S
     offset = {actor: o.offset_s for actor, o in dep.clock_offsets.items()}
-    encoder_targets = ray.get([h.start.remote(epoch, offset[f"encoder-{i}"]) for i, h in enumerate(encoders)])
-    targets.update({f"encoder-{i}": t for i, t in enumerate(encoder_targets)})
+    encoder_targets = ray.get(
+        [h.start.remote(epoch, offset[replica_id("encoder", i)]) for i, h in enumerate(encoders)]
+    )
+    targets.update({replica_id("encoder", i): t for i, t in enumerate(encoder_targets)})
     started = ray.get(
         [
             proxy.join_clock.remote(epoch, offset["proxy"]),
@@ -292,11 +296,11 @@ def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[st
     for i, handle in enumerate(dep.renders):
         with contextlib.suppress(*lost):
             ray.get(handle.drain.remote(), timeout=60)
-            metrics[f"render-{i}"] = ray.get(handle.metrics.remote(), timeout=60)
+            metrics[replica_id("render", i)] = ray.get(handle.metrics.remote(), timeout=60)
     for i, handle in enumerate(dep.encoders):
         with contextlib.suppress(*lost):
             ray.get(handle.drain.remote(), timeout=60)
-            metrics[f"encoder-{i}"] = ray.get(handle.metrics.remote(), timeout=60)
+            metrics[replica_id("encoder", i)] = ray.get(handle.metrics.remote(), timeout=60)
     kill(dep)
     write_sd_file(cfg.metrics.sd_file, cfg.design, {})
     return reports, metrics

@@ -25,7 +25,7 @@ from cluster.outcome import RunOutput, run_output
 from dashboards.exposition import Expositions
 from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics
 from messages import RenderSpec, RequestResult
-from target.config import TestbedConfig
+from target.config import TestbedConfig, replica_id
 from workloads.render_tier import RenderTier, render_tier_for
 from workloads.replay import Workload, run_workload, workload_for, workload_info
 
@@ -130,7 +130,7 @@ def build_deployment(
             if metrics:
                 engine_metrics.append(EngineMetrics(cfg, role, i))
             engine = build_engine(
-                f"{role}-{i}",
+                replica_id(role, i),
                 role,
                 cfg,
                 pool,
@@ -147,7 +147,8 @@ def build_deployment(
         peers.update({e.engine_id: e for e in pools["decode"]})
     encoder_metrics = [EncoderMetrics(cfg, i) for i in range(cfg.pools.encoder.replicas)]
     encoders = [
-        build_encoder(f"encoder-{i}", cfg, clock, compute_in_thread, m) for i, m in enumerate(encoder_metrics)
+        build_encoder(replica_id("encoder", i), cfg, clock, compute_in_thread, m)
+        for i, m in enumerate(encoder_metrics)
     ]
     proxy_metrics = ProxyMetrics(cfg) if metrics else None
     push = cfg.kv_transfer.mode == "push"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from target.config.engines import PoolConfig, PoolsConfig, RunnerConfig, SchedulerConfig
+from target.config.engines import PoolConfig, PoolsConfig, RunnerConfig, SchedulerConfig, replica_id
 from target.config.faults import EngineFault, FaultsConfig, LinkSlowdown
 from target.config.model import CpuOverhead, OperatorEfficiencies, TargetConfig
 from target.config.serving import ClockConfig, MetricsConfig, RenderConfig, RouterConfig
@@ -37,6 +37,7 @@ __all__ = [
     "TargetConfig",
     "TestbedConfig",
     "WorkloadConfig",
+    "replica_id",
 ]
 
 

@@ -8,6 +8,12 @@ from typing import Literal
 from target.config.strict import STRICT
 
 
+def replica_id(role: str, replica: int) -> str:
+    """The id a role's replica goes by everywhere (`prefill-0`, `encoder-1`, `render-0`): results' engine
+    columns, fault targets, metrics' `actor` label, Prometheus targets."""
+    return f"{role}-{replica}"
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     __pydantic_config__ = STRICT
@@ -35,6 +41,10 @@ class PoolsConfig:
     def by_role(self) -> tuple[tuple[Literal["prefill", "decode", "mixed"], PoolConfig], ...]:
         """(role, pool) pairs, prefill first: decode engines are wired to the prefill engines."""
         return (("prefill", self.prefill), ("decode", self.decode), ("mixed", self.mixed))
+
+    def engine_ids(self) -> list[str]:
+        """Every LM engine's id (`replica_id`), in `by_role` order."""
+        return [replica_id(role, i) for role, pool in self.by_role() for i in range(pool.replicas)]
 
 
 @dataclass(frozen=True)
