@@ -121,9 +121,9 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         ray.remote(RenderHost).options(num_cpus=0).remote(cfg, i)
         for i in range(cfg.render.replicas if render else 0)
     ]
+    encoder_ids = [replica_id("encoder", i) for i in range(cfg.pools.encoder.replicas)]
     encoders: list[Any] = [
-        ray.remote(EncoderHost).options(num_cpus=0).remote(replica_id("encoder", i), i, cfg)
-        for i in range(cfg.pools.encoder.replicas)
+        ray.remote(EncoderHost).options(num_cpus=0).remote(eid, i, cfg) for i, eid in enumerate(encoder_ids)
     ]
     proxy_args = (cfg, pools, renders, encoders)
     proxy, *spares = [new_proxy(proxy_args) for _ in range(1 + len(cfg.faults.proxy_kills))]
@@ -132,7 +132,8 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         {replica_id("render", i): t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))}
     )
     dep = LiveDeployment(engines, nodes, proxy, 0.0, targets, renders, fabric, encoders, proxy_args, spares)
-    timed = {"proxy": proxy, **engines, **{replica_id("encoder", i): h for i, h in enumerate(encoders)}}
+    encoder_by_id = dict(zip(encoder_ids, encoders, strict=True))
+    timed = {"proxy": proxy, **engines, **encoder_by_id}
     dep.clock_offsets = {actor: measure_actor(h) for actor, h in timed.items()}
     try:
         check_uncertainty(dep.clock_offsets, cfg.clock.max_sync_uncertainty_s)
@@ -141,10 +142,8 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         raise
     epoch = dep.clock_epoch_s = time.monotonic() + _START_SLACK_S
     offset = {actor: o.offset_s for actor, o in dep.clock_offsets.items()}
-    encoder_targets = ray.get(
-        [h.start.remote(epoch, offset[replica_id("encoder", i)]) for i, h in enumerate(encoders)]
-    )
-    targets.update({replica_id("encoder", i): t for i, t in enumerate(encoder_targets)})
+    encoder_targets = ray.get([h.start.remote(epoch, offset[eid]) for eid, h in encoder_by_id.items()])
+    targets.update(zip(encoder_ids, encoder_targets, strict=True))
     started = ray.get(
         [
             proxy.join_clock.remote(epoch, offset["proxy"]),

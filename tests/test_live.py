@@ -8,7 +8,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from cluster.calibrate import resolve_time_scale
+from cluster.calibrate import calibrate_on_engine_nodes, resolve_time_scale
 from cluster.config_load import ConfigError, load_designs
 from cluster.live import run_live
 from cluster.virtual import run_virtual
@@ -217,8 +217,6 @@ def test_a_pool_larger_than_the_cluster_offers_is_a_clear_error(cluster):
 
 
 def test_auto_time_scale_joining_a_cluster_is_calibrated_on_the_engines_nodes_not_the_drivers(cluster):
-    from cluster.calibrate import calibrate_on_engine_nodes, resolve_time_scale
-
     cfg = design("pd-fast", "runner.compute=real", "clock.mode=live", "clock.time_scale=auto")
     scale, per_node = calibrate_on_engine_nodes(cfg)
     offers = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
