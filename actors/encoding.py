@@ -9,7 +9,7 @@ hits that encoder's cache and costs no encoder time; its embeddings still move::
                       └─ queue + encode image 2 (encoder 1) ─ EC transfer ─┴─ prefill sees it
 
 The EC transfer is the link model's time for visual tokens x the target LM's width x 2 bytes
-(`target.vision`), from when the encoder had the embeddings.
+(`emulation.vision`), from when the encoder had the embeddings.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
+from emulation.profiles import LinkProfile
+from emulation.transfer import handoff_time
 from messages import ClientRequest, EncodedImage, EncodeJob, MultiModalItem
-from target.profiles import LinkProfile
-from target.transfer import handoff_time
 
 
 class EncoderClient(Protocol):

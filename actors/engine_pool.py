@@ -12,8 +12,8 @@ from typing import Any, Protocol
 from actors.engine.clock import Clock
 from actors.engine.core import EngineDeadError
 from actors.router import Router
+from emulation.config import RouterConfig
 from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, RequestResult
-from target.config import RouterConfig
 
 
 class EngineClient(Protocol):

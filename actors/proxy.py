@@ -24,9 +24,9 @@ from actors.engine_pool import EngineClient, EnginePool, InProcessEngine
 from actors.engine_requests import engine_arrival_s, engine_request, for_decode
 from actors.in_flight import InFlight
 from actors.router import Router
+from emulation.config import RouterConfig
 from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
 from messages.token_ids import PromptIds
-from target.config import RouterConfig
 
 
 class ProxyRecorder(Protocol):

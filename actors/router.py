@@ -23,10 +23,10 @@ import numpy as np
 
 from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
 from actors.engine.core import EngineDeadError
+from emulation.config import RouterConfig
+from emulation.kv_cache import cdiv
 from messages import ClientRequest, KVEvents
 from messages.token_ids import span
-from target.config import RouterConfig
-from target.kv_cache import cdiv
 
 
 class Router:

@@ -35,11 +35,11 @@ import matplotlib.pyplot as plt
 
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
+from emulation.profiles import GPUS, MODELS
+from emulation.roofline import Roofline
+from emulation.step_shape import StepItem
+from emulation.vision import vision_encoder_of
 from messages import RequestResult
-from target.profiles import GPUS, MODELS
-from target.roofline import Roofline
-from target.step_shape import StepItem
-from target.vision import vision_encoder_of
 from workloads.latency import request_latencies
 from workloads.slo import Slo, parse_slo
 

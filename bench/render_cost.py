@@ -29,8 +29,8 @@ from PIL import Image
 from actors.render.images import process_image
 from actors.render.render import Render
 from actors.render.tokenizer import load_tokenizer, training_corpus
-from target.config import RenderConfig, RunnerConfig
-from target.vision import VisionEncoderProfile, vision_encoder_of
+from emulation.config import RenderConfig, RunnerConfig
+from emulation.vision import VisionEncoderProfile, vision_encoder_of
 
 
 def _messages(lines: list[str], num_tokens: int, render: Render) -> list[dict[str, str]]:

@@ -18,10 +18,10 @@ import torch
 
 from actors.engine.runner import ModelRunner, RunnerInput
 from actors.engine.runner_model import load_model
-from target.config import RunnerConfig
-from target.profiles import GPUS, MODELS
-from target.roofline import Roofline
-from target.step_shape import StepItem
+from emulation.config import RunnerConfig
+from emulation.profiles import GPUS, MODELS
+from emulation.roofline import Roofline
+from emulation.step_shape import StepItem
 
 SIZES = [(64, 2, 4, 2), (128, 2, 4, 2)]
 TARGET = Roofline(MODELS["qwen2.5-7b"], GPUS["l40s"], eta_compute=0.47, eta_bandwidth=0.75, overhead_s=0.002)

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
-from target.kv_cache import cdiv, kv_capacity_tokens
-from target.profiles import GPUS, MODELS
-from target.step_shape import StepItem, StepShape
-from target.time_model import time_model_for
+from emulation.kv_cache import cdiv, kv_capacity_tokens
+from emulation.profiles import GPUS, MODELS
+from emulation.step_shape import StepItem, StepShape
+from emulation.time_model import time_model_for
 
 PRESET = "llama70b-h100-tp"
 CONTEXT = 4096

@@ -21,11 +21,11 @@ import time
 from typing import Any
 
 from actors.engine.kv_transfer import KVReceiver
-from target.config import TestbedConfig
-from target.kv_cache import cdiv
-from target.profiles import LINKS, MODELS
-from target.step_shape import StepItem, StepShape
-from target.time_model import time_model_for
+from emulation.config import TestbedConfig
+from emulation.kv_cache import cdiv
+from emulation.profiles import LINKS, MODELS
+from emulation.step_shape import StepItem, StepShape
+from emulation.time_model import time_model_for
 
 WAKE_ALLOWANCE_WALL_S = 0.005
 """p99 overshoot of a short sleep with both cores busy on a 2-core host (DESIGN.md)."""

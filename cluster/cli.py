@@ -21,7 +21,7 @@ from cluster.cli_run import ERRORS, add_replay_args, add_run_args, cmd_replay, c
 from cluster.config_load import ConfigError, available_presets, dump_config
 from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report
-from target.config import TestbedConfig
+from emulation.config import TestbedConfig
 
 
 def _parse_rates(text: str) -> list[float]:

@@ -17,7 +17,7 @@ from typing import Any
 from cluster.config_load import ConfigError, dump_config, load_designs
 from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report
-from target.config import TestbedConfig
+from emulation.config import TestbedConfig
 from workloads.divergence import diverged_at
 from workloads.replay import workload_for
 from workloads.traces.prefix_reuse import theoretical_hit_rate

@@ -14,9 +14,9 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
-from target.config import PoolConfig, TestbedConfig
-from target.kv_cache import cdiv, num_gpu_blocks
-from target.profiles import GPUS, LINKS, MODELS
+from emulation.config import PoolConfig, TestbedConfig
+from emulation.kv_cache import cdiv, num_gpu_blocks
+from emulation.profiles import GPUS, LINKS, MODELS
 from workloads.slo import SloError, parse_slo
 from workloads.traces.multi_turn import parse_dist
 
@@ -146,7 +146,7 @@ def _fields_at(parts: list[str]) -> list[str] | None:
 
 def _resolve(annotation: Any) -> Any:
     if isinstance(annotation, str):
-        from target import config as module
+        from emulation import config as module
 
         return getattr(module, annotation, annotation)
     return annotation

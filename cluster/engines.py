@@ -31,11 +31,11 @@ from actors.engine.kv_transfer import KVReceiver, Link
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from dashboards.recorders import EncoderMetrics, EngineMetrics
-from target.config import PoolConfig, TestbedConfig
-from target.kv_cache import num_gpu_blocks
-from target.profiles import LINKS, MODELS
-from target.time_model import time_model_for
-from target.vision import encoder_roofline_for, vision_encoder_of
+from emulation.config import PoolConfig, TestbedConfig
+from emulation.kv_cache import num_gpu_blocks
+from emulation.profiles import LINKS, MODELS
+from emulation.time_model import time_model_for
+from emulation.vision import encoder_roofline_for, vision_encoder_of
 from workloads.replay import Workload, needs_render
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)

@@ -31,6 +31,7 @@ from cluster.clock_sync import Probe, probe
 from cluster.engines import build_encoder, build_engine, encoder_pool, runner_for
 from dashboards.exposition import serve_metrics
 from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics, RenderMetrics
+from emulation.config import PoolConfig, TestbedConfig
 from messages import (
     ClientRequest,
     EncodedImage,
@@ -41,7 +42,6 @@ from messages import (
     KVPull,
     RequestResult,
 )
-from target.config import PoolConfig, TestbedConfig
 
 
 async def _remote_stream(method: Any, *args: Any) -> AsyncGenerator[Any, None]:

@@ -32,8 +32,8 @@ from cluster.engines import chat_renderer
 from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost
 from cluster.ray_connect import check_resources, connect, disconnect
 from dashboards.exposition import write_sd_file
+from emulation.config import TestbedConfig, replica_id
 from messages import ClientRequest, RequestResult
-from target.config import TestbedConfig, replica_id
 from workloads.render_tier import render_tier_for
 from workloads.replay import Workload, run_workload, workload_for, workload_info
 from workloads.summary import lag_summary

@@ -12,8 +12,8 @@ import pandas as pd
 
 from dashboards import metrics as m
 from dashboards.exposition import sum_series
+from emulation.config import TestbedConfig
 from messages import RequestResult
-from target.config import TestbedConfig
 from workloads.results import results_frame
 from workloads.summary import fault_summary, lag_summary, summarize
 

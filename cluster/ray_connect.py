@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import ray
 
 from cluster.config_load import ConfigError
-from target.config import TestbedConfig
+from emulation.config import TestbedConfig
 
 _LOCAL_NODE_IP = "127.0.0.2"
 """A local Ray binds a loopback address of its own (Ray rewrites 127.0.0.1 to the host's address)."""

@@ -34,7 +34,7 @@ from actors.render.render import Render
 from cluster.virtual import build_deployment
 from dashboards.exposition import merged_exposition, merged_text_expositions, write_sd_file
 from dashboards.recorders import RenderMetrics
-from target.config import TestbedConfig
+from emulation.config import TestbedConfig
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from cluster.virtual import RARE_GC_THRESHOLDS, run_virtual
-from target.config import TestbedConfig, WorkloadConfig
+from emulation.config import TestbedConfig, WorkloadConfig
 from workloads.summary import mean_records
 
 T = TypeVar("T")

@@ -13,8 +13,8 @@ import httpx
 from actors.engine.clock import Clock
 from cluster.config_load import ConfigError
 from cluster.outcome import RunOutput, run_output
+from emulation.config import TestbedConfig
 from messages import RequestResult
-from target.config import TestbedConfig
 from workloads.openai_target import OpenAITarget
 from workloads.replay import run_workload, workload_for, workload_info
 

@@ -24,8 +24,8 @@ from cluster.engines import build_encoder, build_engine, chat_renderer, encoder_
 from cluster.outcome import RunOutput, run_output
 from dashboards.exposition import Expositions
 from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics
+from emulation.config import TestbedConfig, replica_id
 from messages import RenderSpec, RequestResult
-from target.config import TestbedConfig, replica_id
 from workloads.render_tier import RenderTier, render_tier_for
 from workloads.replay import Workload, run_workload, workload_for, workload_info
 

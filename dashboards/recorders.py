@@ -100,12 +100,12 @@ from dashboards.metrics import (
     MetricSpec,
     buckets_125,
 )  # fmt: skip
-from target.profiles import MODELS
+from emulation.profiles import MODELS
 from workloads.latency import HANDOFF_PARTS, handoff_parts, request_latencies
 
 if TYPE_CHECKING:
+    from emulation.config import TestbedConfig
     from messages import RequestResult, RequestTimes
-    from target.config import TestbedConfig
 
 disable_created_metrics()  # vLLM exports no `_created` series
 

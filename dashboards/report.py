@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 from dashboards.session_plots import divergence_by_turn, ttft_by_context, ttft_by_turn
-from target.kv_cache import cdiv
+from emulation.kv_cache import cdiv
 from workloads.latency import HANDOFF_PARTS
 
 _SUMMARY_COLUMNS = [

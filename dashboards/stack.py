@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from target.config import MetricsConfig
+from emulation.config import MetricsConfig
 
 SHIPPED_CONFIG = Path(__file__).parent / "prometheus.yml"
 GRAFANA_DIR = Path(__file__).parent / "grafana"

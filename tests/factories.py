@@ -22,8 +22,8 @@ from actors.engine.clock import VirtualTimeLoop
 from cluster.config_load import build_config, load_designs
 from cluster.serve import build_server
 from cluster.virtual import Deployment, serve
+from emulation.config import TestbedConfig
 from messages import ClientRequest, RequestResult
-from target.config import TestbedConfig
 from workloads.replay import Workload, workload_for
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -8,8 +8,8 @@ from actors.engine.clock import Clock, DeadlockError, VirtualTimeLoop
 from actors.engine.runner_model import ensure_model
 from cluster.config_load import load_designs
 from cluster.virtual import build_deployment, run_virtual, serve
+from emulation.config import RunnerConfig
 from messages import EngineRequest
-from target.config import RunnerConfig
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
 from workloads.replay import workload_for
 

@@ -7,7 +7,7 @@ import torch
 
 from actors.engine.runner import ModelRunner, RunnerInput
 from actors.engine.runner_model import load_model
-from target.config import RunnerConfig
+from emulation.config import RunnerConfig
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_requests
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")

@@ -6,9 +6,9 @@ import pytest
 
 from actors.engine.clock import Clock
 from cluster.virtual import build_deployment, replay_on, run_virtual
+from emulation.kv_cache import cdiv
+from emulation.profiles import LINKS, MODELS
 from messages import ClientRequest, EngineRequest
-from target.kv_cache import cdiv
-from target.profiles import LINKS, MODELS
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async
 from workloads.latency import HANDOFF_PARTS
 from workloads.results import results_frame

@@ -11,8 +11,8 @@ from PIL import Image
 from actors.engine.block_hash import hash_blocks
 from actors.render.client import render_for
 from actors.render.images import ImageError, process_image
+from emulation.vision import VISION_ENCODERS
 from messages import MultiModalItem, RenderSpec
-from target.vision import VISION_ENCODERS
 from tests.factories import make_config
 
 QWEN25_VL, QWEN3_VL = VISION_ENCODERS["qwen2.5-vl-vit-7b"], VISION_ENCODERS["qwen3-vl-vit-4b"]

@@ -4,10 +4,10 @@ configs, DESIGN.md's ideal figures, the ring all-reduce, the CPU's share, and an
 import numpy as np
 import pytest
 
-from target.config import CpuOverhead, OperatorEfficiencies
-from target.operators import OperatorRoofline
-from target.profiles import GPUS, MODELS
-from target.step_shape import StepItem
+from emulation.config import CpuOverhead, OperatorEfficiencies
+from emulation.operators import OperatorRoofline
+from emulation.profiles import GPUS, MODELS
+from emulation.step_shape import StepItem
 from tests.factories import COLLOCATED, make_config, make_requests, run_requests
 
 PEAK = OperatorEfficiencies(1.0, 1.0, 1.0, 1.0, 1.0)
@@ -79,7 +79,7 @@ def test_all_reduces_follow_the_ring_formula(tp):
 def test_decode_kv_reads_add_to_a_chunk_instead_of_hiding_under_it():
     """32 decodes at 8k riding with a 2,016-token chunk: the aggregate roofline hides their 23 ms of KV
     reads under the chunk's compute; the operator model adds them (separate kernels)."""
-    from target.roofline import Roofline
+    from emulation.roofline import Roofline
 
     decodes, chunk = [StepItem(1, 8192, True)] * 32, [StepItem(2016, 0, False)]
     ops = OperatorRoofline(MODELS["qwen2.5-7b"], GPUS["l40s"], 1, cpu=NO_CPU)

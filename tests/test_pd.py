@@ -8,8 +8,8 @@ import pytest
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import KVReceiver, LinkQueue
 from cluster.virtual import build_deployment, replay_on, run_virtual
-from target.profiles import LINKS, MODELS
-from target.transfer import handoff_time
+from emulation.profiles import LINKS, MODELS
+from emulation.transfer import handoff_time
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
 
 REAL_GREEDY = {"runner": {"compute": "real", "device": "cpu"}, "workload": {"output_policy": "greedy"}}
@@ -158,7 +158,7 @@ def test_push_starts_at_prefill_end_and_layerwise_hides_transfer():
 def test_a_handoff_between_tp_engines_moves_each_ranks_heads_on_its_own_link(
     model, tp_prefill, tp_decode, bytes_per_token, lanes, per_lane
 ):
-    from target.transfer import handoff_time
+    from emulation.transfer import handoff_time
 
     cfg = make_config(PD)
     link = LINKS["rdma-400g"]

@@ -2,10 +2,10 @@
 
 import pytest
 
-from target.profiles import GPUS, LINKS, MODELS
-from target.roofline import Roofline
-from target.step_shape import StepItem, StepShape
-from target.transfer import handoff_time, layerwise_handoff_time
+from emulation.profiles import GPUS, LINKS, MODELS
+from emulation.roofline import Roofline
+from emulation.step_shape import StepItem, StepShape
+from emulation.transfer import handoff_time, layerwise_handoff_time
 
 QWEN = MODELS["qwen2.5-7b"]
 IDEAL = Roofline(QWEN, GPUS["l40s"])  # η = 1, no overhead: the roofline ideal
@@ -31,8 +31,8 @@ def test_kv_bytes_per_token(name, kv_bytes):
 @pytest.mark.parametrize("time_model", ["aggregate", "operators"])
 def test_roofline_ideals(items, ideal_ms, time_model):
     """Both time models at peak efficiency without overhead give DESIGN.md's ideal figures."""
-    from target.config import CpuOverhead, OperatorEfficiencies
-    from target.operators import OperatorRoofline
+    from emulation.config import CpuOverhead, OperatorEfficiencies
+    from emulation.operators import OperatorRoofline
 
     peak = OperatorEfficiencies(1.0, 1.0, 1.0, 1.0, 1.0)
     ideal = (
@@ -75,7 +75,7 @@ def test_tensor_parallel_scales_peaks():
 
 
 def test_kv_capacity():
-    from target.kv_cache import kv_capacity_tokens
+    from emulation.kv_cache import kv_capacity_tokens
 
     # 48 GB × 0.9 − 15.23 GB of weights over 56 KiB per token
     tokens = kv_capacity_tokens(QWEN, GPUS["l40s"], 1, 0.9)
@@ -121,8 +121,8 @@ def test_the_vision_encoder_matches_the_reference_figures():
     """Qwen2.5-VL's ViT, derived from its vision_config (nothing fitted): ~676M parameters, 448^2
     (1,024 patches) ~1.35 TFLOP, ~1.4 ms on an H100 and ~3.7 ms on an L40S at peak; 7 KiB per visual
     token for a 3,584-wide language model."""
-    from target.profiles import GPUS, MODELS
-    from target.vision import VISION_ENCODERS, EncoderRoofline
+    from emulation.profiles import GPUS, MODELS
+    from emulation.vision import VISION_ENCODERS, EncoderRoofline
 
     vit = VISION_ENCODERS[MODELS["qwen2.5-vl-7b"].vision_encoder]
     assert vit.weight_bytes / 2 == pytest.approx(676e6, rel=0.01)
@@ -138,8 +138,8 @@ def test_the_vision_encoder_matches_the_reference_figures():
 
 
 def test_qwen2_5_vl_3b_is_the_same_vit_ending_at_its_smaller_lm():
-    from target.profiles import MODELS
-    from target.vision import VISION_ENCODERS
+    from emulation.profiles import MODELS
+    from emulation.vision import VISION_ENCODERS
 
     lm = MODELS["qwen2.5-vl-3b"]
     vit = VISION_ENCODERS[lm.vision_encoder]
@@ -152,8 +152,8 @@ def test_qwen3_vl_4b_is_its_config_with_deepstack_embeddings():
     """Qwen3-VL-4B-Instruct from its config: a 4.0B language model (tied embeddings), a 24-block ViT of
     16-pixel patches with a plain MLP and three DeepStack mergers; each visual token crosses the
     encoder/prefill cut as four 2,560-wide embeddings (20 KiB)."""
-    from target.profiles import MODELS
-    from target.vision import vision_encoder_of
+    from emulation.profiles import MODELS
+    from emulation.vision import vision_encoder_of
 
     lm = MODELS["qwen3-vl-4b"]
     vit = vision_encoder_of("qwen3-vl-4b")
@@ -171,7 +171,7 @@ def test_vision_encoder_parameters_match_transformers_models_of_the_same_config(
     no weights) from the same config, per part; biases and norms are the small difference."""
     import torch
 
-    from target.vision import VISION_ENCODERS
+    from emulation.vision import VISION_ENCODERS
 
     vit = VISION_ENCODERS[name]
     if name.startswith("qwen3"):

@@ -6,7 +6,7 @@ import torch
 
 from actors.engine.runner import ModelRunner, RunnerInput
 from actors.engine.runner_model import load_model, model_dir
-from target.config import RunnerConfig
+from emulation.config import RunnerConfig
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 
 from actors.engine.block_hash import hash_blocks
 from actors.router import Router
+from emulation.config import RouterConfig
 from messages import ClientRequest, KVEvents
-from target.config import RouterConfig
 from tests.factories import SIX_TURN, TRACES, make_config, run_requests
 from workloads.results import results_frame
 from workloads.traces import load_trace

@@ -32,16 +32,16 @@ def test_static_checks(cmd):
 def test_import_contracts_catch_an_upward_import(tmp_path):
     """The layer contracts are not vacuous: a copy of the tree whose bottom layer imports a
     composition root breaks them."""
-    for package in ("target", "messages", "workloads", "actors", "dashboards", "cluster"):
+    for package in ("emulation", "messages", "workloads", "actors", "dashboards", "cluster"):
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    roofline = tmp_path / "target" / "roofline.py"
+    roofline = tmp_path / "emulation" / "roofline.py"
     roofline.write_text(roofline.read_text() + "\nimport cluster.virtual  # noqa\n")
     env = {"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(tmp_path)}
     cmd = [_tool("lint-imports"), "--no-cache"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode != 0, proc.stdout
-    assert "target.roofline -> cluster.virtual" in proc.stdout
+    assert "emulation.roofline -> cluster.virtual" in proc.stdout
 
 
 MAX_FUNCTION_LINES, MAX_CLASS_LINES = 80, 250
@@ -50,7 +50,7 @@ MAX_FUNCTION_LINES, MAX_CLASS_LINES = 80, 250
 
 def test_no_function_or_class_is_too_long():
     too_long = []
-    for package in ("target", "messages", "workloads", "actors", "dashboards", "cluster"):
+    for package in ("emulation", "messages", "workloads", "actors", "dashboards", "cluster"):
         for path in sorted((ROOT / package).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES

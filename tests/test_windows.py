@@ -17,11 +17,11 @@ from actors.engine.window import _new_blocks
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
 from dashboards.recorders import observe_many
+from emulation.operators import OperatorRoofline
+from emulation.profiles import GPUS, MODELS
+from emulation.roofline import Roofline
+from emulation.step_shape import StepItem, StepShape, decode_steps
 from messages import EngineRequest
-from target.operators import OperatorRoofline
-from target.profiles import GPUS, MODELS
-from target.roofline import Roofline
-from target.step_shape import StepItem, StepShape, decode_steps
 
 MOONCAKE = (
     Path(__file__).resolve().parents[2]

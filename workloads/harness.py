@@ -20,9 +20,9 @@ import contextlib
 import json
 from typing import Any
 
+from emulation.config import ReplayConfig
 from messages import RequestResult
 from messages.token_ids import PromptIds
-from target.config import ReplayConfig
 from workloads.traces.session import ChatPrompt, FollowUp, Prompt
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from target.config import RenderConfig, TestbedConfig
-from target.vision import VisionEncoderProfile, vision_encoder_of
+from emulation.config import RenderConfig, TestbedConfig
+from emulation.vision import VisionEncoderProfile, vision_encoder_of
 
 
 class RenderTier:

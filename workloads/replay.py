@@ -8,9 +8,9 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from emulation.config import TestbedConfig
+from emulation.vision import vision_encoder_of
 from messages import ClientRequest, RequestResult
-from target.config import TestbedConfig
-from target.vision import vision_encoder_of
 from workloads.render_tier import RenderTier
 from workloads.session_replay import Clock, SessionReplay
 from workloads.synthetic import synthetic_requests

@@ -21,9 +21,9 @@ from typing import Protocol
 import numpy as np
 import xxhash
 
+from emulation.config import ReplayConfig
 from messages import ClientRequest, RenderSpec, RequestResult
 from messages.token_ids import PromptIds
-from target.config import ReplayConfig
 from workloads.harness import Harness
 from workloads.images import synthetic_image, with_images
 from workloads.render_tier import RenderTier

@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 
+from emulation.config import WorkloadConfig
 from messages import ClientRequest, MultiModalItem
 from messages.token_ids import TokenIds
-from target.config import WorkloadConfig
 from workloads.images import synthetic_image, with_images
 from workloads.traces.multi_turn import parse_dist
 

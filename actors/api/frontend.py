@@ -25,9 +25,9 @@ from actors.render.client import RenderClient
 from actors.render.images import ImageError
 from actors.render.parsers import ParsedDelta
 from actors.render.render import Render
+from emulation.config import TestbedConfig
 from messages import ClientRequest, EngineOutput, RenderedPrompt, RenderSpec, RequestResult
 from messages.token_ids import PromptIds
-from target.config import TestbedConfig
 
 RETRY_AFTER_S = 1
 """What a 429 (a request refused at admission: scheduler.max_waiting) asks the client to wait, in

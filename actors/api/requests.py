@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from emulation.config import TestbedConfig
 from messages import ClientRequest, RenderSpec, token_ids_valid
-from target.config import TestbedConfig
 from workloads.answers import forced_answer_ids, forced_answer_text
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ from actors.engine.clock import Clock
 from actors.engine.encoder_cache import EncoderCache
 from actors.engine.executor import encoded
 from actors.engine.step_clock import StepClock
+from emulation.vision import EncoderRoofline
 from messages import EncodedImage, EncodeJob
-from target.vision import EncoderRoofline
 
 
 class EncoderRecorder(Protocol):

@@ -30,8 +30,8 @@ from operator import add, not_
 from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
 from actors.engine.free_queue import FreeQueue
 from actors.engine.request import Request
+from emulation.kv_cache import cdiv
 from messages import KVEvents
-from target.kv_cache import cdiv
 
 
 class BlockManager:

@@ -35,9 +35,9 @@ from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
 from actors.engine.windows import Windows
+from emulation.time_model import StepTimeModel
+from emulation.vision import EncoderRoofline
 from messages import EngineOutput, EngineRequest, FinishedReason, KVEvents, KVPayload, KVPull
-from target.time_model import StepTimeModel
-from target.vision import EncoderRoofline
 
 Role = Literal["mixed", "prefill", "decode"]
 

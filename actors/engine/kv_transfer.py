@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from target.config import KVTransferConfig, LinkSlowdown
-from target.profiles import LinkProfile, ModelProfile
-from target.transfer import HandoffTime, handoff_time, layerwise_handoff_time, tp_transfer
+from emulation.config import KVTransferConfig, LinkSlowdown
+from emulation.profiles import LinkProfile, ModelProfile
+from emulation.transfer import HandoffTime, handoff_time, layerwise_handoff_time, tp_transfer
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,13 @@ class KVReceiver:
 
     Between TP engines (`tp` here, `peer_tp` the sender's) the bytes are what this side holds (each
     GPU its KV heads, replicated past num_kv_heads ranks), on min(tp, peer_tp) links at once
-    (`target.transfer`)."""
+    (`emulation.transfer`)."""
 
     def __init__(
         self,
         cfg: KVTransferConfig,
         link: LinkProfile,
-        target: ModelProfile,
+        model: ModelProfile,
         block_size: int,
         tp: int = 1,
         peer_tp: int = 1,
@@ -73,10 +73,10 @@ class KVReceiver:
         self.cfg = cfg
         self.slowdowns = slowdowns
         self.link = link
-        self.target = target
+        self.model = model
         self.block_size = block_size
         self.split = tp_transfer(peer_tp, tp)
-        self.kv_bytes_per_token = round(target.kv_bytes_per_token_per_gpu(tp) * tp)
+        self.kv_bytes_per_token = round(model.kv_bytes_per_token_per_gpu(tp) * tp)
 
     def plan(self, params: dict[str, Any], blocks_ready_s: float, first_block: int = 0) -> TransferPlan:
         """Emulated timing of pulling (or receiving the push of) the KV that `params` describes, from
@@ -97,7 +97,7 @@ class KVReceiver:
         if self.cfg.mode == "push" and self.cfg.layerwise:
             sent_s = float(params["kv_sent_s"])
             hideable_s = min(float(params["prefill_compute_s"]), max(0.0, sent_s - blocks_ready_s))
-            layers = self.target.num_layers
+            layers = self.model.num_layers
             t = layerwise_handoff_time(kv_bytes, descriptors, link, hideable_s, layers, lanes)
         return TransferPlan(first_block, num_blocks, start_s, kv_bytes, t)
 

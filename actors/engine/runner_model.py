@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 from transformers.utils import logging as hf_logging
 
 from actors.engine.runner_arch import check_runner_model
-from target.config import RunnerConfig
+from emulation.config import RunnerConfig
 
 _LOADED: dict[tuple[str, str], PreTrainedModel] = {}
 hf_logging.disable_progress_bar()

@@ -20,8 +20,8 @@ from actors.engine.block_manager import BlockManager
 from actors.engine.encoder_cache import EncoderCache
 from actors.engine.encoder_inputs import encoder_inputs
 from actors.engine.request import Request, RequestStatus
+from emulation.step_shape import StepShape
 from messages import FinishedReason, MultiModalItem
-from target.step_shape import StepShape
 
 
 @dataclass

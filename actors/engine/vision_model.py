@@ -5,7 +5,7 @@ transformers' own `Qwen2_5_VisionTransformerPretrainedModel` (window attention, 
 16 for Qwen3-VL: what the render tier cuts), its merger's output as wide as the runner model's hidden
 size, so its embeddings can stand in for the placeholder tokens' embeddings. Built once, written with
 `save_pretrained` and loaded back with `from_pretrained(local_files_only=True)`, as the runner model is.
-Its time is the emulated target's (`target.vision`), never its own.
+Its time is the emulated target's (`emulation.vision`), never its own.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVi
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
 from actors.engine.runner_model import cache_dir
+from emulation.config import RunnerConfig
 from messages import MultiModalItem
-from target.config import RunnerConfig
 
 _LOADED: dict[str, Qwen2_5_VisionTransformerPretrainedModel] = {}
 

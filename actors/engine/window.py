@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import ScheduledBatch, Scheduler, stop_reason
+from emulation.step_shape import StepShape, decode_step, decode_steps
+from emulation.time_model import StepTimeModel
 from messages import FinishedReason
-from target.step_shape import StepShape, decode_step, decode_steps
-from target.time_model import StepTimeModel
 
 
 @dataclass

@@ -13,8 +13,8 @@ from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
 from actors.engine.window import Window, commit, plan_window, steady
+from emulation.time_model import StepTimeModel
 from messages import FinishedReason
-from target.time_model import StepTimeModel
 
 
 class Windows:

@@ -21,7 +21,7 @@ from messages import RenderedPrompt, RenderSpec
 
 if TYPE_CHECKING:  # transformers loads where a replica renders, not in every actor that calls one
     from actors.render.render import Render
-    from target.config import TestbedConfig
+    from emulation.config import TestbedConfig
 
 Call = Callable[..., Awaitable[Any]]
 """`call(method, *args)`: the result of `Render.<method>(*args)` on the replica, awaited."""

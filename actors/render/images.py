@@ -2,7 +2,7 @@
 
 An `image_url` content part carries a data URL (base64 JPEG or PNG); nothing is fetched, so a remote
 URL is refused. The image is decoded and checked with Pillow, then processed by transformers' own
-Qwen2-VL image processor (the PIL one) with the target's settings (`target.vision`): resized so that
+Qwen2-VL image processor (the PIL one) with the target's settings (`emulation.vision`): resized so that
 each side is a multiple of 2p (p-pixel patches, 2x2 merged into one visual token) with the area
 within [min_pixels, max_pixels], the aspect ratio kept as closely as that allows, normalised and cut
 into patches (`pixel_values`, what the vision encoder reads)::
@@ -30,7 +30,7 @@ import blake3
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from target.vision import VisionEncoderProfile
+from emulation.vision import VisionEncoderProfile
 
 MAX_ASPECT_RATIO = 200
 MAX_DECODED_PIXELS = 8192 * 8192

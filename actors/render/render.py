@@ -22,8 +22,8 @@ from tokenizers.decoders import DecodeStream
 
 from actors.render.images import IMAGE_PAD, ImageError, ProcessedImage, expand_image_pads, process_image
 from actors.render.parsers import IncrementalParser, ParsedDelta, PlainParser, RescanningParser
+from emulation.vision import vision_encoder_of
 from messages import MultiModalItem, RenderedPrompt, RenderSpec
-from target.vision import vision_encoder_of
 
 DATE_FORMAT = "%d %b %Y"
 """`date_string` handed to every template (Llama 3.1's format); templates that stamp the date use it."""

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from target.config import MultiTurnConfig
+from emulation.config import MultiTurnConfig
 from workloads.traces.session import FollowUp, Prompt, Session, TokenPrompt, Trace, Turn
 
 DIST_KINDS = ("constant", "uniform", "lognormal", "zipf", "poisson")

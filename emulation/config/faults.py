@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from target.config.strict import STRICT
+from emulation.config.strict import STRICT
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from target.config import CpuOverhead, OperatorEfficiencies
-from target.profiles import GpuProfile, ModelProfile
-from target.roofline import maximum, timed
-from target.step_shape import StepItem, StepShape
+from emulation.config import CpuOverhead, OperatorEfficiencies
+from emulation.profiles import GpuProfile, ModelProfile
+from emulation.roofline import maximum, timed
+from emulation.step_shape import StepItem, StepShape
 
 LOGIT_BYTES = 4
 """Logits are written in float32."""

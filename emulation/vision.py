@@ -26,9 +26,9 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from target.config import PoolConfig, TestbedConfig
-from target.profiles import GPUS, MODELS, GpuProfile
-from target.roofline import StepTime, timed
+from emulation.config import PoolConfig, TestbedConfig
+from emulation.profiles import GPUS, MODELS, GpuProfile
+from emulation.roofline import StepTime, timed
 
 
 @dataclass(frozen=True)

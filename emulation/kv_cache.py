@@ -6,8 +6,8 @@ blocks     [  block 0  |   block 1   | block 2 ]     cdiv(34, 16) = 3 (the last 
 
 from __future__ import annotations
 
-from target.config import PoolConfig, TestbedConfig
-from target.profiles import GPUS, MODELS, GpuProfile, ModelProfile
+from emulation.config import PoolConfig, TestbedConfig
+from emulation.profiles import GPUS, MODELS, GpuProfile, ModelProfile
 
 
 def cdiv(a: int, b: int) -> int:

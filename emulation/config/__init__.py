@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from target.config.engines import PoolConfig, PoolsConfig, RunnerConfig, SchedulerConfig, replica_id
-from target.config.faults import EngineFault, FaultsConfig, LinkSlowdown
-from target.config.model import CpuOverhead, OperatorEfficiencies, TargetConfig
-from target.config.serving import ClockConfig, MetricsConfig, RenderConfig, RouterConfig
-from target.config.strict import STRICT
-from target.config.transfer import ECTransferConfig, KVTransferConfig
-from target.config.workload import MultiTurnConfig, ReplayConfig, WorkloadConfig
+from emulation.config.engines import PoolConfig, PoolsConfig, RunnerConfig, SchedulerConfig, replica_id
+from emulation.config.faults import EngineFault, FaultsConfig, LinkSlowdown
+from emulation.config.model import CpuOverhead, OperatorEfficiencies, TargetConfig
+from emulation.config.serving import ClockConfig, MetricsConfig, RenderConfig, RouterConfig
+from emulation.config.strict import STRICT
+from emulation.config.transfer import ECTransferConfig, KVTransferConfig
+from emulation.config.workload import MultiTurnConfig, ReplayConfig, WorkloadConfig
 
 __all__ = [
     "ClockConfig",

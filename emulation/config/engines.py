@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from target.config.strict import STRICT
+from emulation.config.strict import STRICT
 
 
 def replica_id(role: str, replica: int) -> str:
@@ -21,7 +21,7 @@ class PoolConfig:
     replicas: int = 0
     """Number of engine replicas in this pool (data parallel)."""
     gpu: str = "l40s"
-    """GPU of each replica, a name from target.profiles.GPUS."""
+    """GPU of each replica, a name from emulation.profiles.GPUS."""
     tp: int = 1
     """Tensor-parallel degree: GPUs per replica."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from target.config.strict import STRICT
+from emulation.config.strict import STRICT
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,7 @@ class ECTransferConfig:
     __pydantic_config__ = STRICT
 
     link: str = "rdma-400g"
-    """Link between encoder and prefill engines, a name from target.profiles.LINKS."""
+    """Link between encoder and prefill engines, a name from emulation.profiles.LINKS."""
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class KVTransferConfig:
     __pydantic_config__ = STRICT
 
     link: str = "pcie4-x16"
-    """Link between prefill and decode engines, a name from target.profiles.LINKS."""
+    """Link between prefill and decode engines, a name from emulation.profiles.LINKS."""
     mode: Literal["pull", "push"] = "pull"
     """pull: decode reads the KV once it has the request and notices completion at its next step
     boundary (vLLM's NIXL connector); push: decode gets the request first and reserves blocks, prefill

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from target.config.strict import STRICT
+from emulation.config.strict import STRICT
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class TargetConfig:
     __pydantic_config__ = STRICT
 
     model: str = "qwen2.5-7b"
-    """Emulated model, a name from target.profiles.MODELS."""
+    """Emulated model, a name from emulation.profiles.MODELS."""
     served_model_name: str | None = None
     """The `model_name` label of every metric (vLLM's --served-model-name); None: `model`."""
     eta_compute: float = 0.47
@@ -66,7 +66,7 @@ class TargetConfig:
     time_model: Literal["aggregate", "operators"] = "aggregate"
     """aggregate: one roofline over the whole step, max(compute, memory) + step_overhead_s (eta_compute,
     eta_bandwidth); operators: a roofline per operator group, summed, with tensor-parallel all-reduces
-    and a CPU overhead that grows with the batch (`operators`, `cpu_overhead`; target.operators)."""
+    and a CPU overhead that grows with the batch (`operators`, `cpu_overhead`; emulation.operators)."""
     operators: OperatorEfficiencies = field(default_factory=OperatorEfficiencies)
     """The per-operator model's efficiencies."""
     cpu_overhead: CpuOverhead = field(default_factory=CpuOverhead)

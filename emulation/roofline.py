@@ -8,12 +8,12 @@ roofline over the whole batch::
     bytes = step weights + KV read (context tokens of every scheduled request)
     t     = max(flops / (peak·η_c), bytes / (bw·η_b)) + overhead
 
-Attention over `keys attended` (`target.step_shape`), 2 FLOPs per MAC for QK^T and again for PV::
+Attention over `keys attended` (`emulation.step_shape`), 2 FLOPs per MAC for QK^T and again for PV::
 
     flops = 4 · num_heads · head_dim · num_layers · keys attended
 
 Tensor parallelism multiplies peak compute and bandwidth by `tp`; its all-reduces are not modelled
-(the per-operator model, `target.operators`, has them).
+(the per-operator model, `emulation.operators`, has them).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from target.config import PoolConfig, TestbedConfig
-from target.profiles import GPUS, MODELS, GpuProfile, ModelProfile
-from target.step_shape import StepItem, StepShape
+from emulation.config import PoolConfig, TestbedConfig
+from emulation.profiles import GPUS, MODELS, GpuProfile, ModelProfile
+from emulation.step_shape import StepItem, StepShape
 
 
 def maximum(a: float, b: float) -> float:

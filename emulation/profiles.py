@@ -52,7 +52,7 @@ class ModelProfile:
     dtype_bytes: int = 2
     """Bytes per weight and per KV element (bf16)."""
     vision_encoder: str | None = None
-    """Its vision encoder, a name from target.vision.VISION_ENCODERS (None: text only)."""
+    """Its vision encoder, a name from emulation.vision.VISION_ENCODERS (None: text only)."""
 
     @cached_property
     def params_per_layer(self) -> int:
@@ -188,7 +188,7 @@ MODELS: dict[str, ModelProfile] = {
     )
 }
 
-# Qwen2.5-VL-7B's language model has Qwen2.5-7B's geometry; its ViT is in target.vision.
+# Qwen2.5-VL-7B's language model has Qwen2.5-7B's geometry; its ViT is in emulation.vision.
 MODELS["qwen2.5-vl-7b"] = dataclasses.replace(
     MODELS["qwen2.5-7b"], name="qwen2.5-vl-7b", vision_encoder="qwen2.5-vl-vit-7b"
 )

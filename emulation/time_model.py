@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from target.config import PoolConfig, TestbedConfig
-from target.operators import OperatorRoofline
-from target.profiles import GPUS, MODELS
-from target.roofline import roofline_for
-from target.step_shape import StepShape
+from emulation.config import PoolConfig, TestbedConfig
+from emulation.operators import OperatorRoofline
+from emulation.profiles import GPUS, MODELS
+from emulation.roofline import roofline_for
+from emulation.step_shape import StepShape
 
 
 class TimedStep(Protocol):

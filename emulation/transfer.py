@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from target.profiles import LinkProfile
+from emulation.profiles import LinkProfile
 
 
 @dataclass(frozen=True)
