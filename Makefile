@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 OUT ?= runs/demo
 
-.PHONY: setup demo test test-cluster bench lint clean prometheus ssh-tools
+.PHONY: setup demo test test-fast test-cluster bench lint clean prometheus ssh-tools
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,6 +32,12 @@ demo: $(STAMP)
 # when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
 test: $(STAMP) prometheus ssh-tools
 	$(PY) -m pytest
+
+# The developer loop: unit, engine, scheduler, P/D and KV handoff in virtual time, real-compute
+# correctness, config, trace loaders, sessions and routers, on both cores; no live Ray, Prometheus,
+# `ray up`, HTTP server or fuzzing (those are `make test`'s, marked `full`).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m 'not slow and not bench and not full' -n 2
 
 # The `ray up` tests alone (~4 min).
 test-cluster: $(STAMP) prometheus ssh-tools

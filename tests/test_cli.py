@@ -182,6 +182,7 @@ def _ray_processes() -> list[str]:
     return [line for line in proc.stdout.splitlines() if "pgrep" not in line]
 
 
+@pytest.mark.full  # a live Ray: `make test`, not `make test-fast`
 def test_live_run_starts_ray_and_leaves_nothing_behind(tmp_path):
     assert _ray_processes() == [], "another Ray is running; this test needs the host to itself"
     args = [

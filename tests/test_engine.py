@@ -101,10 +101,13 @@ def test_client_closing_the_stream_aborts_the_request():
         await asyncio.sleep(1.0)
         await engine.drain()
         engine.assert_empty()
-        return first
+        return first, engine.stats
 
-    first = run_async(main())
+    first, stats = run_async(main())
     assert first.new_token_ids and first.finished_reason is None
+    # Finished on its own, it would have run 49 more decode steps within the second: aborted, it ran
+    # none past the one under way when the stream closed.
+    assert stats.num_scheduled_tokens <= 300 + 1 and stats.num_steps <= 2
 
 
 def abort_mid_decode(macro_steps: bool) -> tuple[list[int], list[float], str | None]:

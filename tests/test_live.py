@@ -14,6 +14,8 @@ from cluster.live import run_live
 from cluster.virtual import run_virtual
 from tests.factories import TRACES
 
+pytestmark = pytest.mark.full  # live Ray clusters: `make test`, not `make test-fast`
+
 NODE = {"node_ip_address": "127.0.0.2", "num_cpus": 1, "object_store_memory": 200 * 1024**2}
 GREEDY = [
     "runner.compute=real",

@@ -9,6 +9,8 @@ import ray
 from cluster.config_load import ConfigError, load_designs
 from cluster.live import run_live
 
+pytestmark = pytest.mark.full  # live Ray clusters: `make test`, not `make test-fast`
+
 TP8 = [
     "pools.mixed.replicas=1", "pools.mixed.tp=8", "pools.mixed.gpu=h100-sxm", "target.model=llama-3.1-70b",
     "runner.compute=skip",

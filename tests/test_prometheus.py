@@ -25,6 +25,8 @@ from tests.factories import ServeThread
 from tests.test_serve import IMAGE, VL
 from workloads.replay import workload_for
 
+pytestmark = pytest.mark.full  # a real Prometheus scraping live runs: `make test`, not `make test-fast`
+
 MODEL = "qwen2.5-7b"
 # vLLM's stock Grafana dashboard (examples/online_serving/prometheus_grafana) queries, in its own shape:
 # exact `model_name` match, `sum by(le)` quantiles, per-engine rates.

@@ -9,7 +9,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT.parent / "shared" / "reference" / "ray-schema.json"
-FILES = sorted((ROOT / "cluster" / "ray-up").glob("*.yaml"))
+FILES = [ROOT / "cluster" / "ray-up" / name for name in ("aws.yaml", "onprem.yaml")]  # each must exist
 LOCAL_FORBIDDEN = {"available_node_types", "head_node_type", "head_node", "worker_nodes"}
 
 
@@ -18,10 +18,6 @@ def schema():
     if not SCHEMA.exists():
         pytest.skip(f"{SCHEMA} is not beside this checkout")
     return json.loads(SCHEMA.read_text())
-
-
-def test_both_examples_exist():
-    assert {f.name for f in FILES} == {"aws.yaml", "onprem.yaml"}
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)

@@ -40,6 +40,7 @@ LEFTOVERS = ("raylet", "gcs_server", "/usr/bin/prometheus", "follow-head.sh")
 
 pytestmark = [
     pytest.mark.cluster,
+    pytest.mark.full,
     pytest.mark.skipif(
         os.geteuid() != 0 or not Path("/usr/sbin/sshd").exists(),
         reason="needs root (an SSH server on port 22 of 127.0.0.1-3) and openssh-server (make ssh-tools)",

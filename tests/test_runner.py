@@ -1,5 +1,7 @@
 """The runner's paged, packed forward equals the transformers model's own forward."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -18,9 +20,18 @@ def prompt(n, seed=0):
     return torch.randint(0, 8192, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def test_model_is_loaded_from_a_local_directory():
-    d = model_dir(RunnerConfig())
-    assert (d / "config.json").exists() and (d / "model.safetensors").exists()
+def test_model_is_loaded_from_a_local_directory(model, tmp_path, monkeypatch):
+    """The weights are the directory's: built from the seed where it is missing, and a changed
+    checkpoint (`runner.model_path`) loads changed."""
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    fresh = load_model(RunnerConfig(device="cpu"))
+    assert model_dir(RunnerConfig()).is_relative_to(tmp_path) and fresh is not model
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters(), strict=True))
+    edited = copy.deepcopy(model)
+    edited.lm_head.weight.mul_(2)
+    edited.save_pretrained(tmp_path / "edited")
+    loaded = load_model(RunnerConfig(device="cpu", model_path=str(tmp_path / "edited")))
+    assert torch.equal(loaded.lm_head.weight, 2 * model.lm_head.weight)
 
 
 def test_chunked_batched_forward_matches_hf_forward(model):

@@ -23,6 +23,8 @@ from tests.factories import ServeThread
 from tests.test_images import data_url, picture
 from workloads.latency import handoff_parts
 
+pytestmark = pytest.mark.full  # testbed serve over HTTP (in process, and a process): not `make test-fast`
+
 MODEL = "qwen2.5-7b"
 VL = ("target.model=qwen2.5-vl-7b", f"target.served_model_name={MODEL}")
 """The same language model with a vision encoder (so images are accepted), served under MODEL."""

@@ -28,6 +28,8 @@ from tests.test_serve import (  # the in-process server's API tests, run again a
     test_streamed_chat_adds_up_to_the_same_answer,  # noqa: F401
 )
 
+pytestmark = pytest.mark.full  # testbed serve on Ray: `make test`, not `make test-fast`
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.full  # ruff, mypy, import-linter (also `make lint`): not `make test-fast`
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -11,6 +11,8 @@ import pytest
 from cluster.cli import main
 from tests.factories import SWE_AGENT, TRACES, free_port, serve_process, swe_agent_through_serve
 
+pytestmark = pytest.mark.full  # replays against a running server process: `make test`, not `make test-fast`
+
 MOONCAKE = TRACES / "mooncake_fast25" / "conversation_trace.window_0s_1200s.jsonl"
 
 
