@@ -50,7 +50,8 @@ class Harness:
     """One session's client: each turn's prompt from what the model answered before."""
 
     def __init__(self, cfg: ReplayConfig, vocab_size: int) -> None:
-        self.cfg, self.vocab_size = cfg, vocab_size
+        self.cfg = cfg
+        self.vocab_size = vocab_size
         self.token_ids: list[int] = []
         """The previous prompt, then its answer as the next turn repeats it (`FollowUp` turns)."""
         self._trace_messages: tuple[dict[str, Any], ...] = ()
@@ -75,7 +76,8 @@ class Harness:
             sent = [*self._sent_messages, answer, *trace[n + 1 :]]
         else:
             sent = list(trace)
-        self._trace_messages, self._sent_messages = trace, sent
+        self._trace_messages = trace
+        self._sent_messages = sent
         return sent
 
     def answered(self, prompt_ids: PromptIds, result: RequestResult, next_prompt: Prompt | None) -> None:

@@ -59,8 +59,13 @@ class SessionReplay:
         patches (real compute; None: no patches)."""
         self.forced = forced
         self.images, self.patch_size = images
-        self.submit, self.clock, self.synth, self.cfg = submit, clock, synth, cfg
-        self.render, self.on_result, self.lead_s = render, on_result, lead_s
+        self.submit = submit
+        self.clock = clock
+        self.synth = synth
+        self.cfg = cfg
+        self.render = render
+        self.on_result = on_result
+        self.lead_s = lead_s
         self.results: list[RequestResult] = []
         self._template_kwargs = dict(cfg.chat_template_kwargs or {})
         self._tools = list(cfg.tools) if cfg.tools else None

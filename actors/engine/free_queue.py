@@ -20,7 +20,8 @@ class FreeQueue:
     """
 
     def __init__(self, num_blocks: int) -> None:
-        self._next_unused, self._num_blocks = 0, num_blocks
+        self._next_unused = 0
+        self._num_blocks = num_blocks
         self._queue: list[int] = []
         self._head = 0
         self._num_dropped = 0

@@ -36,9 +36,11 @@ class RequestStream:
             await self.event.wait()
             self.event.clear()
             out = self.final or EngineOutput(request_id, [], [])
-            out.new_token_ids, out.token_times_s = self.tokens, self.times
+            out.new_token_ids = self.tokens
+            out.token_times_s = self.times
             out.kv_events = take_kv_events()
-            self.tokens, self.times = [], []
+            self.tokens = []
+            self.times = []
             yield out
             if out.finished_reason is not None:
                 return

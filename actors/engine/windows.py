@@ -34,8 +34,13 @@ class Windows:
     ) -> None:
         """`allowed`: plan windows at all (virtual clock, compute skip, `runner.macro_steps`)."""
         self.allowed = allowed
-        self.clock, self.step_clock, self.scheduler = clock, step_clock, scheduler
-        self.time_model, self.stats, self.streams, self.finish = time_model, stats, streams, finish
+        self.clock = clock
+        self.step_clock = step_clock
+        self.scheduler = scheduler
+        self.time_model = time_model
+        self.stats = stats
+        self.streams = streams
+        self.finish = finish
         # KV events on outputs: a router reads them as the steps go (each output wakes its client), so
         # steps go one at a time, unless the router reads them in process (`read_in_process`).
         self.enabled = allowed and not scheduler.blocks.publishes_kv_events

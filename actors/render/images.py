@@ -43,7 +43,8 @@ class ImageError(ValueError):
 
     def __init__(self, where: str, message: str) -> None:
         super().__init__(f"{where}: {message}")
-        self.where, self.message = where, message
+        self.where = where
+        self.message = message
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:  # rebuilt where a render actor's error lands
         return ImageError, (self.where, self.message)

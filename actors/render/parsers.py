@@ -175,7 +175,8 @@ class IncrementalParser:
             else:
                 out.tool_calls.append(dataclasses.replace(whole, index=self._num_calls))
                 self._num_calls += 1
-        self._call, self._num_args_sent = "", None
+        self._call = ""
+        self._num_args_sent = None
 
     def _until(self, text: str, tags: tuple[str, ...], out: ParsedDelta, attr: str) -> str:
         """Emit `text` into `attr` up to the first of `tags` (switching state past it); hold a partial tag."""
@@ -188,7 +189,8 @@ class IncrementalParser:
             return ""
         setattr(out, attr, getattr(out, attr) + text[:i])
         if tag == THINK_END:
-            self._state, self._strip_newlines = "content", True
+            self._state = "content"
+            self._strip_newlines = True
             return text[i + len(tag) :]
         self._state = "call"
         return text[i + len(tag) :]

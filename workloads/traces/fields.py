@@ -13,7 +13,10 @@ class Row:
         """`prefix`: where the row sits in its file (e.g. `requests[3].`), for error messages."""
         if not isinstance(data, dict):
             raise TraceError(path, line, prefix.rstrip(".") or "row", f"expected an object, got {data!r:.60}")
-        self.data, self.path, self.line, self.prefix = data, path, line, prefix
+        self.data = data
+        self.path = path
+        self.line = line
+        self.prefix = prefix
 
     def error(self, key: str, message: str) -> TraceError:
         return TraceError(self.path, self.line, self.prefix + key, message)

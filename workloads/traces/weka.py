@@ -26,7 +26,9 @@ from workloads.traces.session import HashPrompt, Session, Trace, TraceError, Tur
 
 class _Reader:
     def __init__(self, path: str, block_size: int, namespace: str) -> None:
-        self.path, self.block_size, self.namespace = path, block_size, namespace
+        self.path = path
+        self.block_size = block_size
+        self.namespace = namespace
         self.num_tails = 0
 
     def session(
