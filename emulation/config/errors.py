@@ -38,8 +38,10 @@ def fields_at(root: type, parts: list[str]) -> list[str] | None:
 
 
 def describe(root: type, error: ValidationError) -> str:
-    """The first error of validating `root`, in one line."""
-    err = error.errors()[0]
+    """The first error of validating `root`, in one line; a key it does not know first (the fields a
+    misspelt key leaves missing are errors too)."""
+    errors = error.errors()
+    err = next((e for e in errors if e["type"] in _UNKNOWN_KEY), errors[0])
     key, annotation, section = _field(root, err["loc"])
     if err["type"] in _UNKNOWN_KEY:
         where = key.rpartition(".")[0] or "the top level"
@@ -47,6 +49,8 @@ def describe(root: type, error: ValidationError) -> str:
         return f"config: {key!r} is not a field; allowed at {where}: {allowed}"
     if err["type"] in _BOUND_ERRORS:
         return f"{key}={err['input']!r}: must be {_allowed(annotation)}"
+    if err["type"] == "missing":
+        return f"config: {key}: missing; a value is required"
     if err["type"] == "value_error":
         return f"{key}={err['input']!r}: {err['ctx']['error']}"
     return f"config: {key}={err.get('input')!r}: {err['msg']}"
