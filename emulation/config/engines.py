@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from emulation.config.strict import STRICT
 
@@ -18,11 +20,11 @@ def replica_id(role: str, replica: int) -> str:
 class PoolConfig:
     __pydantic_config__ = STRICT
 
-    replicas: int = 0
+    replicas: Annotated[int, Field(ge=0)] = 0
     """Number of engine replicas in this pool (data parallel)."""
     gpu: str = "l40s"
     """GPU of each replica, a name from emulation.profiles.GPUS."""
-    tp: int = 1
+    tp: Annotated[int, Field(ge=1)] = 1
     """Tensor-parallel degree: GPUs per replica."""
 
 
@@ -53,21 +55,21 @@ class SchedulerConfig:
 
     max_num_batched_tokens: int = 2048
     """Token budget of one step, shared by decodes and prefill chunks."""
-    max_num_seqs: int = 256
+    max_num_seqs: Annotated[int, Field(ge=1)] = 256
     """Most requests running in one engine at once."""
-    block_size: int = 16
+    block_size: Annotated[int, Field(gt=0)] = 16
     """Tokens per KV block."""
     max_model_len: int = 32768
     """Most tokens (prompt + max_tokens) one request may have; longer requests are rejected."""
     enable_prefix_caching: bool = True
     """Reuse cached KV blocks keyed by chained block hashes."""
-    num_gpu_blocks_override: int | None = None
+    num_gpu_blocks_override: Annotated[int | None, Field(gt=0)] = None
     """Fix the KV capacity in blocks instead of deriving it from GPU memory (for tests of KV pressure)."""
-    max_waiting: int | None = None
+    max_waiting: Annotated[int | None, Field(ge=1)] = None
     """Admission limit: a request that finds this many waiting to be scheduled is rejected at once
     (finished_reason `rejected`; HTTP 429 with Retry-After) instead of queueing without bound.
     None: no limit (vLLM's behaviour)."""
-    max_queue_time_s: float | None = None
+    max_queue_time_s: Annotated[float | None, Field(gt=0)] = None
     """Queue-time budget: a request still waiting for its first step this many emulated seconds after
     it was queued is rejected then (finished_reason `rejected`, HTTP 429) instead of waiting on (a
     request whose KV is loading, or preempted after it ran, is not). None: no budget (vLLM's)."""
@@ -97,15 +99,15 @@ class RunnerConfig:
     """real: the runner model computes every scheduled token; skip: timing only."""
     model_path: str | None = None
     """Local Hugging Face model directory; None builds (once) the seeded tiny Qwen2 model in the cache."""
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 256
-    vocab_size: int = 8192
+    hidden_size: Annotated[int, Field(ge=1)] = 64
+    num_layers: Annotated[int, Field(ge=1)] = 2
+    num_heads: Annotated[int, Field(ge=1)] = 4
+    num_kv_heads: Annotated[int, Field(ge=1)] = 2
+    intermediate_size: Annotated[int, Field(ge=1)] = 256
+    vocab_size: Annotated[int, Field(ge=1)] = 8192
     weights_seed: int = 0
     """Seed of the tiny model's weights (part of its cache key)."""
-    num_threads: int = 1
+    num_threads: Annotated[int, Field(ge=1)] = 1
     """torch threads per engine; one keeps co-located engines from stealing each other's cores."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the runner computes; auto: a GPU when the process sees one, else the CPU."""

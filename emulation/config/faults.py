@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from emulation.config.strict import STRICT
 
@@ -15,7 +18,7 @@ class EngineFault:
 
     engine: str
     """The engine's id, `<role>-<replica>` (prefill-0, decode-1, mixed-0)."""
-    at_s: float
+    at_s: Annotated[float, Field(ge=0)]
     """Emulated seconds from the run's start."""
 
 
@@ -23,10 +26,10 @@ class EngineFault:
 class LinkSlowdown:
     __pydantic_config__ = STRICT
 
-    start_s: float
+    start_s: Annotated[float, Field(ge=0)]
     end_s: float
     """The emulated window [start_s, end_s) in which KV transfers start slowed."""
-    bandwidth_factor: float
+    bandwidth_factor: Annotated[float, Field(gt=0)]
     """The link's bandwidth times this (0.1: a tenth of it) for those transfers."""
 
 
@@ -36,10 +39,10 @@ class FaultsConfig:
 
     __pydantic_config__ = STRICT
 
-    kv_transfer_failure_rate: float = 0.0
+    kv_transfer_failure_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
     """Each KV load into a decode (or pull-back prefill) engine fails with this probability, drawn from
     the run's seed and the engine's id. A failed load takes its transfer's time, then fails."""
-    kv_transfer_failures: tuple[int, ...] = ()
+    kv_transfer_failures: tuple[Annotated[int, Field(ge=1)], ...] = ()
     """Also fail these loads (1-based, counted per receiving engine): `[1, 5]` fails each engine's
     first and fifth."""
     link_slowdowns: tuple[LinkSlowdown, ...] = ()
@@ -49,7 +52,7 @@ class FaultsConfig:
     engine_kills: tuple[EngineFault, ...] = ()
     """Engines killed at an emulated time: their requests fail (or, a prefill engine's, are retried
     elsewhere by the proxy), later calls to them fail as a dead actor's do. Live: the actor is killed."""
-    proxy_kills: tuple[float, ...] = ()
+    proxy_kills: tuple[Annotated[float, Field(ge=0)], ...] = ()
     """Emulated times the proxy dies: every request in flight through it fails (the engines abort
     them), and it comes back at once with empty routers (live: the actor is killed and a new one
     takes its place, as a supervisor restarts a crashed proxy; requests sent meanwhile wait for it)."""

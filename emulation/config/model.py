@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
+from pydantic import Field
+
+from emulation.config.named import named
 from emulation.config.strict import STRICT
+from emulation.profiles import MODELS
 
 
 @dataclass(frozen=True)
@@ -16,15 +20,15 @@ class OperatorEfficiencies:
 
     __pydantic_config__ = STRICT
 
-    gemm_compute: float = 0.47
+    gemm_compute: Annotated[float, Field(gt=0, le=1)] = 0.47
     """QKV/O and MLP GEMMs and the LM head, of peak FLOP/s (compute-bound: prompt chunks)."""
-    attention_compute: float = 0.47
+    attention_compute: Annotated[float, Field(gt=0, le=1)] = 0.47
     """Prefill attention (FlashAttention-style, causal), of peak FLOP/s."""
-    weights_bandwidth: float = 0.75
+    weights_bandwidth: Annotated[float, Field(gt=0, le=1)] = 0.75
     """Streaming the weights (memory-bound GEMMs: decode batches), of peak memory bandwidth."""
-    kv_bandwidth: float = 0.75
+    kv_bandwidth: Annotated[float, Field(gt=0, le=1)] = 0.75
     """Decode attention reading each decode's KV, of peak memory bandwidth."""
-    all_reduce_bandwidth: float = 0.8
+    all_reduce_bandwidth: Annotated[float, Field(gt=0, le=1)] = 0.8
     """Tensor-parallel all-reduces, of the TP link's bandwidth (an assumed bus efficiency: measure)."""
 
 
@@ -35,13 +39,13 @@ class CpuOverhead:
 
     __pydantic_config__ = STRICT
 
-    s_per_step: float = 0.002
+    s_per_step: Annotated[float, Field(ge=0)] = 0.002
     """Fixed per step: the aggregate model's step overhead, fitted to the guide's low-load ITL (one or
     two running requests)."""
-    s_per_request: float = 1.4e-5
+    s_per_request: Annotated[float, Field(ge=0)] = 1.4e-5
     """Per running (scheduled) request: vLLM V1 measured a 5-6 ms gap between decode steps at 256
     running requests (Llama-2-7B; vllm-project/vllm#10634), (5.5 ms - 2 ms) / 256."""
-    s_per_token: float = 0.0
+    s_per_token: Annotated[float, Field(ge=0)] = 0.0
     """Per scheduled token (input arrays, slot mapping) on the step's critical path: none by default.
     That work is vectorised and runs while the GPU finishes the previous step: an engine with vLLM-like
     batching measured 0.95 ms for a 16,255-token prefill (58 ns a token), 98.5 % of it under GPU work
@@ -53,15 +57,15 @@ class CpuOverhead:
 class TargetConfig:
     __pydantic_config__ = STRICT
 
-    model: str = "qwen2.5-7b"
+    model: Annotated[str, named("model", MODELS)] = "qwen2.5-7b"
     """Emulated model, a name from emulation.profiles.MODELS."""
     served_model_name: str | None = None
     """The `model_name` label of every metric (vLLM's --served-model-name); None: `model`."""
-    eta_compute: float = 0.47
+    eta_compute: Annotated[float, Field(gt=0, le=1)] = 0.47
     """Fraction of peak FLOP/s a step achieves (fitted to the guide's L40S medians)."""
-    eta_bandwidth: float = 0.75
+    eta_bandwidth: Annotated[float, Field(gt=0, le=1)] = 0.75
     """Fraction of peak memory bandwidth a step achieves."""
-    step_overhead_s: float = 0.002
+    step_overhead_s: Annotated[float, Field(ge=0)] = 0.002
     """Fixed per-step cost: scheduling, launch, sampling (the aggregate model's)."""
     time_model: Literal["aggregate", "operators"] = "aggregate"
     """aggregate: one roofline over the whole step, max(compute, memory) + step_overhead_s (eta_compute,
@@ -71,5 +75,5 @@ class TargetConfig:
     """The per-operator model's efficiencies."""
     cpu_overhead: CpuOverhead = field(default_factory=CpuOverhead)
     """The per-operator model's CPU work per step."""
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     """Share of GPU memory the engine may use for weights + KV (vLLM's flag)."""

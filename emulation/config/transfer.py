@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
+from pydantic import Field
+
+from emulation.config.named import named
 from emulation.config.strict import STRICT
+from emulation.profiles import LINKS
 
 
 @dataclass(frozen=True)
@@ -14,7 +18,7 @@ class ECTransferConfig:
 
     __pydantic_config__ = STRICT
 
-    link: str = "rdma-400g"
+    link: Annotated[str, named("link", LINKS)] = "rdma-400g"
     """Link between encoder and prefill engines, a name from emulation.profiles.LINKS."""
 
 
@@ -22,7 +26,7 @@ class ECTransferConfig:
 class KVTransferConfig:
     __pydantic_config__ = STRICT
 
-    link: str = "pcie4-x16"
+    link: Annotated[str, named("link", LINKS)] = "pcie4-x16"
     """Link between prefill and decode engines, a name from emulation.profiles.LINKS."""
     mode: Literal["pull", "push"] = "pull"
     """pull: decode reads the KV once it has the request and notices completion at its next step
@@ -35,13 +39,13 @@ class KVTransferConfig:
     """Which transfers share a link's wire. prefill: each prefill engine's own egress (every pull from
     it queues there, whichever decode engine started it); fabric: one link for the whole deployment (a
     shared switch or PCIe root), every transfer queues on it."""
-    hold_timeout_s: float = 120.0
+    hold_timeout_s: Annotated[float, Field(gt=0)] = 120.0
     """Prefill side: release a finished request's KV if no decode engine pulled it within this time."""
     bidirectional: bool = False
     """pull only: decode keeps a finished turn's blocks (prompt and answer) for the conversation's next
     turn, and prefill pulls back the blocks of them it lacks instead of computing them again (vLLM's
     NixlConnector bidirectional mode; conversations are the replayed sessions)."""
-    decoder_kv_blocks_ttl_s: float = 480.0
+    decoder_kv_blocks_ttl_s: Annotated[float, Field(gt=0)] = 480.0
     """bidirectional: how long decode keeps a conversation's blocks waiting for its next turn."""
     load_failure_policy: Literal["recompute", "fail"] = "fail"
     """A decode engine's failed KV load (vLLM's `kv_load_failure_policy`). fail: the request ends with

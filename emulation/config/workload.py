@@ -3,9 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field
 
 from emulation.config.strict import STRICT
+
+
+def _check_window(window: tuple[float, float] | None) -> tuple[float, float] | None:
+    if window is not None and not 0 <= window[0] < window[1]:
+        raise ValueError("must be [start, end) with 0 <= start < end")
+    return window
+
+
+def _check_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = tool.get("function")
+    if (
+        tool.get("type", "function") != "function"
+        or not isinstance(fn, dict)
+        or not isinstance(fn.get("name"), str)
+    ):
+        raise ValueError("expected {type: function, function: {name: NAME, ...}}")
+    return tool
 
 
 @dataclass(frozen=True)
@@ -16,24 +35,24 @@ class WorkloadConfig:
     """synthetic: random prompts of fixed lengths (the guide's `vllm bench serve --dataset random`);
     trace: the sessions of `replay.trace`; multi_turn: conversations as `multi_turn` describes them
     (the fields below apply to synthetic only)."""
-    rate: float = 0.2
+    rate: Annotated[float, Field(gt=0)] = 0.2
     """Offered load, requests per emulated second (Poisson arrivals)."""
-    num_requests: int = 100
-    prompt_len: int = 8192
+    num_requests: Annotated[int, Field(ge=1)] = 100
+    prompt_len: Annotated[int, Field(ge=1)] = 8192
     """Prompt tokens per request."""
-    output_len: int = 256
+    output_len: Annotated[int, Field(ge=1)] = 256
     """Output tokens per request (max_tokens, EOS ignored)."""
     output_policy: Literal["forced", "greedy"] = "forced"
     """forced: emit the workload's answer tokens; greedy: argmax of the runner's real logits."""
     images_per_request: str = "constant:0"
     """Images in each request's prompt, a distribution (`constant:4`, `uniform:1:4`; see
     multi_turn): each adds its visual tokens to prompt_len's text. Needs a vision-language target."""
-    image_tokens: int = 400
+    image_tokens: Annotated[int, Field(ge=1)] = 400
     """Visual tokens per image (a square grid: 400 is 20 x 20 tokens, 40 x 40 patches, a 560-pixel
     image in Qwen2.5-VL's processor)."""
-    text_only_fraction: float = 0.0
+    text_only_fraction: Annotated[float, Field(ge=0, le=1)] = 0.0
     """Share of requests without images."""
-    image_reuse: float = 0.0
+    image_reuse: Annotated[float, Field(ge=0, le=1)] = 0.0
     """Chance that an image is one an earlier request sent (the same hash: encoder cache hits)."""
 
 
@@ -46,10 +65,10 @@ class MultiTurnConfig:
 
     __pydantic_config__ = STRICT
 
-    num_conversations: int = 32
+    num_conversations: Annotated[int, Field(ge=1)] = 32
     num_turns: str = "uniform:6:9"
     """Turns per conversation (user messages, each answered)."""
-    common_prefix_tokens: int = 500
+    common_prefix_tokens: Annotated[int, Field(ge=0)] = 500
     """A prefix every conversation's first prompt starts with (a shared system prompt)."""
     prefix_tokens: str = "lognormal:1000:0.5:max=5000"
     """Each conversation's own prefix on its first turn (a document, a task)."""
@@ -59,16 +78,16 @@ class MultiTurnConfig:
     """Each answer (max_tokens; EOS ignored)."""
     think_s: str = "constant:0"
     """Seconds between an answer and the next user message."""
-    conversation_rate: float = 1.0
+    conversation_rate: Annotated[float, Field(gt=0)] = 1.0
     """New conversations per second (Poisson)."""
     history: Literal["generated", "model"] = "generated"
     """generated: each turn's prompt repeats the generator's own answers (forced answers match it);
     model: it repeats the answers the model actually gave (greedy: real logits), so a wrong KV reuse
     changes every later turn."""
-    strip_answer_tokens: int = 0
+    strip_answer_tokens: Annotated[int, Field(ge=0)] = 0
     """history=model: leave each answer's first N tokens out of the history (a template dropping past
     reasoning: the next prompt is no longer a prefix of what decode generated)."""
-    rewrite_answer_tokens: int = 0
+    rewrite_answer_tokens: Annotated[int, Field(ge=0)] = 0
     """history=model: replace each answer's last N tokens in the history by others of the same count
     (an agent harness re-serialising the tool call an answer ends with: same length, other tokens)."""
 
@@ -91,16 +110,16 @@ class ReplayConfig:
     """When a session's next turn goes, after the previous one finished. think: its think time;
     original: at its trace time if later; api-scaled: the previous send + its API time x
     api_time_scale + think time, if later. One-turn sessions always go at their timestamps."""
-    speedup: float = 1.0
+    speedup: Annotated[float, Field(gt=0)] = 1.0
     """Divides every trace time and delay (2: twice the offered load)."""
-    api_time_scale: float = 1.0
+    api_time_scale: Annotated[float, Field(ge=0)] = 1.0
     """api-scaled timing: the share of each original call's duration kept between sends."""
-    window_s: tuple[float, float] | None = None
+    window_s: Annotated[tuple[float, float] | None, AfterValidator(_check_window)] = None
     """Replay only sessions starting in [start, end) trace seconds, shifted to start at 0 (servegen:
     sample arrivals in it; None there: the chosen clients' busiest 600 s)."""
-    max_turns: int | None = None
+    max_turns: Annotated[int | None, Field(ge=1)] = None
     """Replay at most each session's first N turns (vLLM's multi-turn benchmark: --max-turns)."""
-    max_sessions: int | None = None
+    max_sessions: Annotated[int | None, Field(ge=1)] = None
     """Most top-level sessions running at once (a closed-loop user count); None: no cap."""
     session_salt: bool = False
     """Give each session private blocks (no prefix shared across sessions), as one replayed user per
@@ -113,7 +132,7 @@ class ReplayConfig:
     """history=model: how the harness changes an answer before sending it back. reserialize_tool_calls:
     every tool call's arguments parsed and dumped compact (`{"a":1}` for `{"a": 1}`), as harnesses that
     keep calls as objects do: the next prompt is no longer a prefix of what decode generated."""
-    tools: tuple[dict[str, Any], ...] | None = None
+    tools: tuple[Annotated[dict[str, Any], AfterValidator(_check_tool)], ...] | None = None
     """OpenAI tool definitions sent with every chat request (an agent acting through function calls:
     the server's answers then call them, and harness_edit has calls to re-serialise)."""
     chat_template_kwargs: dict[str, Any] | None = None

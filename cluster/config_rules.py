@@ -1,0 +1,181 @@
+"""What a config's fields cannot say alone: how fields and sections fit together, and what only the
+profiles, the files named and other layers' parsers can tell.
+
+`violations` yields one line per broken rule; its caller reports the first, so a later rule may assume
+that every earlier one held (a pool's GPU is known before its KV room is computed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
+from emulation.config import TestbedConfig
+from emulation.kv_cache import cdiv, num_gpu_blocks
+from emulation.profiles import GPUS, MODELS
+from workloads.slo import SloError, parse_slo
+from workloads.traces.multi_turn import parse_dist
+
+
+def violations(cfg: TestbedConfig) -> Iterator[str]:
+    """Every broken rule of `cfg`, in one line each, in a fixed order."""
+    for rules in (_scheduler, _pools, _workload, _replay, _multi_turn, _runner, _rest, _faults):
+        yield from rules(cfg)
+
+
+def _scheduler(cfg: TestbedConfig) -> Iterator[str]:
+    s = cfg.scheduler
+    need = cfg.workload.prompt_len + cfg.workload.output_len
+    if s.max_num_batched_tokens < s.block_size:
+        yield (
+            f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens}: "
+            f"must be >= block_size ({s.block_size})"
+        )
+    if s.max_model_len < need:
+        yield (
+            f"scheduler.max_model_len={s.max_model_len}: the workload's requests need "
+            f"{need} tokens (prompt_len + output_len); allowed: at least that"
+        )
+
+
+def _pools(cfg: TestbedConfig) -> Iterator[str]:
+    s = cfg.scheduler
+    p = cfg.pools
+    need = cdiv(cfg.workload.prompt_len + cfg.workload.output_len, s.block_size)
+    for name, pool in (("mixed", p.mixed), ("prefill", p.prefill), ("decode", p.decode)):
+        if not pool.replicas:
+            continue
+        if pool.gpu not in GPUS:
+            yield f"pools.{name}.gpu={pool.gpu!r}: unknown GPU; allowed: {', '.join(GPUS)}"
+        have = num_gpu_blocks(cfg, pool)
+        if have < need:
+            yield (
+                f"pools.{name}: {cfg.target.model} on {pool.tp} x {pool.gpu} leaves KV room for {have} "
+                f"blocks, a request needs {need}; allowed: a larger tp or GPU, or shorter requests"
+            )
+        # As vLLM refuses at start-up: a request of max_model_len tokens must fit in the KV cache
+        # (else one could wait for blocks that never come free).
+        key = "scheduler.num_gpu_blocks_override" if s.num_gpu_blocks_override else f"pools.{name}"
+        if have * s.block_size < s.max_model_len:
+            yield (
+                f"{key}: {have} blocks of {s.block_size} hold {have * s.block_size} tokens of KV, less "
+                f"than scheduler.max_model_len={s.max_model_len}; allowed: at least "
+                f"{cdiv(s.max_model_len, s.block_size)} blocks, or a smaller max_model_len"
+            )
+    collocated = p.mixed.replicas > 0 and p.prefill.replicas == 0 and p.decode.replicas == 0
+    disagg = p.mixed.replicas == 0 and p.prefill.replicas > 0 and p.decode.replicas > 0
+    if not (collocated or disagg):
+        yield (
+            f"pools: mixed={p.mixed.replicas}, prefill={p.prefill.replicas}, decode={p.decode.replicas}; "
+            "allowed: mixed > 0 alone (collocated) or prefill > 0 and decode > 0 with mixed = 0 (P/D)"
+        )
+    e = p.encoder
+    if e.replicas and e.gpu not in GPUS:
+        yield f"pools.encoder.gpu={e.gpu!r}: unknown GPU; allowed: {', '.join(GPUS)}"
+    if e.replicas and MODELS[cfg.target.model].vision_encoder is None:
+        vl = ", ".join(n for n, m in MODELS.items() if m.vision_encoder)
+        yield (
+            f"pools.encoder.replicas={e.replicas}: target.model={cfg.target.model!r} has no vision encoder; "
+            f"allowed: a vision-language model ({vl})"
+        )
+
+
+def _workload(cfg: TestbedConfig) -> Iterator[str]:
+    w = cfg.workload
+    try:
+        parse_dist(w.images_per_request)
+    except ValueError as e:
+        yield f"workload.images_per_request={e}"
+    if (
+        w.kind == "synthetic"
+        and w.images_per_request != "constant:0"
+        and MODELS[cfg.target.model].vision_encoder is None
+    ):
+        yield (
+            f"workload.images_per_request={w.images_per_request!r}: target.model={cfg.target.model!r} has "
+            "no vision encoder; allowed: a vision-language model (e.g. qwen2.5-vl-7b), or constant:0"
+        )
+    if w.output_policy == "greedy" and cfg.runner.compute == "skip":
+        yield "workload.output_policy='greedy': needs real logits; allowed with runner.compute='real' only"
+    for text in cfg.slos:
+        try:
+            parse_slo(text)
+        except SloError as e:
+            yield str(e)
+
+
+def _replay(cfg: TestbedConfig) -> Iterator[str]:
+    r = cfg.replay
+    if cfg.workload.kind == "trace" and r.trace is None:
+        yield "workload.kind='trace': needs replay.trace (a trace file or directory)"
+    if r.trace is not None and not Path(r.trace).exists():
+        yield f"replay.trace={r.trace!r}: no such file or directory"
+    if r.harness_edit != "none" and r.history != "model":
+        yield (
+            f"replay.harness_edit={r.harness_edit!r}: edits the server's answers, needs replay.history=model"
+        )
+
+
+def _multi_turn(cfg: TestbedConfig) -> Iterator[str]:
+    m = cfg.multi_turn
+    for key in ("strip_answer_tokens", "rewrite_answer_tokens"):
+        value = getattr(m, key)
+        if value and m.history != "model":
+            yield f"multi_turn.{key}={value}: edits the model's answers, needs multi_turn.history=model"
+    for key in ("num_turns", "prefix_tokens", "user_tokens", "output_tokens", "think_s"):
+        try:
+            parse_dist(getattr(m, key))
+        except ValueError as e:
+            yield f"multi_turn.{key}={e}"
+
+
+def _runner(cfg: TestbedConfig) -> Iterator[str]:
+    r = cfg.runner
+    if r.hidden_size % r.num_heads:
+        yield f"runner.hidden_size={r.hidden_size}: must be a multiple of num_heads ({r.num_heads})"
+    if r.num_heads % r.num_kv_heads:
+        yield f"runner.num_kv_heads={r.num_kv_heads}: must divide num_heads ({r.num_heads})"
+    if r.model_path is not None:
+        try:
+            check_runner_model(r.model_path)
+        except UnsupportedModelError as e:
+            yield str(e)
+
+
+def _rest(cfg: TestbedConfig) -> Iterator[str]:
+    kv = cfg.kv_transfer
+    if kv.layerwise and kv.mode != "push":
+        yield "kv_transfer.layerwise=True: allowed with kv_transfer.mode='push' only"
+    if kv.bidirectional and kv.mode != "pull":
+        yield "kv_transfer.bidirectional=True: allowed with kv_transfer.mode='pull' only"
+    if kv.bidirectional and not cfg.scheduler.enable_prefix_caching:
+        yield "kv_transfer.bidirectional=True: needs scheduler.enable_prefix_caching=True (matched by hash)"
+    for key in ("tokenizer_path", "chat_template_path"):
+        path = getattr(cfg.render, key)
+        if path is not None and not Path(path).exists():
+            yield f"render.{key}={path!r}: no such file or directory"
+
+
+def _faults(cfg: TestbedConfig) -> Iterator[str]:
+    f = cfg.faults
+    for i, w in enumerate(f.link_slowdowns):
+        if w.start_s >= w.end_s:
+            yield (
+                f"faults.link_slowdowns[{i}]: start_s={w.start_s}, end_s={w.end_s}; "
+                "allowed: start_s < end_s (emulated seconds)"
+            )
+    engines = cfg.pools.engine_ids()
+    prefill = [e for e in engines if e.startswith("prefill-")]
+    for kind, allowed in (("engine_kills", engines), ("engine_hangs", prefill)):
+        for fault in getattr(f, kind):
+            if fault.engine not in allowed:
+                yield (
+                    f"faults.{kind}: engine={fault.engine!r}: no such "
+                    f"{'prefill ' * (kind == 'engine_hangs')}engine; allowed: {', '.join(allowed) or 'none'}"
+                )
+    if f.engine_hangs and cfg.router.prefill_timeout_s is None:
+        yield (
+            "faults.engine_hangs: a hung prefill engine holds its requests for ever without "
+            "router.prefill_timeout_s; allowed: set it (emulated seconds)"
+        )
