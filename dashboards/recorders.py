@@ -101,6 +101,7 @@ from dashboards.metrics import (
     buckets_125,
 )  # fmt: skip
 from emulation.profiles import MODELS
+from messages.scheduler_stats import SchedulerStats
 from workloads.latency import HANDOFF_PARTS, handoff_parts, request_latencies
 
 if TYPE_CHECKING:
@@ -167,10 +168,11 @@ class EngineMetrics(_Registry):
             self.child(REQUEST_SUCCESS, finished_reason=reason)
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             self.child(PROMPT_TOKENS_BY_SOURCE, source=source)
-        self._seen_queries = self._seen_hits = self._seen_preemptions = 0
-        self._seen_mm = (0, 0)
-        """The encoder cache's queries and hits already counted."""
-        self._ttft, self._itl, self._gen = self.child(TTFT), self.child(ITL), self.child(GENERATION_TOKENS)
+        self._counted = SchedulerStats(0, 0, 0.0, 0, 0, 0, 0)
+        """The state last recorded: its totals are already counted."""
+        self._ttft = self.child(TTFT)
+        self._itl = self.child(ITL)
+        self._gen = self.child(GENERATION_TOKENS)
         held = KV_CONVERSATION_BLOCKS if role == "decode" else KV_HELD_BLOCKS  # what holds blocks there
         self._state = [
             self.child(s) for s in (held, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE)
@@ -186,36 +188,26 @@ class EngineMetrics(_Registry):
         _add_each(self.child(BUSY)._value, step_s)
         _add_each(self.child(STEP_CPU)._value, cpu_s)
 
-    def on_state(
-        self,
-        num_running: int,
-        num_waiting: int,
-        kv_cache_usage: float,
-        num_prefix_queries: int,
-        num_prefix_hits: int,
-        num_preemptions: int,
-        num_kv_held_blocks: int,
-        num_mm_cache_queries: int = 0,
-        num_mm_cache_hits: int = 0,
-    ) -> None:
+    def on_state(self, stats: SchedulerStats) -> None:
         """Gauges, and the counters the scheduler, block manager and encoder cache keep as totals (at
         steps and on arrivals)."""
         held, running, waiting, usage = self._state
-        held.set(num_kv_held_blocks)
-        running.set(num_running)
-        waiting.set(num_waiting)
-        usage.set(kv_cache_usage)
-        q, h, p = num_prefix_queries, num_prefix_hits, num_preemptions
-        if q != self._seen_queries:
-            self.child(PREFIX_CACHE_QUERIES).inc(q - self._seen_queries)
-            self.child(PREFIX_CACHE_HITS).inc(h - self._seen_hits)
-        if p != self._seen_preemptions:
-            self.child(NUM_PREEMPTIONS).inc(p - self._seen_preemptions)
-        self._seen_queries, self._seen_hits, self._seen_preemptions = q, h, p
-        if num_mm_cache_queries != self._seen_mm[0]:
-            self.child(MM_CACHE_QUERIES).inc(num_mm_cache_queries - self._seen_mm[0])
-            self.child(MM_CACHE_HITS).inc(num_mm_cache_hits - self._seen_mm[1])
-            self._seen_mm = (num_mm_cache_queries, num_mm_cache_hits)
+        held.set(stats.num_kv_held_blocks)
+        running.set(stats.num_running_reqs)
+        waiting.set(stats.num_waiting_reqs)
+        usage.set(stats.kv_cache_usage)
+        was = self._counted
+        if stats.num_prefix_cache_queries != was.num_prefix_cache_queries:
+            self.child(PREFIX_CACHE_QUERIES).inc(
+                stats.num_prefix_cache_queries - was.num_prefix_cache_queries
+            )
+            self.child(PREFIX_CACHE_HITS).inc(stats.num_prefix_cache_hits - was.num_prefix_cache_hits)
+        if stats.num_preemptions != was.num_preemptions:
+            self.child(NUM_PREEMPTIONS).inc(stats.num_preemptions - was.num_preemptions)
+        if stats.num_mm_cache_queries != was.num_mm_cache_queries:
+            self.child(MM_CACHE_QUERIES).inc(stats.num_mm_cache_queries - was.num_mm_cache_queries)
+            self.child(MM_CACHE_HITS).inc(stats.num_mm_cache_hits - was.num_mm_cache_hits)
+        self._counted = stats
 
     def on_first_token(
         self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
