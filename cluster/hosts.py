@@ -42,6 +42,7 @@ from messages import (
     KVPull,
     RequestResult,
 )
+from messages.stats import EncoderStats
 
 
 async def _remote_stream(method: Any, *args: Any) -> AsyncGenerator[Any, None]:
@@ -223,10 +224,12 @@ class EncoderHost:
         assert self.encoder is not None
         return await self.encoder.encode(job)
 
-    async def drain(self) -> None:
+    async def drain(self) -> EncoderStats:
+        """Stop the step loop, check nothing is left; the encoder's final totals."""
         assert self.encoder is not None
         await self.encoder.drain()
         self.encoder.assert_empty()
+        return self.encoder.stats()
 
 
 class RemoteEncoder:

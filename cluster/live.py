@@ -34,6 +34,7 @@ from cluster.ray_connect import check_resources, connect, disconnect
 from dashboards.exposition import write_sd_file
 from emulation.config import TestbedConfig, replica_id
 from messages import ClientRequest, RequestResult
+from messages.stats import EncoderStats
 from workloads.render_tier import render_tier_for
 from workloads.replay import Workload, run_workload, workload_for, workload_info
 from workloads.summary import lag_summary
@@ -266,10 +267,11 @@ def run_live(
             requests = workload_for(cfg)
         results = asyncio.run(drive(dep, cfg, requests, on_result, on_tick))
         time.sleep(cfg.metrics.linger_s)
-        reports, metrics = shutdown(dep, cfg)
+        reports, metrics, encoder_stats = shutdown(dep, cfg)
         info = {"num_proxy_restarts": dep.num_proxy_restarts, "clock_sync": sync_summary(dep.clock_offsets)}
         dep = None
-        return run_output(cfg, results, reports, metrics, workload_info(requests, cfg.replay.speedup), info)
+        workload = workload_info(requests, cfg.replay.speedup)
+        return run_output(cfg, results, reports, metrics, workload, info, encoder_stats)
     finally:
         if dep is not None:
             kill(dep)
@@ -277,12 +279,15 @@ def run_live(
             disconnect()
 
 
-def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Drain every live engine (dead ones are skipped) and render replica (checked empty), collect every
-    actor's final metrics, kill all actors and withdraw their scrape targets; engine reports and
-    expositions by actor id."""
+def shutdown(
+    dep: LiveDeployment, cfg: TestbedConfig
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], list[EncoderStats]]:
+    """Drain every live engine (dead ones are skipped), render replica and encoder (checked empty),
+    collect every actor's final metrics, kill all actors and withdraw their scrape targets; engine
+    reports and expositions by actor id, and the encoders' final totals."""
     reports: dict[str, dict[str, Any]] = {}
     metrics: dict[str, str] = {}
+    encoder_stats: list[EncoderStats] = []
     lost = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
     for eid, handle in dep.engines.items():
         try:
@@ -298,11 +303,12 @@ def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[st
             metrics[replica_id("render", i)] = ray.get(handle.metrics.remote(), timeout=60)
     for i, handle in enumerate(dep.encoders):
         with contextlib.suppress(*lost):
-            ray.get(handle.drain.remote(), timeout=60)
+            stats = ray.get(handle.drain.remote(), timeout=60)
             metrics[replica_id("encoder", i)] = ray.get(handle.metrics.remote(), timeout=60)
+            encoder_stats.append(stats)
     kill(dep)
     write_sd_file(cfg.metrics.sd_file, cfg.design, {})
-    return reports, metrics
+    return reports, metrics, encoder_stats
 
 
 def kill(dep: LiveDeployment) -> None:

@@ -97,14 +97,14 @@ class Deployment:
             e.assert_empty()
 
     def expositions(self) -> Expositions:
-        """Every role's final metrics by actor id (engine ids, `proxy`), rendered when read (the
-        encoders' only, when built without metrics)."""
+        """Every role's final metrics by actor id (engine ids, `proxy`), rendered when read (none when
+        built without metrics)."""
         out = {}
         if self.engine_metrics:  # built with metrics
             out = {e.engine_id: m.exposition for e, m in zip(self.engines, self.engine_metrics, strict=True)}
-        out.update(
-            {e.encoder_id: m.exposition for e, m in zip(self.encoders, self.encoder_metrics, strict=True)}
-        )
+            out.update(
+                {e.encoder_id: m.exposition for e, m in zip(self.encoders, self.encoder_metrics, strict=True)}
+            )
         if self.proxy_metrics is not None:
             out["proxy"] = self.proxy_metrics.exposition
         return Expositions(out)
@@ -120,7 +120,7 @@ def build_deployment(
     """Engines for every pool replica, wired to their peers, and a proxy in front of them (which
     renders again with `render` when decode cannot reuse prefill's prompt IDs).
     `compute_in_thread`: on a real-time loop (serve), compute off the loop. `metrics`: False records
-    only what a run's summary reads (the encoders' series), for runs whose metrics nobody reads."""
+    nothing (the run's summary reads the roles' own counters), for runs whose metrics nobody reads."""
     peers: dict[str, KVSource] = {}
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
     engine_metrics: list[EngineMetrics] = []
@@ -145,10 +145,10 @@ def build_deployment(
     peers.update({e.engine_id: e for e in pools["prefill"]})
     if cfg.kv_transfer.bidirectional:  # prefill pulls a conversation's blocks back from decode
         peers.update({e.engine_id: e for e in pools["decode"]})
-    encoder_metrics = [EncoderMetrics(cfg, i) for i in range(cfg.pools.encoder.replicas)]
+    encoder_metrics = [EncoderMetrics(cfg, i) for i in range(cfg.pools.encoder.replicas)] if metrics else []
     encoders = [
         build_encoder(replica_id("encoder", i), cfg, clock, compute_in_thread, m)
-        for i, m in enumerate(encoder_metrics)
+        for i, m in enumerate(encoder_metrics or [None] * cfg.pools.encoder.replicas)
     ]
     proxy_metrics = ProxyMetrics(cfg) if metrics else None
     push = cfg.kv_transfer.mode == "push"
@@ -223,7 +223,8 @@ def run_virtual(
         reports = {e.engine_id: e.report() for e in dep.engines}
         info = workload_info(requests, cfg.replay.speedup)
         restarts = {"num_proxy_restarts": dep.num_proxy_restarts}
-        return run_output(cfg, results, reports, dep.expositions(), info, restarts)
+        encoder_stats = [e.stats() for e in dep.encoders]
+        return run_output(cfg, results, reports, dep.expositions(), info, restarts, encoder_stats)
 
 
 RARE_GC_THRESHOLDS = (50_000, 20, 100)

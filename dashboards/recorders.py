@@ -101,7 +101,7 @@ from dashboards.metrics import (
     buckets_125,
 )  # fmt: skip
 from emulation.profiles import MODELS
-from messages.scheduler_stats import SchedulerStats
+from messages.stats import EncoderStats, SchedulerStats
 from workloads.latency import HANDOFF_PARTS, handoff_parts, request_latencies
 
 if TYPE_CHECKING:
@@ -387,19 +387,23 @@ class EncoderMetrics(_Registry):
     def __init__(self, cfg: TestbedConfig, replica: int) -> None:
         super().__init__(ENCODER_SERIES, cfg, "encoder", replica)
 
-    def on_encoder_step(self, step_s: float, num_visual_tokens: int) -> None:
-        self.child(STEPS).inc()
-        self.child(BUSY).inc(step_s)
+    def on_encoder_step(self, num_visual_tokens: int, stats: EncoderStats) -> None:
         self.child(ENCODER_STEP_TOKENS).observe(num_visual_tokens)
+        self._set_totals(stats)
 
     def on_encoder_state(self, num_waiting: int) -> None:
         self.child(ENCODER_JOBS_WAITING).set(num_waiting)
 
-    def on_encoder_lookup(self, hit: bool) -> None:
+    def on_encoder_lookup(self, stats: EncoderStats) -> None:
         """A job's image looked up in the encoder's cache."""
-        self.child(MM_CACHE_QUERIES).inc()
-        if hit:
-            self.child(MM_CACHE_HITS).inc()
+        self._set_totals(stats)
+
+    def _set_totals(self, stats: EncoderStats) -> None:
+        """The counters, set to the encoder's own totals (the values the run's summary reads)."""
+        self.child(STEPS)._value.set(float(stats.num_steps))
+        self.child(BUSY)._value.set(stats.busy_s)
+        self.child(MM_CACHE_QUERIES)._value.set(float(stats.num_mm_cache_queries))
+        self.child(MM_CACHE_HITS)._value.set(float(stats.num_mm_cache_hits))
 
 
 def observe_many(histogram: Histogram, values: Sequence[float]) -> None:

@@ -175,7 +175,9 @@ def test_a_repeated_image_is_encoded_once_and_its_wait_is_the_encoder_plus_the_e
     assert sum_series([expos["proxy"]], m.EC_TRANSFER.sum) == pytest.approx(2 * ec_s)
     from cluster.outcome import encoder_summary
 
-    summary = encoder_summary(expos, 10.0)
+    stats = enc.stats()  # what the summary reads: the values the series show
+    assert sum_series(encoder, m.BUSY.exposed, role="encoder") == stats.busy_s > 0
+    summary = encoder_summary([stats], 10.0)
     assert summary["encoder_cache_hit_rate"] == 0.5 and 0 < summary["encoder_busy_fraction"] < 0.01
 
 

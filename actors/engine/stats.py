@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
 from messages import FinishedReason, RequestTimes
-from messages.scheduler_stats import SchedulerStats
+from messages.stats import SchedulerStats
 
 
 class EngineRecorder(Protocol):

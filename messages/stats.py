@@ -1,7 +1,7 @@
-"""engine -> its recorder: a snapshot of the scheduler's state (vLLM's `SchedulerStats`, flattened).
+"""A role -> its recorder and the run's summary: snapshots of an engine's scheduler (vLLM's
+`SchedulerStats`, flattened) and of an encoder.
 
-Taken at steps and on arrivals; the counts are totals since the engine started (the recorder turns
-them into counter increments).
+Taken at steps and on arrivals; the counts are totals since the role started.
 """
 
 from __future__ import annotations
@@ -25,3 +25,14 @@ class SchedulerStats:
     num_mm_cache_queries: int = 0
     num_mm_cache_hits: int = 0
     """The encoder cache's lookups of images, and its hits."""
+
+
+@dataclass(frozen=True)
+class EncoderStats:
+    """An encoder's totals: its recorder's counters and the run's encoder summary read these values."""
+
+    num_steps: int
+    busy_s: float
+    """Emulated seconds spent in steps."""
+    num_mm_cache_queries: int
+    num_mm_cache_hits: int
