@@ -19,8 +19,7 @@ from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report
 from emulation.config import TestbedConfig
 from workloads.divergence import diverged_at
-from workloads.replay import workload_for
-from workloads.traces.prefix_reuse import theoretical_hit_rate
+from workloads.replay import LoadedWorkload, load_workload
 from workloads.traces.session import Trace, TraceError
 
 SCENARIOS: dict[str, list[str]] = {
@@ -109,12 +108,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise ConfigError(
             "testbed replay: give --trace PATH or --scenario NAME (the preset has no sessions of its own)"
         )
+    loaded = None
     if c.workload.kind == "trace":
-        trace = workload_for(c)  # loaded and checked here, before any run
+        loaded = load_workload(c)  # loaded, checked and measured here, once for every design
+        trace = loaded.workload
         assert isinstance(trace, Trace)
         what = f"trace {trace.name}: {len(trace.sessions)} sessions, {trace.num_requests} requests"
         total: int | None = trace.num_requests
-        hit_rate = theoretical_hit_rate(trace)
+        hit_rate = loaded.info["theoretical_prefix_hit_rate"]
         if c.replay.history == "model" and hit_rate is None and not args.target:
             raise ConfigError(
                 "replay.history='model': a chat trace's next turns need the server's answers as messages:"
@@ -133,12 +134,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     ]
     if args.target:
         notes.append(f"against {args.target}: client-side times, in wall seconds")
-    return _run_designs(args, configs, "replay", notes, total)
+    return _run_designs(args, configs, "replay", notes, total, loaded)
 
 
 def _run_designs(
-    args: argparse.Namespace, configs: list[TestbedConfig], kind: str, notes: list[str], total: int | None
+    args: argparse.Namespace,
+    configs: list[TestbedConfig],
+    kind: str,
+    notes: list[str],
+    total: int | None,
+    loaded: LoadedWorkload | None = None,
 ) -> int:
+    """Each design of `configs` through `loaded` (None: each its own workload, as `run` draws it)."""
     import pandas as pd
 
     from cluster.calibrate import resolve_time_scale
@@ -153,10 +160,10 @@ def _run_designs(
     parallel = len(configs) > 1 and not getattr(args, "target", None)
     parallel = parallel and all(c.clock.mode == "virtual" for c in configs)
     with _ray_session(live, args.address):
-        outputs = _run_virtual_designs(configs) if parallel else None
+        outputs = _run_virtual_designs(configs, loaded) if parallel else None
         for i, cfg in enumerate(configs):
             dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
-            result = outputs[i] if outputs is not None else _run_one(cfg, args, total)
+            result = outputs[i] if outputs is not None else _run_one(cfg, args, total, loaded)
             records.append(clean_json(result.summary))
             (out / "metrics" / cfg.design).mkdir(parents=True, exist_ok=True)
             for actor, text in result.metrics.items():
@@ -204,28 +211,33 @@ def _reference(args: argparse.Namespace, configs: list[TestbedConfig]) -> str | 
     return "collocated" if greedy and "collocated" in names and len(names) > 1 else None
 
 
-def _run_virtual_designs(configs: list[TestbedConfig]) -> list[Any]:
-    """Each design in virtual time, in worker processes, under a progress display of designs."""
+def _run_virtual_designs(configs: list[TestbedConfig], loaded: LoadedWorkload | None) -> list[Any]:
+    """Each design in virtual time (through `loaded`), in worker processes, under a progress display
+    of designs."""
     from rich.progress import Progress
 
     from cluster.sweep import run_in_processes
 
     with Progress(transient=True) as progress:
         task = progress.add_task(f"{len(configs)} designs, in parallel", total=len(configs))
-        return run_in_processes(_virtual_design, configs, on_done=lambda: progress.advance(task))
+        designs = [(cfg, loaded) for cfg in configs]
+        return run_in_processes(_virtual_design, designs, on_done=lambda: progress.advance(task))
 
 
-def _virtual_design(cfg: TestbedConfig) -> Any:
+def _virtual_design(design: tuple[TestbedConfig, LoadedWorkload | None]) -> Any:
     """One design in virtual time, its metrics rendered (to come back from a worker process)."""
     import dataclasses
 
     from cluster.virtual import run_virtual
 
-    out = run_virtual(cfg)
+    cfg, loaded = design
+    out = run_virtual(cfg, loaded)
     return dataclasses.replace(out, metrics=dict(out.metrics))
 
 
-def _run_one(cfg: TestbedConfig, args: argparse.Namespace, total: int | None) -> Any:
+def _run_one(
+    cfg: TestbedConfig, args: argparse.Namespace, total: int | None, loaded: LoadedWorkload | None
+) -> Any:
     """One design, virtual or live (or against a `--target` server), under a progress display."""
     from rich.progress import Progress
 
@@ -239,11 +251,11 @@ def _run_one(cfg: TestbedConfig, args: argparse.Namespace, total: int | None) ->
         if target:
             from cluster.target_run import run_against_target
 
-            return run_against_target(cfg, target, args.model, args.api_key, on_result)
+            return run_against_target(cfg, target, args.model, args.api_key, on_result, loaded)
         if cfg.clock.mode == "virtual":
             from cluster.virtual import run_virtual
 
-            return run_virtual(cfg, on_result=on_result)
+            return run_virtual(cfg, loaded, on_result=on_result)
         from cluster.live import run_live
 
         def on_tick(sim_s: float, lag: dict[str, Any]) -> None:
@@ -251,7 +263,7 @@ def _run_one(cfg: TestbedConfig, args: argparse.Namespace, total: int | None) ->
                 task, description=f"{cfg.design}: t={sim_s:.1f} s emulated, lag {lag['lag_fraction']:.1%}"
             )
 
-        return run_live(cfg, args.address, on_result=on_result, on_tick=on_tick)
+        return run_live(cfg, args.address, loaded, on_result=on_result, on_tick=on_tick)
 
 
 @contextlib.contextmanager

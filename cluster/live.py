@@ -36,7 +36,7 @@ from emulation.config import TestbedConfig, replica_id
 from messages import ClientRequest, RequestResult
 from messages.stats import EncoderStats
 from workloads.render_tier import render_tier_for
-from workloads.replay import Workload, run_workload, workload_for, workload_info
+from workloads.replay import LoadedWorkload, Workload, load_workload, run_workload
 from workloads.summary import lag_summary
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ async def _replace(dep: LiveDeployment, cfg: TestbedConfig) -> None:
 def run_live(
     cfg: TestbedConfig,
     address: str | None = None,
-    requests: Workload | None = None,
+    requests: Workload | LoadedWorkload | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
     on_tick: Callable[[float, dict[str, Any]], None] | None = None,
     on_deployed: Callable[[LiveDeployment], None] | None = None,
@@ -263,15 +263,13 @@ def run_live(
         dep = deploy(cfg)
         if on_deployed is not None:
             on_deployed(dep)
-        if requests is None:
-            requests = workload_for(cfg)
-        results = asyncio.run(drive(dep, cfg, requests, on_result, on_tick))
+        loaded = load_workload(cfg, requests)
+        results = asyncio.run(drive(dep, cfg, loaded.workload, on_result, on_tick))
         time.sleep(cfg.metrics.linger_s)
         reports, metrics, encoder_stats = shutdown(dep, cfg)
         info = {"num_proxy_restarts": dep.num_proxy_restarts, "clock_sync": sync_summary(dep.clock_offsets)}
         dep = None
-        workload = workload_info(requests, cfg.replay.speedup)
-        return run_output(cfg, results, reports, metrics, workload, info, encoder_stats)
+        return run_output(cfg, results, reports, metrics, loaded.info, info, encoder_stats)
     finally:
         if dep is not None:
             kill(dep)

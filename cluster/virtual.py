@@ -27,7 +27,7 @@ from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics
 from emulation.config import TestbedConfig, replica_id
 from messages import RenderSpec, RequestResult
 from workloads.render_tier import RenderTier, render_tier_for
-from workloads.replay import Workload, run_workload, workload_for, workload_info
+from workloads.replay import LoadedWorkload, Workload, load_workload, run_workload
 
 
 @dataclass
@@ -206,22 +206,21 @@ async def replay_on(
 
 def run_virtual(
     cfg: TestbedConfig,
-    requests: Workload | None = None,
+    requests: Workload | LoadedWorkload | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
     metrics: bool = True,
 ) -> RunOutput:
-    """A fresh deployment replays `requests` (default: the config's workload) in virtual time.
-    `metrics`: see `build_deployment`."""
-    if requests is None:
-        requests = workload_for(cfg)
+    """A fresh deployment replays `requests` (default: the config's workload; `LoadedWorkload`: one
+    loaded and measured already) in virtual time. `metrics`: see `build_deployment`."""
+    loaded = load_workload(cfg, requests)
     loop = VirtualTimeLoop()
     with _collecting_rarely():
         try:
-            results, dep = loop.run_until_complete(serve(cfg, requests, on_result, metrics))
+            results, dep = loop.run_until_complete(serve(cfg, loaded.workload, on_result, metrics))
         finally:
             loop.close()
         reports = {e.engine_id: e.report() for e in dep.engines}
-        info = workload_info(requests, cfg.replay.speedup)
+        info = loaded.info
         restarts = {"num_proxy_restarts": dep.num_proxy_restarts}
         encoder_stats = [e.stats() for e in dep.encoders]
         return run_output(cfg, results, reports, dep.expositions(), info, restarts, encoder_stats)
