@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             else "chat prompts, rendered when sent"
         )
     else:
-        what, total, reuse = f"scenario {args.scenario or c.design}", None, "multi-turn conversations"
+        what = f"scenario {args.scenario or c.design}"
+        total = None
+        reuse = "multi-turn conversations"
     r = c.replay
     notes = [
         f"{what}; timing {r.timing}, speedup {r.speedup:g}, router {c.router.policy}; {reuse}",
@@ -154,7 +156,9 @@ def _run_designs(
     reference = _reference(args, configs)  # checked before anything runs
     configs = [resolve_time_scale(c, args.address) if c.clock.mode == "live" else c for c in configs]
     out = out_dir(args, kind)
-    records, frames, engines = [], [], {}
+    records = []
+    frames = []
+    engines = {}
     live = [] if getattr(args, "target", None) else configs  # a target needs no Ray
     # Designs in virtual time are independent: one process each, as a sweep's points.
     parallel = len(configs) > 1 and not getattr(args, "target", None)
@@ -280,34 +284,6 @@ def _ray_session(configs: list[TestbedConfig], address: str | None) -> Iterator[
     finally:
         if started:
             disconnect()
-
-
-def add_run_args(
-    s: argparse.ArgumentParser, add_config_args: Callable[[argparse.ArgumentParser, str], None]
-) -> None:
-    """The flags `run` and `replay` share."""
-    add_config_args(s, "comma-separated designs of the preset (default: all)")
-    s.add_argument("--mode", help="virtual | live")
-    s.add_argument("--out", help="run directory (default: runs/<time>-<command>)")
-    s.add_argument("--time-scale", help="live: wall seconds per emulated second, or auto")
-    s.add_argument("--address", help="live: join this Ray cluster (e.g. auto) instead of starting one")
-
-
-def add_replay_args(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--trace", help="a trace file, or a directory of WEKA session files")
-    s.add_argument("--scenario", choices=sorted(SCENARIOS), help="a named multi-turn workload instead")
-    s.add_argument("--format", help="auto | mooncake | azure | weka (default: auto)")
-    s.add_argument("--router", help="round_robin | session_affinity | kv_aware | kv_estimated")
-    s.add_argument("--timing", help="think | original | api-scaled (when a session's next turn goes)")
-    s.add_argument("--speedup", type=float, help="divide every trace time and delay by this")
-    s.add_argument("--window", help="START:END trace seconds: only sessions starting in it")
-    s.add_argument("--max-sessions", type=int, help="most sessions at once (closed-loop users)")
-    s.add_argument("--max-turns", type=int, help="replay at most each session's first N turns")
-    s.add_argument("--session-salt", action="store_true", help="no prefix shared across sessions")
-    s.add_argument("--reference", help="compare every design's greedy tokens with this design's")
-    s.add_argument("--target", help="replay against this OpenAI-compatible server (e.g. http://host:8000)")
-    s.add_argument("--model", help="with --target: the model to ask for (default: the first it lists)")
-    s.add_argument("--api-key", help="with --target: sent as `Authorization: Bearer KEY`")
 
 
 ERRORS = (ConfigError, TraceError)

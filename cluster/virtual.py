@@ -61,7 +61,8 @@ class Deployment:
         for e in self.roles:
             e.start()
         engines = {e.engine_id: e for e in self.engines}
-        f, interval_s = self.cfg.faults, self.cfg.router.health_check_interval_s
+        f = self.cfg.faults
+        interval_s = self.cfg.router.health_check_interval_s
         self._tasks = [
             *(asyncio.ensure_future(self._strike(engines[k.engine], "kill", k.at_s)) for k in f.engine_kills),
             *(asyncio.ensure_future(self._strike(engines[h.engine], "hang", h.at_s)) for h in f.engine_hangs),

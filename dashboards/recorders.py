@@ -214,11 +214,11 @@ class EngineMetrics(_Registry):
     ) -> None:
         """A request's first token (engine-level TTFT counts from entering the engine's queue)."""
         self._ttft.observe(ttft_s)
-        n, cached, external = num_prompt_tokens, num_cached_tokens, num_external_tokens
-        self.child(PROMPT_TOKENS).inc(n)
-        self.child(PROMPT_TOKENS_BY_SOURCE, source="local_compute").inc(n - cached - external)
-        self.child(PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit").inc(cached)
-        self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(external)
+        computed = num_prompt_tokens - num_cached_tokens - num_external_tokens
+        self.child(PROMPT_TOKENS).inc(num_prompt_tokens)
+        self.child(PROMPT_TOKENS_BY_SOURCE, source="local_compute").inc(computed)
+        self.child(PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit").inc(num_cached_tokens)
+        self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(num_external_tokens)
         self._gen.inc()
 
     def on_next_tokens(self, itls_s: Sequence[float]) -> None:
@@ -235,7 +235,8 @@ class EngineMetrics(_Registry):
         num_external_tokens: int,
     ) -> None:
         """A request ended (its times complete): per-request histograms, as vLLM records them at finish."""
-        t, n_out = times, num_output_tokens
+        t = times
+        n_out = num_output_tokens
         assert t.finished_s is not None
         self.child(REQUEST_SUCCESS, finished_reason=reason).inc()
         self.child(E2E).observe(t.finished_s - t.queued_s)

@@ -269,7 +269,8 @@ def test_a_replay_parses_its_trace_and_measures_its_reuse_once_for_all_its_desig
     from workloads.traces import load_trace
     from workloads.traces.prefix_reuse import theoretical_hit_rate
 
-    parses, measures = [], []
+    parses = []
+    measures = []
 
     def counting_load(*args, **kwargs):
         parses.append(args[0])
@@ -319,7 +320,7 @@ def test_a_run_of_several_designs_in_worker_processes_matches_each_run_alone():
     from cluster.virtual import run_virtual
 
     configs = load_designs("guide-l40s", None, ["runner.compute=skip", "workload.num_requests=8"])
-    parallel = _run_virtual_designs(configs)
+    parallel = _run_virtual_designs(configs, None)
     for cfg, out in zip(configs, parallel, strict=True):
         alone = run_virtual(cfg)
         assert out.summary == alone.summary and out.engine_reports == alone.engine_reports

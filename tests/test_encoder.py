@@ -131,7 +131,8 @@ def test_e_p_d_gives_the_tokens_of_an_engine_encoding_locally(model):
     decode: the same greedy tokens as one collocated engine encoding in its own step (each target's
     patches: 14 pixels, 256 visual tokens; 16 pixels, 196)."""
     vl = {**VL, "target": {"model": model}}
-    a, b = image_request("a", 1, vl=vl), image_request("b", 2, 1.0, vl=vl)
+    a = image_request("a", 1, vl=vl)
+    b = image_request("b", 2, 1.0, vl=vl)
     assert a.mm_items[0].num_tokens == (256 if model.startswith("qwen2.5") else 196)
     want, _ = outputs(make_config(COLLOCATED, vl, REAL), a, b)
     got, dep = outputs(make_config(EPD, vl, REAL), a, b)

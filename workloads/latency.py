@@ -45,7 +45,8 @@ def _latencies(
     n = len(stamps)
     if n == 0:
         return dict.fromkeys(LATENCY_COLUMNS, math.nan)
-    first_s, last_s = stamps[0], stamps[n - 1]
+    first_s = stamps[0]
+    last_s = stamps[n - 1]
     return {
         "ttft_s": first_s - arrival_s,
         "e2el_s": last_s - arrival_s,
@@ -59,7 +60,8 @@ def percentile(sorted_values: Sequence[float] | np.ndarray, q: float) -> float:
     """`numpy.percentile(values, q)` (its default, linear interpolation), bit for bit, of values
     sorted (or partitioned at `_neighbours`): the rank q/100·(n-1) between its two neighbours."""
     lo, hi, t = _neighbours(len(sorted_values), q)
-    a, b = sorted_values[lo], sorted_values[hi]
+    a = sorted_values[lo]
+    b = sorted_values[hi]
     diff = b - a
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t  # numpy's lerp, from the nearer end
 
