@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.cli_run import ERRORS, add_replay_args, add_run_args, cmd_replay, cmd_run, configs_of, out_dir
+from cluster.cli_args import add_replay_args, add_run_args
+from cluster.cli_run import ERRORS, cmd_replay, cmd_run, configs_of, out_dir
 from cluster.config_load import ConfigError, available_presets, dump_config
 from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,7 @@ from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report
 from emulation.config import TestbedConfig
 from workloads.divergence import diverged_at
-from workloads.replay import workload_for
-from workloads.traces.prefix_reuse import theoretical_hit_rate
+from workloads.replay import LoadedWorkload, load_workload
 from workloads.traces.session import Trace, TraceError
 
 SCENARIOS: dict[str, list[str]] = {
@@ -109,12 +108,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise ConfigError(
             "testbed replay: give --trace PATH or --scenario NAME (the preset has no sessions of its own)"
         )
+    loaded = None
     if c.workload.kind == "trace":
-        trace = workload_for(c)  # loaded and checked here, before any run
+        loaded = load_workload(c)  # loaded, checked and measured here, once for every design
+        trace = loaded.workload
         assert isinstance(trace, Trace)
         what = f"trace {trace.name}: {len(trace.sessions)} sessions, {trace.num_requests} requests"
         total: int | None = trace.num_requests
-        hit_rate = theoretical_hit_rate(trace)
+        hit_rate = loaded.info["theoretical_prefix_hit_rate"]
         if c.replay.history == "model" and hit_rate is None and not args.target:
             raise ConfigError(
                 "replay.history='model': a chat trace's next turns need the server's answers as messages:"
@@ -126,19 +127,27 @@ def cmd_replay(args: argparse.Namespace) -> int:
             else "chat prompts, rendered when sent"
         )
     else:
-        what, total, reuse = f"scenario {args.scenario or c.design}", None, "multi-turn conversations"
+        what = f"scenario {args.scenario or c.design}"
+        total = None
+        reuse = "multi-turn conversations"
     r = c.replay
     notes = [
         f"{what}; timing {r.timing}, speedup {r.speedup:g}, router {c.router.policy}; {reuse}",
     ]
     if args.target:
         notes.append(f"against {args.target}: client-side times, in wall seconds")
-    return _run_designs(args, configs, "replay", notes, total)
+    return _run_designs(args, configs, "replay", notes, total, loaded)
 
 
 def _run_designs(
-    args: argparse.Namespace, configs: list[TestbedConfig], kind: str, notes: list[str], total: int | None
+    args: argparse.Namespace,
+    configs: list[TestbedConfig],
+    kind: str,
+    notes: list[str],
+    total: int | None,
+    loaded: LoadedWorkload | None = None,
 ) -> int:
+    """Each design of `configs` through `loaded` (None: each its own workload, as `run` draws it)."""
     import pandas as pd
 
     from cluster.calibrate import resolve_time_scale
@@ -147,16 +156,18 @@ def _run_designs(
     reference = _reference(args, configs)  # checked before anything runs
     configs = [resolve_time_scale(c, args.address) if c.clock.mode == "live" else c for c in configs]
     out = out_dir(args, kind)
-    records, frames, engines = [], [], {}
+    records = []
+    frames = []
+    engines = {}
     live = [] if getattr(args, "target", None) else configs  # a target needs no Ray
     # Designs in virtual time are independent: one process each, as a sweep's points.
     parallel = len(configs) > 1 and not getattr(args, "target", None)
     parallel = parallel and all(c.clock.mode == "virtual" for c in configs)
     with _ray_session(live, args.address):
-        outputs = _run_virtual_designs(configs) if parallel else None
+        outputs = _run_virtual_designs(configs, loaded) if parallel else None
         for i, cfg in enumerate(configs):
             dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
-            result = outputs[i] if outputs is not None else _run_one(cfg, args, total)
+            result = outputs[i] if outputs is not None else _run_one(cfg, args, total, loaded)
             records.append(clean_json(result.summary))
             (out / "metrics" / cfg.design).mkdir(parents=True, exist_ok=True)
             for actor, text in result.metrics.items():
@@ -204,28 +215,33 @@ def _reference(args: argparse.Namespace, configs: list[TestbedConfig]) -> str | 
     return "collocated" if greedy and "collocated" in names and len(names) > 1 else None
 
 
-def _run_virtual_designs(configs: list[TestbedConfig]) -> list[Any]:
-    """Each design in virtual time, in worker processes, under a progress display of designs."""
+def _run_virtual_designs(configs: list[TestbedConfig], loaded: LoadedWorkload | None) -> list[Any]:
+    """Each design in virtual time (through `loaded`), in worker processes, under a progress display
+    of designs."""
     from rich.progress import Progress
 
     from cluster.sweep import run_in_processes
 
     with Progress(transient=True) as progress:
         task = progress.add_task(f"{len(configs)} designs, in parallel", total=len(configs))
-        return run_in_processes(_virtual_design, configs, on_done=lambda: progress.advance(task))
+        designs = [(cfg, loaded) for cfg in configs]
+        return run_in_processes(_virtual_design, designs, on_done=lambda: progress.advance(task))
 
 
-def _virtual_design(cfg: TestbedConfig) -> Any:
+def _virtual_design(design: tuple[TestbedConfig, LoadedWorkload | None]) -> Any:
     """One design in virtual time, its metrics rendered (to come back from a worker process)."""
     import dataclasses
 
     from cluster.virtual import run_virtual
 
-    out = run_virtual(cfg)
+    cfg, loaded = design
+    out = run_virtual(cfg, loaded)
     return dataclasses.replace(out, metrics=dict(out.metrics))
 
 
-def _run_one(cfg: TestbedConfig, args: argparse.Namespace, total: int | None) -> Any:
+def _run_one(
+    cfg: TestbedConfig, args: argparse.Namespace, total: int | None, loaded: LoadedWorkload | None
+) -> Any:
     """One design, virtual or live (or against a `--target` server), under a progress display."""
     from rich.progress import Progress
 
@@ -239,11 +255,11 @@ def _run_one(cfg: TestbedConfig, args: argparse.Namespace, total: int | None) ->
         if target:
             from cluster.target_run import run_against_target
 
-            return run_against_target(cfg, target, args.model, args.api_key, on_result)
+            return run_against_target(cfg, target, args.model, args.api_key, on_result, loaded)
         if cfg.clock.mode == "virtual":
             from cluster.virtual import run_virtual
 
-            return run_virtual(cfg, on_result=on_result)
+            return run_virtual(cfg, loaded, on_result=on_result)
         from cluster.live import run_live
 
         def on_tick(sim_s: float, lag: dict[str, Any]) -> None:
@@ -251,7 +267,7 @@ def _run_one(cfg: TestbedConfig, args: argparse.Namespace, total: int | None) ->
                 task, description=f"{cfg.design}: t={sim_s:.1f} s emulated, lag {lag['lag_fraction']:.1%}"
             )
 
-        return run_live(cfg, args.address, on_result=on_result, on_tick=on_tick)
+        return run_live(cfg, args.address, loaded, on_result=on_result, on_tick=on_tick)
 
 
 @contextlib.contextmanager
@@ -268,34 +284,6 @@ def _ray_session(configs: list[TestbedConfig], address: str | None) -> Iterator[
     finally:
         if started:
             disconnect()
-
-
-def add_run_args(
-    s: argparse.ArgumentParser, add_config_args: Callable[[argparse.ArgumentParser, str], None]
-) -> None:
-    """The flags `run` and `replay` share."""
-    add_config_args(s, "comma-separated designs of the preset (default: all)")
-    s.add_argument("--mode", help="virtual | live")
-    s.add_argument("--out", help="run directory (default: runs/<time>-<command>)")
-    s.add_argument("--time-scale", help="live: wall seconds per emulated second, or auto")
-    s.add_argument("--address", help="live: join this Ray cluster (e.g. auto) instead of starting one")
-
-
-def add_replay_args(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--trace", help="a trace file, or a directory of WEKA session files")
-    s.add_argument("--scenario", choices=sorted(SCENARIOS), help="a named multi-turn workload instead")
-    s.add_argument("--format", help="auto | mooncake | azure | weka (default: auto)")
-    s.add_argument("--router", help="round_robin | session_affinity | kv_aware | kv_estimated")
-    s.add_argument("--timing", help="think | original | api-scaled (when a session's next turn goes)")
-    s.add_argument("--speedup", type=float, help="divide every trace time and delay by this")
-    s.add_argument("--window", help="START:END trace seconds: only sessions starting in it")
-    s.add_argument("--max-sessions", type=int, help="most sessions at once (closed-loop users)")
-    s.add_argument("--max-turns", type=int, help="replay at most each session's first N turns")
-    s.add_argument("--session-salt", action="store_true", help="no prefix shared across sessions")
-    s.add_argument("--reference", help="compare every design's greedy tokens with this design's")
-    s.add_argument("--target", help="replay against this OpenAI-compatible server (e.g. http://host:8000)")
-    s.add_argument("--model", help="with --target: the model to ask for (default: the first it lists)")
-    s.add_argument("--api-key", help="with --target: sent as `Authorization: Bearer KEY`")
 
 
 ERRORS = (ConfigError, TraceError)

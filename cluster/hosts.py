@@ -42,6 +42,7 @@ from messages import (
     KVPull,
     RequestResult,
 )
+from messages.stats import EncoderStats
 
 
 async def _remote_stream(method: Any, *args: Any) -> AsyncGenerator[Any, None]:
@@ -223,10 +224,12 @@ class EncoderHost:
         assert self.encoder is not None
         return await self.encoder.encode(job)
 
-    async def drain(self) -> None:
+    async def drain(self) -> EncoderStats:
+        """Stop the step loop, check nothing is left; the encoder's final totals."""
         assert self.encoder is not None
         await self.encoder.drain()
         self.encoder.assert_empty()
+        return self.encoder.stats()
 
 
 class RemoteEncoder:
@@ -313,10 +316,12 @@ class RemoteProxy:
                 else:
                     yield item
         except Exception as e:  # the proxy actor died: the request failed, it is not lost
-            result.finished_reason, result.error = "error", f"{type(e).__name__}: {e}"
+            result.finished_reason = "error"
+            result.error = f"{type(e).__name__}: {e}"
         finally:
             if result.finished_reason is None:
-                result.finished_reason, result.error = "abort", "the client closed the stream"
+                result.finished_reason = "abort"
+                result.error = "the client closed the stream"
 
 
 class RenderHost:

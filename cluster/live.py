@@ -34,8 +34,9 @@ from cluster.ray_connect import check_resources, connect, disconnect
 from dashboards.exposition import write_sd_file
 from emulation.config import TestbedConfig, replica_id
 from messages import ClientRequest, RequestResult
+from messages.stats import EncoderStats
 from workloads.render_tier import render_tier_for
-from workloads.replay import Workload, run_workload, workload_for, workload_info
+from workloads.replay import LoadedWorkload, Workload, load_workload, run_workload
 from workloads.summary import lag_summary
 
 if TYPE_CHECKING:
@@ -178,7 +179,8 @@ async def drive(
         except ray.exceptions.RayActorError as e:  # the proxy died under it: failed, not lost
             replace_proxy(dep, cfg, proxy)
             failed = RequestResult.for_request(creq)
-            failed.finished_reason, failed.error = "error", f"the proxy died: {type(e).__name__}"
+            failed.finished_reason = "error"
+            failed.error = f"the proxy died: {type(e).__name__}"
             return failed
 
     async def ticks() -> None:
@@ -247,7 +249,7 @@ async def _replace(dep: LiveDeployment, cfg: TestbedConfig) -> None:
 def run_live(
     cfg: TestbedConfig,
     address: str | None = None,
-    requests: Workload | None = None,
+    requests: Workload | LoadedWorkload | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
     on_tick: Callable[[float, dict[str, Any]], None] | None = None,
     on_deployed: Callable[[LiveDeployment], None] | None = None,
@@ -262,14 +264,13 @@ def run_live(
         dep = deploy(cfg)
         if on_deployed is not None:
             on_deployed(dep)
-        if requests is None:
-            requests = workload_for(cfg)
-        results = asyncio.run(drive(dep, cfg, requests, on_result, on_tick))
+        loaded = load_workload(cfg, requests)
+        results = asyncio.run(drive(dep, cfg, loaded.workload, on_result, on_tick))
         time.sleep(cfg.metrics.linger_s)
-        reports, metrics = shutdown(dep, cfg)
+        reports, metrics, encoder_stats = shutdown(dep, cfg)
         info = {"num_proxy_restarts": dep.num_proxy_restarts, "clock_sync": sync_summary(dep.clock_offsets)}
         dep = None
-        return run_output(cfg, results, reports, metrics, workload_info(requests, cfg.replay.speedup), info)
+        return run_output(cfg, results, reports, metrics, loaded.info, info, encoder_stats)
     finally:
         if dep is not None:
             kill(dep)
@@ -277,12 +278,15 @@ def run_live(
             disconnect()
 
 
-def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Drain every live engine (dead ones are skipped) and render replica (checked empty), collect every
-    actor's final metrics, kill all actors and withdraw their scrape targets; engine reports and
-    expositions by actor id."""
+def shutdown(
+    dep: LiveDeployment, cfg: TestbedConfig
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], list[EncoderStats]]:
+    """Drain every live engine (dead ones are skipped), render replica and encoder (checked empty),
+    collect every actor's final metrics, kill all actors and withdraw their scrape targets; engine
+    reports and expositions by actor id, and the encoders' final totals."""
     reports: dict[str, dict[str, Any]] = {}
     metrics: dict[str, str] = {}
+    encoder_stats: list[EncoderStats] = []
     lost = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
     for eid, handle in dep.engines.items():
         try:
@@ -298,11 +302,12 @@ def shutdown(dep: LiveDeployment, cfg: TestbedConfig) -> tuple[dict[str, dict[st
             metrics[replica_id("render", i)] = ray.get(handle.metrics.remote(), timeout=60)
     for i, handle in enumerate(dep.encoders):
         with contextlib.suppress(*lost):
-            ray.get(handle.drain.remote(), timeout=60)
+            stats = ray.get(handle.drain.remote(), timeout=60)
             metrics[replica_id("encoder", i)] = ray.get(handle.metrics.remote(), timeout=60)
+            encoder_stats.append(stats)
     kill(dep)
     write_sd_file(cfg.metrics.sd_file, cfg.design, {})
-    return reports, metrics
+    return reports, metrics, encoder_stats
 
 
 def kill(dep: LiveDeployment) -> None:

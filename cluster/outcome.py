@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from dashboards import metrics as m
-from dashboards.exposition import sum_series
 from emulation.config import TestbedConfig
 from messages import RequestResult
+from messages.stats import EncoderStats
 from workloads.results import results_frame
 from workloads.summary import fault_summary, lag_summary, summarize
 
@@ -37,10 +36,12 @@ def run_output(
     metrics: Mapping[str, str],
     workload_info: dict[str, Any] | None = None,
     deployment_info: dict[str, Any] | None = None,
+    encoder_stats: Sequence[EncoderStats] = (),
 ) -> RunOutput:
     """`workload_info`: what the workload says of itself (a trace's nominal rate, its theoretical
     prefix-hit rate), overriding `workload.rate` where it has one; `deployment_info`: what the
-    deployment says of itself (proxy restarts; live: its clocks' offsets)."""
+    deployment says of itself (proxy restarts; live: its clocks' offsets); `encoder_stats`: each
+    encoder's final totals (E/P/D)."""
     info = workload_info or {}
     rate = info.get("rate", cfg.workload.rate)
     df = results_frame(results, cfg.design, rate, cfg.seed)
@@ -53,7 +54,7 @@ def run_output(
         **lag_summary(reports),
         **fault_summary(reports),
     }
-    summary.update(encoder_summary(metrics, summary.get("duration_s") or 0.0))
+    summary.update(encoder_summary(encoder_stats, summary.get("duration_s") or 0.0))
     summary["cpu_overhead_share"] = cpu_overhead_share(reports)
     summary.update(deployment_info or {})
     return RunOutput(df, summary, reports, metrics)
@@ -65,17 +66,16 @@ def cpu_overhead_share(reports: dict[str, dict[str, Any]]) -> float:
     return sum(r.get("cpu_s", 0.0) for r in reports.values()) / busy_s if busy_s > 0 else 0.0
 
 
-def encoder_summary(metrics: Mapping[str, str], duration_s: float) -> dict[str, float]:
+def encoder_summary(encoder_stats: Sequence[EncoderStats], duration_s: float) -> dict[str, float]:
     """E/P/D: the encoder pool's busy share of the run and its cache's hit rate, from the encoders'
-    final metrics (nothing without an encoder pool)."""
-    expos = [metrics[actor] for actor in metrics if actor.startswith("encoder-")]  # render only those
-    if not expos or duration_s <= 0:
+    final totals (nothing without an encoder pool)."""
+    if not encoder_stats or duration_s <= 0:
         return {}
-    busy_s = sum_series(expos, m.BUSY.exposed, role="encoder")
-    queries = sum_series(expos, m.MM_CACHE_QUERIES.exposed, role="encoder")
-    hits = sum_series(expos, m.MM_CACHE_HITS.exposed, role="encoder")
+    busy_s = sum(s.busy_s for s in encoder_stats)
+    queries = sum(s.num_mm_cache_queries for s in encoder_stats)
+    hits = sum(s.num_mm_cache_hits for s in encoder_stats)
     return {
-        "encoder_busy_fraction": busy_s / (duration_s * len(expos)),
+        "encoder_busy_fraction": busy_s / (duration_s * len(encoder_stats)),
         "encoder_cache_hit_rate": hits / queries if queries else 0.0,
     }
 

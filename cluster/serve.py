@@ -124,7 +124,7 @@ class _OnRay:
 
         metrics: dict[str, str] = {}
         try:
-            _, metrics = await asyncio.to_thread(shutdown, self.dep, self.cfg)
+            _, metrics, _ = await asyncio.to_thread(shutdown, self.dep, self.cfg)
         except Exception as e:  # a leak found by a drain: raised after the results are written
             self._error = e
         if self._started:

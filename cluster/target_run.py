@@ -16,7 +16,7 @@ from cluster.outcome import RunOutput, run_output
 from emulation.config import TestbedConfig
 from messages import RequestResult
 from workloads.openai_target import OpenAITarget
-from workloads.replay import run_workload, workload_for, workload_info
+from workloads.replay import LoadedWorkload, load_workload, run_workload
 
 
 def _served_model(url: str, api_key: str | None) -> str:
@@ -38,9 +38,11 @@ def run_against_target(
     model: str | None = None,
     api_key: str | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
+    requests: LoadedWorkload | None = None,
 ) -> RunOutput:
-    """Replay `cfg`'s workload against the server at `url` (its first listed model unless `model`)."""
-    workload = workload_for(cfg)
+    """Replay `cfg`'s workload (or `requests`, loaded already) against the server at `url` (its first
+    listed model unless `model`)."""
+    loaded = load_workload(cfg, requests)
     model = model or _served_model(url, api_key)
 
     async def main() -> list[RequestResult]:
@@ -49,11 +51,11 @@ def run_against_target(
         try:
             # The server renders chat prompts itself: nothing to render here.
             return await run_workload(
-                target.submit, workload, clock, cfg, None, on_result, render_chat=lambda _: []
+                target.submit, loaded.workload, clock, cfg, None, on_result, render_chat=lambda _: []
             )
         finally:
             await target.close()
 
     results = asyncio.run(main())
-    info: dict[str, Any] = {**workload_info(workload, cfg.replay.speedup), "target": url, "model": model}
+    info: dict[str, Any] = {**loaded.info, "target": url, "model": model}
     return run_output(cfg, results, {}, {}, info)

@@ -27,7 +27,7 @@ from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics
 from emulation.config import TestbedConfig, replica_id
 from messages import RenderSpec, RequestResult
 from workloads.render_tier import RenderTier, render_tier_for
-from workloads.replay import Workload, run_workload, workload_for, workload_info
+from workloads.replay import LoadedWorkload, Workload, load_workload, run_workload
 
 
 @dataclass
@@ -61,7 +61,8 @@ class Deployment:
         for e in self.roles:
             e.start()
         engines = {e.engine_id: e for e in self.engines}
-        f, interval_s = self.cfg.faults, self.cfg.router.health_check_interval_s
+        f = self.cfg.faults
+        interval_s = self.cfg.router.health_check_interval_s
         self._tasks = [
             *(asyncio.ensure_future(self._strike(engines[k.engine], "kill", k.at_s)) for k in f.engine_kills),
             *(asyncio.ensure_future(self._strike(engines[h.engine], "hang", h.at_s)) for h in f.engine_hangs),
@@ -97,14 +98,14 @@ class Deployment:
             e.assert_empty()
 
     def expositions(self) -> Expositions:
-        """Every role's final metrics by actor id (engine ids, `proxy`), rendered when read (the
-        encoders' only, when built without metrics)."""
+        """Every role's final metrics by actor id (engine ids, `proxy`), rendered when read (none when
+        built without metrics)."""
         out = {}
         if self.engine_metrics:  # built with metrics
             out = {e.engine_id: m.exposition for e, m in zip(self.engines, self.engine_metrics, strict=True)}
-        out.update(
-            {e.encoder_id: m.exposition for e, m in zip(self.encoders, self.encoder_metrics, strict=True)}
-        )
+            out.update(
+                {e.encoder_id: m.exposition for e, m in zip(self.encoders, self.encoder_metrics, strict=True)}
+            )
         if self.proxy_metrics is not None:
             out["proxy"] = self.proxy_metrics.exposition
         return Expositions(out)
@@ -120,7 +121,7 @@ def build_deployment(
     """Engines for every pool replica, wired to their peers, and a proxy in front of them (which
     renders again with `render` when decode cannot reuse prefill's prompt IDs).
     `compute_in_thread`: on a real-time loop (serve), compute off the loop. `metrics`: False records
-    only what a run's summary reads (the encoders' series), for runs whose metrics nobody reads."""
+    nothing (the run's summary reads the roles' own counters), for runs whose metrics nobody reads."""
     peers: dict[str, KVSource] = {}
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
     engine_metrics: list[EngineMetrics] = []
@@ -145,10 +146,10 @@ def build_deployment(
     peers.update({e.engine_id: e for e in pools["prefill"]})
     if cfg.kv_transfer.bidirectional:  # prefill pulls a conversation's blocks back from decode
         peers.update({e.engine_id: e for e in pools["decode"]})
-    encoder_metrics = [EncoderMetrics(cfg, i) for i in range(cfg.pools.encoder.replicas)]
+    encoder_metrics = [EncoderMetrics(cfg, i) for i in range(cfg.pools.encoder.replicas)] if metrics else []
     encoders = [
         build_encoder(replica_id("encoder", i), cfg, clock, compute_in_thread, m)
-        for i, m in enumerate(encoder_metrics)
+        for i, m in enumerate(encoder_metrics or [None] * cfg.pools.encoder.replicas)
     ]
     proxy_metrics = ProxyMetrics(cfg) if metrics else None
     push = cfg.kv_transfer.mode == "push"
@@ -206,24 +207,24 @@ async def replay_on(
 
 def run_virtual(
     cfg: TestbedConfig,
-    requests: Workload | None = None,
+    requests: Workload | LoadedWorkload | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
     metrics: bool = True,
 ) -> RunOutput:
-    """A fresh deployment replays `requests` (default: the config's workload) in virtual time.
-    `metrics`: see `build_deployment`."""
-    if requests is None:
-        requests = workload_for(cfg)
+    """A fresh deployment replays `requests` (default: the config's workload; `LoadedWorkload`: one
+    loaded and measured already) in virtual time. `metrics`: see `build_deployment`."""
+    loaded = load_workload(cfg, requests)
     loop = VirtualTimeLoop()
     with _collecting_rarely():
         try:
-            results, dep = loop.run_until_complete(serve(cfg, requests, on_result, metrics))
+            results, dep = loop.run_until_complete(serve(cfg, loaded.workload, on_result, metrics))
         finally:
             loop.close()
         reports = {e.engine_id: e.report() for e in dep.engines}
-        info = workload_info(requests, cfg.replay.speedup)
+        info = loaded.info
         restarts = {"num_proxy_restarts": dep.num_proxy_restarts}
-        return run_output(cfg, results, reports, dep.expositions(), info, restarts)
+        encoder_stats = [e.stats() for e in dep.encoders]
+        return run_output(cfg, results, reports, dep.expositions(), info, restarts, encoder_stats)
 
 
 RARE_GC_THRESHOLDS = (50_000, 20, 100)

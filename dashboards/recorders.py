@@ -101,6 +101,7 @@ from dashboards.metrics import (
     buckets_125,
 )  # fmt: skip
 from emulation.profiles import MODELS
+from messages.stats import EncoderStats, SchedulerStats
 from workloads.latency import HANDOFF_PARTS, handoff_parts, request_latencies
 
 if TYPE_CHECKING:
@@ -167,10 +168,11 @@ class EngineMetrics(_Registry):
             self.child(REQUEST_SUCCESS, finished_reason=reason)
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             self.child(PROMPT_TOKENS_BY_SOURCE, source=source)
-        self._seen_queries = self._seen_hits = self._seen_preemptions = 0
-        self._seen_mm = (0, 0)
-        """The encoder cache's queries and hits already counted."""
-        self._ttft, self._itl, self._gen = self.child(TTFT), self.child(ITL), self.child(GENERATION_TOKENS)
+        self._counted = SchedulerStats(0, 0, 0.0, 0, 0, 0, 0)
+        """The state last recorded: its totals are already counted."""
+        self._ttft = self.child(TTFT)
+        self._itl = self.child(ITL)
+        self._gen = self.child(GENERATION_TOKENS)
         held = KV_CONVERSATION_BLOCKS if role == "decode" else KV_HELD_BLOCKS  # what holds blocks there
         self._state = [
             self.child(s) for s in (held, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE)
@@ -186,47 +188,37 @@ class EngineMetrics(_Registry):
         _add_each(self.child(BUSY)._value, step_s)
         _add_each(self.child(STEP_CPU)._value, cpu_s)
 
-    def on_state(
-        self,
-        num_running: int,
-        num_waiting: int,
-        kv_cache_usage: float,
-        num_prefix_queries: int,
-        num_prefix_hits: int,
-        num_preemptions: int,
-        num_kv_held_blocks: int,
-        num_mm_cache_queries: int = 0,
-        num_mm_cache_hits: int = 0,
-    ) -> None:
+    def on_state(self, stats: SchedulerStats) -> None:
         """Gauges, and the counters the scheduler, block manager and encoder cache keep as totals (at
         steps and on arrivals)."""
         held, running, waiting, usage = self._state
-        held.set(num_kv_held_blocks)
-        running.set(num_running)
-        waiting.set(num_waiting)
-        usage.set(kv_cache_usage)
-        q, h, p = num_prefix_queries, num_prefix_hits, num_preemptions
-        if q != self._seen_queries:
-            self.child(PREFIX_CACHE_QUERIES).inc(q - self._seen_queries)
-            self.child(PREFIX_CACHE_HITS).inc(h - self._seen_hits)
-        if p != self._seen_preemptions:
-            self.child(NUM_PREEMPTIONS).inc(p - self._seen_preemptions)
-        self._seen_queries, self._seen_hits, self._seen_preemptions = q, h, p
-        if num_mm_cache_queries != self._seen_mm[0]:
-            self.child(MM_CACHE_QUERIES).inc(num_mm_cache_queries - self._seen_mm[0])
-            self.child(MM_CACHE_HITS).inc(num_mm_cache_hits - self._seen_mm[1])
-            self._seen_mm = (num_mm_cache_queries, num_mm_cache_hits)
+        held.set(stats.num_kv_held_blocks)
+        running.set(stats.num_running_reqs)
+        waiting.set(stats.num_waiting_reqs)
+        usage.set(stats.kv_cache_usage)
+        was = self._counted
+        if stats.num_prefix_cache_queries != was.num_prefix_cache_queries:
+            self.child(PREFIX_CACHE_QUERIES).inc(
+                stats.num_prefix_cache_queries - was.num_prefix_cache_queries
+            )
+            self.child(PREFIX_CACHE_HITS).inc(stats.num_prefix_cache_hits - was.num_prefix_cache_hits)
+        if stats.num_preemptions != was.num_preemptions:
+            self.child(NUM_PREEMPTIONS).inc(stats.num_preemptions - was.num_preemptions)
+        if stats.num_mm_cache_queries != was.num_mm_cache_queries:
+            self.child(MM_CACHE_QUERIES).inc(stats.num_mm_cache_queries - was.num_mm_cache_queries)
+            self.child(MM_CACHE_HITS).inc(stats.num_mm_cache_hits - was.num_mm_cache_hits)
+        self._counted = stats
 
     def on_first_token(
         self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
     ) -> None:
         """A request's first token (engine-level TTFT counts from entering the engine's queue)."""
         self._ttft.observe(ttft_s)
-        n, cached, external = num_prompt_tokens, num_cached_tokens, num_external_tokens
-        self.child(PROMPT_TOKENS).inc(n)
-        self.child(PROMPT_TOKENS_BY_SOURCE, source="local_compute").inc(n - cached - external)
-        self.child(PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit").inc(cached)
-        self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(external)
+        computed = num_prompt_tokens - num_cached_tokens - num_external_tokens
+        self.child(PROMPT_TOKENS).inc(num_prompt_tokens)
+        self.child(PROMPT_TOKENS_BY_SOURCE, source="local_compute").inc(computed)
+        self.child(PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit").inc(num_cached_tokens)
+        self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(num_external_tokens)
         self._gen.inc()
 
     def on_next_tokens(self, itls_s: Sequence[float]) -> None:
@@ -243,7 +235,8 @@ class EngineMetrics(_Registry):
         num_external_tokens: int,
     ) -> None:
         """A request ended (its times complete): per-request histograms, as vLLM records them at finish."""
-        t, n_out = times, num_output_tokens
+        t = times
+        n_out = num_output_tokens
         assert t.finished_s is not None
         self.child(REQUEST_SUCCESS, finished_reason=reason).inc()
         self.child(E2E).observe(t.finished_s - t.queued_s)
@@ -395,19 +388,23 @@ class EncoderMetrics(_Registry):
     def __init__(self, cfg: TestbedConfig, replica: int) -> None:
         super().__init__(ENCODER_SERIES, cfg, "encoder", replica)
 
-    def on_encoder_step(self, step_s: float, num_visual_tokens: int) -> None:
-        self.child(STEPS).inc()
-        self.child(BUSY).inc(step_s)
+    def on_encoder_step(self, num_visual_tokens: int, stats: EncoderStats) -> None:
         self.child(ENCODER_STEP_TOKENS).observe(num_visual_tokens)
+        self._set_totals(stats)
 
     def on_encoder_state(self, num_waiting: int) -> None:
         self.child(ENCODER_JOBS_WAITING).set(num_waiting)
 
-    def on_encoder_lookup(self, hit: bool) -> None:
+    def on_encoder_lookup(self, stats: EncoderStats) -> None:
         """A job's image looked up in the encoder's cache."""
-        self.child(MM_CACHE_QUERIES).inc()
-        if hit:
-            self.child(MM_CACHE_HITS).inc()
+        self._set_totals(stats)
+
+    def _set_totals(self, stats: EncoderStats) -> None:
+        """The counters, set to the encoder's own totals (the values the run's summary reads)."""
+        self.child(STEPS)._value.set(float(stats.num_steps))
+        self.child(BUSY)._value.set(stats.busy_s)
+        self.child(MM_CACHE_QUERIES)._value.set(float(stats.num_mm_cache_queries))
+        self.child(MM_CACHE_HITS)._value.set(float(stats.num_mm_cache_hits))
 
 
 def observe_many(histogram: Histogram, values: Sequence[float]) -> None:

@@ -264,6 +264,34 @@ def test_replay_writes_the_run_directory_with_sessions_and_reuse(tmp_path):
     )
 
 
+def test_a_replay_parses_its_trace_and_measures_its_reuse_once_for_all_its_designs(tmp_path, monkeypatch):
+    from cluster import sweep
+    from workloads import replay
+    from workloads.traces import load_trace
+    from workloads.traces.prefix_reuse import theoretical_hit_rate
+
+    parses = []
+    measures = []
+
+    def counting_load(*args, **kwargs):
+        parses.append(args[0])
+        return load_trace(*args, **kwargs)
+
+    def counting_measure(*args, **kwargs):
+        measures.append(kwargs)
+        return theoretical_hit_rate(*args, **kwargs)
+
+    monkeypatch.setattr(replay, "load_trace", counting_load)
+    monkeypatch.setattr(replay, "theoretical_hit_rate", counting_measure)
+    monkeypatch.setattr(sweep.os, "cpu_count", lambda: 1)  # the designs in this process, counted here
+    argv = ["replay", "--preset", "agentic-h200", "--trace", WEKA_0007, "--compute", "skip"]
+    assert main([*argv, "--max-turns", "3", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["design"] for r in records] == ["collocated", "pd"]
+    assert parses == [WEKA_0007]
+    assert measures == [{}, {"with_answers": True}]  # prompts only, and with answers
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -293,7 +321,7 @@ def test_a_run_of_several_designs_in_worker_processes_matches_each_run_alone():
     from cluster.virtual import run_virtual
 
     configs = load_designs("guide-l40s", None, ["runner.compute=skip", "workload.num_requests=8"])
-    parallel = _run_virtual_designs(configs)
+    parallel = _run_virtual_designs(configs, None)
     for cfg, out in zip(configs, parallel, strict=True):
         alone = run_virtual(cfg)
         assert out.summary == alone.summary and out.engine_reports == alone.engine_reports

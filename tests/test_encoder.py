@@ -131,7 +131,8 @@ def test_e_p_d_gives_the_tokens_of_an_engine_encoding_locally(model):
     decode: the same greedy tokens as one collocated engine encoding in its own step (each target's
     patches: 14 pixels, 256 visual tokens; 16 pixels, 196)."""
     vl = {**VL, "target": {"model": model}}
-    a, b = image_request("a", 1, vl=vl), image_request("b", 2, 1.0, vl=vl)
+    a = image_request("a", 1, vl=vl)
+    b = image_request("b", 2, 1.0, vl=vl)
     assert a.mm_items[0].num_tokens == (256 if model.startswith("qwen2.5") else 196)
     want, _ = outputs(make_config(COLLOCATED, vl, REAL), a, b)
     got, dep = outputs(make_config(EPD, vl, REAL), a, b)
@@ -175,7 +176,9 @@ def test_a_repeated_image_is_encoded_once_and_its_wait_is_the_encoder_plus_the_e
     assert sum_series([expos["proxy"]], m.EC_TRANSFER.sum) == pytest.approx(2 * ec_s)
     from cluster.outcome import encoder_summary
 
-    summary = encoder_summary(expos, 10.0)
+    stats = enc.stats()  # what the summary reads: the values the series show
+    assert sum_series(encoder, m.BUSY.exposed, role="encoder") == stats.busy_s > 0
+    summary = encoder_summary([stats], 10.0)
     assert summary["encoder_cache_hit_rate"] == 0.5 and 0 < summary["encoder_busy_fraction"] < 0.01
 
 

@@ -14,7 +14,7 @@ from cluster.virtual import run_virtual
 from dashboards import metrics as m
 from dashboards.exposition import sum_series
 from tests.factories import COLLOCATED, PD, make_config
-from workloads.latency import latency_columns, percentile, percentiles, request_latencies
+from workloads.latency import HANDOFF_PARTS, percentile, percentiles
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-metrics.md"
 WORKLOAD = {"num_requests": 12, "rate": 0.6, "prompt_len": 2048, "output_len": 48}
@@ -84,7 +84,8 @@ def test_buckets_are_vllms():
 
 def test_ttft_histogram_count_and_sum_match_the_results_table(runs):
     for name, run in runs.items():
-        df, expos = run.results, list(run.metrics.values())
+        df = run.results
+        expos = list(run.metrics.values())
         ttft = df["ttft_s"].dropna()
         assert sum_series(expos, m.CLIENT_TTFT.count) == len(ttft) == len(df)
         assert math.isclose(sum_series(expos, m.CLIENT_TTFT.sum), ttft.sum(), rel_tol=1e-9)
@@ -103,8 +104,10 @@ def test_ttft_histogram_count_and_sum_match_the_results_table(runs):
 
 def test_counters_trace_to_the_results_table(runs):
     for name, run in runs.items():
-        df, expos = run.results, list(run.metrics.values())
-        n, role = len(df), "mixed" if name == "collocated" else "decode"
+        df = run.results
+        expos = list(run.metrics.values())
+        n = len(df)
+        role = "mixed" if name == "collocated" else "decode"
         assert sum_series(expos, m.GENERATION_TOKENS.exposed, role=role) == df["num_output_tokens"].sum()
         assert sum_series(expos, m.REQUEST_SUCCESS.exposed, role=role, finished_reason="length") == n
         assert sum_series(expos, m.E2E.count, role=role) == n
@@ -117,7 +120,8 @@ def test_counters_trace_to_the_results_table(runs):
         for slo, attained in run.summary["slo_attainment"].items():
             assert sum_series(expos, m.SLO_MET.exposed, slo=slo) == round(attained * n)
         assert math.isclose(sum_series(expos, m.WORST_GAP.name), df["max_gap_s"].max())
-    pd_df, pd_expos = runs["pd"].results, list(runs["pd"].metrics.values())
+    pd_df = runs["pd"].results
+    pd_expos = list(runs["pd"].metrics.values())
     assert sum_series(pd_expos, m.NIXL_BYTES.sum) == pd_df["kv_bytes"].sum() > 0
     assert sum_series(pd_expos, m.NIXL_XFER_TIME.count) == len(pd_df)
     assert math.isclose(sum_series(pd_expos, m.KV_HANDOFF.sum, link="pcie4-x16"), pd_df["handoff_s"].sum())
@@ -174,15 +178,18 @@ def test_request_percentile_is_numpys_bit_for_bit() -> None:
             assert percentiles(values, qs) == [float(np.percentile(values, q)) for q in qs]
 
 
-def test_latency_columns_are_each_requests_latencies_bit_for_bit() -> None:
-    """The results table's latencies (all requests at once) equal the proxy's (one request at a time)."""
-    rng = np.random.default_rng(1)
-    arrivals, stamps = [], []
-    for n in [0, 1, 2, 3, 50, 0, 300, 1, 1000]:
-        arrivals.append(float(rng.uniform(0, 100)))
-        gaps = rng.choice([0.0125, 0.025, 0.0375], n) if n % 2 else rng.exponential(0.02, n)  # ties too
-        stamps.append((arrivals[-1] + np.cumsum(gaps)).tolist())
-    cols = latency_columns(arrivals, stamps)
-    for i, (arrival_s, token_times_s) in enumerate(zip(arrivals, stamps, strict=True)):
-        one = request_latencies(arrival_s, token_times_s)
-        assert [cols[c][i] for c in one] == pytest.approx(list(one.values()), rel=0, abs=0, nan_ok=True)
+def test_the_proxys_latency_and_handoff_histograms_sum_the_results_tables_columns(runs):
+    """The proxy records each request's row of the results table: the same latencies and handoff parts."""
+    for run in runs.values():
+        df = run.results
+        proxy = [run.metrics["proxy"]]
+        assert sum_series(proxy, m.CLIENT_E2E.sum) == pytest.approx(df["e2el_s"].sum(), rel=1e-12)
+        assert sum_series(proxy, m.MAX_GAP.count) == df["max_gap_s"].notna().sum()
+        assert sum_series(proxy, m.MAX_GAP.sum) == pytest.approx(df["max_gap_s"].sum(), rel=1e-12)
+    pd_df = runs["pd"].results
+    pd_proxy = [runs["pd"].metrics["proxy"]]
+    for part in HANDOFF_PARTS:
+        column = pd_df[f"handoff_{part}_s"]
+        assert sum_series(pd_proxy, m.KV_HANDOFF_PARTS.count, part=part) == column.notna().sum() > 0
+        total = sum_series(pd_proxy, m.KV_HANDOFF_PARTS.sum, part=part)
+        assert total == pytest.approx(column.sum(), rel=1e-12, abs=1e-12)

@@ -139,7 +139,7 @@ def scraped(tmp_path_factory):
             time.sleep(0.5)
         time.sleep(2.5)  # two more scrapes: every actor's last values are in
         yield stack.prometheus_url, results, dep, cfg
-        reports, _ = shutdown(dep, cfg)
+        reports, _, _ = shutdown(dep, cfg)
         for eid, report in reports.items():
             assert "error" not in report, eid
     finally:

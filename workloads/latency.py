@@ -18,11 +18,10 @@ LATENCY_COLUMNS = ("ttft_s", "e2el_s", "tpot_s", "max_gap_s", "p99_itl_s")
 
 
 def request_latencies(arrival_s: float, token_times_s: list[float], p99: bool = True) -> dict[str, float]:
-    """One request's client-side latencies (NaN where undefined): what the proxy's metrics record, and
-    the results table's columns (`latency_columns`, the same arithmetic), so both always agree. Plain
-    Python (every request, on the proxy's hot path: numpy's per-call overhead outweighs its loops at a
-    few hundred tokens). `p99=False`: no `p99_itl_s` (NaN), for a reader that needs none (its sort is
-    most of the cost)."""
+    """One request's client-side latencies (NaN where undefined): what the proxy's metrics record and
+    the results table's columns read, so both always agree. Plain Python (every request, on the proxy's
+    hot path: numpy's per-call overhead outweighs its loops at a few hundred tokens). `p99=False`: no
+    `p99_itl_s` (NaN), for a reader that needs none (its sort is most of the cost)."""
     n = len(token_times_s)
     if n < 2:
         return _latencies(arrival_s, token_times_s, math.nan, math.nan)
@@ -33,41 +32,21 @@ def request_latencies(arrival_s: float, token_times_s: list[float], p99: bool = 
     return _latencies(arrival_s, token_times_s, gaps[-1], percentile(gaps, 99.0))
 
 
-def latency_columns(arrival_s: list[float], token_times_s: list[list[float]]) -> dict[str, list[float]]:
-    """`request_latencies` of every request, bit for bit, as the results table's columns: the stamps
-    read into one array and differenced at once, each request's gaps sorted by numpy (a whole replay's
-    million stamps cost ~2x more one request at a time)."""
-    lengths = [len(t) for t in token_times_s]
-    flat = flat_stamps(token_times_s, lengths)
-    gaps = np.diff(flat)  # gaps[i] = flat[i+1] - flat[i]; those across two requests are never read
-    rows = []
-    start = 0
-    for a, n in zip(arrival_s, lengths, strict=True):
-        end = start + n
-        stamps = flat[start:end]
-        if n < 2:
-            rows.append(_latencies(a, stamps, math.nan, math.nan))
-        else:
-            ordered = np.sort(gaps[start : end - 1])
-            rows.append(_latencies(a, stamps, ordered[-1], percentile(ordered, 99.0)))
-        start = end
-    return {col: [float(row[col]) for row in rows] for col in LATENCY_COLUMNS}
-
-
 def flat_stamps(token_times_s: list[list[float]], lengths: list[int]) -> np.ndarray:
     """Every request's stamps in one array, request after request (`lengths`: each one's count)."""
     return np.fromiter(itertools.chain.from_iterable(token_times_s), float, sum(lengths))
 
 
 def _latencies(
-    arrival_s: float, stamps: Sequence[float] | np.ndarray, max_gap_s: float, p99_itl_s: float
+    arrival_s: float, stamps: Sequence[float], max_gap_s: float, p99_itl_s: float
 ) -> dict[str, float]:
     """The latencies of a request with these token `stamps`, the largest of its gaps and their 99th
     percentile (NaN for fewer than two tokens)."""
     n = len(stamps)
     if n == 0:
         return dict.fromkeys(LATENCY_COLUMNS, math.nan)
-    first_s, last_s = stamps[0], stamps[n - 1]
+    first_s = stamps[0]
+    last_s = stamps[n - 1]
     return {
         "ttft_s": first_s - arrival_s,
         "e2el_s": last_s - arrival_s,
@@ -81,7 +60,8 @@ def percentile(sorted_values: Sequence[float] | np.ndarray, q: float) -> float:
     """`numpy.percentile(values, q)` (its default, linear interpolation), bit for bit, of values
     sorted (or partitioned at `_neighbours`): the rank q/100·(n-1) between its two neighbours."""
     lo, hi, t = _neighbours(len(sorted_values), q)
-    a, b = sorted_values[lo], sorted_values[hi]
+    a = sorted_values[lo]
+    b = sorted_values[hi]
     diff = b - a
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t  # numpy's lerp, from the nearer end
 

@@ -24,6 +24,24 @@ Workload = Sequence[ClientRequest] | Trace
 """Requests to send at their arrival times, or a trace's sessions."""
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadedWorkload:
+    """A workload and what it says of itself (`workload_info`), made once: a replay loads its trace and
+    measures it once for all its designs."""
+
+    workload: Workload
+    info: dict[str, Any]
+
+
+def load_workload(cfg: TestbedConfig, requests: Workload | LoadedWorkload | None = None) -> LoadedWorkload:
+    """`requests` (default: `cfg`'s workload, `workload_for`) with its `workload_info`; one already
+    loaded as it is."""
+    if isinstance(requests, LoadedWorkload):
+        return requests
+    workload = workload_for(cfg) if requests is None else requests
+    return LoadedWorkload(workload, workload_info(workload, cfg.replay.speedup))
+
+
 def workload_for(cfg: TestbedConfig) -> Workload:
     """What `cfg` replays: the synthetic requests, or the trace (loaded and checked here)."""
     if cfg.workload.kind == "trace":

@@ -26,16 +26,19 @@ from actors.engine.executor import encoded
 from actors.engine.step_clock import StepClock
 from emulation.vision import EncoderRoofline
 from messages import EncodedImage, EncodeJob
+from messages.stats import EncoderStats
 
 
 class EncoderRecorder(Protocol):
     """Where an encoder records (dashboards.recorders.EncoderMetrics)."""
 
-    def on_encoder_step(self, step_s: float, num_visual_tokens: int) -> None: ...
+    def on_encoder_step(self, num_visual_tokens: int, stats: EncoderStats) -> None:
+        """A step of `num_visual_tokens`; `stats`: the encoder's totals after it."""
 
     def on_encoder_state(self, num_waiting: int) -> None: ...
 
-    def on_encoder_lookup(self, hit: bool) -> None: ...
+    def on_encoder_lookup(self, stats: EncoderStats) -> None:
+        """A job's image looked up in the encoder's cache; `stats`: the totals after it."""
 
 
 class EncoderCore:
@@ -70,12 +73,13 @@ class EncoderCore:
         self._stopped = False
         self.num_steps = 0
         self.num_encoded = 0
+        self.busy_s = 0.0
 
     async def encode(self, job: EncodeJob) -> EncodedImage:
         """`job`'s image encoded (or found in the cache, ready when the job arrives)."""
         hit, embeds = self.cache.lookup(job.item.mm_hash)
         if self.recorder is not None:
-            self.recorder.on_encoder_lookup(hit)
+            self.recorder.on_encoder_lookup(self.stats())
         if hit:
             return EncodedImage(job.item.mm_hash, embeds, job.arrival_s, cached=True)
         pending = self._pending.get(job.item.mm_hash)
@@ -91,6 +95,10 @@ class EncoderCore:
             return await asyncio.shield(done)  # a cancelled caller must not cancel the others' wait
         finally:
             self._pending.pop(job.item.mm_hash, None)
+
+    def stats(self) -> EncoderStats:
+        """Its totals so far (what its series and the run's encoder summary read)."""
+        return EncoderStats(self.num_steps, self.busy_s, self.cache.num_queries, self.cache.num_hits)
 
     def start(self) -> None:
         self._loop_task = asyncio.ensure_future(self._run())
@@ -151,8 +159,9 @@ class EncoderCore:
                 done.set_result(EncodedImage(job.item.mm_hash, e, end, cached=False))
         self.num_steps += 1
         self.num_encoded += len(batch)
+        self.busy_s += end - start
         if self.recorder is not None:
-            self.recorder.on_encoder_step(end - start, sum(job.item.num_tokens for job, _ in batch))
+            self.recorder.on_encoder_step(sum(job.item.num_tokens for job, _ in batch), self.stats())
         self._record_state()
         return end
 

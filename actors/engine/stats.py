@@ -3,7 +3,7 @@
 The engine calls `EngineStats.on_<event>`; each hook updates the counters the run's lag summary reads
 and tells the recorder, which the composition root injects (`dashboards.recorders.EngineMetrics`).
 Roles never import `dashboards`: the recorder is the `EngineRecorder` protocol, fed plain values and
-`messages` types only.
+`messages` types only (the scheduler's state as one `SchedulerStats`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
 from messages import FinishedReason, RequestTimes
+from messages.stats import SchedulerStats
 
 
 class EngineRecorder(Protocol):
@@ -26,22 +27,8 @@ class EngineRecorder(Protocol):
     ) -> None:
         """Steps, their times, tokens and the CPU's share of each."""
 
-    def on_state(
-        self,
-        num_running: int,
-        num_waiting: int,
-        kv_cache_usage: float,
-        num_prefix_queries: int,
-        num_prefix_hits: int,
-        num_preemptions: int,
-        num_kv_held_blocks: int,
-        num_mm_cache_queries: int = 0,
-        num_mm_cache_hits: int = 0,
-    ) -> None:
-        """The engine's state (at steps and on arrivals); the counts are totals since its start.
-        `num_kv_held_blocks`: blocks of finished requests held for a pull: prefill side, until decode's
-        notice; decode side (bidirectional), for the conversation's next turn. `num_mm_cache_*`: the
-        encoder cache's lookups of images and its hits."""
+    def on_state(self, stats: SchedulerStats) -> None:
+        """The engine's state (at steps and on arrivals)."""
 
     def on_first_token(
         self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
@@ -152,15 +139,17 @@ class EngineStats:
             return
         blocks = sched.blocks
         self.recorder.on_state(
-            len(sched.running),
-            len(sched.waiting) + len(sched.recving),
-            blocks.usage,
-            blocks.num_prefix_cache_queries,
-            blocks.num_prefix_cache_hits,
-            sched.num_preemptions,
-            sum(len(r.block_ids) for r in sched.held.values()) if sched.held else 0,
-            sched.encoder_cache.num_queries,
-            sched.encoder_cache.num_hits,
+            SchedulerStats(
+                num_running_reqs=len(sched.running),
+                num_waiting_reqs=len(sched.waiting) + len(sched.recving),
+                kv_cache_usage=blocks.usage,
+                num_prefix_cache_queries=blocks.num_prefix_cache_queries,
+                num_prefix_cache_hits=blocks.num_prefix_cache_hits,
+                num_preemptions=sched.num_preemptions,
+                num_kv_held_blocks=sum(len(r.block_ids) for r in sched.held.values()) if sched.held else 0,
+                num_mm_cache_queries=sched.encoder_cache.num_queries,
+                num_mm_cache_hits=sched.encoder_cache.num_hits,
+            )
         )
 
     def on_token(self, req: Request, now_s: float) -> None:
