@@ -104,6 +104,7 @@ class ChatCompletionRequest(_Lenient):
     n: int = Field(default=1, ge=1, le=1)
     chat_template_kwargs: dict[str, Any] | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    """vLLM's P/D params, the JSON object: read as `KVTransferParams` (`RequestBuilder.transfer_params`)."""
     echo: bool = False
     conversation_id: str | None = None
     """The conversation this turn belongs to (vLLM's multi-turn benchmark sends it): session-affinity
@@ -123,6 +124,7 @@ class CompletionRequest(_Lenient):
     echo: bool = False
     n: int = Field(default=1, ge=1, le=1)
     kv_transfer_params: dict[str, Any] | None = None
+    """As in a chat completion (checked; a completion has no use for it)."""
     conversation_id: str | None = None
     """As in a chat completion: the conversation this request belongs to."""
 

@@ -42,6 +42,7 @@ class EncoderCore:
     def __init__(
         self,
         encoder_id: str,
+        *,
         clock: Clock,
         roofline: EncoderRoofline,
         vision: Any,

@@ -18,10 +18,17 @@ from actors.engine.scheduler import Scheduler
 
 class Admission:
     def __init__(
-        self, engine_id: str, scheduler: Scheduler, max_waiting: int | None, max_queue_time_s: float | None
+        self,
+        engine_id: str,
+        *,
+        scheduler: Scheduler,
+        max_waiting: int | None,
+        max_queue_time_s: float | None,
     ) -> None:
-        self.engine_id, self.scheduler = engine_id, scheduler
-        self.max_waiting, self.max_queue_time_s = max_waiting, max_queue_time_s
+        self.engine_id = engine_id
+        self.scheduler = scheduler
+        self.max_waiting = max_waiting
+        self.max_queue_time_s = max_queue_time_s
 
     def refusal(self) -> str | None:
         """Why a request arriving now is refused (None: it is admitted)."""

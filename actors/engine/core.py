@@ -37,7 +37,15 @@ from actors.engine.streams import OutputStreams
 from actors.engine.windows import Windows
 from emulation.time_model import StepTimeModel
 from emulation.vision import EncoderRoofline
-from messages import EngineOutput, EngineRequest, FinishedReason, KVEvents, KVPayload, KVPull
+from messages import (
+    EngineOutput,
+    EngineRequest,
+    FinishedReason,
+    KVEvents,
+    KVPayload,
+    KVPull,
+    KVTransferParams,
+)
 
 Role = Literal["mixed", "prefill", "decode"]
 
@@ -54,6 +62,7 @@ class EngineCore:
     def __init__(
         self,
         engine_id: str,
+        *,
         role: Role,
         clock: Clock,
         time_model: StepTimeModel,
@@ -74,7 +83,9 @@ class EngineCore:
         self.time_model, self.encoder_roofline = time_model, encoder_roofline
         self.scheduler, self.executor, self.stats = scheduler, executor, stats
         self.kv_scheduler, self.kv_worker = kv_scheduler, kv_worker
-        self.admission = admission or Admission(engine_id, scheduler, None, None)
+        self.admission = admission or Admission(
+            engine_id, scheduler=scheduler, max_waiting=None, max_queue_time_s=None
+        )
         self._requests: dict[str, Request] = {}
         self._loop_task: asyncio.Future[None] | None = None
         self.step_clock = StepClock(clock)
@@ -141,7 +152,7 @@ class EngineCore:
     async def free_kv(self, request_id: str) -> None:
         self.kv.free_kv(request_id)
 
-    async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+    async def kv_ready(self, request_id: str, kv_transfer_params: KVTransferParams) -> None:
         """Push, decode side: prefill finished `request_id`; its KV moves once this engine has blocks too."""
         self.windows.settle()  # a change from outside: the next step sees it
         self.kv.kv_ready(self._requests.get(request_id), request_id, kv_transfer_params)

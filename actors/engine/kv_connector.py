@@ -18,8 +18,9 @@ A handoff, decode side (pull mode)::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
@@ -28,7 +29,7 @@ from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
-from messages import FinishedReason, KVPayload, KVPull
+from messages import FinishedReason, KVPayload, KVPull, KVTransferParams
 
 
 class KVSource(Protocol):
@@ -49,6 +50,7 @@ class KVConnectorScheduler:
     def __init__(
         self,
         engine_id: str,
+        *,
         receiver: KVReceiver,
         scheduler: Scheduler,
         hold_timeout_s: float,
@@ -76,16 +78,20 @@ class KVConnectorScheduler:
         assert req.kv_transfer_params is not None
         req.times.kv_blocks_ready_s = now
         self._holding.add(req.request_id)
-        if req.kv_transfer_params.get("kv_push") and "kv_sent_s" not in req.kv_transfer_params:
+        if req.kv_transfer_params.kv_push and req.kv_transfer_params.kv_sent_s is None:
             return None
         return self._plan(req)
 
-    def push_ready(self, req: Request, kv_transfer_params: dict[str, Any]) -> TransferPlan | None:
-        """Push: prefill finished `req` (`kv_transfer_params` from it); its plan if `req` has its
-        blocks, else None (`start_load` plans it when they come)."""
+    def push_ready(self, req: Request, kv_transfer_params: KVTransferParams) -> TransferPlan | None:
+        """Push: prefill finished `req` (`kv_transfer_params` from it: where the KV is, in place of
+        what decode had; decode keeps its `kv_push`); its plan if `req` has its blocks, else None
+        (`start_load` plans it when they come)."""
         assert req.kv_transfer_params is not None
-        req.kv_transfer_params.update(kv_transfer_params)
-        req.kv_transfer_params.pop("prompt_token_ids", None)  # decode has the prompt already
+        req.kv_transfer_params = dataclasses.replace(
+            kv_transfer_params,
+            kv_push=req.kv_transfer_params.kv_push,
+            prompt_token_ids=None,  # decode has the prompt already
+        )
         if req.times.kv_blocks_ready_s is None or req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return None
         return self._plan(req)
@@ -97,7 +103,8 @@ class KVConnectorScheduler:
         params = req.kv_transfer_params
         if req.is_pull_back:  # only the blocks it takes, none it holds already
             end = max(first_block, req.pull_back_tokens // bs)
-            params = {**params, "remote_block_ids": params["remote_block_ids"][:end]}
+            assert params.remote_block_ids is not None
+            params = dataclasses.replace(params, remote_block_ids=params.remote_block_ids[:end])
         plan = self.receiver.plan(params, req.times.kv_blocks_ready_s, first_block)
         req.times.kv_transfer_start_s = plan.start_s
         req.times.kv_bytes = plan.kv_bytes
@@ -112,7 +119,8 @@ class KVConnectorScheduler:
         assert params is not None
         bs = self.scheduler.blocks.block_size
         limit = (req.num_prompt_tokens - 1) // bs
-        theirs = params["remote_block_hashes"]
+        theirs = params.remote_block_hashes
+        assert theirs is not None
         if self.reuse == "positional":
             return min(len(theirs), limit) * bs
         num = 0
@@ -151,7 +159,7 @@ class KVConnectorScheduler:
 
     def request_finished(
         self, req: Request, reason: FinishedReason, now: float
-    ) -> tuple[dict[str, Any] | None, bool]:
+    ) -> tuple[KVTransferParams | None, bool]:
         """What a finished request hands on: prefill side, the kv_transfer_params for decode (None:
         nothing to hand); decode side, whether its prefill engine still holds KV for it (to notify)."""
         self._loaded.pop(req.request_id, None)
@@ -161,29 +169,28 @@ class KVConnectorScheduler:
             return None, holding
         if req.is_remote_prefill and not req.is_pull_back:  # decode, bidirectional: a finished turn
             return self._conversation_params(req), holding
-        return {
-            "do_remote_prefill": True,  # decode: the prompt's KV comes from a prefill engine
-            "remote_engine_id": self.engine_id,  # whom decode pulls from (its peer by id)
-            "remote_request_id": req.request_id,  # what the pull and the free are keyed by
-            "remote_block_ids": list(req.block_ids),  # where the KV is (NIXL's descriptor; sizes it)
-            "prompt_token_ids": req.prompt_token_ids,  # for the proxy: decode reuses prefill's IDs
-            # (the list itself: prompts are never changed, and an actor boundary copies it anyway)
-            "kv_sent_s": now,  # push: when the send starts
-            "prefill_compute_s": req.compute_s,  # layer-wise push: its own compute, to hide under
-        }, holding
+        return KVTransferParams(
+            do_remote_prefill=True,
+            remote_engine_id=self.engine_id,
+            remote_request_id=req.request_id,
+            remote_block_ids=tuple(req.block_ids),
+            # the list itself: prompts are never changed, and an actor boundary copies it anyway
+            prompt_token_ids=req.prompt_token_ids,
+            kv_sent_s=now,
+            prefill_compute_s=req.compute_s,
+        ), holding
 
-    def _conversation_params(self, req: Request) -> dict[str, Any]:
+    def _conversation_params(self, req: Request) -> KVTransferParams:
         """Decode side, bidirectional: where a finished turn's blocks are, for the conversation's next
         turn to pull back. Only the full blocks whose KV is computed (prompt and answer but its last
         token), with their chained hashes (so that prefill can verify them)."""
         num_full = req.num_computed_tokens // self.scheduler.blocks.block_size
-        return {
-            "remote_engine_id": self.engine_id,  # whom prefill pulls back from
-            "remote_request_id": req.request_id,  # what the pull and the free are keyed by
-            "remote_block_ids": list(req.block_ids[:num_full]),  # where decode's KV is
-            # what is in them (verified reuse)
-            "remote_block_hashes": self.scheduler.blocks.block_hashes(req, num_full),
-        }
+        return KVTransferParams(
+            remote_engine_id=self.engine_id,
+            remote_request_id=req.request_id,
+            remote_block_ids=tuple(req.block_ids[:num_full]),
+            remote_block_hashes=tuple(self.scheduler.blocks.block_hashes(req, num_full)),
+        )
 
     def _expires_s(self, req: Request) -> float:
         """When the held KV of `req` (a finished prefill request, or decode's finished turn of a
@@ -217,6 +224,7 @@ class KVConnectorWorker:
     def __init__(
         self,
         executor: Executor,
+        *,
         peers: Mapping[str, KVSource],
         stats: EngineStats,
         clock: Clock,
@@ -265,12 +273,11 @@ class KVConnectorWorker:
         """Read `req`'s KV from the prefill engine its kv_transfer_params name."""
         params = req.kv_transfer_params
         assert params is not None
-        remote_id = str(params["remote_engine_id"])
+        remote_id, remote_request_id = params.remote_engine_id, params.remote_request_id
+        assert remote_id is not None and remote_request_id is not None
         try:
             num_blocks = plan.num_blocks if req.is_pull_back else None
-            pull = KVPull(
-                str(params["remote_request_id"]), plan.first_block, plan.start_s, plan.time.wire_s, num_blocks
-            )
+            pull = KVPull(remote_request_id, plan.first_block, plan.start_s, plan.time.wire_s, num_blocks)
             return await self.peers[remote_id].get_kv(pull)
         except Exception as e:
             self.stats.on_kv_transfer_failed()
@@ -304,8 +311,9 @@ class KVConnectorWorker:
         """Tell the prefill side it may free `req`'s KV (NIXL's completion notification); a dead peer has
         nothing to free."""
         params = req.kv_transfer_params
-        assert params is not None
+        assert params is not None and params.remote_engine_id is not None
+        assert params.remote_request_id is not None
         try:
-            await self.peers[str(params["remote_engine_id"])].free_kv(str(params["remote_request_id"]))
+            await self.peers[params.remote_engine_id].free_kv(params.remote_request_id)
         except Exception:
             self.stats.on_kv_notification_failed()

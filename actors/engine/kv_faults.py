@@ -13,9 +13,10 @@ import numpy as np
 class KVLoadFaults:
     """Whether each of an engine's KV loads fails on purpose."""
 
-    def __init__(self, rate: float, nth: Iterable[int], seed: int, engine_id: str) -> None:
+    def __init__(self, *, rate: float, nth: Iterable[int], seed: int, engine_id: str) -> None:
         """`rate`: each load's probability of failing; `nth`: loads (1-based) that fail anyway."""
-        self.rate, self.nth = rate, frozenset(nth)
+        self.rate = rate
+        self.nth = frozenset(nth)
         self.num_loads = 0
         self._rng = np.random.default_rng([seed, zlib.crc32(engine_id.encode())])  # stable across runs
 
