@@ -73,7 +73,8 @@ class Proxy:
         """session id -> (its decode engine, where that engine holds its last turn's blocks)"""
         self.recorder = recorder
         self.clock = clock
-        self._render, self._push = render, push
+        self._render = render
+        self._push = push
         if bool(mixed) == bool(prefill and decode):
             raise ValueError("a proxy needs mixed engines, or prefill and decode engines")
         cfg = router or RouterConfig()
@@ -135,7 +136,8 @@ class Proxy:
             with self.in_flight.track(result):  # (a kill of this proxy fails it)
                 if creq.mm_items and self._encoders is not None:
                     creq = await self._encoders.encode(creq)
-                    result.encode_s, result.ec_transfer_s = creq.encode_s, creq.ec_transfer_s
+                    result.encode_s = creq.encode_s
+                    result.ec_transfer_s = creq.ec_transfer_s
                 if self._mixed is not None:
                     arrival_s = engine_arrival_s(creq)
                     ereq = engine_request(creq, creq.prompt_token_ids, creq.max_tokens, arrival_s, None)
@@ -146,10 +148,12 @@ class Proxy:
                     async for out in inner:
                         yield out
         except Exception as e:
-            result.finished_reason, result.error = "error", f"{type(e).__name__}: {e}"
+            result.finished_reason = "error"
+            result.error = f"{type(e).__name__}: {e}"
         finally:
             if result.finished_reason is None:
-                result.finished_reason, result.error = "abort", "the client closed the stream"
+                result.finished_reason = "abort"
+                result.error = "the client closed the stream"
             if self.recorder is not None:
                 self.recorder.on_request_done(result)
 
@@ -290,6 +294,7 @@ class Proxy:
                 result.output_token_ids.extend(out.new_token_ids)
                 result.token_times_s.extend(out.token_times_s)
                 if out.finished_reason is not None:
-                    result.finished_reason, result.error = out.finished_reason, out.error
+                    result.finished_reason = out.finished_reason
+                    result.error = out.error
                     result.times = out.times
                 yield out

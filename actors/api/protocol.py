@@ -25,7 +25,11 @@ class ApiError(Exception):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_
         self.headers = headers
         """Sent with the error (a 429's Retry-After)."""
 

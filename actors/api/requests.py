@@ -35,7 +35,8 @@ class RequestBuilder:
         thinking = spec.template_kwargs.get("enable_thinking", True) is not False
         forced = self._forced_answer(max_tokens, prompt, spec.messages, spec.tools, thinking)
         creq = self._request("chatcmpl", arrival_s, prompt, max_tokens, forced, [self.answers.eos_token_id])
-        creq.render, creq.reuse_prompt_token_ids = spec, self.reusable(req)
+        creq.render = spec
+        creq.reuse_prompt_token_ids = self.reusable(req)
         creq.session_id = req.conversation_id
         return creq
 

@@ -79,10 +79,17 @@ class EngineCore:
         """`encoder_roofline`: the vision encoder's time, run in this engine's steps (None: text only,
         images refused). `macro_steps`: run steady stretches of steps as one event (`window`) where the
         clock is virtual and nothing computes. `admission`: its limits (None: none, as vLLM)."""
-        self.engine_id, self.role, self.clock, self.max_model_len = engine_id, role, clock, max_model_len
-        self.time_model, self.encoder_roofline = time_model, encoder_roofline
-        self.scheduler, self.executor, self.stats = scheduler, executor, stats
-        self.kv_scheduler, self.kv_worker = kv_scheduler, kv_worker
+        self.engine_id = engine_id
+        self.role = role
+        self.clock = clock
+        self.max_model_len = max_model_len
+        self.time_model = time_model
+        self.encoder_roofline = encoder_roofline
+        self.scheduler = scheduler
+        self.executor = executor
+        self.stats = stats
+        self.kv_scheduler = kv_scheduler
+        self.kv_worker = kv_worker
         self.admission = admission or Admission(
             engine_id, scheduler=scheduler, max_waiting=None, max_queue_time_s=None
         )

@@ -299,7 +299,8 @@ class KVConnectorWorker:
         the emulated one)."""
         assert req.kv_transfer_params is not None
         req.times.kv_transfer_done_s = plan.done_s
-        req.times.kv_wire_start_s, req.times.kv_wire_s = plan.wire_start_s, plan.time.wire_s
+        req.times.kv_wire_start_s = plan.wire_start_s
+        req.times.kv_wire_s = plan.time.wire_s
         self.executor.write_kv(req.block_ids[plan.first_block :], payload.kv)
         xfer_s = plan.done_s - plan.start_s
         overrun_s = self.clock.now() - plan.done_s
