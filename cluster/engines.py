@@ -25,7 +25,8 @@ from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
 from actors.engine.encoder_cache import EncoderCache
 from actors.engine.executor import Executor
-from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVSource
+from actors.engine.kv_connector import KVConnectorScheduler
+from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
 from actors.engine.kv_faults import KVLoadFaults
 from actors.engine.kv_transfer import KVReceiver, Link
 from actors.engine.scheduler import Scheduler

@@ -23,7 +23,7 @@ import ray
 from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, EngineDeadError, Role
-from actors.engine.kv_connector import KVSource
+from actors.engine.kv_connector_worker import KVSource
 from actors.engine_pool import watch_health
 from actors.proxy import Proxy
 from actors.render.client import METHODS, RenderClient, render_again, render_for

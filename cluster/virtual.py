@@ -16,7 +16,7 @@ from typing import Literal
 from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock, VirtualTimeLoop
 from actors.engine.core import EngineCore, Role
-from actors.engine.kv_connector import KVSource
+from actors.engine.kv_connector_worker import KVSource
 from actors.engine.kv_transfer import LinkQueue
 from actors.engine_pool import watch_health
 from actors.proxy import Proxy

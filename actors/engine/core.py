@@ -27,7 +27,8 @@ from typing import Any, Literal
 from actors.engine.admission import Admission
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
-from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker
+from actors.engine.kv_connector import KVConnectorScheduler
+from actors.engine.kv_connector_worker import KVConnectorWorker
 from actors.engine.kv_handoff import KVHandoff
 from actors.engine.request import Request, RequestStatus, check_request
 from actors.engine.scheduler import ScheduledBatch, Scheduler

@@ -13,7 +13,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVLoadError
+from actors.engine.kv_connector import KVConnectorScheduler
+from actors.engine.kv_connector_worker import KVConnectorWorker, KVLoadError
 from actors.engine.kv_transfer import TransferPlan
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
