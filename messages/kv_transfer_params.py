@@ -20,6 +20,8 @@ from messages.token_ids import PromptIds
 
 @dataclass(frozen=True)
 class KVTransferParams:
+    """What one side of a handoff tells the other (vLLM's field names where vLLM has them)."""
+
     do_remote_decode: bool = False
     """To prefill: a decode engine will pull this request's KV, so its blocks are held after it finishes
     (bidirectional, to decode: keep the turn's blocks for the conversation's next turn)."""
@@ -53,13 +55,15 @@ class KVTransferParams:
         values: dict[str, Any] = {}
         for key, value in d.items():
             if key not in _JSON_FIELDS:
-                raise InvalidKVTransferParams(key, value, f"one of {', '.join(_JSON_FIELDS)}")
+                raise InvalidKVTransferParams(
+                    key, f"unknown field ({_shown(value)}); allowed: {', '.join(_JSON_FIELDS)}"
+                )
             convert, expected = _JSON_FIELDS[key]
             if value is None and _optional(key):
                 continue
             converted = convert(value)
             if converted is None:
-                raise InvalidKVTransferParams(key, value, expected)
+                raise InvalidKVTransferParams(key, f"{_shown(value)} is not allowed; expected {expected}")
             values[key] = converted
         return cls(**values)
 
@@ -67,10 +71,16 @@ class KVTransferParams:
 class InvalidKVTransferParams(ValueError):
     """A field of `kv_transfer_params` that is unknown or of the wrong type (an HTTP 400 at the edge)."""
 
-    def __init__(self, field: str, value: object, allowed: str) -> None:
+    def __init__(self, field: str, why: str) -> None:
         self.param = f"kv_transfer_params.{field}"
         """The field, as the request names it."""
-        super().__init__(f"{self.param}: {value!r} is not allowed; expected {allowed}")
+        super().__init__(f"{self.param}: {why}")
+
+
+def _shown(value: object) -> str:
+    """`value` as an error message quotes it (a long prompt's IDs cut short)."""
+    text = repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def _optional(name: str) -> bool:

@@ -32,7 +32,11 @@ def test_json_fields_are_read_into_the_dataclass_and_null_leaves_them_unset():
 @pytest.mark.parametrize(
     ("body", "param", "says"),
     [
-        ({"remote_blok_ids": [1]}, "kv_transfer_params.remote_blok_ids", "one of do_remote_decode"),
+        (
+            {"remote_blok_ids": [1]},
+            "kv_transfer_params.remote_blok_ids",
+            "unknown field ([1]); allowed: do_remote_decode",
+        ),
         (
             {"do_remote_decode": "yes"},
             "kv_transfer_params.do_remote_decode",
