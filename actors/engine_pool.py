@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
-from typing import Any, Protocol
+from typing import Protocol
 
 from actors.engine.clock import Clock
 from actors.engine.core import EngineDeadError
 from actors.router import Router
 from emulation.config import RouterConfig
-from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, RequestResult
+from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, KVTransferParams, RequestResult
 
 
 class EngineClient(Protocol):
@@ -23,7 +23,7 @@ class EngineClient(Protocol):
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]: ...
 
-    async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+    async def kv_ready(self, request_id: str, kv_transfer_params: KVTransferParams) -> None:
         """Push: prefill finished `request_id`; its KV may now be pushed into this decode engine."""
 
     async def check_health(self) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from messages import ClientRequest, EngineRequest
+from messages import ClientRequest, EngineRequest, KVTransferParams
 from messages.token_ids import PromptIds
 
 
@@ -26,7 +26,11 @@ def engine_arrival_s(creq: ClientRequest) -> float:
 
 
 def engine_request(
-    creq: ClientRequest, prompt: PromptIds, max_tokens: int, sent_s: float | None, params: dict | None
+    creq: ClientRequest,
+    prompt: PromptIds,
+    max_tokens: int,
+    sent_s: float | None,
+    params: KVTransferParams | None,
 ) -> EngineRequest:
     """The token-ID request an engine gets for `creq`."""
     return EngineRequest(

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import Any, Protocol
+from typing import Protocol
 
 from actors.encoding import EncoderPool
 from actors.engine.clock import Clock
@@ -25,7 +26,7 @@ from actors.engine_requests import engine_arrival_s, engine_request, for_decode
 from actors.in_flight import InFlight
 from actors.router import Router
 from emulation.config import RouterConfig
-from messages import ClientRequest, EngineOutput, EngineRequest, RenderSpec, RequestResult
+from messages import ClientRequest, EngineOutput, EngineRequest, KVTransferParams, RenderSpec, RequestResult
 from messages.token_ids import PromptIds
 
 
@@ -43,6 +44,7 @@ class ProxyRecorder(Protocol):
 class Proxy:
     def __init__(
         self,
+        *,
         mixed: Sequence[EngineClient] = (),
         prefill: Sequence[EngineClient] = (),
         decode: Sequence[EngineClient] = (),
@@ -67,11 +69,12 @@ class Proxy:
         self._encoders = encoders
         self.in_flight = InFlight()
         self._bidirectional = bidirectional
-        self._conversations: dict[str, tuple[int, dict[str, Any]]] = {}
+        self._conversations: dict[str, tuple[int, KVTransferParams]] = {}
         """session id -> (its decode engine, where that engine holds its last turn's blocks)"""
         self.recorder = recorder
         self.clock = clock
-        self._render, self._push = render, push
+        self._render = render
+        self._push = push
         if bool(mixed) == bool(prefill and decode):
             raise ValueError("a proxy needs mixed engines, or prefill and decode engines")
         cfg = router or RouterConfig()
@@ -133,7 +136,8 @@ class Proxy:
             with self.in_flight.track(result):  # (a kill of this proxy fails it)
                 if creq.mm_items and self._encoders is not None:
                     creq = await self._encoders.encode(creq)
-                    result.encode_s, result.ec_transfer_s = creq.encode_s, creq.ec_transfer_s
+                    result.encode_s = creq.encode_s
+                    result.ec_transfer_s = creq.ec_transfer_s
                 if self._mixed is not None:
                     arrival_s = engine_arrival_s(creq)
                     ereq = engine_request(creq, creq.prompt_token_ids, creq.max_tokens, arrival_s, None)
@@ -144,10 +148,12 @@ class Proxy:
                     async for out in inner:
                         yield out
         except Exception as e:
-            result.finished_reason, result.error = "error", f"{type(e).__name__}: {e}"
+            result.finished_reason = "error"
+            result.error = f"{type(e).__name__}: {e}"
         finally:
             if result.finished_reason is None:
-                result.finished_reason, result.error = "abort", "the client closed the stream"
+                result.finished_reason = "abort"
+                result.error = "the client closed the stream"
             if self.recorder is not None:
                 self.recorder.on_request_done(result)
 
@@ -158,17 +164,18 @@ class Proxy:
         assert self._prefill is not None and self._decode is not None
         sid = creq.session_id if self._bidirectional else None
         held = self._conversations.pop(sid, None) if sid is not None else None
-        pull_back = {"do_remote_prefill": True, "pull_back": True, **held[1]} if held else {}
+        pull_back = dataclasses.replace(held[1], do_remote_prefill=True, pull_back=True) if held else None
         final = await self._prefill_step(self._prefill.router.pick(creq), creq, result, pull_back)
         if final is None:
             return
         # The prompt travels once, as the decode request's own token IDs; the params keep the descriptor.
-        params = dict(final.kv_transfer_params or {})
-        prompt, rerender_s = await self._decode_prompt(creq, params.pop("prompt_token_ids", None))
+        assert final.kv_transfer_params is not None
+        params = dataclasses.replace(final.kv_transfer_params, prompt_token_ids=None)
+        prompt, rerender_s = await self._decode_prompt(creq, final.kv_transfer_params.prompt_token_ids)
         assert result.prefill_done_s is not None
         sent_s = result.prefill_done_s + rerender_s  # a re-render delays decode (the handoff's proxy hop)
-        if sid is not None:
-            params["do_remote_decode"] = True  # decode keeps this turn's blocks for the next one
+        if sid is not None:  # decode keeps this turn's blocks for the next one
+            params = dataclasses.replace(params, do_remote_decode=True)
         decode_req = engine_request(for_decode(creq), prompt, creq.max_tokens, sent_s, params)
         engine = self._decode.router.pick(creq, held[0] if held else None)
         try:
@@ -204,12 +211,12 @@ class Proxy:
         decode_pool = self._decode
         p, d = self._prefill.router.pick(creq), decode_pool.router.pick(creq)
         decode = decode_pool.engines[d]
-        params = {
-            "do_remote_prefill": True,
-            "kv_push": True,  # decode waits for prefill's kv_ready before the KV moves
-            "remote_engine_id": self._prefill.engines[p].engine_id,
-            "remote_request_id": creq.request_id,
-        }
+        params = KVTransferParams(
+            do_remote_prefill=True,
+            kv_push=True,
+            remote_engine_id=self._prefill.engines[p].engine_id,
+            remote_request_id=creq.request_id,
+        )
         decode_req = engine_request(
             for_decode(creq), creq.prompt_token_ids, creq.max_tokens, engine_arrival_s(creq), params
         )
@@ -228,7 +235,8 @@ class Proxy:
             final = await self._prefill_step(p, creq, result)
             if final is None:
                 return
-            await decode.kv_ready(creq.request_id, dict(final.kv_transfer_params or {}))
+            assert final.kv_transfer_params is not None
+            await decode.kv_ready(creq.request_id, final.kv_transfer_params)
             while (out := await outs.get()) is not None:
                 yield out
             await task  # a failed decode stream raises here
@@ -239,14 +247,14 @@ class Proxy:
                     await task
 
     async def _prefill_step(
-        self, p: int, creq: ClientRequest, result: RequestResult, pull_back: dict[str, Any] | None = None
+        self, p: int, creq: ClientRequest, result: RequestResult, pull_back: KVTransferParams | None = None
     ) -> EngineOutput | None:
         """Run the prompt on prefill engine `p` (max_tokens=1, do_remote_decode; `pull_back`: where
         decode holds the conversation's last turn); its final output, or None with the failure
         recorded in `result`."""
         assert self._prefill is not None
         final = None
-        params = {"do_remote_decode": True, **(pull_back or {})}
+        params = dataclasses.replace(pull_back or KVTransferParams(), do_remote_decode=True)
         ereq = engine_request(creq, creq.prompt_token_ids, 1, engine_arrival_s(creq), params)
         ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
         for out in await self._prefill.prefill_on_a_live_engine(p, creq, ereq, result):
@@ -286,6 +294,7 @@ class Proxy:
                 result.output_token_ids.extend(out.new_token_ids)
                 result.token_times_s.extend(out.token_times_s)
                 if out.finished_reason is not None:
-                    result.finished_reason, result.error = out.finished_reason, out.error
+                    result.finished_reason = out.finished_reason
+                    result.error = out.error
                     result.times = out.times
                 yield out

@@ -26,6 +26,7 @@ from emulation.kv_cache import cdiv
 from emulation.profiles import LINKS, MODELS
 from emulation.step_shape import StepItem, StepShape
 from emulation.time_model import time_model_for
+from messages import KVTransferParams
 
 WAKE_ALLOWANCE_WALL_S = 0.005
 """p99 overshoot of a short sleep with both cores busy on a 2-core host (DESIGN.md)."""
@@ -65,7 +66,9 @@ def _measure(cfg: TestbedConfig, step: list[tuple[int, int, bool]]) -> float:
 
     bs = cfg.scheduler.block_size
     need = sum(cdiv(n + c, bs) for n, c, _ in step)
-    runner = ModelRunner(load_model(cfg.runner), need, bs, cfg.runner.num_threads)
+    runner = ModelRunner(
+        load_model(cfg.runner), num_blocks=need, block_size=bs, num_threads=cfg.runner.num_threads
+    )
     items, first = [], 0
     for i, (n, c, logits) in enumerate(step):
         blocks = list(range(first, first + cdiv(n + c, bs)))
@@ -88,7 +91,10 @@ def _measure_handoff(cfg: TestbedConfig, num_tokens: int) -> float:
     bs = cfg.scheduler.block_size
     blocks = list(range(cdiv(num_tokens, bs)))
     model = load_model(cfg.runner)
-    src, dst = (ModelRunner(model, len(blocks), bs, cfg.runner.num_threads) for _ in range(2))
+    src, dst = (
+        ModelRunner(model, num_blocks=len(blocks), block_size=bs, num_threads=cfg.runner.num_threads)
+        for _ in range(2)
+    )
     times = []
     for _ in range(3):
         t = time.perf_counter()
@@ -103,8 +109,11 @@ def _handoff_probe(cfg: TestbedConfig) -> tuple[float, float] | None:
         return None
     n, bs, pools = cfg.workload.prompt_len, cfg.scheduler.block_size, cfg.pools
     link, model = LINKS[cfg.kv_transfer.link], MODELS[cfg.target.model]
-    receiver = KVReceiver(cfg.kv_transfer, link, model, bs, pools.decode.tp, pools.prefill.tp)
-    emulated = receiver.plan({"remote_block_ids": list(range(cdiv(n, bs)))}, 0.0, 0).time
+    receiver = KVReceiver(
+        cfg.kv_transfer, link=link, model=model, block_size=bs, tp=pools.decode.tp, peer_tp=pools.prefill.tp
+    )
+    params = KVTransferParams(remote_block_ids=tuple(range(cdiv(n, bs))))
+    emulated = receiver.plan(params, 0.0, 0).time
     real = ACTOR_CALL_WALL_S + (_measure_handoff(cfg, n) if cfg.runner.compute == "real" else 0.0)
     return real, emulated.total_s
 

@@ -25,7 +25,8 @@ from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
 from actors.engine.encoder_cache import EncoderCache
 from actors.engine.executor import Executor
-from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVSource
+from actors.engine.kv_connector import KVConnectorScheduler
+from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
 from actors.engine.kv_faults import KVLoadFaults
 from actors.engine.kv_transfer import KVReceiver, Link
 from actors.engine.scheduler import Scheduler
@@ -50,7 +51,12 @@ def runner_for(cfg: TestbedConfig, pool: PoolConfig) -> ModelRunner | None:
     from actors.engine.runner_model import load_model
 
     r = cfg.runner
-    return ModelRunner(load_model(r), num_gpu_blocks(cfg, pool), cfg.scheduler.block_size, r.num_threads)
+    return ModelRunner(
+        load_model(r),
+        num_blocks=num_gpu_blocks(cfg, pool),
+        block_size=cfg.scheduler.block_size,
+        num_threads=r.num_threads,
+    )
 
 
 def vision_for(cfg: TestbedConfig) -> Any:
@@ -84,49 +90,63 @@ def build_engine(
     if cfg.router.policy == "kv_aware":
         blocks.publish_kv_events()
     encoder_cache = EncoderCache(s.encoder_cache_embeds)
-    scheduler = Scheduler(blocks, s.max_num_batched_tokens, s.max_num_seqs, s.encoder_budget, encoder_cache)
+    scheduler = Scheduler(
+        blocks,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_encoder_embeds=s.encoder_budget,
+        encoder_cache=encoder_cache,
+    )
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
-    executor = Executor(runner, cfg.runner.vocab_size, compute_in_thread, vision)
+    executor = Executor(runner, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision)
     stats = EngineStats(metrics)
     kv_link = LINKS[cfg.kv_transfer.link]
     peer = {"decode": cfg.pools.prefill, "prefill": cfg.pools.decode}.get(role, pool)  # who sends to it
     receiver = KVReceiver(
         cfg.kv_transfer,
-        kv_link,
-        MODELS[cfg.target.model],
-        s.block_size,
-        pool.tp,
-        peer.tp,
-        cfg.faults.link_slowdowns,
+        link=kv_link,
+        model=MODELS[cfg.target.model],
+        block_size=s.block_size,
+        tp=pool.tp,
+        peer_tp=peer.tp,
+        slowdowns=cfg.faults.link_slowdowns,
     )
     kv = cfg.kv_transfer
     # decode, bidirectional: a finished turn's blocks wait for the conversation's next turn
     hold_timeout_s = (
         kv.decoder_kv_blocks_ttl_s if role == "decode" and kv.bidirectional else kv.hold_timeout_s
     )
-    kv_scheduler = KVConnectorScheduler(engine_id, receiver, scheduler, hold_timeout_s, kv.reuse)
+    kv_scheduler = KVConnectorScheduler(
+        engine_id, receiver=receiver, scheduler=scheduler, hold_timeout_s=hold_timeout_s, reuse=kv.reuse
+    )
     f = cfg.faults
     faults = (
-        KVLoadFaults(f.kv_transfer_failure_rate, f.kv_transfer_failures, cfg.seed, engine_id)
+        KVLoadFaults(
+            rate=f.kv_transfer_failure_rate, nth=f.kv_transfer_failures, seed=cfg.seed, engine_id=engine_id
+        )
         if f.kv_transfer_failure_rate > 0 or f.kv_transfer_failures
         else None
     )
-    kv_worker = KVConnectorWorker(executor, peers, stats, clock, s.block_size, link, faults)
+    kv_worker = KVConnectorWorker(
+        executor, peers=peers, stats=stats, clock=clock, block_size=s.block_size, link=link, faults=faults
+    )
     return EngineCore(
         engine_id,
-        role,
-        clock,
-        time_model,
-        scheduler,
-        executor,
-        kv_scheduler,
-        kv_worker,
-        stats,
-        s.max_model_len,
-        encoder_roofline,
-        cfg.runner.macro_steps,
-        Admission(engine_id, scheduler, s.max_waiting, s.max_queue_time_s),
+        role=role,
+        clock=clock,
+        time_model=time_model,
+        scheduler=scheduler,
+        executor=executor,
+        kv_scheduler=kv_scheduler,
+        kv_worker=kv_worker,
+        stats=stats,
+        max_model_len=s.max_model_len,
+        encoder_roofline=encoder_roofline,
+        macro_steps=cfg.runner.macro_steps,
+        admission=Admission(
+            engine_id, scheduler=scheduler, max_waiting=s.max_waiting, max_queue_time_s=s.max_queue_time_s
+        ),
     )
 
 
@@ -160,7 +180,15 @@ def build_encoder(
     cache = EncoderCache(s.encoder_cache_embeds)
     overhead_s = cfg.target.step_overhead_s
     return EncoderCore(
-        encoder_id, clock, roofline, vision, s.encoder_budget, cache, overhead_s, compute_in_thread, metrics
+        encoder_id,
+        clock=clock,
+        roofline=roofline,
+        vision=vision,
+        max_num_batched_encoder_embeds=s.encoder_budget,
+        cache=cache,
+        step_overhead_s=overhead_s,
+        in_thread=compute_in_thread,
+        recorder=metrics,
     )
 
 

@@ -23,7 +23,7 @@ import ray
 from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, EngineDeadError, Role
-from actors.engine.kv_connector import KVSource
+from actors.engine.kv_connector_worker import KVSource
 from actors.engine_pool import watch_health
 from actors.proxy import Proxy
 from actors.render.client import METHODS, RenderClient, render_again, render_for
@@ -40,6 +40,7 @@ from messages import (
     EngineRequest,
     KVPayload,
     KVPull,
+    KVTransferParams,
     RequestResult,
 )
 from messages.stats import EncoderStats
@@ -82,7 +83,7 @@ class RemoteEngine:
         with self._dead_as_engine_dead():
             await self._handle.check_health.remote()
 
-    async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+    async def kv_ready(self, request_id: str, kv_transfer_params: KVTransferParams) -> None:
         with self._dead_as_engine_dead():
             await self._handle.kv_ready.remote(request_id, kv_transfer_params)
 
@@ -149,7 +150,7 @@ class EngineHost:
         head's) and its /metrics endpoint; returns `host:port` of it."""
         engine_id, role, cfg, pool = self._args
         peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
-        clock = Clock(cfg.clock.scale, epoch_s, offset_s)
+        clock = Clock(cfg.clock.scale, epoch_s=epoch_s, offset_s=offset_s)
         self.engine = build_engine(
             engine_id, role, cfg, pool, clock, self._runner, peers, self._metrics, True, self._link
         )
@@ -171,7 +172,7 @@ class EngineHost:
         assert self.engine is not None
         await self.engine.free_kv(request_id)
 
-    async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+    async def kv_ready(self, request_id: str, kv_transfer_params: KVTransferParams) -> None:
         assert self.engine is not None
         await self.engine.kv_ready(request_id, kv_transfer_params)
 
@@ -212,7 +213,7 @@ class EncoderHost:
     def start(self, epoch_s: float, offset_s: float) -> str:
         """Start the encoder on the shared clock and its /metrics endpoint; returns `host:port` of it."""
         encoder_id, cfg = self._args
-        clock = Clock(cfg.clock.scale, epoch_s, offset_s)
+        clock = Clock(cfg.clock.scale, epoch_s=epoch_s, offset_s=offset_s)
         self.encoder = build_encoder(encoder_id, cfg, clock, True, self._metrics)
         self.encoder.start()
         return serve_node_metrics(self._metrics.registry)
@@ -260,12 +261,12 @@ class ProxyHost:
         self._health_check_interval_s = cfg.router.health_check_interval_s
         self._health: asyncio.Future[None] | None = None
         self._proxy = Proxy(
-            remote["mixed"],
-            remote["prefill"],
-            remote["decode"],
-            self._metrics,
-            render,
-            push,
+            mixed=remote["mixed"],
+            prefill=remote["prefill"],
+            decode=remote["decode"],
+            recorder=self._metrics,
+            render=render,
+            push=push,
             router=cfg.router,
             block_size=cfg.scheduler.block_size,
             bidirectional=cfg.kv_transfer.bidirectional,
@@ -292,7 +293,7 @@ class ProxyHost:
     async def join_clock(self, epoch_s: float, offset_s: float) -> None:
         """The run's clock, so that a re-render for decode is on the emulated path; the engines' health
         checks start on it (`router.health_check_interval_s`)."""
-        clock = self._proxy.clock = Clock(self._time_scale, epoch_s, offset_s)
+        clock = self._proxy.clock = Clock(self._time_scale, epoch_s=epoch_s, offset_s=offset_s)
         if self._health_check_interval_s is not None:
             watch = watch_health(self._proxy.pools, clock, self._health_check_interval_s, None)
             self._health = asyncio.ensure_future(watch)

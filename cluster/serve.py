@@ -154,7 +154,14 @@ def build_server(
 
         cfg = with_stream_flush(cfg, serving=True)
     roles = _OnRay(cfg, address) if on_ray else _InProcess(cfg)
-    frontend = Frontend(cfg, roles.proxy, roles.renders, roles.clock, render_for(cfg), keep_results)
+    frontend = Frontend(
+        cfg,
+        proxy=roles.proxy,
+        renders=roles.renders,
+        clock=roles.clock,
+        answers=render_for(cfg),
+        keep_results=keep_results,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -16,7 +16,7 @@ from typing import Literal
 from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock, VirtualTimeLoop
 from actors.engine.core import EngineCore, Role
-from actors.engine.kv_connector import KVSource
+from actors.engine.kv_connector_worker import KVSource
 from actors.engine.kv_transfer import LinkQueue
 from actors.engine_pool import watch_health
 from actors.proxy import Proxy
@@ -154,17 +154,17 @@ def build_deployment(
     proxy_metrics = ProxyMetrics(cfg) if metrics else None
     push = cfg.kv_transfer.mode == "push"
     proxy = Proxy(
-        pools["mixed"],
-        pools["prefill"],
-        pools["decode"],
-        proxy_metrics,
-        render,
-        push,
-        clock,
-        cfg.router,
-        cfg.scheduler.block_size,
-        cfg.kv_transfer.bidirectional,
-        encoder_pool(cfg, encoders),
+        mixed=pools["mixed"],
+        prefill=pools["prefill"],
+        decode=pools["decode"],
+        recorder=proxy_metrics,
+        render=render,
+        push=push,
+        clock=clock,
+        router=cfg.router,
+        block_size=cfg.scheduler.block_size,
+        bidirectional=cfg.kv_transfer.bidirectional,
+        encoders=encoder_pool(cfg, encoders),
     )
     engines = [e for engines in pools.values() for e in engines]
     if cfg.router.policy == "kv_aware":  # in process: the KV events go straight to the routers

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from messages.kv_transfer_params import KVTransferParams
 from messages.token_ids import PromptIds, TokenIds
 
 FinishedReason = Literal["length", "stop", "abort", "error", "rejected"]
@@ -97,9 +98,9 @@ class EngineRequest:
     it earlier nor counts the real hop between actors, so senders may send ahead of time."""
     forced_output_token_ids: list[int] | None = None
     """The forced output policy's answer; None means greedy (argmax of the runner's logits)."""
-    kv_transfer_params: dict[str, Any] | None = None
-    """vLLM's P/D contract: `{"do_remote_decode": True}` to prefill; the prefill's answer to decode
-    (with `prompt_token_ids`, so that decode need not render the prompt again)."""
+    kv_transfer_params: KVTransferParams | None = None
+    """vLLM's P/D contract: `do_remote_decode` to prefill; the prefill's answer to decode (where the
+    KV is)."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Sampling one of these ends the request with finished_reason 'stop' (the tokenizer's EOS)."""
     mm_items: list[MultiModalItem] = field(default_factory=list)
@@ -161,7 +162,7 @@ class EngineOutput:
     token_times_s: list[float]
     """Emulated time each token was emitted (its step's end)."""
     finished_reason: FinishedReason | None = None
-    kv_transfer_params: dict[str, Any] | None = None
+    kv_transfer_params: KVTransferParams | None = None
     """From a prefill engine on finish: where the KV is, for the decode engine to pull."""
     times: RequestTimes | None = None
     """On the final output only."""

@@ -36,9 +36,10 @@ def test_a_node_whose_monotonic_clock_started_elsewhere_reads_the_heads_time():
     o = measure(ask, num_probes=4)
     assert o.offset_s == pytest.approx(ahead_s, abs=o.uncertainty_s) and 0.002 <= o.uncertainty_s < 0.05
     epoch = time.monotonic()
-    head, there = Clock(1.0, epoch), Clock(1.0, epoch, o.offset_s, node_monotonic)
+    head = Clock(1.0, epoch_s=epoch)
+    there = Clock(1.0, epoch_s=epoch, offset_s=o.offset_s, monotonic=node_monotonic)
     assert abs(there.now() - head.now()) <= o.uncertainty_s + 1e-3
-    assert abs(Clock(1.0, epoch, 0.0).now() - head.now()) < 1e-3
+    assert abs(Clock(1.0, epoch_s=epoch, offset_s=0.0).now() - head.now()) < 1e-3
 
 
 def test_an_offset_known_worse_than_the_bound_is_refused_in_one_line_naming_the_node():

@@ -219,7 +219,14 @@ def test_the_encoder_batches_jobs_within_its_budget_and_serves_repeats_from_its_
     items = [MultiModalItem(h * 32, 0, n) for h, n in (("aa", 400), ("bb", 1300), ("cc", 400))]
 
     async def main():
-        enc = EncoderCore("e0", Clock(), roofline, None, 2048, EncoderCache(4096))
+        enc = EncoderCore(
+            "e0",
+            clock=Clock(),
+            roofline=roofline,
+            vision=None,
+            max_num_batched_encoder_embeds=2048,
+            cache=EncoderCache(4096),
+        )
         enc.start()
         jobs = [EncodeJob(f"r{i}", m, 0.0) for i, m in enumerate([*items, items[0]])]  # a twice at once
         done = await asyncio.gather(*(enc.encode(job) for job in jobs))

@@ -9,7 +9,7 @@ from actors.engine.runner_model import ensure_model
 from cluster.config_load import load_designs
 from cluster.virtual import build_deployment, run_virtual, serve
 from emulation.config import RunnerConfig
-from messages import EngineRequest
+from messages import EngineRequest, KVTransferParams
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
 from workloads.replay import workload_for
 
@@ -273,8 +273,10 @@ def test_a_request_blocked_by_unpulled_kv_runs_when_the_hold_expires():
         dep = build_deployment(cfg, Clock())
         prefill = next(e for e in dep.engines if e.role == "prefill")
         prefill.start()
-        held = EngineRequest("held", list(range(100)), 1, kv_transfer_params={"do_remote_decode": True},
-                             forced_output_token_ids=[7])  # fmt: skip
+        keep = KVTransferParams(do_remote_decode=True)
+        held = EngineRequest(
+            "held", list(range(100)), 1, kv_transfer_params=keep, forced_output_token_ids=[7]
+        )
         first = await _collect(prefill, held)  # its 7 blocks stay held: no decode engine pulls them
         blocked = EngineRequest("blocked", list(range(1000, 1100)), 1, forced_output_token_ids=[7])
         second = await _collect(prefill, blocked)

@@ -8,7 +8,7 @@ from actors.engine.clock import Clock
 from cluster.virtual import build_deployment, replay_on, run_virtual
 from emulation.kv_cache import cdiv
 from emulation.profiles import LINKS, MODELS
-from messages import ClientRequest, EngineRequest
+from messages import ClientRequest, EngineRequest, KVTransferParams
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async
 from workloads.latency import HANDOFF_PARTS
 from workloads.results import results_frame
@@ -199,11 +199,13 @@ def test_a_push_notice_that_overtakes_its_request_is_kept_until_the_request_arri
         for e in dep.engines:
             e.start()
         prompt = list(range(300))
-        to_prefill = EngineRequest("x", prompt, 1, 0.0, [7], {"do_remote_decode": True})
+        to_prefill = EngineRequest("x", prompt, 1, 0.0, [7], KVTransferParams(do_remote_decode=True))
         final = [out async for out in prefill.generate(to_prefill)][-1]
         await decode.kv_ready("x", final.kv_transfer_params)  # before decode has heard of "x"
-        push = {"do_remote_prefill": True, "kv_push": True, "remote_engine_id": prefill.engine_id}
-        to_decode = EngineRequest("x", prompt, 4, 0.0, [7, 8, 9, 10], {**push, "remote_request_id": "x"})
+        push = KVTransferParams(
+            do_remote_prefill=True, kv_push=True, remote_engine_id=prefill.engine_id, remote_request_id="x"
+        )
+        to_decode = EngineRequest("x", prompt, 4, 0.0, [7, 8, 9, 10], push)
         outs = [out async for out in decode.generate(to_decode)]
         await dep.drain()
         for e in dep.engines:

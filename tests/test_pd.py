@@ -10,6 +10,7 @@ from actors.engine.kv_transfer import KVReceiver, LinkQueue
 from cluster.virtual import build_deployment, replay_on, run_virtual
 from emulation.profiles import LINKS, MODELS
 from emulation.transfer import handoff_time
+from messages import KVTransferParams
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
 
 REAL_GREEDY = {"runner": {"compute": "real", "device": "cpu"}, "workload": {"output_policy": "greedy"}}
@@ -162,8 +163,10 @@ def test_a_handoff_between_tp_engines_moves_each_ranks_heads_on_its_own_link(
 
     cfg = make_config(PD)
     link = LINKS["rdma-400g"]
-    rx = KVReceiver(cfg.kv_transfer, link, MODELS[model], 16, tp=tp_decode, peer_tp=tp_prefill)
-    plan = rx.plan({"remote_block_ids": list(range(512)), "remote_engine_id": "prefill-0"}, 0.0)
+    rx = KVReceiver(
+        cfg.kv_transfer, link=link, model=MODELS[model], block_size=16, tp=tp_decode, peer_tp=tp_prefill
+    )
+    plan = rx.plan(KVTransferParams(remote_block_ids=tuple(range(512)), remote_engine_id="prefill-0"), 0.0)
     assert plan.kv_bytes == 512 * 16 * bytes_per_token
     assert plan.time == handoff_time(plan.kv_bytes, 512 * per_lane, link, lanes)
     assert plan.time.wire_s == pytest.approx(plan.kv_bytes / (link.bytes_per_s * lanes))
@@ -171,8 +174,8 @@ def test_a_handoff_between_tp_engines_moves_each_ranks_heads_on_its_own_link(
 
 def test_wire_is_shared_fixed_costs_overlap():
     cfg = make_config(PD, kv_transfer={"link": "guide-testbox"})
-    rx = KVReceiver(cfg.kv_transfer, LINKS["guide-testbox"], MODELS["qwen2.5-7b"], 16)
-    params = {"remote_block_ids": list(range(512)), "remote_engine_id": "prefill-0"}
+    rx = KVReceiver(cfg.kv_transfer, link=LINKS["guide-testbox"], model=MODELS["qwen2.5-7b"], block_size=16)
+    params = KVTransferParams(remote_block_ids=tuple(range(512)), remote_engine_id="prefill-0")
     link, other = LinkQueue(), LinkQueue()
     a, b, c = (rx.plan(params, 10.0) for _ in range(3))
     a = a.queued(asyncio.run(link.reserve(a.start_s, a.time.wire_s)))

@@ -3,11 +3,13 @@
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
-from messages import EngineRequest
+from messages import EngineRequest, KVTransferParams
 
 
 def make(num_blocks=1000, budget=64, max_seqs=8, caching=True):
-    return Scheduler(BlockManager(num_blocks, 16, caching), budget, max_seqs)
+    return Scheduler(
+        BlockManager(num_blocks, 16, caching), max_num_batched_tokens=budget, max_num_seqs=max_seqs
+    )
 
 
 def add(s, n_prompt, rid, max_tokens=4, params=None, base=0):
@@ -71,7 +73,7 @@ def test_preemption_under_kv_pressure_recomputes_and_is_counted():
 
 def test_prefill_role_holds_blocks_until_pulled():
     s = make()
-    r = add(s, 40, "p", max_tokens=1, params={"do_remote_decode": True})
+    r = add(s, 40, "p", max_tokens=1, params=KVTransferParams(do_remote_decode=True))
     step(s)
     assert r.status is RequestStatus.FINISHED and "p" in s.held
     assert s.blocks.num_free_blocks == 1000 - 3
@@ -81,7 +83,7 @@ def test_prefill_role_holds_blocks_until_pulled():
 
 def test_decode_role_waits_for_remote_kv_then_recomputes_last_token():
     s = make()
-    params = {"do_remote_prefill": True, "remote_block_ids": [0, 1, 2]}
+    params = KVTransferParams(do_remote_prefill=True, remote_block_ids=(0, 1, 2))
     r = add(s, 40, "d", max_tokens=3, params=params)
     batch = step(s)
     assert batch.new_remote_requests == [r] and batch.num_scheduled_tokens == 0

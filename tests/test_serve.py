@@ -265,6 +265,8 @@ BAD = [
     ("/v1/chat/completions", {"model": MODEL, "messages": ROGUE}, 400, "messages.0.role"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": ASK, "kv_transfer_params": BAD_IDS}, 400, "kv_transfer_params.prompt_token_ids"),  # noqa: E501
+    ("/v1/chat/completions", {"model": MODEL, "messages": ASK, "kv_transfer_params": {"remote_blok_ids": [1]}}, 400, "kv_transfer_params.remote_blok_ids"),  # noqa: E501
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "kv_transfer_params": {"do_remote_decode": "yes"}}, 400, "kv_transfer_params.do_remote_decode"),  # noqa: E501
     ("/v1/completions", {"model": MODEL, "prompt": [1, 2, 99999999]}, 400, "prompt"),
     ("/inference/v1/generate", {"token_ids": ["a", "b"]}, 400, "token_ids.0"),
     ("/inference/v1/generate", {"token_ids": [1, -5]}, 400, "token_ids"),

@@ -64,6 +64,7 @@ class Frontend:
     def __init__(
         self,
         cfg: TestbedConfig,
+        *,
         proxy: ProxyClient,
         renders: list[RenderClient],
         clock: Clock,

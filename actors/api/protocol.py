@@ -25,7 +25,11 @@ class ApiError(Exception):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_
         self.headers = headers
         """Sent with the error (a 429's Retry-After)."""
 
@@ -104,6 +108,7 @@ class ChatCompletionRequest(_Lenient):
     n: int = Field(default=1, ge=1, le=1)
     chat_template_kwargs: dict[str, Any] | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    """vLLM's P/D params, the JSON object: read as `KVTransferParams` (`RequestBuilder.transfer_params`)."""
     echo: bool = False
     conversation_id: str | None = None
     """The conversation this turn belongs to (vLLM's multi-turn benchmark sends it): session-affinity
@@ -123,6 +128,7 @@ class CompletionRequest(_Lenient):
     echo: bool = False
     n: int = Field(default=1, ge=1, le=1)
     kv_transfer_params: dict[str, Any] | None = None
+    """As in a chat completion (checked; a completion has no use for it)."""
     conversation_id: str | None = None
     """As in a chat completion: the conversation this request belongs to."""
 

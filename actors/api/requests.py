@@ -13,7 +13,8 @@ import numpy as np
 
 from actors.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest
 from emulation.config import TestbedConfig
-from messages import ClientRequest, RenderSpec, token_ids_valid
+from messages import ClientRequest, KVTransferParams, RenderSpec, token_ids_valid
+from messages.kv_transfer_params import InvalidKVTransferParams
 from workloads.answers import forced_answer_ids, forced_answer_text
 
 if TYPE_CHECKING:
@@ -34,13 +35,15 @@ class RequestBuilder:
         thinking = spec.template_kwargs.get("enable_thinking", True) is not False
         forced = self._forced_answer(max_tokens, prompt, spec.messages, spec.tools, thinking)
         creq = self._request("chatcmpl", arrival_s, prompt, max_tokens, forced, [self.answers.eos_token_id])
-        creq.render, creq.reuse_prompt_token_ids = spec, self.reusable(req)
+        creq.render = spec
+        creq.reuse_prompt_token_ids = self.reusable(req)
         creq.session_id = req.conversation_id
         return creq
 
     def completion(self, req: CompletionRequest, prompt: list[int], arrival_s: float) -> ClientRequest:
         if not prompt:
             raise ApiError(400, "prompt: must not be empty", "prompt")
+        self.transfer_params(req)  # checked, though a completion has no use for it
         max_tokens = self._max_tokens(req.max_tokens, len(prompt))
         chat = [{"role": "user", "content": str(req.prompt)}]
         forced = self._forced_answer(max_tokens, prompt, chat, None, reasoning=False)
@@ -99,11 +102,21 @@ class RequestBuilder:
 
     def transfer_prompt(self, req: ChatCompletionRequest) -> list[int] | None:
         """Checked prompt token IDs from the request's `kv_transfer_params`, if it may use them."""
-        params = req.kv_transfer_params
-        if not params or "prompt_token_ids" not in params:
+        params = self.transfer_params(req)
+        if params is None or params.prompt_token_ids is None:
             return None
-        ids = self.check_token_ids(params["prompt_token_ids"], "kv_transfer_params.prompt_token_ids")
+        ids = self.check_token_ids(params.prompt_token_ids, "kv_transfer_params.prompt_token_ids")
         return ids if self.reusable(req) and ids else None
+
+    @staticmethod
+    def transfer_params(req: ChatCompletionRequest | CompletionRequest) -> KVTransferParams | None:
+        """The request's `kv_transfer_params` (the JSON object, only here), or a 400 naming the field."""
+        if req.kv_transfer_params is None:
+            return None
+        try:
+            return KVTransferParams.from_json(req.kv_transfer_params)
+        except InvalidKVTransferParams as e:
+            raise ApiError(400, str(e), e.param) from None
 
     def _max_tokens(self, requested: int | None, num_prompt: int) -> int:
         limit = self.cfg.scheduler.max_model_len

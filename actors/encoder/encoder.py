@@ -45,6 +45,7 @@ class EncoderCore:
     def __init__(
         self,
         encoder_id: str,
+        *,
         clock: Clock,
         roofline: EncoderRoofline,
         vision: Any,

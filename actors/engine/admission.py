@@ -18,7 +18,12 @@ from actors.engine.scheduler import Scheduler
 
 class Admission:
     def __init__(
-        self, engine_id: str, scheduler: Scheduler, max_waiting: int | None, max_queue_time_s: float | None
+        self,
+        engine_id: str,
+        *,
+        scheduler: Scheduler,
+        max_waiting: int | None,
+        max_queue_time_s: float | None,
     ) -> None:
         self.engine_id = engine_id
         self.scheduler = scheduler

@@ -23,6 +23,7 @@ class Clock:
     def __init__(
         self,
         time_scale: float = 1.0,
+        *,
         epoch_s: float | None = None,
         offset_s: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,

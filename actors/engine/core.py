@@ -27,7 +27,8 @@ from typing import Any, Literal
 from actors.engine.admission import Admission
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
-from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker
+from actors.engine.kv_connector import KVConnectorScheduler
+from actors.engine.kv_connector_worker import KVConnectorWorker
 from actors.engine.kv_handoff import KVHandoff
 from actors.engine.request import Request, RequestStatus, check_request
 from actors.engine.scheduler import ScheduledBatch, Scheduler
@@ -37,7 +38,15 @@ from actors.engine.streams import OutputStreams
 from actors.engine.windows import Windows
 from emulation.time_model import StepTimeModel
 from emulation.vision import EncoderRoofline
-from messages import EngineOutput, EngineRequest, FinishedReason, KVEvents, KVPayload, KVPull
+from messages import (
+    EngineOutput,
+    EngineRequest,
+    FinishedReason,
+    KVEvents,
+    KVPayload,
+    KVPull,
+    KVTransferParams,
+)
 
 Role = Literal["mixed", "prefill", "decode"]
 
@@ -54,6 +63,7 @@ class EngineCore:
     def __init__(
         self,
         engine_id: str,
+        *,
         role: Role,
         clock: Clock,
         time_model: StepTimeModel,
@@ -70,11 +80,20 @@ class EngineCore:
         """`encoder_roofline`: the vision encoder's time, run in this engine's steps (None: text only,
         images refused). `macro_steps`: run steady stretches of steps as one event (`window`) where the
         clock is virtual and nothing computes. `admission`: its limits (None: none, as vLLM)."""
-        self.engine_id, self.role, self.clock, self.max_model_len = engine_id, role, clock, max_model_len
-        self.time_model, self.encoder_roofline = time_model, encoder_roofline
-        self.scheduler, self.executor, self.stats = scheduler, executor, stats
-        self.kv_scheduler, self.kv_worker = kv_scheduler, kv_worker
-        self.admission = admission or Admission(engine_id, scheduler, None, None)
+        self.engine_id = engine_id
+        self.role = role
+        self.clock = clock
+        self.max_model_len = max_model_len
+        self.time_model = time_model
+        self.encoder_roofline = encoder_roofline
+        self.scheduler = scheduler
+        self.executor = executor
+        self.stats = stats
+        self.kv_scheduler = kv_scheduler
+        self.kv_worker = kv_worker
+        self.admission = admission or Admission(
+            engine_id, scheduler=scheduler, max_waiting=None, max_queue_time_s=None
+        )
         self._requests: dict[str, Request] = {}
         self._loop_task: asyncio.Future[None] | None = None
         self.step_clock = StepClock(clock)
@@ -141,7 +160,7 @@ class EngineCore:
     async def free_kv(self, request_id: str) -> None:
         self.kv.free_kv(request_id)
 
-    async def kv_ready(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+    async def kv_ready(self, request_id: str, kv_transfer_params: KVTransferParams) -> None:
         """Push, decode side: prefill finished `request_id`; its KV moves once this engine has blocks too."""
         self.windows.settle()  # a change from outside: the next step sees it
         self.kv.kv_ready(self._requests.get(request_id), request_id, kv_transfer_params)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engi
 
 class Executor:
     def __init__(
-        self, runner: ModelRunner | None, vocab_size: int, in_thread: bool = False, vision: Any = None
+        self, runner: ModelRunner | None, *, vocab_size: int, in_thread: bool = False, vision: Any = None
     ) -> None:
         """`vocab_size`: token IDs the engine accepts; the loaded model's own when there is one.
         `in_thread` (live mode): run the forward pass off the event loop, so a decode engine's KV pull

@@ -4,7 +4,8 @@
     (KVConnectorScheduler)  notices finished loads at step boundaries, describes a finished prefill's KV
                      (`kv_transfer_params`) and holds it until decode has pulled it or it expires
     worker side      moving it: reads held KV out of the runner for a peer, pulls a peer's KV into this
-    (KVConnectorWorker)     engine's blocks and tells the peer it may free it
+    (KVConnectorWorker,     engine's blocks and tells the peer it may free it
+     kv_connector_worker.py)
 
 A handoff, decode side (pull mode)::
 
@@ -18,37 +19,19 @@ A handoff, decode side (pull mode)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+import dataclasses
 
-from actors.engine.clock import Clock
-from actors.engine.executor import Executor
-from actors.engine.kv_faults import KVLoadFaults
-from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue, TransferPlan
+from actors.engine.kv_transfer import KVReceiver, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
-from actors.engine.stats import EngineStats
-from messages import FinishedReason, KVPayload, KVPull
-
-
-class KVSource(Protocol):
-    """What a decode engine needs of a prefill engine (the engine itself, or a handle to its actor)."""
-
-    async def get_kv(self, pull: KVPull) -> KVPayload:
-        """The held KV `pull` asks for, queued on this engine's link."""
-        ...
-
-    async def free_kv(self, request_id: str) -> None: ...
-
-
-class KVLoadError(RuntimeError):
-    """The prefill side died or lost the KV: the request fails, visibly."""
+from messages import FinishedReason, KVTransferParams
 
 
 class KVConnectorScheduler:
     def __init__(
         self,
         engine_id: str,
+        *,
         receiver: KVReceiver,
         scheduler: Scheduler,
         hold_timeout_s: float,
@@ -76,16 +59,20 @@ class KVConnectorScheduler:
         assert req.kv_transfer_params is not None
         req.times.kv_blocks_ready_s = now
         self._holding.add(req.request_id)
-        if req.kv_transfer_params.get("kv_push") and "kv_sent_s" not in req.kv_transfer_params:
+        if req.kv_transfer_params.kv_push and req.kv_transfer_params.kv_sent_s is None:
             return None
         return self._plan(req)
 
-    def push_ready(self, req: Request, kv_transfer_params: dict[str, Any]) -> TransferPlan | None:
-        """Push: prefill finished `req` (`kv_transfer_params` from it); its plan if `req` has its
-        blocks, else None (`start_load` plans it when they come)."""
+    def push_ready(self, req: Request, kv_transfer_params: KVTransferParams) -> TransferPlan | None:
+        """Push: prefill finished `req` (`kv_transfer_params` from it: where the KV is, in place of
+        what decode had; decode keeps its `kv_push`); its plan if `req` has its blocks, else None
+        (`start_load` plans it when they come)."""
         assert req.kv_transfer_params is not None
-        req.kv_transfer_params.update(kv_transfer_params)
-        req.kv_transfer_params.pop("prompt_token_ids", None)  # decode has the prompt already
+        req.kv_transfer_params = dataclasses.replace(
+            kv_transfer_params,
+            kv_push=req.kv_transfer_params.kv_push,
+            prompt_token_ids=None,  # decode has the prompt already
+        )
         if req.times.kv_blocks_ready_s is None or req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return None
         return self._plan(req)
@@ -97,7 +84,8 @@ class KVConnectorScheduler:
         params = req.kv_transfer_params
         if req.is_pull_back:  # only the blocks it takes, none it holds already
             end = max(first_block, req.pull_back_tokens // bs)
-            params = {**params, "remote_block_ids": params["remote_block_ids"][:end]}
+            assert params.remote_block_ids is not None
+            params = dataclasses.replace(params, remote_block_ids=params.remote_block_ids[:end])
         plan = self.receiver.plan(params, req.times.kv_blocks_ready_s, first_block)
         req.times.kv_transfer_start_s = plan.start_s
         req.times.kv_bytes = plan.kv_bytes
@@ -112,7 +100,8 @@ class KVConnectorScheduler:
         assert params is not None
         bs = self.scheduler.blocks.block_size
         limit = (req.num_prompt_tokens - 1) // bs
-        theirs = params["remote_block_hashes"]
+        theirs = params.remote_block_hashes
+        assert theirs is not None
         if self.reuse == "positional":
             return min(len(theirs), limit) * bs
         num = 0
@@ -151,7 +140,7 @@ class KVConnectorScheduler:
 
     def request_finished(
         self, req: Request, reason: FinishedReason, now: float
-    ) -> tuple[dict[str, Any] | None, bool]:
+    ) -> tuple[KVTransferParams | None, bool]:
         """What a finished request hands on: prefill side, the kv_transfer_params for decode (None:
         nothing to hand); decode side, whether its prefill engine still holds KV for it (to notify)."""
         self._loaded.pop(req.request_id, None)
@@ -161,29 +150,28 @@ class KVConnectorScheduler:
             return None, holding
         if req.is_remote_prefill and not req.is_pull_back:  # decode, bidirectional: a finished turn
             return self._conversation_params(req), holding
-        return {
-            "do_remote_prefill": True,  # decode: the prompt's KV comes from a prefill engine
-            "remote_engine_id": self.engine_id,  # whom decode pulls from (its peer by id)
-            "remote_request_id": req.request_id,  # what the pull and the free are keyed by
-            "remote_block_ids": list(req.block_ids),  # where the KV is (NIXL's descriptor; sizes it)
-            "prompt_token_ids": req.prompt_token_ids,  # for the proxy: decode reuses prefill's IDs
-            # (the list itself: prompts are never changed, and an actor boundary copies it anyway)
-            "kv_sent_s": now,  # push: when the send starts
-            "prefill_compute_s": req.compute_s,  # layer-wise push: its own compute, to hide under
-        }, holding
+        return KVTransferParams(
+            do_remote_prefill=True,
+            remote_engine_id=self.engine_id,
+            remote_request_id=req.request_id,
+            remote_block_ids=tuple(req.block_ids),
+            # the list itself: prompts are never changed, and an actor boundary copies it anyway
+            prompt_token_ids=req.prompt_token_ids,
+            kv_sent_s=now,
+            prefill_compute_s=req.compute_s,
+        ), holding
 
-    def _conversation_params(self, req: Request) -> dict[str, Any]:
+    def _conversation_params(self, req: Request) -> KVTransferParams:
         """Decode side, bidirectional: where a finished turn's blocks are, for the conversation's next
         turn to pull back. Only the full blocks whose KV is computed (prompt and answer but its last
         token), with their chained hashes (so that prefill can verify them)."""
         num_full = req.num_computed_tokens // self.scheduler.blocks.block_size
-        return {
-            "remote_engine_id": self.engine_id,  # whom prefill pulls back from
-            "remote_request_id": req.request_id,  # what the pull and the free are keyed by
-            "remote_block_ids": list(req.block_ids[:num_full]),  # where decode's KV is
-            # what is in them (verified reuse)
-            "remote_block_hashes": self.scheduler.blocks.block_hashes(req, num_full),
-        }
+        return KVTransferParams(
+            remote_engine_id=self.engine_id,
+            remote_request_id=req.request_id,
+            remote_block_ids=tuple(req.block_ids[:num_full]),
+            remote_block_hashes=tuple(self.scheduler.blocks.block_hashes(req, num_full)),
+        )
 
     def _expires_s(self, req: Request) -> float:
         """When the held KV of `req` (a finished prefill request, or decode's finished turn of a
@@ -211,101 +199,3 @@ class KVConnectorScheduler:
         if later := [t for t in map(self._expires_s, self.scheduler.held.values()) if t > since]:
             times.append(min(later))
         return times
-
-
-class KVConnectorWorker:
-    def __init__(
-        self,
-        executor: Executor,
-        peers: Mapping[str, KVSource],
-        stats: EngineStats,
-        clock: Clock,
-        block_size: int,
-        link: Link | None = None,
-        faults: KVLoadFaults | None = None,
-    ) -> None:
-        """`peers`: the prefill engines by id (the engines, or clients of their actors); `link`: the
-        link this engine sends on when it is shared (kv_transfer.link_scope=fabric), None: its own;
-        `faults`: which of this engine's loads fail on purpose (None: none)."""
-        self.faults = faults
-        self.link: Link = link if link is not None else LinkQueue()
-        """Prefill side: the link every pull from this engine queues on."""
-        self.executor = executor
-        self.peers = peers
-        self.stats = stats
-        self.clock = clock
-        self.block_size = block_size
-
-    async def read(self, req: Request, pull: KVPull) -> KVPayload:
-        """A held request's KV from the pull's first block (its prompt's; a pull back: the blocks it
-        asks for), queued on this engine's link."""
-        first = pull.first_block
-        if pull.num_blocks is None:
-            block_ids, num_tokens = req.block_ids[first:], req.num_prompt_tokens - first * self.block_size
-        else:
-            block_ids, num_tokens = (
-                req.block_ids[first : first + pull.num_blocks],
-                pull.num_blocks * self.block_size,
-            )
-        kv = self.executor.read_kv(block_ids, num_tokens)
-        return KVPayload(req.request_id, kv, await self.link.reserve(pull.start_s, pull.wire_s))
-
-    async def load(self, req: Request, plan: TransferPlan) -> bool:
-        """Fetch `req`'s KV from its prefill engine and write it into `req`'s blocks; False if `req` was
-        aborted meanwhile (it notified its prefill engine when it ended)."""
-        if self.faults is not None and self.faults.next_fails():
-            return await self._fail(req, plan)
-        payload = await self._fetch(req, plan)
-        if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
-            return False
-        self._write(req, payload, plan.queued(payload.wire_start_s))
-        return True
-
-    async def _fetch(self, req: Request, plan: TransferPlan) -> KVPayload:
-        """Read `req`'s KV from the prefill engine its kv_transfer_params name."""
-        params = req.kv_transfer_params
-        assert params is not None
-        remote_id = str(params["remote_engine_id"])
-        try:
-            num_blocks = plan.num_blocks if req.is_pull_back else None
-            pull = KVPull(
-                str(params["remote_request_id"]), plan.first_block, plan.start_s, plan.time.wire_s, num_blocks
-            )
-            return await self.peers[remote_id].get_kv(pull)
-        except Exception as e:
-            self.stats.on_kv_transfer_failed()
-            raise KVLoadError(f"KV pull from {remote_id} failed: {e!r}") from e
-
-    async def _fail(self, req: Request, plan: TransferPlan) -> bool:
-        """An injected failure: the transfer takes its time (unqueued) and is found broken at its end,
-        as NIXL reports a failed read on completion; the sender is told to free what it held (this
-        engine reads it no more). False if `req` was aborted meanwhile."""
-        await self.clock.sleep_until(plan.start_s + plan.time.total_s)
-        await self.notify_done(req)
-        if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
-            return False
-        self.stats.on_kv_transfer_failed(injected=True)
-        raise KVLoadError(f"KV load of {req.request_id} failed (injected: faults)")
-
-    def _write(self, req: Request, payload: KVPayload, plan: TransferPlan) -> None:
-        """Put fetched KV into `req`'s blocks; counts the transfer (late if the real move ended after
-        the emulated one)."""
-        assert req.kv_transfer_params is not None
-        req.times.kv_transfer_done_s = plan.done_s
-        req.times.kv_wire_start_s, req.times.kv_wire_s = plan.wire_start_s, plan.time.wire_s
-        self.executor.write_kv(req.block_ids[plan.first_block :], payload.kv)
-        xfer_s = plan.done_s - plan.start_s
-        overrun_s = self.clock.now() - plan.done_s
-        self.stats.on_kv_transfer_done(
-            xfer_s, plan.time.overhead_s, plan.kv_bytes, plan.num_blocks, overrun_s
-        )
-
-    async def notify_done(self, req: Request) -> None:
-        """Tell the prefill side it may free `req`'s KV (NIXL's completion notification); a dead peer has
-        nothing to free."""
-        params = req.kv_transfer_params
-        assert params is not None
-        try:
-            await self.peers[str(params["remote_engine_id"])].free_kv(str(params["remote_request_id"]))
-        except Exception:
-            self.stats.on_kv_notification_failed()

@@ -13,7 +13,7 @@ import numpy as np
 class KVLoadFaults:
     """Whether each of an engine's KV loads fails on purpose."""
 
-    def __init__(self, rate: float, nth: Iterable[int], seed: int, engine_id: str) -> None:
+    def __init__(self, *, rate: float, nth: Iterable[int], seed: int, engine_id: str) -> None:
         """`rate`: each load's probability of failing; `nth`: loads (1-based) that fail anyway."""
         self.rate = rate
         self.nth = frozenset(nth)

@@ -13,13 +13,14 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from actors.engine.kv_connector import KVConnectorScheduler, KVConnectorWorker, KVLoadError
+from actors.engine.kv_connector import KVConnectorScheduler
+from actors.engine.kv_connector_worker import KVConnectorWorker, KVLoadError
 from actors.engine.kv_transfer import TransferPlan
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
-from messages import FinishedReason, KVPayload, KVPull
+from messages import FinishedReason, KVPayload, KVPull, KVTransferParams
 
 
 class KVHandoff:
@@ -36,9 +37,13 @@ class KVHandoff:
         abort: Callable[[str, FinishedReason, str | None], None],
     ) -> None:
         self.engine_id = engine_id
-        self.scheduler, self.kv_scheduler, self.kv_worker = scheduler, kv_scheduler, kv_worker
-        self.stats, self.step_clock, self.abort = stats, step_clock, abort
-        self._early_pushes: dict[str, dict[str, Any]] = {}
+        self.scheduler = scheduler
+        self.kv_scheduler = kv_scheduler
+        self.kv_worker = kv_worker
+        self.stats = stats
+        self.step_clock = step_clock
+        self.abort = abort
+        self._early_pushes: dict[str, KVTransferParams] = {}
         """Push: prefill's notices for requests not here yet (or aborted; dropped at `clear`)."""
         self._tasks: set[asyncio.Future[None]] = set()
 
@@ -63,7 +68,7 @@ class KVHandoff:
 
     # ---- receiving side (decode role; prefill pulling back) ----------------------------------------
 
-    def kv_ready(self, req: Request | None, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+    def kv_ready(self, req: Request | None, request_id: str, kv_transfer_params: KVTransferParams) -> None:
         """Push: prefill finished `request_id` (`req` here, None: not yet); the push starts once this
         engine has blocks for it too."""
         if req is None:  # not here yet (another actor call may overtake the request), or aborted

@@ -24,11 +24,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from emulation.config import KVTransferConfig, LinkSlowdown
 from emulation.profiles import LinkProfile, ModelProfile
 from emulation.transfer import HandoffTime, handoff_time, layerwise_handoff_time, tp_transfer
+from messages import KVTransferParams
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class KVReceiver:
     def __init__(
         self,
         cfg: KVTransferConfig,
+        *,
         link: LinkProfile,
         model: ModelProfile,
         block_size: int,
@@ -78,7 +80,7 @@ class KVReceiver:
         self.split = tp_transfer(peer_tp, tp)
         self.kv_bytes_per_token = round(model.kv_bytes_per_token_per_gpu(tp) * tp)
 
-    def plan(self, params: dict[str, Any], blocks_ready_s: float, first_block: int = 0) -> TransferPlan:
+    def plan(self, params: KVTransferParams, blocks_ready_s: float, first_block: int = 0) -> TransferPlan:
         """Emulated timing of pulling (or receiving the push of) the KV that `params` describes, from
         its `first_block` on (decode's prefix cache holds those before), into blocks that exist from
         `blocks_ready_s` on.
@@ -86,17 +88,21 @@ class KVReceiver:
         A push starts when both prefill has finished and decode's blocks exist. Layer-wise, it hides
         under prefill's own compute (not its queueing, nor other requests' chunks) that ran after the
         blocks existed: at most min(own compute, kv_sent - blocks_ready)."""
-        num_blocks = len(params["remote_block_ids"]) - first_block
+        assert params.remote_block_ids is not None
+        num_blocks = len(params.remote_block_ids) - first_block
         kv_bytes = num_blocks * self.block_size * self.kv_bytes_per_token
         lanes, descriptors = self.split.lanes, num_blocks * self.split.transfers_per_lane
-        start_s = (
-            blocks_ready_s if self.cfg.mode == "pull" else max(float(params["kv_sent_s"]), blocks_ready_s)
-        )
+        if self.cfg.mode == "pull":
+            start_s = blocks_ready_s
+        else:
+            assert params.kv_sent_s is not None, "a push starts once prefill has sent"
+            start_s = max(params.kv_sent_s, blocks_ready_s)
         link = self._link_at(start_s)
         t = handoff_time(kv_bytes, descriptors, link, lanes)
         if self.cfg.mode == "push" and self.cfg.layerwise:
-            sent_s = float(params["kv_sent_s"])
-            hideable_s = min(float(params["prefill_compute_s"]), max(0.0, sent_s - blocks_ready_s))
+            sent_s, compute_s = params.kv_sent_s, params.prefill_compute_s
+            assert sent_s is not None and compute_s is not None
+            hideable_s = min(compute_s, max(0.0, sent_s - blocks_ready_s))
             layers = self.model.num_layers
             t = layerwise_handoff_time(kv_bytes, descriptors, link, hideable_s, layers, lanes)
         return TransferPlan(first_block, num_blocks, start_s, kv_bytes, t)

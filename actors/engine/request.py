@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from messages import EngineRequest, FinishedReason, RequestTimes, token_ids_valid
+from messages import EngineRequest, FinishedReason, KVTransferParams, RequestTimes, token_ids_valid
 from messages.token_ids import span
 
 
@@ -84,7 +83,7 @@ class Request:
         }
         """Embeddings of its images it has (sent with it by an encoder pool, encoded here, or from the
         encoder cache), by mm_hash; None with compute skip."""
-        self.kv_transfer_params: dict[str, Any] | None = req.kv_transfer_params
+        self.kv_transfer_params: KVTransferParams | None = req.kv_transfer_params
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.compute_s = 0.0
@@ -129,7 +128,7 @@ class Request:
     @property
     def is_remote_decode(self) -> bool:
         """A prefill-engine request whose KV a decode engine will pull (blocks held after finishing)."""
-        return bool(self.kv_transfer_params and self.kv_transfer_params.get("do_remote_decode"))
+        return self.kv_transfer_params is not None and self.kv_transfer_params.do_remote_decode
 
     def holds_kv_after(self, reason: FinishedReason) -> bool:
         """Whether its blocks outlive it, for a peer to pull: a prefill request that finished its
@@ -144,13 +143,13 @@ class Request:
     @property
     def is_remote_prefill(self) -> bool:
         """A decode-engine request whose prompt KV comes from a prefill engine."""
-        return bool(self.kv_transfer_params and self.kv_transfer_params.get("do_remote_prefill"))
+        return self.kv_transfer_params is not None and self.kv_transfer_params.do_remote_prefill
 
     @property
     def is_pull_back(self) -> bool:
         """A prefill-engine request of a conversation's later turn that pulls back, from the decode
         engine of the turn before, the blocks of that turn it lacks (bidirectional)."""
-        return bool(self.kv_transfer_params and self.kv_transfer_params.get("pull_back"))
+        return self.kv_transfer_params is not None and self.kv_transfer_params.pull_back
 
     @property
     def remote_kv_end(self) -> int:

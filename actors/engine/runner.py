@@ -45,7 +45,7 @@ class RunnerInput:
 
 class ModelRunner:
     def __init__(
-        self, model: PreTrainedModel, num_blocks: int, block_size: int, num_threads: int = 1
+        self, model: PreTrainedModel, *, num_blocks: int, block_size: int, num_threads: int = 1
     ) -> None:
         torch.set_num_threads(num_threads)
         cfg = model.config

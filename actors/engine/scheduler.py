@@ -57,6 +57,7 @@ class Scheduler:
     def __init__(
         self,
         blocks: BlockManager,
+        *,
         max_num_batched_tokens: int,
         max_num_seqs: int,
         max_num_batched_encoder_embeds: int | None = None,
