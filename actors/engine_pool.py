@@ -10,7 +10,7 @@ from contextlib import aclosing
 from typing import Protocol
 
 from actors.engine.clock import Clock
-from actors.engine.core import EngineDeadError
+from actors.engine.health import EngineDeadError
 from actors.router import Router
 from emulation.config import RouterConfig
 from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, KVTransferParams, RequestResult

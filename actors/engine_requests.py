@@ -7,8 +7,10 @@ its images' hashes (their KV comes from prefill), prefill and mixed engines what
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 
-from messages import ClientRequest, EngineRequest, KVTransferParams
+from actors.engine.clock import Clock
+from messages import ClientRequest, EngineRequest, KVTransferParams, RenderSpec
 from messages.token_ids import PromptIds
 
 
@@ -43,3 +45,25 @@ def engine_request(
         stop_token_ids=creq.stop_token_ids,
         mm_items=creq.mm_items,
     )
+
+
+async def decode_prompt(
+    creq: ClientRequest,
+    ids: object,
+    render: Callable[[RenderSpec], Awaitable[list[int]]] | None,
+    clock: Clock | None,
+) -> tuple[PromptIds, float]:
+    """The prompt decode computes: prefill's own token IDs (`ids`) when they can be reused, else rendered
+    again by `render`, the proxy's renderer (a template that reads the clock may then render different
+    tokens: see the tests); and the emulated seconds a re-render took (0 without a `clock`)."""
+    if creq.render is None or render is None:
+        return creq.prompt_token_ids, 0.0
+    if creq.reuse_prompt_token_ids and ids is not None:
+        if not (isinstance(ids, list) and all(type(t) is int for t in ids)):
+            raise ValueError("kv_transfer_params.prompt_token_ids: expected a list of token IDs (ints)")
+        return ids, 0.0
+    if clock is None:
+        return await render(creq.render), 0.0
+    start = clock.now()
+    prompt = await render(creq.render)
+    return prompt, clock.now() - start

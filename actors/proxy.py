@@ -22,12 +22,11 @@ from typing import Protocol
 from actors.encoding import EncoderPool
 from actors.engine.clock import Clock
 from actors.engine_pool import EngineClient, EnginePool, InProcessEngine
-from actors.engine_requests import engine_arrival_s, engine_request, for_decode
+from actors.engine_requests import decode_prompt, engine_arrival_s, engine_request, for_decode
 from actors.in_flight import InFlight
 from actors.router import Router
 from emulation.config import RouterConfig
 from messages import ClientRequest, EngineOutput, EngineRequest, KVTransferParams, RenderSpec, RequestResult
-from messages.token_ids import PromptIds
 
 
 class ProxyRecorder(Protocol):
@@ -171,7 +170,8 @@ class Proxy:
         # The prompt travels once, as the decode request's own token IDs; the params keep the descriptor.
         assert final.kv_transfer_params is not None
         params = dataclasses.replace(final.kv_transfer_params, prompt_token_ids=None)
-        prompt, rerender_s = await self._decode_prompt(creq, final.kv_transfer_params.prompt_token_ids)
+        ids = final.kv_transfer_params.prompt_token_ids
+        prompt, rerender_s = await decode_prompt(creq, ids, self._render, self.clock)
         assert result.prefill_done_s is not None
         sent_s = result.prefill_done_s + rerender_s  # a re-render delays decode (the handoff's proxy hop)
         if sid is not None:  # decode keeps this turn's blocks for the next one
@@ -268,22 +268,6 @@ class Proxy:
             result.times = result.prefill_times  # where it ended
             return None
         return final
-
-    async def _decode_prompt(self, creq: ClientRequest, ids: object) -> tuple[PromptIds, float]:
-        """The prompt decode computes: prefill's own token IDs (`ids`) when they can be reused, else
-        rendered again (a template that reads the clock may then render different tokens: see the
-        tests); and the emulated seconds a re-render took (0 without a clock)."""
-        if creq.render is None or self._render is None:
-            return creq.prompt_token_ids, 0.0
-        if creq.reuse_prompt_token_ids and ids is not None:
-            if not (isinstance(ids, list) and all(type(t) is int for t in ids)):
-                raise ValueError("kv_transfer_params.prompt_token_ids: expected a list of token IDs (ints)")
-            return ids, 0.0
-        if self.clock is None:
-            return await self._render(creq.render), 0.0
-        start = self.clock.now()
-        prompt = await self._render(creq.render)
-        return prompt, self.clock.now() - start
 
     async def _stream(
         self, pool: EnginePool, i: int, ereq: EngineRequest, result: RequestResult

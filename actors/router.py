@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
-from actors.engine.core import EngineDeadError
+from actors.engine.health import EngineDeadError
 from emulation.config import RouterConfig
 from emulation.kv_cache import cdiv
 from messages import ClientRequest, KVEvents

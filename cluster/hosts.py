@@ -22,7 +22,8 @@ import ray
 
 from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock
-from actors.engine.core import EngineCore, EngineDeadError, Role
+from actors.engine.core import EngineCore, Role
+from actors.engine.health import EngineDeadError
 from actors.engine.kv_connector_worker import KVSource
 from actors.engine_pool import watch_health
 from actors.proxy import Proxy

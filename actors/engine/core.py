@@ -27,6 +27,7 @@ from typing import Any, Literal
 from actors.engine.admission import Admission
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
+from actors.engine.health import EngineHealth
 from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker
 from actors.engine.kv_handoff import KVHandoff
@@ -49,11 +50,6 @@ from messages import (
 )
 
 Role = Literal["mixed", "prefill", "decode"]
-
-
-class EngineDeadError(RuntimeError):
-    """The engine's step loop broke (vLLM's name): its requests failed with the cause, and it takes no
-    more (as a dead actor answers every call with an error)."""
 
 
 class EngineCore:
@@ -98,9 +94,7 @@ class EngineCore:
         self._loop_task: asyncio.Future[None] | None = None
         self.step_clock = StepClock(clock)
         self._stopped = False
-        self._dead: EngineDeadError | None = None  # why the step loop broke (then nothing is taken)
-        self._killed: EngineDeadError | None = None  # a kill (`inject`) the step loop has yet to meet
-        self.hung_why: str | None = None  # why the step loop takes no more steps (`inject`)
+        self.health = EngineHealth(engine_id)
         self.streams = OutputStreams()
         allowed = macro_steps and clock.virtual and executor.runner is None
         self.windows = Windows(
@@ -130,8 +124,8 @@ class EngineCore:
         self.step_clock.wake()
         try:
             async for out in stream.outputs(req.request_id, self.scheduler.blocks.take_kv_events):
-                if self._dead is not None and out.finished_reason == "error":
-                    raise self._dead  # as a dead actor's stream breaks (the proxy may retry elsewhere)
+                if self.health.dead is not None and out.finished_reason == "error":
+                    raise self.health.dead  # as a dead actor's stream breaks (the proxy may retry elsewhere)
                 yield out
         finally:
             if stream.final is None:
@@ -140,8 +134,7 @@ class EngineCore:
 
     async def check_health(self) -> None:
         """Raise `EngineDeadError` if the step loop broke or was killed (vLLM's `check_health`)."""
-        if self._dead is not None:
-            raise self._dead
+        self.health.check()
 
     def abort(self, request_id: str, reason: FinishedReason = "abort", error: str | None = None) -> None:
         self.windows.settle()  # a change from outside: the next step sees it
@@ -188,12 +181,10 @@ class EngineCore:
         try:
             await self._step_loop()
         except Exception as e:
-            killed = e is self._killed
-            crash = EngineDeadError(f"engine {self.engine_id} crashed: {e!r}")
-            self._dead = self._killed if killed else crash
+            killed = self.health.loop_broke(e)
             for rid in list(self._requests):
                 with contextlib.suppress(Exception):  # each request must still hear of it
-                    self.abort(rid, "error", str(self._dead))
+                    self.abort(rid, "error", str(self.health.dead))
             if not killed:
                 raise
 
@@ -201,10 +192,7 @@ class EngineCore:
         """A fault on purpose, met after the step under way. kill (`faults.engine_kills`): the loop stops
         as if it broke (`run`); hang (`engine_hangs`: a wedged GPU or process): no more steps, requests
         wait without an error (aborts are still heard: a client's timeout frees them) until `drain`."""
-        if fault == "kill":
-            self._killed = EngineDeadError(f"engine {self.engine_id} killed: {why}")
-        else:
-            self.hung_why = f"engine {self.engine_id} hung: {why}"
+        self.health.inject(fault, why)
         self.windows.settle()  # a change from outside: the next step sees it
         self.step_clock.wake()
 
@@ -212,9 +200,9 @@ class EngineCore:
         # The next step starts at the previous one's scheduled end (`StepClock`), or from the clock.
         scheduled: float | None = None
         while not self._stopped:
-            if self._killed is not None:
-                raise self._killed
-            if self.hung_why is not None:  # only a wake-up (a drain's) may end the wait
+            if self.health.killed is not None:
+                raise self.health.killed
+            if self.health.hung_why is not None:  # only a wake-up (a drain's) may end the wait
                 await self.step_clock.idle(self.clock.now(), lambda since: [])
                 continue
             now = self.clock.now() if scheduled is None else scheduled
@@ -304,9 +292,7 @@ class EngineCore:
 
     def report(self) -> dict[str, Any]:
         """Counters of this engine's life so far (steps, lag, preemptions, prefix cache, handoffs)."""
-        faults = {"hung": self.hung_why, "error": str(self._dead) if self._dead is not None else None}
-        report = self.stats.report(self.role, self.scheduler, len(self._requests))
-        return {**report, **{k: v for k, v in faults.items() if v is not None}}
+        return {**self.stats.report(self.role, self.scheduler, len(self._requests)), **self.health.report()}
 
     # ---- invariants --------------------------------------------------------------------------------
 
