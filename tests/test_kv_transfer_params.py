@@ -29,6 +29,11 @@ def test_json_fields_are_read_into_the_dataclass_and_null_leaves_them_unset():
     assert KVTransferParams.from_json({}) == KVTransferParams()
 
 
+def test_the_address_fields_vllms_nixl_connector_sends_are_taken_and_unused():
+    sent = {"do_remote_prefill": True, "remote_host": "10.0.0.2", "remote_port": 5600, "tp_size": 1}
+    assert KVTransferParams.from_json(sent) == KVTransferParams(do_remote_prefill=True)
+
+
 @pytest.mark.parametrize(
     ("body", "param", "says"),
     [
