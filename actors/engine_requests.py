@@ -49,7 +49,7 @@ def engine_request(
 
 async def decode_prompt(
     creq: ClientRequest,
-    ids: object,
+    ids: PromptIds | None,
     render: Callable[[RenderSpec], Awaitable[list[int]]] | None,
     clock: Clock | None,
 ) -> tuple[PromptIds, float]:
@@ -59,8 +59,6 @@ async def decode_prompt(
     if creq.render is None or render is None:
         return creq.prompt_token_ids, 0.0
     if creq.reuse_prompt_token_ids and ids is not None:
-        if not (isinstance(ids, list) and all(type(t) is int for t in ids)):
-            raise ValueError("kv_transfer_params.prompt_token_ids: expected a list of token IDs (ints)")
         return ids, 0.0
     if clock is None:
         return await render(creq.render), 0.0
