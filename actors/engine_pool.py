@@ -44,6 +44,7 @@ class EnginePool:
     def __init__(
         self,
         engines: Sequence[EngineClient],
+        *,
         router: Router,
         cfg: RouterConfig | None = None,
         time_scale: Callable[[], float] = lambda: 1.0,

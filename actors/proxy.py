@@ -81,6 +81,9 @@ class Proxy:
         def now() -> float:  # the clock a live proxy joins later (`ProxyHost.join_clock`)
             return self.clock.now() if self.clock is not None else 0.0
 
+        def time_scale() -> float:  # wall seconds per emulated second (what a prefill timeout waits)
+            return self.clock.time_scale if self.clock is not None else 1.0
+
         decode_policy = cfg.policy if cfg.policy in ("round_robin", "session_affinity") else "least_loaded"
 
         def pool(name: str, engines: Sequence[EngineClient], policy: str | None = None) -> EnginePool | None:
@@ -91,8 +94,10 @@ class Proxy:
                 if self.recorder is not None:
                     self.recorder.on_routed(name, engines[i].engine_id, overlap_blocks, prompt_blocks)
 
-            router = Router(len(engines), cfg, block_size, now, policy, on_routed=on_routed)
-            return EnginePool(engines, router, cfg, lambda: self.clock.time_scale if self.clock else 1.0)
+            router = Router(
+                len(engines), cfg=cfg, block_size=block_size, now=now, policy=policy, on_routed=on_routed
+            )
+            return EnginePool(engines, router=router, cfg=cfg, time_scale=time_scale)
 
         self._mixed = pool("mixed", mixed)
         self._prefill = pool("prefill", prefill)

@@ -35,6 +35,7 @@ class Router:
     def __init__(
         self,
         num_engines: int,
+        *,
         cfg: RouterConfig,
         block_size: int,
         now: Callable[[], float],

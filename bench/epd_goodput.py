@@ -40,7 +40,6 @@ from emulation.roofline import Roofline
 from emulation.step_shape import StepItem
 from emulation.vision import vision_encoder_of
 from messages import RequestResult
-from workloads.latency import request_latencies
 from workloads.slo import Slo, parse_slo
 
 DESIGNS = ("all-in-one", "e-pd")
@@ -62,7 +61,7 @@ def _missed_after(num_allowed: float, slo: Slo) -> Callable[[RequestResult], Non
     def count(r: RequestResult) -> None:
         nonlocal misses
         ok = r.finished_reason in ("length", "stop")
-        misses += not slo.met(ok, request_latencies(r.arrival_s, r.token_times_s))
+        misses += not slo.met(ok, r.latencies)
         if misses > num_allowed:
             raise _Missed
 

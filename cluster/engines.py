@@ -100,7 +100,7 @@ def build_engine(
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision)
-    stats = EngineStats(metrics)
+    stats = EngineStats(recorder=metrics)
     kv_link = LINKS[cfg.kv_transfer.link]
     peer = {"decode": cfg.pools.prefill, "prefill": cfg.pools.decode}.get(role, pool)  # who sends to it
     receiver = KVReceiver(

@@ -44,7 +44,7 @@ from messages import (
     KVTransferParams,
     RequestResult,
 )
-from messages.stats import EncoderStats
+from messages.stats import EncoderStats, EngineReport
 
 
 async def _remote_stream(method: Any, *args: Any) -> AsyncGenerator[Any, None]:
@@ -177,7 +177,7 @@ class EngineHost:
         assert self.engine is not None
         await self.engine.kv_ready(request_id, kv_transfer_params)
 
-    async def report(self) -> dict[str, Any]:
+    async def report(self) -> EngineReport:
         assert self.engine is not None
         return self.engine.report()
 
@@ -192,7 +192,7 @@ class EngineHost:
     async def metrics(self) -> str:
         return self._metrics.exposition()
 
-    async def drain(self) -> dict[str, Any]:
+    async def drain(self) -> EngineReport:
         """Stop the step loop, release KV nobody will pull, check nothing is left; the final report."""
         assert self.engine is not None
         await self.engine.drain()

@@ -34,7 +34,7 @@ from cluster.ray_connect import check_resources, connect, disconnect
 from dashboards.exposition import write_sd_file
 from emulation.config import TestbedConfig, replica_id
 from messages import ClientRequest, RequestResult
-from messages.stats import EncoderStats
+from messages.stats import EncoderStats, EngineReport, LostEngine
 from workloads.render_tier import render_tier_for
 from workloads.replay import LoadedWorkload, Workload, load_workload, run_workload
 from workloads.summary import lag_summary
@@ -280,11 +280,11 @@ def run_live(
 
 def shutdown(
     dep: LiveDeployment, cfg: TestbedConfig
-) -> tuple[dict[str, dict[str, Any]], dict[str, str], list[EncoderStats]]:
+) -> tuple[dict[str, EngineReport | LostEngine], dict[str, str], list[EncoderStats]]:
     """Drain every live engine (dead ones are skipped), render replica and encoder (checked empty),
     collect every actor's final metrics, kill all actors and withdraw their scrape targets; engine
     reports and expositions by actor id, and the encoders' final totals."""
-    reports: dict[str, dict[str, Any]] = {}
+    reports: dict[str, EngineReport | LostEngine] = {}
     metrics: dict[str, str] = {}
     encoder_stats: list[EncoderStats] = []
     lost = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
@@ -293,7 +293,7 @@ def shutdown(
             reports[eid] = ray.get(handle.drain.remote(), timeout=60)
             metrics[eid] = ray.get(handle.metrics.remote(), timeout=60)
         except lost as e:
-            reports[eid] = {"error": f"{type(e).__name__}: not drained"}
+            reports[eid] = LostEngine(f"{type(e).__name__}: not drained")
     with contextlib.suppress(*lost):
         metrics["proxy"] = ray.get(dep.proxy.metrics.remote(), timeout=60)
     for i, handle in enumerate(dep.renders):

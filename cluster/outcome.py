@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ import pandas as pd
 
 from emulation.config import TestbedConfig
 from messages import RequestResult
-from messages.stats import EncoderStats
+from messages.stats import EncoderStats, EngineReport, LostEngine
 from workloads.results import results_frame
 from workloads.summary import fault_summary, lag_summary, summarize
 
@@ -23,8 +24,8 @@ class RunOutput:
     """One row per request (workloads.results)."""
     summary: dict[str, Any]
     """The run's record: bench-serve keys, ours, lag."""
-    engine_reports: dict[str, dict[str, Any]]
-    """engine id -> its counters (EngineCore.report)."""
+    engine_reports: Mapping[str, EngineReport | LostEngine]
+    """engine id -> its report (EngineCore.report), or why it could not give one."""
     metrics: Mapping[str, str]
     """actor id (engine ids, `proxy`) -> its final Prometheus exposition."""
 
@@ -32,7 +33,7 @@ class RunOutput:
 def run_output(
     cfg: TestbedConfig,
     results: list[RequestResult],
-    reports: dict[str, dict[str, Any]],
+    reports: Mapping[str, EngineReport | LostEngine],
     metrics: Mapping[str, str],
     workload_info: dict[str, Any] | None = None,
     deployment_info: dict[str, Any] | None = None,
@@ -60,10 +61,11 @@ def run_output(
     return RunOutput(df, summary, reports, metrics)
 
 
-def cpu_overhead_share(reports: dict[str, dict[str, Any]]) -> float:
+def cpu_overhead_share(reports: Mapping[str, EngineReport | LostEngine]) -> float:
     """The LM engines' CPU work over their busy time (0 before any step)."""
-    busy_s = sum(r.get("busy_s", 0.0) for r in reports.values())
-    return sum(r.get("cpu_s", 0.0) for r in reports.values()) / busy_s if busy_s > 0 else 0.0
+    counters = [r.counters for r in reports.values() if isinstance(r, EngineReport)]
+    busy_s = sum(c.busy_s for c in counters)
+    return sum(c.cpu_s for c in counters) / busy_s if busy_s > 0 else 0.0
 
 
 def encoder_summary(encoder_stats: Sequence[EncoderStats], duration_s: float) -> dict[str, float]:
@@ -88,6 +90,8 @@ def clean_json(obj: Any) -> Any:
     """NaN -> None, recursively, so JSON stays strict."""
     if isinstance(obj, float) and obj != obj:
         return None
+    if isinstance(obj, EngineReport | LostEngine):
+        return clean_json(dataclasses.asdict(obj))
     if isinstance(obj, dict):
         return {k: clean_json(v) for k, v in obj.items()}
     if isinstance(obj, list):

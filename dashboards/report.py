@@ -27,7 +27,7 @@ from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 from dashboards.session_plots import divergence_by_turn, ttft_by_context, ttft_by_turn
 from emulation.kv_cache import cdiv
-from workloads.latency import HANDOFF_PARTS
+from messages.latency import HANDOFF_PARTS
 
 _SUMMARY_COLUMNS = [
     "design", "rate", "completed", "failed", "rejected", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",

@@ -7,11 +7,13 @@ Tensors cross only where they are the point: KV in `KVPayload`, an image's patch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
 
 from messages.kv_transfer_params import KVTransferParams
+from messages.latency import handoff_parts, request_latencies
 from messages.token_ids import PromptIds, TokenIds
 
 FinishedReason = Literal["length", "stop", "abort", "error", "rejected"]
@@ -301,6 +303,18 @@ class RequestResult:
     answer_message: dict[str, Any] | None = None
     """Replayed against a server: the assistant message it streamed (content, reasoning_content,
     tool_calls), which the client sends back as history (`replay.history=model`)."""
+
+    @cached_property
+    def latencies(self) -> dict[str, float]:
+        """The finished request's client-side latencies (`messages.latency.LATENCY_COLUMNS`; NaN where
+        undefined), computed once, where it is first read (its proxy's metrics, or the results table),
+        and carried with the result from there: read it only once the request has finished."""
+        return request_latencies(self.arrival_s, self.token_times_s)
+
+    @cached_property
+    def handoff_parts(self) -> dict[str, float] | None:
+        """P/D: the finished request's KV handoff in parts (`messages.latency.HANDOFF_PARTS`), once."""
+        return handoff_parts(self.prefill_done_s, self.times)
 
     @classmethod
     def for_request(cls, creq: ClientRequest) -> RequestResult:

@@ -1,7 +1,6 @@
 """A role -> its recorder and the run's summary: snapshots of an engine's scheduler (vLLM's
-`SchedulerStats`, flattened) and of an encoder.
-
-Taken at steps and on arrivals; the counts are totals since the role started.
+`SchedulerStats`, flattened) and of an encoder, taken at steps and on arrivals; and an engine's report
+of its whole life (`EngineReport`), once drained. The counts are totals since the role started.
 """
 
 from __future__ import annotations
@@ -36,3 +35,61 @@ class EncoderStats:
     """Emulated seconds spent in steps."""
     num_mm_cache_queries: int
     num_mm_cache_hits: int
+
+
+@dataclass
+class EngineCounters:
+    """An engine's counters since it started: its `EngineStats` hooks add to them; its report copies them."""
+
+    num_steps: int = 0
+    num_scheduled_tokens: int = 0
+    max_num_scheduled_tokens: int = 0
+    busy_s: float = 0.0
+    """Emulated seconds spent in steps."""
+    cpu_s: float = 0.0
+    """Of `busy_s`, the CPU work on the steps' path."""
+    num_finished: int = 0
+    num_lagged_steps: int = 0
+    """Steps whose real work (plus the wake-up before it) overran the emulated budget."""
+    num_transfers: int = 0
+    num_lagged_transfers: int = 0
+    """KV pulls whose real move finished after the emulated transfer did."""
+    max_overrun_s: float = 0.0
+    """Worst overrun of a step or transfer, in emulated seconds."""
+    num_expired_handoffs: int = 0
+    """Prefill side: held KV released because no decode engine pulled it in time."""
+    num_rejected: int = 0
+    """Requests refused at admission (scheduler.max_waiting)."""
+    num_failed_loads: int = 0
+    """KV loads into this engine that failed (pull backs and injected failures among them)."""
+    num_injected_load_failures: int = 0
+    """Of those, failed on purpose (`faults`)."""
+    num_recomputed_loads: int = 0
+    """Failed loads whose request computed the KV here instead (pull backs; P/D with
+    kv_transfer.load_failure_policy=recompute)."""
+
+
+@dataclass(frozen=True)
+class EngineReport:
+    """engine -> composition root (on drain, or asked): its life so far, for engines.json and the run's
+    lag and fault summaries."""
+
+    role: str
+    counters: EngineCounters
+    """A copy: the engine's own keep counting."""
+    scheduler: SchedulerStats
+    """Its scheduler's state when asked (preemptions and prefix-cache totals among them)."""
+    num_gpu_blocks: int
+    num_unfinished_requests: int
+    """Requests still in the engine (0 once drained)."""
+    hung: str | None = None
+    """Why the engine takes no more steps, if it hung (`faults.engine_hangs`)."""
+    error: str | None = None
+    """Why its step loop broke (killed on purpose or crashed), if it did."""
+
+
+@dataclass(frozen=True)
+class LostEngine:
+    """An engine that could not report: its actor was gone or silent when the run drained."""
+
+    error: str

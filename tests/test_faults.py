@@ -157,8 +157,8 @@ def test_past_the_admission_limit_requests_are_rejected_at_once_and_counted():
     assert s["rejected"] == len(rejected) > 0 and s["failed"] == s["num_injected_load_failures"] > 0
     assert s["completed"] + s["failed"] + s["rejected"] == NUM_REQUESTS == len(df)
     assert (rejected["num_output_tokens"] == 0).all() and rejected["error"].str.contains("max_waiting").all()
-    assert sum(r["num_rejected"] for r in out.engine_reports.values()) == len(rejected)
-    assert all(r["num_expired_handoffs"] == 0 for r in out.engine_reports.values())  # freed at once
+    assert sum(r.counters.num_rejected for r in out.engine_reports.values()) == len(rejected)
+    assert all(r.counters.num_expired_handoffs == 0 for r in out.engine_reports.values())  # freed at once
 
 
 @pytest.mark.parametrize("design", ["collocated", "pd-fast"])
@@ -187,8 +187,8 @@ def test_past_the_queue_time_budget_waiting_requests_are_rejected_and_none_start
     assert ((waited >= 2.0) & (waited < 2.5)).all()  # refused at the first step boundary past it
     ran = df[df["ok"]]
     assert ((ran["first_scheduled_s"] - ran["queued_s"]) <= 2.0).all()
-    assert sum(r["num_rejected"] for r in out.engine_reports.values()) == len(rejected)
-    assert all(r["num_expired_handoffs"] == 0 for r in out.engine_reports.values())
+    assert sum(r.counters.num_rejected for r in out.engine_reports.values()) == len(rejected)
+    assert all(r.counters.num_expired_handoffs == 0 for r in out.engine_reports.values())
 
 
 def test_a_slowed_link_slows_only_the_transfers_starting_in_its_windows():

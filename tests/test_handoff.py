@@ -9,8 +9,8 @@ from cluster.virtual import build_deployment, replay_on, run_virtual
 from emulation.kv_cache import cdiv
 from emulation.profiles import LINKS, MODELS
 from messages import ClientRequest, EngineRequest, KVTransferParams
+from messages.latency import HANDOFF_PARTS
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async
-from workloads.latency import HANDOFF_PARTS
 from workloads.results import results_frame
 from workloads.summary import summarize
 

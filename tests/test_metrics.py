@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import messages
 from cluster.virtual import run_virtual
 from dashboards import metrics as m
 from dashboards.exposition import sum_series
+from messages.latency import HANDOFF_PARTS, percentile
 from tests.factories import COLLOCATED, PD, make_config
-from workloads.latency import HANDOFF_PARTS, percentile, percentiles
+from workloads.latency import percentiles
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-metrics.md"
 WORKLOAD = {"num_requests": 12, "rate": 0.6, "prompt_len": 2048, "output_len": 48}
@@ -146,9 +148,8 @@ def test_preemptions_and_prefix_hits_are_counted():
     expos = list(run.metrics.values())
     assert sum_series(expos, m.NUM_PREEMPTIONS.exposed) == run.summary["num_preemptions"] > 0
     assert sum_series(expos, m.PREFIX_CACHE_QUERIES.exposed) >= 4 * 160
-    assert (
-        sum_series(expos, m.PREFIX_CACHE_HITS.exposed) == run.engine_reports["mixed-0"]["prefix_cache_hits"]
-    )
+    report = run.engine_reports["mixed-0"]
+    assert sum_series(expos, m.PREFIX_CACHE_HITS.exposed) == report.scheduler.num_prefix_cache_hits
 
 
 def test_actors_record_without_importing_pandas_or_transformers():
@@ -193,3 +194,23 @@ def test_the_proxys_latency_and_handoff_histograms_sum_the_results_tables_column
         assert sum_series(pd_proxy, m.KV_HANDOFF_PARTS.count, part=part) == column.notna().sum() > 0
         total = sum_series(pd_proxy, m.KV_HANDOFF_PARTS.sum, part=part)
         assert total == pytest.approx(column.sum(), rel=1e-12, abs=1e-12)
+
+
+def test_each_requests_latencies_and_handoff_parts_are_computed_once(monkeypatch):
+    """The proxy's metrics and the results table (with the summary's SLO columns) read one computation
+    per request: counted through the functions `RequestResult` calls."""
+    counts = {"latencies": 0, "handoff": 0}
+
+    def counting(name, fn):
+        def wrapped(*args):
+            counts[name] += 1
+            return fn(*args)
+
+        return wrapped
+
+    monkeypatch.setattr(messages, "request_latencies", counting("latencies", messages.request_latencies))
+    monkeypatch.setattr(messages, "handoff_parts", counting("handoff", messages.handoff_parts))
+    cfg = make_config(PD, runner={"compute": "skip"}, workload=WORKLOAD, slos=["ttft<=2s"])
+    run = run_virtual(cfg)
+    assert len(run.results) == WORKLOAD["num_requests"]
+    assert counts == {"latencies": WORKLOAD["num_requests"], "handoff": WORKLOAD["num_requests"]}

@@ -148,9 +148,9 @@ def test_runs_report_the_cpu_share_of_step_time(time_model):
     out = run_virtual(cfg)
     ((engine, report),) = out.engine_reports.items()
     share = out.summary["cpu_overhead_share"]
-    assert 0 < share < 1 and share == pytest.approx(report["cpu_s"] / report["busy_s"])
-    assert sum_series([out.metrics[engine]], m.STEP_CPU.exposed) == pytest.approx(report["cpu_s"])
+    assert 0 < share < 1 and share == pytest.approx(report.counters.cpu_s / report.counters.busy_s)
+    assert sum_series([out.metrics[engine]], m.STEP_CPU.exposed) == pytest.approx(report.counters.cpu_s)
     if time_model == "aggregate":
-        assert report["cpu_s"] == pytest.approx(report["num_steps"] * 0.002)
+        assert report.counters.cpu_s == pytest.approx(report.counters.num_steps * 0.002)
     else:  # and 14 µs per request each step
-        assert report["cpu_s"] > report["num_steps"] * 0.002
+        assert report.counters.cpu_s > report.counters.num_steps * 0.002

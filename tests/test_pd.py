@@ -97,7 +97,7 @@ def test_failed_kv_loads_recomputed_on_decode_keep_the_greedy_tokens(collocated_
     assert (df["finished_reason"] == "length").all()
     assert s["num_injected_load_failures"] == s["num_recomputed_loads"] == df["kv_load_failed"].sum() >= 3
     assert (df.loc[df["kv_load_failed"], "prefill_pulled_back_tokens"].fillna(0) == 0).all()
-    assert out.engine_reports["prefill-0"]["num_expired_handoffs"] == 0  # told to free, not timed out
+    assert out.engine_reports["prefill-0"].counters.num_expired_handoffs == 0  # told to free, not timed out
 
 
 def test_failed_kv_loads_fail_their_requests_by_default():

@@ -98,7 +98,7 @@ def _req(rid, tokens, max_tokens=4):
 
 
 def test_kv_aware_router_follows_events_and_counts_active_blocks():
-    router = Router(2, RouterConfig(policy="kv_aware"), 16, lambda: 0.0)
+    router = Router(2, cfg=RouterConfig(policy="kv_aware"), block_size=16, now=lambda: 0.0)
     prompt = list(range(64))  # 4 blocks
     first = router.pick(_req("a", prompt))
     router.finished("a")
@@ -114,7 +114,9 @@ def test_kv_aware_router_follows_events_and_counts_active_blocks():
 
 def test_kv_estimated_router_forgets_after_its_ttl():
     now = [0.0]
-    router = Router(2, RouterConfig(policy="kv_estimated", estimate_ttl_s=10.0), 16, lambda: now[0])
+    router = Router(
+        2, cfg=RouterConfig(policy="kv_estimated", estimate_ttl_s=10.0), block_size=16, now=lambda: now[0]
+    )
     prompt = list(range(160))
     first = router.pick(_req("a", prompt))
     router.finished("a")
@@ -148,7 +150,9 @@ def test_weka_on_four_replicas_kv_aware_reaches_the_traces_reuse_and_round_robin
 
 def test_router_temperature_samples_by_seed_and_favours_the_cheaper_engine():
     def picks(seed):
-        router = Router(2, RouterConfig(policy="kv_aware", temperature=0.5), 16, lambda: 0.0, seed=seed)
+        router = Router(
+            2, cfg=RouterConfig(policy="kv_aware", temperature=0.5), block_size=16, now=lambda: 0.0, seed=seed
+        )
         prompt = list(range(320))  # 20 blocks, all held by engine 1
         router.on_kv_events(1, KVEvents(stored=hash_blocks(prompt, 16), removed=[]))
         out = []

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from messages import RequestResult, RequestTimes
-from workloads.latency import HANDOFF_PARTS, LATENCY_COLUMNS, handoff_parts, request_latencies
+from messages.latency import HANDOFF_PARTS, LATENCY_COLUMNS
 
 _TIMES_FIELDS = [f.name for f in dataclasses.fields(RequestTimes)]
 _PREFILL_COLUMNS = {
@@ -48,12 +48,12 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
         for c, r in zip(cols["num_cached_tokens"], results, strict=True)
     ]
     cols["num_output_tokens"] = [len(t) for t in cols["token_times_s"]]
-    latencies = [request_latencies(r.arrival_s, r.token_times_s) for r in results]
+    latencies = [r.latencies for r in results]
     for col in LATENCY_COLUMNS:
         cols[col] = [lat[col] for lat in latencies]
     df = pd.DataFrame(cols)
     df["handoff_s"] = df["kv_transfer_done_s"] - df["kv_transfer_start_s"]
-    parts = [handoff_parts(r.prefill_done_s, r.times) for r in results]
+    parts = [r.handoff_parts for r in results]
     handoff = {f"handoff_{part}_s": [p[part] if p else float("nan") for p in parts] for part in HANDOFF_PARTS}
     df = pd.concat([df, pd.DataFrame(handoff, index=df.index)], axis=1)
     df["ok"] = df["finished_reason"].isin(["length", "stop"])

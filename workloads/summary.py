@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from workloads.latency import HANDOFF_PARTS, flat_stamps, percentiles
+from messages.latency import HANDOFF_PARTS
+from messages.stats import EngineReport, LostEngine
+from workloads.latency import flat_stamps, percentiles
 from workloads.slo import COLUMNS, Slo, parse_slo
 
 
@@ -149,24 +152,27 @@ def sweep_goodput(
     return out
 
 
-def fault_summary(reports: dict[str, dict[str, Any]]) -> dict[str, int]:
+def fault_summary(reports: Mapping[str, EngineReport | LostEngine]) -> dict[str, int]:
     """Faults over all engines: KV loads that failed (injected on purpose among them) and those whose
     request computed the KV instead; engines hung on purpose."""
-    live = [r for r in reports.values() if "num_steps" in r]
-    keys = ("num_failed_loads", "num_injected_load_failures", "num_recomputed_loads")
+    reported = [r for r in reports.values() if isinstance(r, EngineReport)]
+    counters = [r.counters for r in reported]
     return {
-        **{k: sum(r.get(k, 0) for r in live) for k in keys},
-        "num_engines_hung": sum("hung" in r for r in reports.values()),
+        "num_failed_loads": sum(c.num_failed_loads for c in counters),
+        "num_injected_load_failures": sum(c.num_injected_load_failures for c in counters),
+        "num_recomputed_loads": sum(c.num_recomputed_loads for c in counters),
+        "num_engines_hung": sum(r.hung is not None for r in reported),
     }
 
 
-def lag_summary(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def lag_summary(reports: Mapping[str, EngineReport | LostEngine]) -> dict[str, Any]:
     """Lag over all engines: the share of steps and handoffs whose real work overran its budget."""
-    live = [r for r in reports.values() if "num_steps" in r]
-    events = sum(r["num_steps"] + r["num_transfers"] for r in live)
-    lagged = sum(r["num_lagged_steps"] + r["num_lagged_transfers"] for r in live)
+    counters = [r.counters for r in reports.values() if isinstance(r, EngineReport)]
+    events = sum(c.num_steps + c.num_transfers for c in counters)
+    lagged = sum(c.num_lagged_steps + c.num_lagged_transfers for c in counters)
     return {
         "lag_fraction": lagged / events if events else 0.0,
-        "max_overrun_ms": max((r["max_overrun_s"] for r in live), default=0.0) * 1000.0,
-        "num_engines_lost": sum("error" in r for r in reports.values()),  # killed, crashed or unreachable
+        "max_overrun_ms": max((c.max_overrun_s for c in counters), default=0.0) * 1000.0,
+        # killed, crashed or unreachable
+        "num_engines_lost": sum(r.error is not None for r in reports.values()),
     }

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, Literal
+from typing import Literal
 
 from actors.engine.admission import Admission
 from actors.engine.clock import Clock
@@ -48,6 +48,7 @@ from messages import (
     KVPull,
     KVTransferParams,
 )
+from messages.stats import EngineReport
 
 Role = Literal["mixed", "prefill", "decode"]
 
@@ -98,9 +99,24 @@ class EngineCore:
         self.streams = OutputStreams()
         allowed = macro_steps and clock.virtual and executor.runner is None
         self.windows = Windows(
-            clock, self.step_clock, scheduler, time_model, stats, self.streams, self._finish, allowed
+            clock=clock,
+            step_clock=self.step_clock,
+            scheduler=scheduler,
+            time_model=time_model,
+            stats=stats,
+            streams=self.streams,
+            finish=self._finish,
+            allowed=allowed,
         )
-        self.kv = KVHandoff(engine_id, scheduler, kv_scheduler, kv_worker, stats, self.step_clock, self.abort)
+        self.kv = KVHandoff(
+            engine_id,
+            scheduler=scheduler,
+            kv_scheduler=kv_scheduler,
+            kv_worker=kv_worker,
+            stats=stats,
+            step_clock=self.step_clock,
+            abort=self.abort,
+        )
 
     # ---- client side -------------------------------------------------------------------------------
 
@@ -290,9 +306,9 @@ class EngineCore:
             out = EngineOutput(req.request_id, [], [], reason, params, req.times, error)
             self.streams.finish(out)
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> EngineReport:
         """Counters of this engine's life so far (steps, lag, preemptions, prefix cache, handoffs)."""
-        return {**self.stats.report(self.role, self.scheduler, len(self._requests)), **self.health.report()}
+        return self.stats.report(self.role, self.scheduler, len(self._requests), self.health)
 
     # ---- invariants --------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ error whichever it was.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 
 class EngineDeadError(RuntimeError):
@@ -42,8 +42,3 @@ class EngineHealth:
         killed = e is self.killed
         self.dead = self.killed if killed else EngineDeadError(f"engine {self.engine_id} crashed: {e!r}")
         return killed
-
-    def report(self) -> dict[str, Any]:
-        """The report's fault entries: only those that happened."""
-        faults = {"hung": self.hung_why, "error": str(self.dead) if self.dead is not None else None}
-        return {k: v for k, v in faults.items() if v is not None}

@@ -29,6 +29,7 @@ class KVHandoff:
     def __init__(
         self,
         engine_id: str,
+        *,
         scheduler: Scheduler,
         kv_scheduler: KVConnectorScheduler,
         kv_worker: KVConnectorWorker,

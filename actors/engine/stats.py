@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, fields
+from typing import Protocol
 
+from actors.engine.health import EngineHealth
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
 from messages import FinishedReason, RequestTimes
-from messages.stats import SchedulerStats
+from messages.stats import EngineCounters, EngineReport, SchedulerStats
 
 
 class EngineRecorder(Protocol):
@@ -64,51 +65,25 @@ class EngineRecorder(Protocol):
 
 
 @dataclass
-class EngineStats:
+class EngineStats(EngineCounters):
     """Counters of an engine's life (its report); every `on_` hook also tells `recorder`."""
 
-    recorder: EngineRecorder | None
+    recorder: EngineRecorder | None = field(default=None, kw_only=True)
     """None: nothing is recorded (a run whose metrics nobody reads, as a sweep's points)."""
-    num_steps: int = 0
-    num_scheduled_tokens: int = 0
-    max_num_scheduled_tokens: int = 0
-    busy_s: float = 0.0
-    """Emulated seconds spent in steps."""
-    cpu_s: float = 0.0
-    """Of `busy_s`, the CPU work on the steps' path."""
-    num_finished: int = 0
-    num_lagged_steps: int = 0
-    """Steps whose real work (plus the wake-up before it) overran the emulated budget."""
-    num_transfers: int = 0
-    num_lagged_transfers: int = 0
-    """KV pulls whose real move finished after the emulated transfer did."""
-    max_overrun_s: float = 0.0
-    """Worst overrun of a step or transfer, in emulated seconds."""
-    num_expired_handoffs: int = 0
-    """Prefill side: held KV released because no decode engine pulled it in time."""
-    num_rejected: int = 0
-    """Requests refused at admission (scheduler.max_waiting)."""
-    num_failed_loads: int = 0
-    """KV loads into this engine that failed (pull backs and injected failures among them)."""
-    num_injected_load_failures: int = 0
-    """Of those, failed on purpose (`faults`)."""
-    num_recomputed_loads: int = 0
-    """Failed loads whose request computed the KV here instead (pull backs; P/D with
-    kv_transfer.load_failure_policy=recompute)."""
     _itls_s: list[float] = field(default_factory=list)
     """Inter-token gaps of the step under way, recorded with the step (one histogram update a step)."""
 
-    def report(self, role: str, sched: Scheduler, num_unfinished: int) -> dict[str, Any]:
-        """An engine's report: these counters and the scheduler's and block manager's."""
-        return {
-            "role": role,
-            **{k: v for k, v in vars(self).items() if k not in ("recorder", "_itls_s")},
-            "num_preemptions": sched.num_preemptions,
-            "prefix_cache_queries": sched.blocks.num_prefix_cache_queries,
-            "prefix_cache_hits": sched.blocks.num_prefix_cache_hits,
-            "num_gpu_blocks": sched.blocks.num_blocks,
-            "num_unfinished_requests": num_unfinished,
-        }
+    def report(self, role: str, sched: Scheduler, num_unfinished: int, health: EngineHealth) -> EngineReport:
+        """An engine's report: a copy of these counters, the scheduler's state and the engine's health."""
+        return EngineReport(
+            role=role,
+            counters=EngineCounters(**{f.name: getattr(self, f.name) for f in fields(EngineCounters)}),
+            scheduler=scheduler_stats(sched),
+            num_gpu_blocks=sched.blocks.num_blocks,
+            num_unfinished_requests=num_unfinished,
+            hung=health.hung_why,
+            error=str(health.dead) if health.dead is not None else None,
+        )
 
     def on_step(self, step_s: float, num_tokens: int, overrun_s: float, cpu_s: float = 0.0) -> None:
         """`cpu_s`: of `step_s`, the CPU work on the step's path (the time model's overhead)."""
@@ -135,22 +110,8 @@ class EngineStats:
 
     def on_state(self, sched: Scheduler) -> None:
         """The scheduler's and its block manager's state, for the gauges."""
-        if self.recorder is None:
-            return
-        blocks = sched.blocks
-        self.recorder.on_state(
-            SchedulerStats(
-                num_running_reqs=len(sched.running),
-                num_waiting_reqs=len(sched.waiting) + len(sched.recving),
-                kv_cache_usage=blocks.usage,
-                num_prefix_cache_queries=blocks.num_prefix_cache_queries,
-                num_prefix_cache_hits=blocks.num_prefix_cache_hits,
-                num_preemptions=sched.num_preemptions,
-                num_kv_held_blocks=sum(len(r.block_ids) for r in sched.held.values()) if sched.held else 0,
-                num_mm_cache_queries=sched.encoder_cache.num_queries,
-                num_mm_cache_hits=sched.encoder_cache.num_hits,
-            )
-        )
+        if self.recorder is not None:
+            self.recorder.on_state(scheduler_stats(sched))
 
     def on_token(self, req: Request, now_s: float) -> None:
         """A token of `req` was emitted at `now_s`: stamps it on `req.times` and records TTFT or ITL."""
@@ -246,6 +207,22 @@ class EngineStats:
         self.max_overrun_s = max(self.max_overrun_s, overrun_s)
         if self.recorder is not None:
             self.recorder.on_lag(what, self.max_overrun_s)
+
+
+def scheduler_stats(sched: Scheduler) -> SchedulerStats:
+    """A snapshot of the scheduler's and its block manager's state."""
+    blocks = sched.blocks
+    return SchedulerStats(
+        num_running_reqs=len(sched.running),
+        num_waiting_reqs=len(sched.waiting) + len(sched.recving),
+        kv_cache_usage=blocks.usage,
+        num_prefix_cache_queries=blocks.num_prefix_cache_queries,
+        num_prefix_cache_hits=blocks.num_prefix_cache_hits,
+        num_preemptions=sched.num_preemptions,
+        num_kv_held_blocks=sum(len(r.block_ids) for r in sched.held.values()) if sched.held else 0,
+        num_mm_cache_queries=sched.encoder_cache.num_queries,
+        num_mm_cache_hits=sched.encoder_cache.num_hits,
+    )
 
 
 def _step_major_gaps(rows: list[tuple[int, float]], ends_s: Sequence[float]) -> list[float]:

@@ -23,6 +23,7 @@ class Windows:
 
     def __init__(
         self,
+        *,
         clock: Clock,
         step_clock: StepClock,
         scheduler: Scheduler,
