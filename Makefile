@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 OUT ?= runs/demo
 
-.PHONY: setup demo test test-fast test-cluster bench lint clean prometheus ssh-tools
+.PHONY: setup demo test test-fast test-cluster bench lint clean prometheus chromium ssh-tools
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,10 +27,11 @@ demo: $(STAMP)
 		--output-policy greedy --rate 0.4 --num-requests 8 --set workload.prompt_len=2048 \
 		--set workload.output_len=64 --out $(OUT)/live
 
-# The tests scrape a live run with a real Prometheus (Debian's package, installed when missing) and
+# The tests scrape a live run with a real Prometheus and render the report in headless Chromium
+# (Debian's packages, installed when missing), and
 # `ray up` cluster/ray-up/onprem.yaml over SSH on this host (as root; openssh-server and rsync installed
 # when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
-test: $(STAMP) prometheus ssh-tools
+test: $(STAMP) prometheus chromium ssh-tools
 	$(PY) -m pytest
 
 # The developer loop: unit, engine, scheduler, P/D and KV handoff in virtual time, real-compute
@@ -53,6 +54,10 @@ NO_SERVICE = { ! command -v systemctl >/dev/null || $$([ "$$(id -u)" = 0 ] || ec
 
 prometheus:
 	@command -v prometheus >/dev/null || { $(call APT_INSTALL,prometheus) && $(call NO_SERVICE,prometheus); }
+
+# The report test renders report.html in headless Chromium (Debian's package).
+chromium:
+	@command -v chromium >/dev/null || $(call APT_INSTALL,chromium)
 
 ssh-tools:
 	@if [ "$$(id -u)" != 0 ]; then echo "the ray up tests will be skipped: they need root (port 22)"; \

@@ -3,6 +3,7 @@
 testbed run   --preset guide-l40s [--design collocated] [--rate 0.4] [--set key=value ...] [--out DIR]
 testbed replay --trace PATH [--router kv_aware] [--mode live] ...       (see cluster/cli_run.py)
 testbed sweep --preset guide-l40s --rates 0.2,0.4 --seeds 5 --num-requests 100 [--out DIR]
+testbed presets (the presets, what each emulates, and their designs)
 testbed dashboards up [--host 127.0.0.1] [--port 9090] | testbed dashboards down
 testbed serve --preset guide-l40s --design pd-fast [--host 127.0.0.1] [--port 8000] [--api-key KEY]
               [--ray [--address ADDR]]
@@ -15,11 +16,11 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cluster.cli_args import add_replay_args, add_run_args
 from cluster.cli_run import ERRORS, cmd_replay, cmd_run, configs_of, out_dir
-from cluster.config_load import ConfigError, available_presets, dump_config
+from cluster.config_load import ConfigError, available_presets, dump_config, preset_designs
 from cluster.outcome import clean_json, write_json
 from dashboards.report import write_report
 from emulation.config import TestbedConfig
@@ -37,8 +38,7 @@ def _parse_rates(text: str) -> list[float]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.progress import Progress
-
+    from cluster.progress import RunProgress
     from cluster.sweep import run_sweep, sweep_points
     from dashboards.console import goodput_table, show, sweep_table
     from workloads.summary import sweep_goodput
@@ -54,9 +54,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
     points = sweep_points(configs, rates, [configs[0].seed + i for i in range(args.seeds)])
     start = time.perf_counter()
-    with Progress(transient=True) as progress:
-        task = progress.add_task(f"{len(points)} runs", total=len(points))
-        result = run_sweep(points, args.jobs, on_done=lambda: progress.advance(task))
+    with RunProgress(f"{len(points)} runs", len(points)) as progress:
+        result = run_sweep(points, args.jobs, on_done=progress.advance)
     wall_s = time.perf_counter() - start
     records = clean_json(result.records)
     goodput = sweep_goodput(records)
@@ -75,16 +74,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         },
     )
     title = f"{configs[0].target.model}: {len(configs)} designs x {len(rates)} rates x {args.seeds} seeds"
-    report = write_report(out, result.results, records, title, _sweep_notes(configs, args, goodput))
+    report = write_report(out, result.results, records, title, _sweep_notes(configs, args))
     show(sweep_table(records, title), goodput_table(goodput))
     print(f"{len(points)} runs, {num_requests} requests in {wall_s:.1f} s wall; run directory: {out}")
     print(f"report: {report}")
     return 0
 
 
-def _sweep_notes(
-    configs: list[TestbedConfig], args: argparse.Namespace, goodput: dict[str, Any]
-) -> list[str]:
+def _sweep_notes(configs: list[TestbedConfig], args: argparse.Namespace) -> list[str]:
     """What a sweep's report says it ran."""
     c = configs[0]
     return [
@@ -92,8 +89,6 @@ def _sweep_notes(
         f"from {c.seed}; virtual mode, compute {c.runner.compute}",
         f"workload: {c.workload.num_requests} requests per point, prompt {c.workload.prompt_len}, "
         f"output {c.workload.output_len}; table and curves: means over seeds",
-        "goodput rate (highest rate with >= 90 % SLO attainment): "
-        + "; ".join(f"{d}: {v}" for d, v in goodput.items()),
     ]
 
 
@@ -146,21 +141,65 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_presets(args: argparse.Namespace) -> int:
+    from dashboards.console import presets_table, show
+
+    show(presets_table(preset_designs()))
+    print("a design YAML of your own: testbed run --config FILE (example: docs/examples/my-design.yaml)")
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line naming it (not a usage block), and help shows defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default where it has one of its own (None: the config's value applies)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _config_args(p: argparse.ArgumentParser, design_help: str) -> None:
     """Where the config comes from and the shortcuts every command shares (all become `--set`)."""
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", default="guide-l40s", help=f"one of: {', '.join(available_presets())}")
+    src.add_argument(
+        "--preset",
+        default="guide-l40s",
+        help=f"one of: {', '.join(available_presets())} (their designs: testbed presets)",
+    )
     src.add_argument("--config", help="a YAML config file (flat, or base + designs)")
     p.add_argument("--design", help=design_help)
-    p.add_argument("--compute", help="real | skip")
-    p.add_argument("--output-policy", help="forced | greedy")
-    p.add_argument("--seed", type=int, help="base seed")
+    p.add_argument(
+        "--compute",
+        choices=["auto", "real", "skip"],
+        help="real: the tiny runner model computes every token (real logits and KV); skip: timing only "
+        "(the same emulated times, much faster); default auto: real with --output-policy greedy "
+        "(where the numerics are checked), else skip",
+    )
+    p.add_argument(
+        "--output-policy",
+        choices=["forced", "greedy"],
+        help="forced: answers of the workload's lengths (default); greedy: argmax of the runner's "
+        "logits (P/D checked token by token against collocated)",
+    )
+    p.add_argument("--seed", type=int, help="base seed (default: the config's, 0)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config field")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="testbed", description="Emulate disaggregated LLM serving.")
+    p = _Parser(prog="testbed", description="Emulate disaggregated LLM serving.")
     sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("presets", help="list the presets and their designs")
     d = sub.add_parser("dashboards", help="start/stop a local Prometheus (+ Grafana) for live runs")
     d.add_argument("action", choices=["up", "down"])
     d.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes them)")
@@ -179,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--address", help="with --ray: join this Ray cluster (e.g. auto) instead of starting one")
     r = sub.add_parser("run", help="run each design once")
     add_run_args(r, _config_args)
-    r.add_argument("--num-requests", type=int)
-    r.add_argument("--rate", type=float, help="requests per emulated second")
+    r.add_argument("--num-requests", type=int, help="requests to send (default: the config's)")
+    r.add_argument("--rate", type=float, help="requests per emulated second (default: the config's)")
     t = sub.add_parser(
         "replay", help="replay a trace's sessions (or a multi-turn scenario) through each design"
     )
@@ -189,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="designs x rates x seeds")
     _config_args(s, "comma-separated designs of the preset (default: all)")
     s.add_argument("--mode", help="virtual (sweeps run virtual mode)")
-    s.add_argument("--num-requests", type=int)
+    s.add_argument("--num-requests", type=int, help="requests per point (default: the config's)")
     s.add_argument("--out", help="run directory (default: runs/<time>-<command>)")
     s.add_argument("--rates", default="0.2,0.4,0.6,1.0,1.5,2.0", help="comma-separated req/s")
     s.add_argument("--seeds", type=int, default=1, help="seeds per point (base seed, base+1, ...)")
@@ -206,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             "sweep": cmd_sweep,
             "dashboards": cmd_dashboards,
             "serve": cmd_serve,
+            "presets": cmd_presets,
         }
         return commands[args.command](args)
     except ERRORS as e:

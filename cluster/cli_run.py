@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import re
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from cluster.config_load import ConfigError, dump_config, load_designs
+from cluster.estimate import estimate_line
 from cluster.outcome import clean_json, write_json
+from cluster.progress import RunProgress
 from dashboards.report import write_report
 from emulation.config import TestbedConfig
 from workloads.divergence import diverged_at
@@ -102,7 +107,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         extra.append(f"replay.window_s=[{start},{end}]")
     if args.session_salt:
         extra.append("replay.session_salt=true")
+    if args.target and args.design:
+        raise ConfigError(
+            f"--design={args.design}: designs apply to the testbed only; --target replays once, "
+            "against the server (drop --design)"
+        )
     configs = configs_of(args, extra)
+    if args.target:  # one pass, labelled by the server: the workload's settings come from the config
+        configs = [dataclasses.replace(configs[0], design=target_label(args.target))]
     c = configs[0]
     if c.workload.kind == "synthetic":
         raise ConfigError(
@@ -139,6 +151,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return _run_designs(args, configs, "replay", notes, total, loaded)
 
 
+def target_label(url: str) -> str:
+    """A replay against `url`'s name in results and file names: `target-HOST-PORT`."""
+    netloc = urllib.parse.urlsplit(url).netloc or url
+    return "target-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", netloc).strip("-")
+
+
 def _run_designs(
     args: argparse.Namespace,
     configs: list[TestbedConfig],
@@ -155,6 +173,9 @@ def _run_designs(
 
     reference = _reference(args, configs)  # checked before anything runs
     configs = [resolve_time_scale(c, args.address) if c.clock.mode == "live" else c for c in configs]
+    estimate = None if getattr(args, "target", None) else estimate_line(configs, loaded)
+    if estimate is not None:
+        print(estimate, flush=True)
     out = out_dir(args, kind)
     records = []
     frames = []
@@ -187,13 +208,16 @@ def _run_designs(
     write_json(out / "summary.json", records)
     write_json(out / "engines.json", clean_json(engines))
     c = configs[0]
-    notes = [
-        f"target {c.target.model}; designs {', '.join(x.design for x in configs)}",
-        f"{c.clock.mode} mode, compute {c.runner.compute}, time_scale "
-        + ", ".join(f"{x.clock.time_scale:g}" for x in configs if x.clock.time_scale != "auto"),
-        *notes,
-        "final Prometheus exposition of every actor: metrics/<design>/<actor>.prom",
-    ]
+    if getattr(args, "target", None):  # a real server: none of the testbed's own settings applied
+        notes = [*notes, "the workload's settings from the config; no design, emulated target or clock"]
+    else:
+        notes = [
+            f"target {c.target.model}; designs {', '.join(x.design for x in configs)}",
+            f"{c.clock.mode} mode, compute {c.runner.compute}, time_scale "
+            + ", ".join(f"{x.clock.time_scale:g}" for x in configs if x.clock.time_scale != "auto"),
+            *notes,
+            "final Prometheus exposition of every actor: metrics/<design>/<actor>.prom",
+        ]
     report = write_report(out, results, records, f"testbed {kind}: {c.target.model}", notes)
     show(run_table(records), *filter(None, [turns_table(results)]))
     print(f"run directory: {out}  (report: {report})")
@@ -218,20 +242,15 @@ def _reference(args: argparse.Namespace, configs: list[TestbedConfig]) -> str | 
 def _run_virtual_designs(configs: list[TestbedConfig], loaded: LoadedWorkload | None) -> list[Any]:
     """Each design in virtual time (through `loaded`), in worker processes, under a progress display
     of designs."""
-    from rich.progress import Progress
-
     from cluster.sweep import run_in_processes
 
-    with Progress(transient=True) as progress:
-        task = progress.add_task(f"{len(configs)} designs, in parallel", total=len(configs))
+    with RunProgress(f"{len(configs)} designs, in parallel", len(configs)) as progress:
         designs = [(cfg, loaded) for cfg in configs]
-        return run_in_processes(_virtual_design, designs, on_done=lambda: progress.advance(task))
+        return run_in_processes(_virtual_design, designs, on_done=progress.advance)
 
 
 def _virtual_design(design: tuple[TestbedConfig, LoadedWorkload | None]) -> Any:
     """One design in virtual time, its metrics rendered (to come back from a worker process)."""
-    import dataclasses
-
     from cluster.virtual import run_virtual
 
     cfg, loaded = design
@@ -243,13 +262,10 @@ def _run_one(
     cfg: TestbedConfig, args: argparse.Namespace, total: int | None, loaded: LoadedWorkload | None
 ) -> Any:
     """One design, virtual or live (or against a `--target` server), under a progress display."""
-    from rich.progress import Progress
-
-    with Progress(transient=True) as progress:
-        task = progress.add_task(f"{cfg.design}: requests", total=total)
+    with RunProgress(f"{cfg.design}: requests", total) as progress:
 
         def on_result(_: Any) -> None:
-            progress.advance(task)
+            progress.advance()
 
         target = getattr(args, "target", None)
         if target:
@@ -263,9 +279,7 @@ def _run_one(
         from cluster.live import run_live
 
         def on_tick(sim_s: float, lag: dict[str, Any]) -> None:
-            progress.update(
-                task, description=f"{cfg.design}: t={sim_s:.1f} s emulated, lag {lag['lag_fraction']:.1%}"
-            )
+            progress.describe(f"{cfg.design}: t={sim_s:.1f} s emulated, lag {lag['lag_fraction']:.1%}")
 
         return run_live(cfg, args.address, loaded, on_result=on_result, on_tick=on_tick)
 

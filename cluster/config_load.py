@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,19 @@ class ConfigError(ValueError):
 
 def available_presets() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_designs() -> dict[str, tuple[str, list[str]]]:
+    """Each preset -> what it emulates (its first comment line) and its designs."""
+    out = {}
+    for name in available_presets():
+        lines = (PRESETS_DIR / f"{name}.yaml").read_text().splitlines()
+        comment = " ".join(line.removeprefix("#").strip() for line in itertools.takewhile(_is_comment, lines))
+        about = comment.split(". ")[0].removesuffix(".")  # its first sentence
+        raw = _read_source(name)
+        designs = list(raw["designs"]) if "designs" in raw else [str(raw.get("design", "default"))]
+        out[name] = (about, designs)
+    return out
 
 
 def load_designs(
@@ -120,6 +134,10 @@ def _read_source(source: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"config: {source} must hold a mapping, not {type(raw).__name__}")
     return raw
+
+
+def _is_comment(line: str) -> bool:
+    return line.startswith("#")
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,21 @@ def sweep_table(records: list[dict[str, Any]], title: str) -> Table:
     return table
 
 
+def presets_table(presets: dict[str, tuple[str, list[str]]]) -> Table:
+    """`testbed presets`: each preset, what it emulates, and its designs."""
+    table = Table(title="presets (testbed run|sweep|replay --preset NAME [--design A,B])")
+    for col in ("preset", "designs", "what it emulates"):
+        table.add_column(col, overflow="fold")
+    for name, (about, designs) in presets.items():
+        table.add_row(name, ", ".join(designs), about)
+    return table
+
+
 def run_table(records: list[dict[str, Any]]) -> Table:
+    """One row per design; a replay against a server (`target` in its record) is client-side wall
+    time, without the testbed's own columns (offered rate, time scale, lag)."""
+    if any("target" in r for r in records):
+        return _target_table(records)
     table = Table(title="run summary (emulated time)")
     columns = (
         "design",
@@ -74,6 +88,25 @@ def run_table(records: list[dict[str, Any]]) -> Table:
             _fmt(r["request_throughput"], digits=3),
             f"{r['time_scale']:g}",
             _fmt(r["lag_fraction"], 100.0, 2),
+        )
+    return table
+
+
+def _target_table(records: list[dict[str, Any]]) -> Table:
+    table = Table(title="replay against a server (client side, wall-clock seconds)")
+    columns = ("target", "model", "done", "failed", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms")
+    for col in columns:
+        table.add_column(col, justify="right")
+    for r in records:
+        table.add_row(
+            r["target"],
+            str(r.get("model", "")),
+            str(r["completed"]),
+            str(r["failed"]),
+            _fmt(r["median_ttft_ms"]),
+            _fmt(r["p99_ttft_ms"]),
+            _fmt(r["median_itl_ms"]),
+            _fmt(r["p99_itl_ms"]),
         )
     return table
 

@@ -183,7 +183,7 @@ def swe_agent_through_serve(
         port, tmp / "server", "scheduler.max_model_len=65536", design=(*args, "--time-scale", str(time_scale))
     )
     try:
-        argv = ["replay", "--trace", str(SWE_AGENT), "--target", f"http://127.0.0.1:{port}", *args,
+        argv = ["replay", "--trace", str(SWE_AGENT), "--target", f"http://127.0.0.1:{port}", *args[:2],
                 "--window", window, "--max-turns", str(max_turns), "--set", "replay.history=model",
                 "--out", str(tmp / "client")]  # fmt: skip
         for s in sets:

@@ -300,7 +300,7 @@ def test_a_request_longer_than_max_model_len_fails_visibly_and_the_rest_run():
 def test_engines_check_token_ids_against_the_loaded_models_vocabulary():
     """runner.vocab_size sizes the tiny model it builds; a model from runner.model_path has its own."""
     path = ensure_model(RunnerConfig())  # the project's tiny model: 8,192 tokens
-    cfg = make_config(COLLOCATED, runner={"model_path": str(path), "vocab_size": 100_000})
+    cfg = make_config(COLLOCATED, runner={"compute": "real", "model_path": str(path), "vocab_size": 100_000})
 
     async def main():
         (engine,) = build_deployment(cfg, Clock()).engines

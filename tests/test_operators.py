@@ -123,7 +123,7 @@ def test_an_engine_on_the_operator_model_takes_its_step_times():
             {"cpu_overhead": {"s_per_request": -1.0}},
             r"target\.cpu_overhead\.s_per_request=-1\.0: must be >= 0",
         ),
-        ({"time_model": "exact"}, r"target\.time_model='exact': Input should be 'aggregate' or 'operators'"),
+        ({"time_model": "exact"}, r"target\.time_model='exact': must be 'aggregate' or 'operators'"),
     ],
 )
 def test_bad_time_model_settings_are_refused_naming_the_field(override, message):

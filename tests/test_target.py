@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from cluster.cli import main
+from cluster.cli_run import target_label
 from tests.factories import SWE_AGENT, TRACES, free_port, serve_process, swe_agent_through_serve
 
 pytestmark = pytest.mark.full  # replays against a running server process: `make test`, not `make test-fast`
@@ -53,7 +54,7 @@ def test_swe_agent_sessions_against_testbed_serve_agree_with_its_own_ttft(server
         "--max-turns",
         "2",
     ]
-    assert main([*argv, "--design", "pd-fast", "--out", str(tmp_path / "client")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "client")]) == 0
     client = pd.read_parquet(tmp_path / "client" / "results.parquet")
     own = server.stop()
     assert client["ok"].all() and len(client) >= 4 and client["server_request_id"].notna().all()
@@ -66,13 +67,14 @@ def test_swe_agent_sessions_against_testbed_serve_agree_with_its_own_ttft(server
     assert long, pairs
     for c, s in long:  # the client adds HTTP and streaming to the server's emulated TTFT
         assert c == pytest.approx(s, rel=0.10), pairs
-    record = json.loads((tmp_path / "client" / "summary.json").read_text())[0]
+    (record,) = json.loads((tmp_path / "client" / "summary.json").read_text())  # one pass, not a design each
     assert record["target"] == server.url and record["completed"] == len(client)
+    assert set(client["design"]) == {record["design"]} == {target_label(server.url)}
 
 
 def test_hash_id_trace_goes_as_token_id_prompts(server, tmp_path):
     argv = ["replay", "--trace", str(MOONCAKE), "--target", server.url, "--window", "0:1", "--speedup", "4"]
-    assert main([*argv, "--design", "pd-fast", "--out", str(tmp_path / "client")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "client")]) == 0
     client = pd.read_parquet(tmp_path / "client" / "results.parquet")
     own = server.stop()
     fits = client["num_prompt_tokens"] + client["max_tokens"] <= 131072
@@ -81,6 +83,16 @@ def test_hash_id_trace_goes_as_token_id_prompts(server, tmp_path):
     sent = client[fits]
     for rid, n in zip(sent["server_request_id"], sent["num_prompt_tokens"], strict=True):
         assert own.loc[rid, "num_prompt_tokens"] == n
+
+
+def test_a_design_with_a_target_is_one_line(capsys):
+    """Designs apply to the testbed; a server is replayed once, whatever the preset's designs."""
+    assert (
+        main(["replay", "--trace", str(MOONCAKE), "--target", "http://127.0.0.1:9", "--design", "pd-fast"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "--design=pd-fast: designs apply to the testbed only" in err and err.count("\n") == 1
 
 
 def test_an_unreachable_target_is_one_line(capsys):

@@ -97,26 +97,8 @@ class EngineCore:
         self._stopped = False
         self.health = EngineHealth(engine_id)
         self.streams = OutputStreams()
-        allowed = macro_steps and clock.virtual and executor.runner is None
-        self.windows = Windows(
-            clock=clock,
-            step_clock=self.step_clock,
-            scheduler=scheduler,
-            time_model=time_model,
-            stats=stats,
-            streams=self.streams,
-            finish=self._finish,
-            allowed=allowed,
-        )
-        self.kv = KVHandoff(
-            engine_id,
-            scheduler=scheduler,
-            kv_scheduler=kv_scheduler,
-            kv_worker=kv_worker,
-            stats=stats,
-            step_clock=self.step_clock,
-            abort=self.abort,
-        )
+        self.windows = _windows(self, allowed=macro_steps and clock.virtual and executor.runner is None)
+        self.kv = _kv_handoff(self)
 
     # ---- client side -------------------------------------------------------------------------------
 
@@ -318,3 +300,31 @@ class EngineCore:
         self.streams.assert_empty(self.engine_id)
         self.scheduler.assert_empty()
         self.executor.assert_empty()
+
+
+# The rooms the core builds around its collaborators (they call back into it: `_finish`, `abort`).
+
+
+def _windows(core: EngineCore, allowed: bool) -> Windows:
+    return Windows(
+        clock=core.clock,
+        step_clock=core.step_clock,
+        scheduler=core.scheduler,
+        time_model=core.time_model,
+        stats=core.stats,
+        streams=core.streams,
+        finish=core._finish,
+        allowed=allowed,
+    )
+
+
+def _kv_handoff(core: EngineCore) -> KVHandoff:
+    return KVHandoff(
+        core.engine_id,
+        scheduler=core.scheduler,
+        kv_scheduler=core.kv_scheduler,
+        kv_worker=core.kv_worker,
+        stats=core.stats,
+        step_clock=core.step_clock,
+        abort=core.abort,
+    )

@@ -6,7 +6,8 @@ edge); everything inside the testbed takes these objects as given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from emulation.config.engines import PoolConfig, PoolsConfig, RunnerConfig, SchedulerConfig, replica_id
 from emulation.config.faults import EngineFault, FaultsConfig, LinkSlowdown
@@ -68,3 +69,8 @@ class TestbedConfig:
     """SLO sets: comma-joined `metric<=value` terms over ttft, tpot, itl (per-request p99), gap, e2el."""
     seed: int = 0
     """Seeds arrivals, prompts and forced answers."""
+
+    def __post_init__(self) -> None:
+        if self.runner.compute == "auto":  # resolved once, so every reader (and the dump) sees real or skip
+            compute: Literal["real", "skip"] = "real" if self.workload.output_policy == "greedy" else "skip"
+            object.__setattr__(self, "runner", replace(self.runner, compute=compute))

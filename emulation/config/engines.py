@@ -95,8 +95,11 @@ class SchedulerConfig:
 class RunnerConfig:
     __pydantic_config__ = STRICT
 
-    compute: Literal["real", "skip"] = "real"
-    """real: the runner model computes every scheduled token; skip: timing only."""
+    compute: Literal["auto", "real", "skip"] = "auto"
+    """real: the runner model computes every scheduled token (real logits and KV); skip: timing only
+    (the same emulated times, at a fraction of the wall time); auto (resolved when the config is built):
+    real where the numerics are read (workload.output_policy=greedy: tokens are the argmax of the
+    runner's logits, and P/D's are checked against collocated's), skip otherwise."""
     model_path: str | None = None
     """Local Hugging Face model directory; None builds (once) the seeded tiny Qwen2 model in the cache."""
     hidden_size: Annotated[int, Field(ge=1)] = 64

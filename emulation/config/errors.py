@@ -53,6 +53,8 @@ def describe(root: type, error: ValidationError) -> str:
         return f"config: {key}: missing; a value is required"
     if err["type"] == "value_error":
         return f"{key}={err['input']!r}: {err['ctx']['error']}"
+    if annotation is not None and isinstance(err.get("input"), str | int | float | bool):
+        return f"config: {key}={err['input']!r}: must be {_expected(annotation)}"
     return f"config: {key}={err.get('input')!r}: {err['msg']}"
 
 
@@ -84,6 +86,21 @@ def _members(annotation: Any) -> list[Any]:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return [m for arg in typing.get_args(annotation) for m in _members(arg)]
     return [annotation]
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _expected(annotation: Any) -> str:
+    """What a value of `annotation` must be, in words: `a number > 0 or 'auto'`, `'forced' or 'greedy'`."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " or ".join(_expected(arg) for arg in typing.get_args(annotation))
+    if typing.get_origin(annotation) is typing.Annotated:
+        inner = typing.get_args(annotation)[0]
+        return f"{_expected(inner)} {_allowed(annotation)}".removesuffix(" or null")
+    if annotation in _TYPE_WORDS:
+        return _TYPE_WORDS[annotation]
+    return _allowed(annotation)
 
 
 def _allowed(annotation: Any) -> str:

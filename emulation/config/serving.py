@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from emulation.config.strict import STRICT
+
+RouterPolicy = Literal["round_robin", "session_affinity", "kv_aware", "kv_estimated"]
+ROUTER_POLICIES: tuple[str, ...] = typing.get_args(RouterPolicy)
 
 
 @dataclass(frozen=True)
@@ -16,7 +20,7 @@ class RouterConfig:
 
     __pydantic_config__ = STRICT
 
-    policy: Literal["round_robin", "session_affinity", "kv_aware", "kv_estimated"] = "round_robin"
+    policy: RouterPolicy = "round_robin"
     """round_robin; session_affinity: a session's turns stay on the engine its first turn went to;
     kv_aware: lowest overlap_weight x blocks to prefill + active blocks, from the engines' KV events;
     kv_estimated: the same cost from the router's own routing history (no events), entries expiring

@@ -59,7 +59,33 @@ def load_trace(
     `clients` in `window_s` with `seed` (the other formats are cut to a window when replayed)."""
     if not Path(path).exists():
         raise TraceError(str(path), None, "trace", "no such file or directory")
-    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt == "auto":
+        return _load(path, detect_format(path), window_s, clients, seed)
+    try:
+        return _load(path, fmt, window_s, clients, seed)
+    except TraceError as e:
+        e.args = (f"{e}; {_looks_like(path, fmt)}",)
+        raise
+
+
+def _looks_like(path: str | Path, fmt: str) -> str:
+    """Why a trace given as `fmt` may have failed: what its name and first line say it is instead."""
+    try:
+        detected = detect_format(path)
+    except (TraceError, OSError, UnicodeDecodeError):
+        return f"read as {fmt} (--format)"
+    if detected == fmt:
+        return f"read as {fmt} (--format)"
+    return f"read as {fmt}, but it looks like a {detected} trace: try --format {detected} (or auto)"
+
+
+def _load(
+    path: str | Path,
+    fmt: str,
+    window_s: tuple[float, float] | None,
+    clients: tuple[int, ...] | None,
+    seed: int,
+) -> Trace:
     if fmt == "mooncake":
         return load_mooncake(path)
     if fmt == "azure":

@@ -49,7 +49,9 @@ def load_azure(path: str | Path) -> Trace:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None or tuple(h.strip() for h in header) != _COLUMNS:
-            raise TraceError(path, 1, "header", f"{header!r}: expected {','.join(_COLUMNS)}")
+            first = ",".join(header or [])
+            shown = first if len(first) <= 60 else first[:57] + "..."
+            raise TraceError(path, 1, "header", f"{shown!r}: expected {','.join(_COLUMNS)}")
         sessions = []
         start = last = None
         for line_no, cells in enumerate(reader, 2):

@@ -103,7 +103,7 @@ def load_weka(path: str | Path) -> Trace:
         return load_weka_file(p)
     files = sorted(p.glob("*.json"))
     if not files:
-        raise TraceError(str(path), None, "files", "no *.json trace in this directory")
+        raise TraceError(str(path), None, "files", "no *.json trace in this directory" + _what_is_there(p))
     traces = [load_weka_file(f) for f in files]
     sizes = {t.block_size or 0 for t in traces}
     if len(sizes) > 1:
@@ -111,3 +111,15 @@ def load_weka(path: str | Path) -> Trace:
             str(path), None, "block_size", f"{sorted(sizes)}: the files disagree (one size per replay)"
         )
     return Trace(p.name, [s for t in traces for s in t.sessions], traces[0].block_size)
+
+
+def _what_is_there(directory: Path) -> str:
+    """What a directory without WEKA sessions holds instead, and the loader that reads it."""
+    found = sorted(f for f in directory.iterdir() if f.is_file())
+    if not found:
+        return " (it is empty)"
+    readers = {".csv": "azure", ".jsonl": "mooncake"}
+    first = next((f for f in found if f.suffix in readers), found[0])
+    reader = readers.get(first.suffix)
+    hint = f": --trace {first} --format {reader} reads one" if reader else ""
+    return f" (it holds {len(found)} file(s), e.g. {first.name}{hint})"

@@ -1,0 +1,115 @@
+"""The report's tables, as HTML: the summary (a row per design and rate, short headers, readable
+numbers), the goodput rates of a sweep, and the failures by reason."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from dashboards.headline import ATTAINMENT, failure_counts
+from dashboards.numbers import MISSING, percent, readable
+from workloads.summary import sweep_goodput
+
+
+def _rate(value: float | None) -> str:
+    return MISSING if value is None else f"{value:g}"
+
+
+_SUMMARY_COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "design": ("design", str),
+    "rate": ("rate req/s", _rate),
+    "completed": ("done", readable),
+    "failed": ("failed", readable),
+    "rejected": ("refused", readable),
+    "median_ttft_ms": ("TTFT p50 ms", readable),
+    "p99_ttft_ms": ("TTFT p99 ms", readable),
+    "median_itl_ms": ("ITL p50 ms", readable),
+    "p99_itl_ms": ("ITL p99 ms", readable),
+    "max_gap_ms": ("max gap ms", readable),
+    "median_handoff_ms": ("handoff p50 ms", readable),
+    "median_encode_ms": ("encode p50 ms", readable),
+    "encoder_busy_fraction": ("encoder busy", percent),
+    "encoder_cache_hit_rate": ("encoder cache hits", percent),
+    "cpu_overhead_share": ("CPU share", percent),
+    "request_throughput": ("req/s done", readable),
+    "output_throughput": ("tokens/s", readable),
+    "lag_fraction": ("lag", percent),
+}
+"""Record key: (header, format). The key columns first; a column all missing or zero is left out,
+except the counts and lag, whose zero says something."""
+_ALWAYS = {"design", "rate", "completed", "failed", "rejected", "lag_fraction"}
+
+
+def _table(headers: list[str], rows: list[list[str]], css: str, group_col: int | None = None) -> str:
+    """Cells are escaped here; a row starting a new value of `group_col` gets the class `first`."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = []
+    previous = None
+    for row in rows:
+        first = group_col is not None and row[group_col] != previous
+        previous = row[group_col] if group_col is not None else None
+        cells = "".join(f"<td>{html.escape(c)}</td>" for c in row)
+        body.append(f'<tr class="first">{cells}</tr>' if first else f"<tr>{cells}</tr>")
+    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def summary_table(records: list[dict[str, Any]]) -> str:
+    """A row per record (design and rate, means over seeds); empty when there is no record."""
+    frame = pd.DataFrame(records)
+    if frame.empty:
+        return "<p>No summary records.</p>"
+    keep = [
+        k
+        for k in _SUMMARY_COLUMNS
+        if k in frame and (k in _ALWAYS or pd.to_numeric(frame[k], errors="coerce").fillna(0.0).ne(0.0).any())
+    ]
+    rows = [
+        [_SUMMARY_COLUMNS[k][1](None if pd.isna(r[k]) else r[k]) for k in keep]
+        for r in frame[keep].to_dict("records")
+    ]
+    return _table([_SUMMARY_COLUMNS[k][0] for k in keep], rows, "summary", group_col=0)
+
+
+def goodput_table(records: list[dict[str, Any]]) -> str:
+    """Sweeps: per design and SLO, the highest offered rate at which it holds the SLO; empty for a run
+    at one rate."""
+    if len({r["rate"] for r in records}) < 2:
+        return ""
+    best = sweep_goodput(records, ATTAINMENT)
+    slos = list(dict.fromkeys(s for per in best.values() for s in per))
+    rows = [
+        [
+            design,
+            *(
+                f"up to {v:g} req/s" if (v := per.get(s)) is not None else "none of the rates tested"
+                for s in slos
+            ),
+        ]
+        for design, per in best.items()
+    ]
+    caption = (
+        f"<h2>Goodput: the highest offered rate with ≥ {percent(ATTAINMENT)} of requests within each SLO</h2>"
+    )
+    return caption + _table(["design", *slos], rows, "goodput")
+
+
+def failures_table(results: pd.DataFrame) -> str:
+    """Per design and reason, the failed requests and one full error text; empty when none failed."""
+    counts = failure_counts(results)
+    if counts.empty:
+        return ""
+    rows = [
+        [
+            str(c.design),
+            f"{c.requests:,}",
+            str(c.reason),
+            str(c.example)[:300] if isinstance(c.example, str) else "",
+        ]
+        for c in counts.itertuples()
+    ]
+    return "<h2>Failed requests by reason</h2>" + _table(
+        ["design", "requests", "reason", "first error text"], rows, "failures", group_col=0
+    )
