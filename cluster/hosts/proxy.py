@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -93,9 +92,8 @@ class RemoteProxy:
     async def stream(self, creq: ClientRequest, result: RequestResult) -> AsyncGenerator[EngineOutput, None]:
         try:
             async for item in remote_stream(self._handle.stream, creq):
-                if isinstance(item, RequestResult):
-                    for f in dataclasses.fields(item):
-                        setattr(result, f.name, getattr(item, f.name))
+                if isinstance(item, RequestResult):  # its figures too, computed once in the proxy
+                    vars(result).update(vars(item))
                 else:
                     yield item
         except Exception as e:  # the proxy actor died: the request failed, it is not lost
