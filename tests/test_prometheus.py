@@ -141,7 +141,7 @@ def scraped(tmp_path_factory):
         yield stack.prometheus_url, results, dep, cfg
         reports, _, _ = shutdown(dep, cfg)
         for eid, report in reports.items():
-            assert "error" not in report, eid
+            assert report.error is None, eid
     finally:
         served.stop()
         if started:

@@ -100,7 +100,7 @@ def test_a_client_leaving_mid_stream_aborts_in_the_actors(server):
     engines = server.served.deployment.engines.values()
 
     def idle():
-        return not any(ray.get(h.report.remote())["num_unfinished_requests"] for h in engines)
+        return not any(ray.get(h.report.remote()).num_unfinished_requests for h in engines)
 
     assert server.leave_mid_stream(idle).finished_reason == "abort"
 
