@@ -12,7 +12,7 @@ from pathlib import Path
 
 from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
 from emulation.config import TestbedConfig
-from emulation.kv_cache import cdiv, num_gpu_blocks
+from emulation.kv_cache import NUM_NULL_BLOCKS, cdiv, num_gpu_blocks
 from emulation.profiles import GPUS, MODELS
 from workloads.slo import SloError, parse_slo
 from workloads.traces.multi_turn import parse_dist
@@ -49,10 +49,11 @@ def _pools(cfg: TestbedConfig) -> Iterator[str]:
         if pool.gpu not in GPUS:
             yield f"pools.{name}.gpu={pool.gpu!r}: unknown GPU; allowed: {', '.join(GPUS)}"
         have = num_gpu_blocks(cfg, pool)
-        if have < need:
+        if have - NUM_NULL_BLOCKS < need:
             yield (
-                f"pools.{name}: {cfg.target.model} on {pool.tp} x {pool.gpu} leaves KV room for {have} "
-                f"blocks, a request needs {need}; allowed: a larger tp or GPU, or shorter requests"
+                f"pools.{name}: {cfg.target.model} on {pool.tp} x {pool.gpu} leaves KV room for "
+                f"{have - NUM_NULL_BLOCKS} blocks (and vLLM's null block), a request needs {need}; allowed: "
+                "a larger tp or GPU, or shorter requests"
             )
         # As vLLM refuses at start-up: a request of max_model_len tokens must fit in the KV cache
         # (else one could wait for blocks that never come free).

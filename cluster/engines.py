@@ -33,7 +33,7 @@ from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from dashboards.recorders import EncoderMetrics, EngineMetrics
 from emulation.config import PoolConfig, TestbedConfig
-from emulation.kv_cache import num_gpu_blocks
+from emulation.kv_cache import num_gpu_blocks, num_usable_blocks
 from emulation.profiles import LINKS, MODELS
 from emulation.time_model import time_model_for
 from emulation.vision import encoder_roofline_for, vision_encoder_of
@@ -86,7 +86,7 @@ def build_engine(
     None: its own."""
     s = cfg.scheduler
     time_model = time_model_for(cfg, pool)
-    blocks = BlockManager(num_gpu_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
+    blocks = BlockManager(num_usable_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
     if cfg.router.policy == "kv_aware":
         blocks.publish_kv_events()
     encoder_cache = EncoderCache(s.encoder_cache_embeds)
@@ -96,6 +96,7 @@ def build_engine(
         max_num_seqs=s.max_num_seqs,
         max_num_batched_encoder_embeds=s.encoder_budget,
         encoder_cache=encoder_cache,
+        reserve_full_isl=s.reserve_full_isl,
     )
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None

@@ -22,8 +22,19 @@ def kv_capacity_tokens(model: ModelProfile, gpu: GpuProfile, tp: int, gpu_memory
     return max(0, int(usable // model.kv_bytes_per_token_per_gpu(tp)))
 
 
+NUM_NULL_BLOCKS = 1
+"""Of `num_gpu_blocks`, the blocks no request ever gets: vLLM's null block (block 0, a placeholder
+for skipped blocks), counted in its `num_gpu_blocks` and in nothing else (usage is over the others)."""
+
+
+def num_usable_blocks(cfg: TestbedConfig, pool: PoolConfig) -> int:
+    """The KV blocks requests of one replica of `pool` can hold: `num_gpu_blocks` less the null block."""
+    return num_gpu_blocks(cfg, pool) - NUM_NULL_BLOCKS
+
+
 def num_gpu_blocks(cfg: TestbedConfig, pool: PoolConfig) -> int:
-    """KV blocks of one replica of `pool`: the target GPUs' memory minus weights, unless overridden."""
+    """KV blocks of one replica of `pool` as vLLM counts them: the target GPUs' memory minus weights,
+    unless overridden."""
     s = cfg.scheduler
     if s.num_gpu_blocks_override is not None:
         return s.num_gpu_blocks_override

@@ -80,6 +80,7 @@ class EngineReport:
     scheduler: SchedulerStats
     """Its scheduler's state when asked (preemptions and prefix-cache totals among them)."""
     num_gpu_blocks: int
+    """KV blocks as vLLM counts them: the null block among them (`emulation.kv_cache`)."""
     num_unfinished_requests: int
     """Requests still in the engine (0 once drained)."""
     hung: str | None = None

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from actors.engine.clock import Clock
 from cluster.config_load import ConfigError, build_config, load_designs
+from cluster.engines import build_engine
+from tests.factories import run_async
 
 
 def _load(tmp_path: Path, text: str) -> None:
@@ -62,3 +65,17 @@ def test_a_rule_across_fields_names_both():
     ):
         build_config({"kv_transfer": {"layerwise": True}})
     build_config({"kv_transfer": {"layerwise": True, "mode": "push"}})
+
+
+def test_the_null_block_is_counted_as_vllm_counts_it():
+    """vLLM's num_gpu_blocks includes one null block no request gets: an engine of N blocks holds N - 1."""
+    cfg = load_designs(
+        "guide-l40s", ["collocated"], ["scheduler.num_gpu_blocks_override=2049", "workload.prompt_len=1024"]
+    )[0]
+
+    async def main():
+        return build_engine("mixed-0", "mixed", cfg, cfg.pools.mixed, Clock(), None, {}, None)
+
+    engine = run_async(main())
+    assert engine.scheduler.blocks.num_blocks == 2048
+    assert engine.report().num_gpu_blocks == 2049

@@ -95,3 +95,26 @@ def test_decode_role_waits_for_remote_kv_then_recomputes_last_token():
     while s.num_unfinished:
         step(s)
     s.assert_empty()
+
+
+def test_a_waiting_request_is_admitted_only_if_its_whole_prompt_fits_as_vllm_032_does():
+    """vLLM 0.32's `scheduler_reserve_full_isl` (its default): a prompt of 10 blocks waits while only 6
+    are free, though its first chunk (2 blocks) would fit; without the gate it starts and preempts."""
+
+    def scenario(reserve_full_isl):
+        s = Scheduler(
+            BlockManager(10, 16, True),
+            max_num_batched_tokens=32,
+            max_num_seqs=8,
+            reserve_full_isl=reserve_full_isl,
+        )
+        a = add(s, 60, "a", max_tokens=8)  # 4 blocks once its prompt and a token are in
+        for _ in range(2):
+            step(s)
+        b = add(s, 160, "b", max_tokens=2, base=1000)  # 10 blocks of 16 tokens
+        return s, a, b, step(s)
+
+    s, a, b, batch = scenario(reserve_full_isl=True)
+    assert s.blocks.num_free_blocks == 6 and batch.requests == [a] and b.status is RequestStatus.WAITING
+    _, _, b_off, batch_off = scenario(reserve_full_isl=False)
+    assert b_off in batch_off.requests and b_off.status is RequestStatus.RUNNING

@@ -20,6 +20,7 @@ from actors.engine.block_manager import BlockManager
 from actors.engine.encoder_cache import EncoderCache
 from actors.engine.encoder_inputs import encoder_inputs
 from actors.engine.request import Request, RequestStatus
+from emulation.kv_cache import cdiv
 from emulation.step_shape import StepShape
 from messages import FinishedReason, MultiModalItem
 
@@ -62,8 +63,12 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_encoder_embeds: int | None = None,
         encoder_cache: EncoderCache | None = None,
+        reserve_full_isl: bool = True,
     ) -> None:
+        """`reserve_full_isl`: admit a waiting request only if its whole sequence fits in the free
+        blocks (vLLM's `scheduler_reserve_full_isl`, its default), not just its first chunk."""
         self.blocks = blocks
+        self.reserve_full_isl = reserve_full_isl
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_encoder_embeds = max_num_batched_encoder_embeds or max_num_batched_tokens
@@ -152,7 +157,7 @@ class Scheduler:
                 req.num_computed_tokens = self.blocks.get_computed_blocks(req)
             num_encoding = len(batch.encoder_inputs)
             n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget), batch)
-            if n == 0 or not self.blocks.allocate_slots(req, n):
+            if n == 0 or not self._fits_whole(req) or not self.blocks.allocate_slots(req, n):
                 self._drop_images(batch, num_encoding)
                 if fresh:
                     self.blocks.free(req)
@@ -167,6 +172,17 @@ class Scheduler:
             batch.add(req, n)
             budget -= n
         return budget
+
+    def _fits_whole(self, req: Request) -> bool:
+        """With `reserve_full_isl`: every block `req`'s sequence needs beyond those it holds (its prefix
+        hit among them, taken from the free blocks already) is free, as vLLM's admission gate counts::
+
+            needed = cdiv(num_tokens, block_size) - len(block_ids) <= num_free_blocks
+        """
+        if not self.reserve_full_isl:
+            return True
+        needed = cdiv(req.num_tokens, self.blocks.block_size) - len(req.block_ids)
+        return needed <= self.blocks.num_free_blocks
 
     def head_of_line(self, now: float) -> Request | None:
         """The first waiting request, if it is visible at `now` (the one the next schedule looks at)."""

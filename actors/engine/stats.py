@@ -16,6 +16,7 @@ from typing import Protocol
 from actors.engine.health import EngineHealth
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
+from emulation.kv_cache import NUM_NULL_BLOCKS
 from messages import FinishedReason, RequestTimes
 from messages.stats import EngineCounters, EngineReport, SchedulerStats
 
@@ -79,7 +80,7 @@ class EngineStats(EngineCounters):
             role=role,
             counters=EngineCounters(**{f.name: getattr(self, f.name) for f in fields(EngineCounters)}),
             scheduler=scheduler_stats(sched),
-            num_gpu_blocks=sched.blocks.num_blocks,
+            num_gpu_blocks=sched.blocks.num_blocks + NUM_NULL_BLOCKS,
             num_unfinished_requests=num_unfinished,
             hung=health.hung_why,
             error=str(health.dead) if health.dead is not None else None,

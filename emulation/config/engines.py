@@ -63,8 +63,13 @@ class SchedulerConfig:
     """Most tokens (prompt + max_tokens) one request may have; longer requests are rejected."""
     enable_prefix_caching: bool = True
     """Reuse cached KV blocks keyed by chained block hashes."""
-    num_gpu_blocks_override: Annotated[int | None, Field(gt=0)] = None
-    """Fix the KV capacity in blocks instead of deriving it from GPU memory (for tests of KV pressure)."""
+    num_gpu_blocks_override: Annotated[int | None, Field(gt=1)] = None
+    """Fix the KV capacity in blocks instead of deriving it from GPU memory (for tests of KV pressure);
+    as vLLM counts it, one of them the null block no request gets."""
+    reserve_full_isl: bool = True
+    """Admit a waiting request only if its whole sequence (prompt, and output so far if it was
+    preempted) fits in the free KV blocks, not just its first chunk (vLLM's
+    `scheduler_reserve_full_isl`, on by default since 0.32: fewer admissions, less preemption)."""
     max_waiting: Annotated[int | None, Field(ge=1)] = None
     """Admission limit: a request that finds this many waiting to be scheduled is rejected at once
     (finished_reason `rejected`; HTTP 429 with Retry-After) instead of queueing without bound.
