@@ -300,6 +300,12 @@ class RequestResult:
     """The request's place in a replayed trace (`ClientRequest`'s fields of the same names)."""
     server_request_id: str | None = None
     """Replayed against a server (`replay --target`): the id it gave the request, to match its records."""
+    server_num_output_tokens: int | None = None
+    """Replayed against a server: the tokens it says it generated (`usage.completion_tokens`; a streamed
+    chunk may carry several)."""
+    server_num_cached_tokens: int | None = None
+    """Replayed against a server: the prompt tokens it served from its prefix cache
+    (`usage.prompt_tokens_details.cached_tokens`; vLLM sends it with --enable-prompt-tokens-details)."""
     answer_message: dict[str, Any] | None = None
     """Replayed against a server: the assistant message it streamed (content, reasoning_content,
     tool_calls), which the client sends back as history (`replay.history=model`)."""

@@ -83,6 +83,10 @@ def test_hash_id_trace_goes_as_token_id_prompts(server, tmp_path):
     sent = client[fits]
     for rid, n in zip(sent["server_request_id"], sent["num_prompt_tokens"], strict=True):
         assert own.loc[rid, "num_prompt_tokens"] == n
+    # and the tokens it generated, as its usage says (not the client's count of chunks)
+    assert (
+        sent["server_num_output_tokens"] == own.loc[sent["server_request_id"], "num_output_tokens"].values
+    ).all()
 
 
 def test_a_design_with_a_target_is_one_line(capsys):

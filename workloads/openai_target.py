@@ -77,12 +77,7 @@ class OpenAITarget:
         result.server_request_id = chunk.get("id", result.server_request_id)
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
-            text = (
-                delta.get("content")
-                or delta.get("reasoning_content")
-                or delta.get("tool_calls")
-                or choice.get("text")
-            )
+            text = delta.get("content") or _reasoning(delta) or delta.get("tool_calls") or choice.get("text")
             if text or not result.token_times_s:
                 result.token_times_s.append(self.now())
             if delta:
@@ -90,8 +85,13 @@ class OpenAITarget:
             if choice.get("finish_reason"):
                 result.finished_reason = choice["finish_reason"]
         usage = chunk.get("usage")
-        if usage:
+        if usage:  # the server's counts: a chunk may carry several tokens, and only it knows its cache
             result.num_prompt_tokens = int(usage.get("prompt_tokens") or result.num_prompt_tokens)
+            if usage.get("completion_tokens") is not None:
+                result.server_num_output_tokens = int(usage["completion_tokens"])
+            details = usage.get("prompt_tokens_details") or {}  # vLLM: --enable-prompt-tokens-details
+            if details.get("cached_tokens") is not None:
+                result.server_num_cached_tokens = int(details["cached_tokens"])
 
 
 def _add_delta(result: RequestResult, delta: dict[str, Any]) -> None:
@@ -99,8 +99,8 @@ def _add_delta(result: RequestResult, delta: dict[str, Any]) -> None:
     first with id and name, later ones with more of the arguments)."""
     msg = result.answer_message = result.answer_message or {"role": "assistant", "content": ""}
     msg["content"] += delta.get("content") or ""
-    if delta.get("reasoning_content"):
-        msg["reasoning_content"] = msg.get("reasoning_content", "") + delta["reasoning_content"]
+    if reasoning := _reasoning(delta):  # kept as chat templates read it back
+        msg["reasoning_content"] = msg.get("reasoning_content", "") + reasoning
     for piece in delta.get("tool_calls") or []:
         calls = msg.setdefault("tool_calls", [])
         index = piece.get("index", len(calls))
@@ -110,3 +110,9 @@ def _add_delta(result: RequestResult, delta: dict[str, Any]) -> None:
         calls[index]["id"] = piece.get("id") or calls[index]["id"]
         fn["name"] += got.get("name") or ""
         fn["arguments"] += got.get("arguments") or ""
+
+
+def _reasoning(delta: dict[str, Any]) -> str | None:
+    """A chat delta's reasoning text: `reasoning` as vLLM 0.32 streams it, or `reasoning_content` (older
+    vLLM, `testbed serve`)."""
+    return delta.get("reasoning") or delta.get("reasoning_content")

@@ -47,7 +47,10 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
         c if r.prefill_engine is not None else None
         for c, r in zip(cols["num_cached_tokens"], results, strict=True)
     ]
-    cols["num_output_tokens"] = [len(t) for t in cols["token_times_s"]]
+    cols["num_output_tokens"] = [  # a server's own count where it gave one (replay --target)
+        n if n is not None else len(t)
+        for n, t in zip(cols["server_num_output_tokens"], cols["token_times_s"], strict=True)
+    ]
     latencies = [r.latencies for r in results]
     for col in LATENCY_COLUMNS:
         cols[col] = [lat[col] for lat in latencies]
@@ -58,7 +61,8 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     df = pd.concat([df, pd.DataFrame(handoff, index=df.index)], axis=1)
     df["ok"] = df["finished_reason"].isin(["length", "stop"])
     # Where the prompt was computed (prefill in P/D), how much of it the prefix cache served.
-    df["prompt_cached_tokens"] = df["prefill_cached_tokens"].fillna(df["num_cached_tokens"]).fillna(0)
+    cached = df["prefill_cached_tokens"].fillna(df["num_cached_tokens"])
+    df["prompt_cached_tokens"] = cached.fillna(df["server_num_cached_tokens"]).fillna(0)
     # The prompt tokens computed where the prompt was computed: not cached there, nor pulled back.
     pulled = df["prefill_pulled_back_tokens"].fillna(0)
     df["prompt_computed_tokens"] = df["num_prompt_tokens"] - df["prompt_cached_tokens"] - pulled
