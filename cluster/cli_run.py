@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import re
 import time
 import urllib.parse
@@ -173,9 +174,6 @@ def _run_designs(
 
     reference = _reference(args, configs)  # checked before anything runs
     configs = [resolve_time_scale(c, args.address) if c.clock.mode == "live" else c for c in configs]
-    estimate = None if getattr(args, "target", None) else estimate_line(configs, loaded)
-    if estimate is not None:
-        print(estimate, flush=True)
     out = out_dir(args, kind)
     records = []
     frames = []
@@ -184,6 +182,10 @@ def _run_designs(
     # Designs in virtual time are independent: one process each, as a sweep's points.
     parallel = len(configs) > 1 and not getattr(args, "target", None)
     parallel = parallel and all(c.clock.mode == "virtual" for c in configs)
+    num_parallel = (os.cpu_count() or 1) if parallel else 1  # run_in_processes: one process a core
+    estimate = None if getattr(args, "target", None) else estimate_line(configs, loaded, num_parallel)
+    if estimate is not None:
+        print(estimate, flush=True)
     with _ray_session(live, args.address):
         outputs = _run_virtual_designs(configs, loaded) if parallel else None
         for i, cfg in enumerate(configs):

@@ -18,21 +18,24 @@ SAY_ABOVE_WALL_S = 30.0
 """Estimates shorter than this are not printed."""
 
 
-def estimate_line(configs: list[TestbedConfig], loaded: LoadedWorkload | None) -> str | None:
+def estimate_line(
+    configs: list[TestbedConfig], loaded: LoadedWorkload | None, num_parallel: int = 1
+) -> str | None:
     """One line saying how long running every one of `configs` through `loaded` (None: each its own
-    synthetic workload) will take at least, and why; None when it is short."""
-    parts: list[str] = []
+    synthetic workload), `num_parallel` at a time, will take at least, and why; None when it is short."""
+    sizes = [_size(cfg, loaded) for cfg in configs]
     total_s = 0.0
-    for cfg in configs:
-        prompt_tokens, span_s = _size(cfg, loaded)
+    for cfg, (prompt_tokens, span_s) in zip(configs, sizes, strict=True):
         if cfg.runner.compute == "real":
             total_s += prompt_tokens / RUNNER_PREFILL_TOKENS_PER_WALL_S
         if cfg.clock.mode == "live" and isinstance(cfg.clock.time_scale, float | int):
             total_s += span_s * cfg.clock.time_scale
+    total_s /= max(1, min(num_parallel, len(configs)))
     if total_s < SAY_ABOVE_WALL_S:
         return None
     c = configs[0]
-    prompt_tokens, span_s = _size(c, loaded)
+    prompt_tokens, span_s = sizes[0]
+    parts: list[str] = []
     if c.runner.compute == "real":
         parts.append(
             f"{prompt_tokens:,} prompt tokens a design through the runner model at "
@@ -40,7 +43,8 @@ def estimate_line(configs: list[TestbedConfig], loaded: LoadedWorkload | None) -
             "without real numerics)"
         )
     if c.clock.mode == "live":
-        parts.append(f"live: {span_s:,.0f} emulated s a design x time_scale {c.clock.time_scale}")
+        scales = ", ".join(f"{x.clock.time_scale:g}" for x in configs if x.clock.time_scale != "auto")
+        parts.append(f"live: {span_s:,.0f} emulated s a design x time_scale {scales}")
     return f"estimate: at least {_duration(total_s)} wall for {len(configs)} design(s): " + "; ".join(parts)
 
 
