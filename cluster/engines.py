@@ -68,6 +68,23 @@ def vision_for(cfg: TestbedConfig) -> Any:
     return None if vit is None else load_vision_model(cfg.runner, vit.patch_size)
 
 
+def scheduler_for(cfg: TestbedConfig, pool: PoolConfig) -> Scheduler:
+    """The scheduler of one replica of `pool`, over its KV blocks (publishing KV events for a
+    KV-aware router) and its encoder cache."""
+    s = cfg.scheduler
+    blocks = BlockManager(num_usable_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
+    if cfg.router.policy == "kv_aware":
+        blocks.publish_kv_events()
+    return Scheduler(
+        blocks,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_encoder_embeds=s.encoder_budget,
+        encoder_cache=EncoderCache(s.encoder_cache_embeds),
+        reserve_full_isl=s.reserve_full_isl,
+    )
+
+
 def build_engine(
     engine_id: str,
     role: Role,
@@ -86,18 +103,7 @@ def build_engine(
     None: its own."""
     s = cfg.scheduler
     time_model = time_model_for(cfg, pool)
-    blocks = BlockManager(num_usable_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
-    if cfg.router.policy == "kv_aware":
-        blocks.publish_kv_events()
-    encoder_cache = EncoderCache(s.encoder_cache_embeds)
-    scheduler = Scheduler(
-        blocks,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        max_num_seqs=s.max_num_seqs,
-        max_num_batched_encoder_embeds=s.encoder_budget,
-        encoder_cache=encoder_cache,
-        reserve_full_isl=s.reserve_full_isl,
-    )
+    scheduler = scheduler_for(cfg, pool)
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision)

@@ -136,6 +136,11 @@ class BlockManager:
         req.num_published_blocks = len(hits)
         return len(hits) * self.block_size
 
+    def fits_whole(self, req: Request) -> bool:
+        """Every block `req`'s whole sequence needs beyond those it holds (its prefix hit, taken from the
+        free blocks already) is free: vLLM's admission gate, `allocate_slots(full_sequence_must_fit)`."""
+        return cdiv(req.num_tokens, self.block_size) - len(req.block_ids) <= len(self._free)
+
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
         """Give `req` blocks for num_computed_tokens + num_new_tokens; False (nothing changed) if short."""
         need = cdiv(req.num_computed_tokens + num_new_tokens, self.block_size) - len(req.block_ids)

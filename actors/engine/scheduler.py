@@ -20,7 +20,6 @@ from actors.engine.block_manager import BlockManager
 from actors.engine.encoder_cache import EncoderCache
 from actors.engine.encoder_inputs import encoder_inputs
 from actors.engine.request import Request, RequestStatus
-from emulation.kv_cache import cdiv
 from emulation.step_shape import StepShape
 from messages import FinishedReason, MultiModalItem
 
@@ -157,7 +156,8 @@ class Scheduler:
                 req.num_computed_tokens = self.blocks.get_computed_blocks(req)
             num_encoding = len(batch.encoder_inputs)
             n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget), batch)
-            if n == 0 or not self._fits_whole(req) or not self.blocks.allocate_slots(req, n):
+            fits = not self.reserve_full_isl or self.blocks.fits_whole(req)
+            if n == 0 or not fits or not self.blocks.allocate_slots(req, n):
                 self._drop_images(batch, num_encoding)
                 if fresh:
                     self.blocks.free(req)
@@ -172,17 +172,6 @@ class Scheduler:
             batch.add(req, n)
             budget -= n
         return budget
-
-    def _fits_whole(self, req: Request) -> bool:
-        """With `reserve_full_isl`: every block `req`'s sequence needs beyond those it holds (its prefix
-        hit among them, taken from the free blocks already) is free, as vLLM's admission gate counts::
-
-            needed = cdiv(num_tokens, block_size) - len(block_ids) <= num_free_blocks
-        """
-        if not self.reserve_full_isl:
-            return True
-        needed = cdiv(req.num_tokens, self.blocks.block_size) - len(req.block_ids)
-        return needed <= self.blocks.num_free_blocks
 
     def head_of_line(self, now: float) -> Request | None:
         """The first waiting request, if it is visible at `now` (the one the next schedule looks at)."""
