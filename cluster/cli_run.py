@@ -210,7 +210,9 @@ def _run_designs(
     write_json(out / "summary.json", records)
     write_json(out / "engines.json", clean_json(engines))
     c = configs[0]
+    title = f"testbed {kind}: {c.target.model}"
     if getattr(args, "target", None):  # a real server: none of the testbed's own settings applied
+        title = f"testbed {kind} against {args.target}"
         notes = [*notes, "the workload's settings from the config; no design, emulated target or clock"]
     else:
         notes = [
@@ -220,7 +222,7 @@ def _run_designs(
             *notes,
             "final Prometheus exposition of every actor: metrics/<design>/<actor>.prom",
         ]
-    report = write_report(out, results, records, f"testbed {kind}: {c.target.model}", notes)
+    report = write_report(out, results, records, title, notes)
     show(run_table(records), *filter(None, [turns_table(results)]))
     print(f"run directory: {out}  (report: {report})")
     return 0
