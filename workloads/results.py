@@ -62,7 +62,8 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     df["ok"] = df["finished_reason"].isin(["length", "stop"])
     # Where the prompt was computed (prefill in P/D), how much of it the prefix cache served.
     cached = df["prefill_cached_tokens"].fillna(df["num_cached_tokens"])
-    df["prompt_cached_tokens"] = cached.fillna(df["server_num_cached_tokens"]).fillna(0)
+    server_cached = df["server_num_cached_tokens"].astype("float64")  # None where no server gave one
+    df["prompt_cached_tokens"] = cached.fillna(server_cached).fillna(0)
     # The prompt tokens computed where the prompt was computed: not cached there, nor pulled back.
     pulled = df["prefill_pulled_back_tokens"].fillna(0)
     df["prompt_computed_tokens"] = df["num_prompt_tokens"] - df["prompt_cached_tokens"] - pulled
