@@ -15,22 +15,30 @@ def req(tokens, rid="a", max_tokens=4):
     return Request(EngineRequest(rid, list(tokens), max_tokens), 0.0)
 
 
+def admit(bm: BlockManager, r: Request) -> int:
+    """Look `r` up and take its prefix hit, as the scheduler admits it: the tokens the hit covers."""
+    hits = bm.get_computed_blocks(r)
+    r.num_computed_tokens = len(hits) * bm.block_size
+    assert bm.allocate_slots(r, 0, hits)
+    bm.record_prefix_cache_stats(r, r.num_computed_tokens)
+    return r.num_computed_tokens
+
+
 def compute_all(bm: BlockManager, r: Request) -> None:
-    """Allocate and 'compute' every prompt token, publishing full blocks."""
+    """Allocate and 'compute' every prompt token (full blocks are published as they are allocated)."""
     assert bm.allocate_slots(r, r.num_tokens - r.num_computed_tokens)
     r.num_computed_tokens = r.num_tokens
-    bm.cache_full_blocks(r)
 
 
 def test_repeated_prompt_hits_all_but_the_last_token():
     bm = BlockManager(64, 16, True)
     a = req(range(64), "a")
-    assert bm.get_computed_blocks(a) == 0
+    assert admit(bm, a) == 0
     compute_all(bm, a)
     bm.free(a)
     b = req(range(64), "b")
     # 64 tokens = 4 full blocks, but one token must be computed for logits: 3 blocks hit
-    assert bm.get_computed_blocks(b) == 48
+    assert admit(bm, b) == 48
     assert bm.num_prefix_cache_hits == 48
     assert bm.num_prefix_cache_queries == 128
     compute_all(bm, b)
@@ -46,7 +54,7 @@ def test_changed_history_changes_every_later_hash():
     changed = list(range(80))
     changed[20] = 999  # inside block 1
     b = req(changed, "b")
-    assert bm.get_computed_blocks(b) == 16  # block 0 only; blocks 2.. share tokens but not history
+    assert admit(bm, b) == 16  # block 0 only; blocks 2.. share tokens but not history
     bm.free(b)
     ha, hb = bm.block_hashes(a, 4), bm.block_hashes(b, 4)
     assert ha[0] == hb[0]
@@ -59,7 +67,7 @@ def test_shared_prefix_is_referenced_not_copied():
     a = req(range(40), "a")
     compute_all(bm, a)
     b = req([*range(32), 7, 7, 7, 7], "b")
-    assert bm.get_computed_blocks(b) == 32
+    assert admit(bm, b) == 32
     assert b.block_ids[:2] == a.block_ids[:2]
     free_before = bm.num_free_blocks
     bm.free(a)
@@ -74,11 +82,11 @@ def test_lru_eviction_reuses_oldest_free_block_and_forgets_its_hash():
     compute_all(bm, a)
     bm.free(a)
     big = req(range(1000, 1064), "big")  # needs all 4 blocks: evicts a's cached blocks
-    assert bm.get_computed_blocks(big) == 0
+    assert admit(bm, big) == 0
     assert bm.allocate_slots(big, 64)
     bm.free(big)
     again = req(range(33), "again")
-    assert bm.get_computed_blocks(again) == 0
+    assert admit(bm, again) == 0
     bm.free(again)
     bm.assert_empty()
 
@@ -95,7 +103,7 @@ def test_prefix_caching_off_never_hits():
     a = req(range(64))
     compute_all(bm, a)
     bm.free(a)
-    assert bm.get_computed_blocks(req(range(64), "b")) == 0
+    assert admit(bm, req(range(64), "b")) == 0
 
 
 def test_block_hashes_are_the_same_in_every_process():
@@ -132,12 +140,12 @@ def test_a_next_turn_is_hashed_one_block_past_the_prefix_it_shares():
     compute_all(bm, a)  # its 6 full blocks, unhashed under their first
     bm.free(a)
     b = req([*range(100), *range(500, 900)], "b")  # a's prompt, then its own (31 blocks in all)
-    assert bm.get_computed_blocks(b) == 96  # a's blocks hashed in and hit
+    assert admit(bm, b) == 96  # a's blocks hashed in and hit
     compute_all(bm, b)  # published unhashed from block 6 on, under block 6's hash
     assert len(b.block_hashes) == 7  # hashed in runs of 1, 3, 7 blocks: to block 6, its first miss
     bm.free(b)
     c = req([*range(100), *range(500, 900), 1], "c")
-    assert bm.get_computed_blocks(c) == 496  # b's blocks hashed in when c's walk reached their key
+    assert admit(bm, c) == 496  # b's blocks hashed in when c's walk reached their key
     bm.free(c)
     bm.assert_empty()
 
@@ -145,12 +153,12 @@ def test_a_next_turn_is_hashed_one_block_past_the_prefix_it_shares():
 def test_a_prompt_sharing_nothing_is_hashed_only_at_its_first_block():
     bm = BlockManager(64, 16, True)
     a = req(range(160), "a")
-    assert bm.get_computed_blocks(a) == 0
+    assert admit(bm, a) == 0
     compute_all(bm, a)
     assert len(a.block_hashes) == 1  # published under its first block's hash alone
     bm.free(a)
     b = req([*range(100), 7, 7], "b")  # the same first block: a's blocks are hashed in, then hit
-    assert bm.get_computed_blocks(b) == 96
+    assert admit(bm, b) == 96
     assert len(a.block_hashes) == 10
     bm.free(b)
     bm.assert_empty()
@@ -174,7 +182,7 @@ def _random_ops(seed: int, events: bool) -> list[object]:
             # a shared prefix, or a whole earlier prompt (a next turn: it diverges deep in a sequence)
             head = rng.choice([*prefixes, [], *done[-3:]])
             r = req(head + tail, f"r{i}")
-            seen.append(("hit", bm.get_computed_blocks(r), list(r.block_ids)))
+            seen.append(("hit", admit(bm, r), list(r.block_ids)))
             running.append(r)
         elif op < 0.8:  # compute a chunk
             r = rng.choice(running)
@@ -182,7 +190,6 @@ def _random_ops(seed: int, events: bool) -> list[object]:
             ok = n > 0 and bm.allocate_slots(r, n)
             if ok:
                 r.num_computed_tokens += n
-                bm.cache_full_blocks(r)
             seen.append(("step", ok, list(r.block_ids), bm.num_free_blocks))
         else:  # finish (or be preempted: the same request comes back and looks up again)
             r = running.pop(rng.randrange(len(running)))
@@ -190,7 +197,7 @@ def _random_ops(seed: int, events: bool) -> list[object]:
             done.append(r.token_ids(0, r.num_tokens))
             if rng.random() < 0.5:
                 r.num_computed_tokens = 0
-                seen.append(("again", bm.get_computed_blocks(r), list(r.block_ids)))
+                seen.append(("again", admit(bm, r), list(r.block_ids)))
                 running.append(r)
     for r in running:
         bm.free(r)
@@ -203,3 +210,48 @@ def test_hashing_when_needed_gives_the_cache_of_hashing_as_blocks_fill():
     need them. Every answer, over random runs with sharing, eviction and preemption, is the same."""
     for seed in range(100):
         assert _random_ops(seed, events=False) == _random_ops(seed, events=True)
+
+
+def test_blocks_are_cached_as_they_are_allocated():
+    """vLLM caches the full blocks a step will compute as it schedules them: a request admitted later
+    in the same step hits them."""
+    bm = BlockManager(16, 16, True)
+    a = req(range(40), "a")
+    assert admit(bm, a) == 0 and bm.allocate_slots(a, 40)  # scheduled, not computed yet
+    b = req(range(40), "b")
+    assert admit(bm, b) == 32 and b.block_ids[:2] == a.block_ids[:2]
+    for r in (a, b):
+        bm.free(r)
+    bm.assert_empty()
+
+
+def test_blocks_without_a_hash_are_reused_first():
+    """vLLM prepends freed blocks without a hash (here a partly filled last block) to the free queue
+    and appends hashed ones: the next allocation takes the partial block, the cached prefix stays."""
+    bm = BlockManager(2, 16, True)
+    a = req(range(20), "a")
+    compute_all(bm, a)  # block 0 full and cached, block 1 partial
+    bm.free(a)
+    other = req(range(100, 110), "other")
+    assert admit(bm, other) == 0 and bm.allocate_slots(other, 10)
+    assert admit(bm, req(range(20), "again")) == 16  # not evicted
+    bm.free(other)
+
+
+def test_a_request_that_does_not_fit_leaves_its_hit_where_it_was():
+    """vLLM checks the fit (a free hit block counts as one to take) before touching the hit: a failed
+    admission does not make its hit the most recently used."""
+    bm = BlockManager(3, 16, True)
+    old, new = req(range(17), "old"), req(range(100, 117), "new")
+    for r in (old, new):  # cached in this order: old is the least recently used
+        compute_all(bm, r)
+        bm.free(r)
+    big = req([*range(16), *range(500, 600)], "big")  # hits old's block, needs 8 in all
+    hits = bm.get_computed_blocks(big)
+    big.num_computed_tokens = 16
+    assert hits and not bm.allocate_slots(big, 100, hits)
+    assert big.block_ids == [] and bm.num_free_blocks == 3
+    two = req(range(900, 932), "two")
+    assert bm.allocate_slots(two, 32)  # a free block without a hash, then the oldest cached: old's
+    assert admit(bm, req(range(17), "old-again")) == 0
+    assert admit(bm, req(range(100, 117), "new-again")) == 16

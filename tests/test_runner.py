@@ -72,3 +72,15 @@ def test_kv_written_to_other_blocks_continues_identically(model):
     a = src.execute([RunnerInput("a", [5], 80, [0, 1, 2, 3, 4, 10], 90, True)])
     b = dst.execute([RunnerInput("x", [5], 80, [9, 8, 7, 6, 5, 10], 90, True)])
     assert a == b
+
+
+def test_a_prefix_hit_on_blocks_the_same_step_computes_reads_them_computed(model):
+    """The scheduler caches blocks as it schedules them (vLLM's rule), so a request admitted later in
+    a step may hit blocks an earlier one computes in that very step: it still sees their KV."""
+    p = prompt(40, 3)
+    with torch.inference_mode():
+        ref_token = int(model(torch.tensor([p])).logits[0, -1].argmax())
+    runner = ModelRunner(model, num_blocks=16, block_size=16)
+    first = RunnerInput("first", p, 0, [0, 1, 2], 41, True)
+    hit = RunnerInput("hit", p[32:], 32, [0, 1, 5], 41, True)  # blocks 0 and 1: first's, hit
+    assert runner.execute([first, hit]) == [ref_token, ref_token]

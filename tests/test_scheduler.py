@@ -25,7 +25,6 @@ def step(s, token=1):
     batch = s.schedule(now=0.0)
     for r, n in zip(batch.requests, batch.num_new_tokens, strict=True):
         r.num_computed_tokens += n
-        s.blocks.cache_full_blocks(r)
         if r.num_computed_tokens == r.num_tokens:
             r.output_token_ids.append(token)
             if len(r.output_token_ids) >= r.max_tokens:

@@ -42,7 +42,7 @@ Record = dict[str, Any]
 BLOCK_SIZE = 16
 TOKEN = 7
 """The token every caught-up request samples on both sides (the peer script's `TOKEN`)."""
-SEEDS = range(8)
+SEEDS = range(16)
 RESERVE_FULL_ISL = (True, False)
 
 
@@ -154,34 +154,8 @@ NAMED = {
     f.__name__.replace("_", "-"): f
     for f in (hits_blocks_scheduled_this_step, reuses_partial_blocks_first, failed_admission_keeps_lru_order)
 }
-"""Hand-made scenarios, each a minimal case of one vLLM 0.32 prefix-cache behaviour."""
+"""Hand-made scenarios, each a minimal case of one vLLM 0.32 prefix-cache behaviour (each once differed)."""
 NAMES = [f"seed-{seed}" for seed in SEEDS] + list(NAMED)
-
-KNOWN_DIFFERENCES = {
-    "hits-blocks-scheduled-this-step": "vLLM caches a block's hash when it schedules the block (a request "
-    "admitted later in the same step hits it); the testbed caches it after the step",
-    "reuses-partial-blocks-first": "vLLM puts freed blocks without a hash at the front of the free queue "
-    "(reused first); the testbed puts every freed block at the back, evicting cached prefixes vLLM keeps",
-    "failed-admission-keeps-lru-order": "vLLM checks a waiting request's fit before touching its prefix "
-    "hit; the testbed touches the hit blocks and, when the request does not fit, frees them to the "
-    "most recently used end",
-    "seed-2": "reuses-partial-blocks-first, in a generated scenario",
-}
-"""Scenarios where the testbed's prefix cache still differs from vLLM 0.32's, each with the difference:
-expected to fail (strictly: a fix makes them pass, and then they must leave this list)."""
-
-
-def _cases() -> list[Any]:
-    return [
-        pytest.param(
-            name,
-            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_DIFFERENCES[name])]
-            if name in KNOWN_DIFFERENCES
-            else [],
-        )
-        for name in NAMES
-    ]
-
 
 def scenario(name: str, reserve_full_isl: bool) -> Scenario:
     """A scenario by name: `seed-<n>` (generated) or one of `NAMED`."""
@@ -306,7 +280,7 @@ def vllm_records(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bo
 
 
 @pytest.mark.parametrize("reserve_full_isl", RESERVE_FULL_ISL, ids=lambda r: f"reserve_full_isl={r}")
-@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize("name", NAMES)
 def test_scheduler_steps_as_vllm_does(name, reserve_full_isl, vllm_records):
     sc = scenario(name, reserve_full_isl)
     diff = first_difference(sc, vllm_records[name, reserve_full_isl], run_testbed(sc))

@@ -102,13 +102,15 @@ class BlockManager:
             self._extend_hashes(req, num_blocks * self.block_size)
         return req.block_hashes[:num_blocks]
 
-    def get_computed_blocks(self, req: Request) -> int:
-        """Attach the longest cached prefix of `req`'s tokens to it; returns the tokens it covers.
+    def get_computed_blocks(self, req: Request) -> list[int]:
+        """The blocks of the longest cached prefix of `req`'s tokens (`block_size` tokens each), touched
+        by nothing: a request that is not admitted leaves them where they are in the free queue, as
+        vLLM's `get_computed_blocks` leaves them until `allocate_slots` takes them.
 
         At least one token is always left to compute, since the next token needs logits.
         """
         if not self.enable_prefix_caching:
-            return 0
+            return []
         bs, hashes, cached = self.block_size, req.block_hashes, self._cached
         max_hit_blocks = (req.num_tokens - 1) // bs
         hits: list[int] = []
@@ -128,27 +130,53 @@ class BlockManager:
             if (block := cached.get(miss)) is None:
                 break
             hits.append(block)
-        self.num_prefix_cache_queries += req.num_tokens
-        self.num_prefix_cache_hits += len(hits) * self.block_size
+        return hits
+
+    def record_prefix_cache_stats(self, req: Request, num_hit_tokens: int) -> None:
+        """Count an admitted request's lookup (vLLM records at admission, so a request that waits is
+        counted once, and a preempted one coming back is not counted again)."""
+        if self.enable_prefix_caching and req.times.num_preemptions == 0:
+            self.num_prefix_cache_queries += req.num_tokens
+            self.num_prefix_cache_hits += num_hit_tokens
+
+    def allocate_slots(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[int] | None = None,
+        *,
+        full_sequence_must_fit: bool = False,
+        delay_cache_blocks: bool = False,
+    ) -> bool:
+        """Give `req` blocks for its `num_computed_tokens` (which count `new_computed_blocks`, its prefix
+        hit, when it has one) plus `num_new_tokens`; False, nothing changed, if the free blocks are short.
+        As vLLM's `allocate_slots`: a hit block that is free counts as one to take (it leaves the free
+        queue); `full_sequence_must_fit`: the whole sequence must fit, not only this chunk (the admission
+        gate of `scheduler.reserve_full_isl`); the full blocks this step will have computed are cached
+        now, so a request admitted later in the same step hits them, unless `delay_cache_blocks` (KV
+        that arrives from another engine later)::
+
+            block_ids  | held | new_computed_blocks |      to allocate       |
+            tokens     | <- num_computed_tokens ->  | <- num_new_tokens ->   |
+                                                   (full_sequence_must_fit: up to num_tokens)
+        """
+        hits = new_computed_blocks or []
+        num_held = len(req.block_ids) + len(hits)
+        num_free = len(self._free) - (len(hits) - sum(map(self._ref_cnt.__contains__, hits)))
+        if full_sequence_must_fit and cdiv(req.num_tokens, self.block_size) - num_held > num_free:
+            return False
+        end = req.num_computed_tokens + num_new_tokens
+        need = cdiv(end, self.block_size) - num_held
+        if need > num_free:
+            return False
         if hits:
             self._touch(hits)
-        req.block_ids = hits
-        req.num_published_blocks = len(hits)
-        return len(hits) * self.block_size
-
-    def fits_whole(self, req: Request) -> bool:
-        """Every block `req`'s whole sequence needs beyond those it holds (its prefix hit, taken from the
-        free blocks already) is free: vLLM's admission gate, `allocate_slots(full_sequence_must_fit)`."""
-        return cdiv(req.num_tokens, self.block_size) - len(req.block_ids) <= len(self._free)
-
-    def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
-        """Give `req` blocks for num_computed_tokens + num_new_tokens; False (nothing changed) if short."""
-        need = cdiv(req.num_computed_tokens + num_new_tokens, self.block_size) - len(req.block_ids)
-        if need <= 0:
-            return True
-        if need > len(self._free):
-            return False
-        self.append_blocks(req, need)
+            req.block_ids = list(hits)
+            req.num_published_blocks = len(hits)
+        if need > 0:
+            self.append_blocks(req, need)
+        if not delay_cache_blocks:
+            self.cache_blocks(req, end)
         return True
 
     def append_blocks(self, req: Request, count: int) -> None:
@@ -181,13 +209,14 @@ class BlockManager:
             freed.popleft()
         return new
 
-    def cache_full_blocks(self, req: Request) -> None:
-        """Publish the full blocks of `req` whose KV is now computed: unhashed if their key is their own,
-        else hashed (a hash already cached under another block, computed twice at once, stays with
-        that block, as `setdefault` would)."""
+    def cache_blocks(self, req: Request, num_tokens: int) -> None:
+        """Publish the full blocks among `req`'s first `num_tokens` tokens (their KV computed, or being
+        computed by the step that scheduled them): unhashed if their key is their own, else hashed (a
+        hash already cached under another block, computed twice at once, stays with that block, as
+        `setdefault` would)."""
         if not self.enable_prefix_caching:
             return
-        num_full = req.num_computed_tokens // self.block_size
+        num_full = num_tokens // self.block_size
         lo = req.num_published_blocks
         if num_full <= lo:
             return
@@ -248,10 +277,14 @@ class BlockManager:
             self._events.update(dict.fromkeys(new, True))
 
     def free(self, req: Request) -> None:
-        """Drop `req`'s hold on its blocks; those nobody else holds go to the free queue, tail first."""
+        """Drop `req`'s hold on its blocks; those nobody else holds go to the free queue, tail first: its
+        unpublished blocks (no hash: a partly filled last block, blocks not computed, every block without
+        prefix caching) to the front, reused first, its published ones to the LRU end, evicted last
+        (vLLM's `free_blocks`: blocks without a hash are prepended, hashed ones appended)."""
+        num_published = req.num_published_blocks
         seq = self._unhashed_of.pop(req, None)
         # Its blocks from its unhashed sequence on were never cached: it alone holds them.
-        cut = len(req.block_ids) if seq is None else seq.start
+        cut = num_published if seq is None else seq.start
         ids = req.block_ids[:cut][::-1]
         held = list(map(self._ref_cnt.pop, ids, repeat(1)))
         unused = ids
@@ -262,8 +295,9 @@ class BlockManager:
                     self._ref_cnt[block] = n - 1
                 else:
                     unused.append(block)
-        own = req.block_ids[cut:][::-1]
-        at = self._free.push(own + unused)  # to the LRU end, tail first
+        self._free.push_front(req.block_ids[num_published:][::-1])
+        own = req.block_ids[cut:num_published][::-1]
+        at = self._free.push(own + unused)
         if seq is not None:  # its first block's entry is the last of its own
             seq.end = at + len(own)
             self._freed_unhashed.append(seq)

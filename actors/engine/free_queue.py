@@ -7,8 +7,9 @@ from itertools import repeat
 
 
 class FreeQueue:
-    """The free blocks, least recently used first: those never used (in id order, not materialised, so
-    a pool of any size costs nothing to build) ahead of those freed since (oldest first).
+    """The free blocks, least recently used first: those freed without a hash (`push_front`, reused
+    first, as vLLM prepends them), then those never used (in id order, not materialised, so a pool of
+    any size costs nothing to build), then those freed with one (`push`, oldest first).
 
     Freed blocks are a list read from `_head` on, so a request's blocks go in and come out by slices (an
     ordered dict costs ~100 ns a block). A block taken out of the middle (a prefix-cache hit on a freed
@@ -20,6 +21,8 @@ class FreeQueue:
     """
 
     def __init__(self, num_blocks: int) -> None:
+        self._front: list[int] = []
+        """Blocks freed without a hash, a stack: its end is the front of the queue."""
         self._next_unused = 0
         self._num_blocks = num_blocks
         self._queue: list[int] = []
@@ -31,12 +34,16 @@ class FreeQueue:
         self._num_stale = 0
 
     def __len__(self) -> int:
-        return self._num_blocks - self._next_unused + len(self._queue) - self._head - self._num_stale
+        num_queued = len(self._queue) - self._head - self._num_stale
+        return len(self._front) + self._num_blocks - self._next_unused + num_queued
 
     def pop_oldest(self, count: int) -> list[int]:
         """The `count` least recently used blocks (there must be as many), taken out."""
+        front = self._front[len(self._front) - min(count, len(self._front)) :][::-1]
+        del self._front[len(self._front) - len(front) :]
+        count -= len(front)
         unused = min(count, self._num_blocks - self._next_unused)
-        blocks = list(range(self._next_unused, self._next_unused + unused))
+        blocks = front + list(range(self._next_unused, self._next_unused + unused))
         self._next_unused += unused
         count -= unused
         if count and not self._num_stale:
@@ -75,6 +82,10 @@ class FreeQueue:
                 else:
                     out.append(block)
                     count -= 1
+
+    def push_front(self, blocks: list[int]) -> None:
+        """Free `blocks` that hold nothing findable, to be reused first (`blocks[0]` first of all)."""
+        self._front += reversed(blocks)
 
     def push(self, blocks: list[int]) -> int:
         """Free `blocks`, most recently used last; returns the position of the first one's entry."""

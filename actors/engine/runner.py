@@ -94,7 +94,36 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, items: list[RunnerInput]) -> list[int | None]:
-        """Compute every item's new tokens; returns the argmax next token where logits were asked for."""
+        """Compute every item's new tokens; returns the argmax next token where logits were asked for.
+
+        A request admitted with a prefix hit on blocks an earlier request of the same step computes
+        (the scheduler caches blocks as it schedules them, as vLLM does) reads them once they are
+        stored: it runs in a second pass. vLLM's kernels need none, as they write each layer's KV before
+        any request of the step attends to it; a working copy is filled before the first layer."""
+        now, later = self._split_same_step_hits(items)
+        sampled = self._forward(now)
+        if not later:
+            return sampled
+        by_id = dict(zip((it.request_id for it in now), sampled, strict=True))
+        by_id.update(zip((it.request_id for it in later), self.execute(later), strict=True))
+        return [by_id[it.request_id] for it in items]
+
+    def _split_same_step_hits(self, items: list[RunnerInput]) -> tuple[list[RunnerInput], list[RunnerInput]]:
+        """The items that can run now, and those whose first read of the pool (a new working copy)
+        reaches a block an earlier item of this step writes."""
+        now, later, written = [], [], set()
+        bs = self.block_size
+        for it in items:
+            reads = it.start_pos and it.request_id not in self._working
+            if reads and not written.isdisjoint(it.block_ids[: -(-it.start_pos // bs)]):
+                later.append(it)
+            else:
+                now.append(it)
+            written.update(it.block_ids[it.start_pos // bs : -(-(it.start_pos + len(it.token_ids)) // bs)])
+        return now, later
+
+    def _forward(self, items: list[RunnerInput]) -> list[int | None]:
+        """One forward pass of the packed batch."""
         m = self.model.model
         ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long, device=self.device)
         pos = torch.tensor(

@@ -152,17 +152,19 @@ class Scheduler:
             if budget == 0:
                 break
             fresh = not req.block_ids  # new or preempted (a pulled 1-token prompt has blocks, no tokens)
+            hits = self.blocks.get_computed_blocks(req) if fresh else []
             if fresh:
-                req.num_computed_tokens = self.blocks.get_computed_blocks(req)
+                req.num_computed_tokens = len(hits) * self.blocks.block_size
             num_encoding = len(batch.encoder_inputs)
             n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget), batch)
-            fits = not self.reserve_full_isl or self.blocks.fits_whole(req)
-            if n == 0 or not fits or not self.blocks.allocate_slots(req, n):
+            must_fit = self.reserve_full_isl
+            if n == 0 or not self.blocks.allocate_slots(req, n, hits, full_sequence_must_fit=must_fit):
                 self._drop_images(batch, num_encoding)
                 if fresh:
-                    self.blocks.free(req)
                     req.num_computed_tokens = 0
                 break
+            if fresh:
+                self.blocks.record_prefix_cache_stats(req, req.num_computed_tokens)
             self.waiting.popleft()
             if fresh and req.times.first_scheduled_s is None:
                 req.times.num_cached_tokens = req.num_computed_tokens
@@ -206,14 +208,16 @@ class Scheduler:
         """Blocks for the whole prompt, the leading ones from this engine's own prefix cache (they need
         not move); False (nothing held) if they do not fit. A pull back learns here how much of
         decode's sequence it takes (`pull_back_rule`, the KV connector's reuse rule)."""
-        req.num_computed_tokens = self.blocks.get_computed_blocks(req)
+        hits = self.blocks.get_computed_blocks(req)
+        req.num_computed_tokens = len(hits) * self.blocks.block_size
         if req.is_pull_back:
             assert self.pull_back_rule is not None, "a pull back needs the KV connector's reuse rule"
             req.pull_back_tokens = self.pull_back_rule(req)
-        if not self.blocks.allocate_slots(req, req.num_prompt_tokens - req.num_computed_tokens):
-            self.blocks.free(req)
+        num_new_tokens = req.num_prompt_tokens - req.num_computed_tokens
+        if not self.blocks.allocate_slots(req, num_new_tokens, hits, delay_cache_blocks=True):
             req.num_computed_tokens = 0
             return False
+        self.blocks.record_prefix_cache_stats(req, req.num_computed_tokens)
         req.times.num_cached_tokens = req.num_computed_tokens
         return True
 
@@ -240,7 +244,6 @@ class Scheduler:
                 req.times.first_scheduled_s = start_s
             req.num_computed_tokens += n
             req.compute_s += step_s
-            self.blocks.cache_full_blocks(req)
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk short of the end: no token yet
             forced = req.forced_output_token_ids

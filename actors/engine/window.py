@@ -267,7 +267,7 @@ def commit(
         num_out = (1 if req.num_computed_tokens >= req.num_tokens else 0) if chunked else k
         tokens = list(forced[n : n + num_out])
         req.output_token_ids += tokens
-        sched.blocks.cache_full_blocks(req)
+        sched.blocks.cache_blocks(req, req.num_computed_tokens)
         if tokens:
             stamps = window.ends[k - len(tokens) : k]
             out.append((req, tokens, stamps, stop_reason(req, tokens[-1])))
