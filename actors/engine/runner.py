@@ -111,7 +111,9 @@ class ModelRunner:
     def _split_same_step_hits(self, items: list[RunnerInput]) -> tuple[list[RunnerInput], list[RunnerInput]]:
         """The items that can run now, and those whose first read of the pool (a new working copy)
         reaches a block an earlier item of this step writes."""
-        now, later, written = [], [], set()
+        now: list[RunnerInput] = []
+        later: list[RunnerInput] = []
+        written: set[int] = set()
         bs = self.block_size
         for it in items:
             reads = it.start_pos and it.request_id not in self._working
