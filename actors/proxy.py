@@ -152,12 +152,9 @@ class Proxy:
                     async for out in inner:
                         yield out
         except Exception as e:
-            result.finished_reason = "error"
-            result.error = f"{type(e).__name__}: {e}"
+            result.fail(f"{type(e).__name__}: {e}")
         finally:
-            if result.finished_reason is None:
-                result.finished_reason = "abort"
-                result.error = "the client closed the stream"
+            result.end_stream()
             if self.recorder is not None:
                 self.recorder.on_request_done(result)
 

@@ -179,8 +179,7 @@ async def drive(
         except ray.exceptions.RayActorError as e:  # the proxy died under it: failed, not lost
             replace_proxy(dep, cfg, proxy)
             failed = RequestResult.for_request(creq)
-            failed.finished_reason = "error"
-            failed.error = f"the proxy died: {type(e).__name__}"
+            failed.fail(f"the proxy died: {type(e).__name__}")
             return failed
 
     async def ticks() -> None:

@@ -4,334 +4,39 @@ Tensors cross only where they are the point: KV in `KVPayload`, an image's patch
 (for the vision encoder). Times are emulated seconds.
 """
 
-from __future__ import annotations
-
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, Literal
-
-import numpy as np
-
+from messages.kv import KVEvents, KVPayload, KVPull
 from messages.kv_transfer_params import KVTransferParams
-from messages.latency import handoff_parts, request_latencies
+from messages.multimodal import EncodedImage, EncodeJob, MultiModalItem
+from messages.requests import (
+    ClientRequest,
+    EngineOutput,
+    EngineRequest,
+    FinishedReason,
+    RenderedPrompt,
+    RenderSpec,
+    RequestTimes,
+    token_ids_valid,
+)
+from messages.result import RequestResult
 from messages.token_ids import PromptIds, TokenIds
 
-FinishedReason = Literal["length", "stop", "abort", "error", "rejected"]
-"""vLLM's reasons, and `rejected`: refused at admission (scheduler.max_waiting), nothing computed."""
-
-
-def token_ids_valid(ids: object, vocab_size: int) -> bool:
-    """A token-ID list an engine can compute: ints in [0, vocab_size) (checked at the HTTP edge, and by
-    engines, since a bad ID would break the runner's embedding lookup)."""
-    if isinstance(ids, TokenIds):  # ints by construction
-        return not ids or (min(ids.array) >= 0 and max(ids.array) < vocab_size)
-    if not isinstance(ids, list) or not ids:
-        return isinstance(ids, list)
-    return set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab_size  # C loops: long prompts
-
-
-@dataclass
-class MultiModalItem:
-    """render -> proxy -> engines: one image of a prompt, where its visual tokens sit."""
-
-    mm_hash: str
-    """BLAKE3 of the processed image (hex): the encoder cache's key, and an extra key of the block
-    hashes of every block it overlaps (the same image dedupes KV; two images never share blocks)."""
-    offset: int
-    """Its first placeholder token's position in the prompt (where its embeddings go)."""
-    num_tokens: int
-    """Its visual tokens: placeholders in the prompt, embeddings out of the encoder."""
-    pixel_values: np.ndarray | None = None
-    """[num_patches, 1176] float32, the processed image: what the vision encoder computes on (None
-    where only the hash is needed)."""
-    grid_thw: tuple[int, int, int] = (1, 0, 0)
-    """Its patches along time, height and width (the vision encoder's positions)."""
-    encoded: bool = False
-    """An encoder pool encoded it: its embeddings come with it (`embeds`; None with compute skip)."""
-    embeds: np.ndarray | None = None
-    """[num_tokens, runner hidden size] float32, from the encoder pool: what crosses the E/P cut."""
-
-
-@dataclass
-class EncodeJob:
-    """proxy -> encoder: one image of a request to encode."""
-
-    request_id: str
-    """The request it is for (logs, failures)."""
-    item: MultiModalItem
-    """The image: its patches are encoded, its hash keys the encoder's cache."""
-    arrival_s: float
-    """Emulated time the job reaches the encoder (it is not encoded earlier)."""
-
-
-@dataclass
-class EncodedImage:
-    """encoder -> proxy: an image's embeddings, and when the encoder had them."""
-
-    mm_hash: str
-    embeds: np.ndarray | None
-    """[visual tokens, runner hidden size]; None with compute skip. Sent on to prefill: the point."""
-    done_s: float
-    """Emulated time they were ready on the encoder (their EC transfer starts then)."""
-    cached: bool
-    """Found in the encoder's cache: no encoder time was spent on it."""
-
-
-@dataclass
-class RenderedPrompt:
-    """render -> front end: a chat rendered to the prompt's token IDs, and its images."""
-
-    token_ids: list[int]
-    mm_items: list[MultiModalItem] = field(default_factory=list)
-
-
-@dataclass
-class EngineRequest:
-    """proxy -> engine: one request in token IDs (engines never see text)."""
-
-    request_id: str
-    """Correlates outputs, KV handoff and results across actors."""
-    prompt_token_ids: PromptIds
-    """The prompt the engine computes; in P/D decode receives it so it never re-renders."""
-    max_tokens: int
-    """Output tokens to produce (1 on a prefill engine)."""
-    arrival_time_s: float | None = None
-    """Emulated time the request reaches the engine (None: when it does). The engine neither schedules
-    it earlier nor counts the real hop between actors, so senders may send ahead of time."""
-    forced_output_token_ids: list[int] | None = None
-    """The forced output policy's answer; None means greedy (argmax of the runner's logits)."""
-    kv_transfer_params: KVTransferParams | None = None
-    """vLLM's P/D contract: `do_remote_decode` to prefill; the prefill's answer to decode (where the
-    KV is)."""
-    stop_token_ids: list[int] = field(default_factory=list)
-    """Sampling one of these ends the request with finished_reason 'stop' (the tokenizer's EOS)."""
-    mm_items: list[MultiModalItem] = field(default_factory=list)
-    """The prompt's images (block hashes over their positions include their hashes)."""
-
-
-@dataclass
-class RequestTimes:
-    """engine -> proxy with the final output: the engine-side life of a request, for results."""
-
-    queued_s: float
-    """Entered the engine's queue."""
-    first_scheduled_s: float | None = None
-    """First step that computed one of its tokens."""
-    scheduled_s: float | None = None
-    """Last admitted from the queue (vLLM's SCHEDULED event; a preempted request is admitted again)."""
-    first_token_s: float | None = None
-    """This engine emitted the request's first token (engine-level TTFT counts from `queued_s`)."""
-    last_token_s: float | None = None
-    """This engine's latest token so far (its last one once finished)."""
-    finished_s: float | None = None
-    num_cached_tokens: int = 0
-    """Prompt tokens served from the local prefix cache."""
-    num_external_tokens: int = 0
-    """Prompt tokens whose KV came from another engine (decode: from prefill; prefill, bidirectional:
-    pulled back from decode's last turn of the conversation)."""
-    kv_pull_back_failed: bool = False
-    """Bidirectional: decode's blocks of the last turn were gone (expired, or its engine died), so
-    prefill computed those tokens again."""
-    kv_load_failed: bool = False
-    """Decode side: the prompt's KV failed to load, so this engine computed the prompt itself
-    (kv_transfer.load_failure_policy=recompute)."""
-    num_preemptions: int = 0
-    kv_blocks_ready_s: float | None = None
-    """Decode side: blocks were allocated for the remote KV (no transfer starts before)."""
-    kv_transfer_start_s: float | None = None
-    """Decode side: the handoff began: at blocks_ready (pull), or once prefill finished too (push)."""
-    kv_transfer_done_s: float | None = None
-    """Decode side: the emulated transfer completed."""
-    kv_wire_start_s: float | None = None
-    """Decode side: the sender's link began sending it (after the transfers queued before it)."""
-    kv_wire_s: float = 0.0
-    """Decode side: emulated seconds its bytes occupied the link."""
-    kv_noticed_s: float | None = None
-    """Decode side: the engine noticed the completed transfer (a step boundary or push notification)."""
-    kv_bytes: int = 0
-    """Target-model KV bytes moved by the handoff."""
-
-
-@dataclass
-class EngineOutput:
-    """engine -> proxy: new tokens of one request since the last output, stamped in emulated time.
-
-    Streams are coalesced: one output may carry several steps' tokens when the consumer is behind.
-    """
-
-    request_id: str
-    new_token_ids: list[int]
-    token_times_s: list[float]
-    """Emulated time each token was emitted (its step's end)."""
-    finished_reason: FinishedReason | None = None
-    kv_transfer_params: KVTransferParams | None = None
-    """From a prefill engine on finish: where the KV is, for the decode engine to pull."""
-    times: RequestTimes | None = None
-    """On the final output only."""
-    error: str | None = None
-    """Why a request ended with finished_reason 'error'."""
-    kv_events: KVEvents | None = None
-    """The engine's prefix-cache changes since its last output (any request's), for a KV-aware router:
-    piggybacked on the outputs the engine streams anyway, so they cost no message of their own."""
-
-
-@dataclass
-class KVEvents:
-    """engine -> router: block hashes the engine's prefix cache gained and lost since its last batch
-    (vLLM's BlockStored / BlockRemoved, net: a block stored and evicted within one batch is only
-    removed). Hashes are the stable chained ones (`block_hash`), comparable across actors."""
-
-    stored: list[bytes]
-    removed: list[bytes]
-
-
-@dataclass
-class KVPull:
-    """decode -> prefill: which held KV to send, and when its transfer may start (emulated)."""
-
-    request_id: str
-    """The held request (prefill's id for it)."""
-    first_block: int
-    """Blocks before it are in decode's own prefix cache: only the rest is sent."""
-    start_s: float
-    """When the transfer may start: decode's admission (pull) or prefill's send (push)."""
-    wire_s: float
-    """How long its bytes occupy the sender's link, where pulls from one prefill engine queue."""
-    num_blocks: int | None = None
-    """A pull back (bidirectional): only this many blocks from `first_block` (the full ones prefill
-    takes); None: all the request holds from there."""
-
-
-@dataclass
-class KVPayload:
-    """prefill -> decode: the runner's real KV of a request's prompt (numpy moves zero-copy in Ray)."""
-
-    request_id: str
-    kv: np.ndarray | None = field(repr=False)
-    """[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim] of the runner, from the pull's first
-    block on; None with compute skip."""
-    wire_start_s: float
-    """Emulated time the sender's link starts sending it: pulls from one prefill engine queue there."""
-
-
-@dataclass
-class RenderSpec:
-    """How to render a chat request: sent with it so that any render replica can (re)render it."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """chat_template_kwargs, e.g. enable_thinking, keep_past_reasoning."""
-
-
-@dataclass
-class ClientRequest:
-    """front end -> proxy: a request rendered to token IDs (engines never see text)."""
-
-    request_id: str
-    arrival_s: float
-    """Emulated send time from the trace or generator."""
-    prompt_token_ids: PromptIds
-    """A trace's synthesized prompt is a `TokenIds` (ints made only where read)."""
-    max_tokens: int
-    forced_output_token_ids: list[int] | None = None
-    """The workload's answer, emitted under the forced output policy; None for greedy."""
-    stop_token_ids: list[int] = field(default_factory=list)
-    render: RenderSpec | None = None
-    """P/D: how the decode side renders the prompt if it cannot reuse prefill's token IDs."""
-    reuse_prompt_token_ids: bool = True
-    """P/D: decode takes the prompt IDs prefill returns in kv_transfer_params; False (non-text content,
-    echo) renders again."""
-    render_s: float = 0.0
-    """Emulated seconds the front end took to render it into token IDs: engines see it that much after
-    `arrival_s`, and the client's TTFT (from `arrival_s`) counts it, as vLLM's does."""
-    encode_s: float = 0.0
-    """E/P/D: emulated seconds from rendered to the engines seeing it (its images queued, encoded on
-    the encoder pool and moved to prefill; part of TTFT)."""
-    ec_transfer_s: float = 0.0
-    """E/P/D: of `encode_s`, the EC transfer of the image whose embeddings landed last."""
-    mm_items: list[MultiModalItem] = field(default_factory=list)
-    """The prompt's images, as the render tier found them."""
-    session_id: str | None = None
-    """The replayed session (conversation, agent) it belongs to: the key of session-affinity routing
-    (vLLM's multi-turn benchmark sends it as `conversation_id`); None outside sessions."""
-    turn: int | None = None
-    """Its index among its session's turns (0 first), carried into results."""
-    parent_session_id: str | None = None
-    """The session that spawned its session (a sub-agent's parent), carried into results."""
-
-
-@dataclass
-class RequestResult:
-    """proxy -> driver: one request's whole story as the client saw it (a row of the results table)."""
-
-    request_id: str
-    arrival_s: float
-    num_prompt_tokens: int
-    max_tokens: int
-    finished_reason: FinishedReason | None = None
-    error: str | None = None
-    output_token_ids: list[int] = field(default_factory=list)
-    token_times_s: list[float] = field(default_factory=list)
-    """Emulated time each output token reached the client."""
-    engine: str | None = None
-    """The engine that produced the output (the decode engine in P/D)."""
-    prefill_engine: str | None = None
-    prefill_done_s: float | None = None
-    """P/D: the prefill engine emitted its token (its KV is ready to move)."""
-    num_prefill_retries: int = 0
-    """P/D: prefill engines that died or timed out under it before one finished its prompt
-    (`prefill_engine`)."""
-    num_prefill_timeouts: int = 0
-    """P/D: prefill engines that gave no answer within router.prefill_timeout_s (aborted there)."""
-    prefill_times: RequestTimes | None = None
-    """P/D: the prefill engine's record of the request (its prefix-cache hits among them)."""
-    times: RequestTimes | None = None
-    """The producing engine's record of the request (None if it never finished there)."""
-    render_s: float = 0.0
-    """Emulated seconds of rendering before any engine saw it (part of TTFT)."""
-    encode_s: float = 0.0
-    """E/P/D: emulated seconds of encoding its images and moving them to prefill (part of TTFT)."""
-    ec_transfer_s: float = 0.0
-    """E/P/D: of `encode_s`, the last-landing image's embeddings moving encoder -> prefill."""
-    session_id: str | None = None
-    turn: int | None = None
-    parent_session_id: str | None = None
-    """The request's place in a replayed trace (`ClientRequest`'s fields of the same names)."""
-    server_request_id: str | None = None
-    """Replayed against a server (`replay --target`): the id it gave the request, to match its records."""
-    server_num_output_tokens: int | None = None
-    """Replayed against a server: the tokens it says it generated (`usage.completion_tokens`; a streamed
-    chunk may carry several)."""
-    server_num_cached_tokens: int | None = None
-    """Replayed against a server: the prompt tokens it served from its prefix cache
-    (`usage.prompt_tokens_details.cached_tokens`; vLLM sends it with --enable-prompt-tokens-details)."""
-    answer_message: dict[str, Any] | None = None
-    """Replayed against a server: the assistant message it streamed (content, reasoning_content,
-    tool_calls), which the client sends back as history (`replay.history=model`)."""
-
-    @cached_property
-    def latencies(self) -> dict[str, float]:
-        """The finished request's client-side latencies (`messages.latency.LATENCY_COLUMNS`; NaN where
-        undefined), computed once, where it is first read (its proxy's metrics, or the results table),
-        and carried with the result from there: read it only once the request has finished."""
-        return request_latencies(self.arrival_s, self.token_times_s)
-
-    @cached_property
-    def handoff_parts(self) -> dict[str, float] | None:
-        """P/D: the finished request's KV handoff in parts (`messages.latency.HANDOFF_PARTS`), once."""
-        return handoff_parts(self.prefill_done_s, self.times)
-
-    @classmethod
-    def for_request(cls, creq: ClientRequest) -> RequestResult:
-        """The record of `creq` that whoever serves it (proxy, API server, replay client) fills in."""
-        return cls(
-            creq.request_id,
-            creq.arrival_s,
-            len(creq.prompt_token_ids),
-            creq.max_tokens,
-            render_s=creq.render_s,
-            session_id=creq.session_id,
-            turn=creq.turn,
-            parent_session_id=creq.parent_session_id,
-        )
+__all__ = [
+    "ClientRequest",
+    "EncodeJob",
+    "EncodedImage",
+    "EngineOutput",
+    "EngineRequest",
+    "FinishedReason",
+    "KVEvents",
+    "KVPayload",
+    "KVPull",
+    "KVTransferParams",
+    "MultiModalItem",
+    "PromptIds",
+    "RenderSpec",
+    "RenderedPrompt",
+    "RequestResult",
+    "RequestTimes",
+    "TokenIds",
+    "token_ids_valid",
+]

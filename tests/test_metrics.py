@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import messages
+import messages.result
 from cluster.virtual import run_virtual
 from dashboards import metrics as m
 from dashboards.exposition import sum_series
@@ -208,8 +208,10 @@ def test_each_requests_latencies_and_handoff_parts_are_computed_once(monkeypatch
 
         return wrapped
 
-    monkeypatch.setattr(messages, "request_latencies", counting("latencies", messages.request_latencies))
-    monkeypatch.setattr(messages, "handoff_parts", counting("handoff", messages.handoff_parts))
+    monkeypatch.setattr(
+        messages.result, "request_latencies", counting("latencies", messages.result.request_latencies)
+    )
+    monkeypatch.setattr(messages.result, "handoff_parts", counting("handoff", messages.result.handoff_parts))
     cfg = make_config(PD, runner={"compute": "skip"}, workload=WORKLOAD, slos=["ttft<=2s"])
     run = run_virtual(cfg)
     assert len(run.results) == WORKLOAD["num_requests"]

@@ -97,9 +97,6 @@ class RemoteProxy:
                 else:
                     yield item
         except Exception as e:  # the proxy actor died: the request failed, it is not lost
-            result.finished_reason = "error"
-            result.error = f"{type(e).__name__}: {e}"
+            result.fail(f"{type(e).__name__}: {e}")
         finally:
-            if result.finished_reason is None:
-                result.finished_reason = "abort"
-                result.error = "the client closed the stream"
+            result.end_stream()

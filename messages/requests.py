@@ -1,0 +1,169 @@
+"""A request on its way: what the front end renders, the proxy sends, an engine records and streams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from messages.kv import KVEvents
+from messages.kv_transfer_params import KVTransferParams
+from messages.multimodal import MultiModalItem
+from messages.token_ids import PromptIds, TokenIds
+
+FinishedReason = Literal["length", "stop", "abort", "error", "rejected"]
+"""vLLM's reasons, and `rejected`: refused at admission (scheduler.max_waiting), nothing computed."""
+
+
+def token_ids_valid(ids: object, vocab_size: int) -> bool:
+    """A token-ID list an engine can compute: ints in [0, vocab_size) (checked at the HTTP edge, and by
+    engines, since a bad ID would break the runner's embedding lookup)."""
+    if isinstance(ids, TokenIds):  # ints by construction
+        return not ids or (min(ids.array) >= 0 and max(ids.array) < vocab_size)
+    if not isinstance(ids, list) or not ids:
+        return isinstance(ids, list)
+    return set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab_size  # C loops: long prompts
+
+
+@dataclass
+class RenderedPrompt:
+    """render -> front end: a chat rendered to the prompt's token IDs, and its images."""
+
+    token_ids: list[int]
+    mm_items: list[MultiModalItem] = field(default_factory=list)
+
+
+@dataclass
+class EngineRequest:
+    """proxy -> engine: one request in token IDs (engines never see text)."""
+
+    request_id: str
+    """Correlates outputs, KV handoff and results across actors."""
+    prompt_token_ids: PromptIds
+    """The prompt the engine computes; in P/D decode receives it so it never re-renders."""
+    max_tokens: int
+    """Output tokens to produce (1 on a prefill engine)."""
+    arrival_time_s: float | None = None
+    """Emulated time the request reaches the engine (None: when it does). The engine neither schedules
+    it earlier nor counts the real hop between actors, so senders may send ahead of time."""
+    forced_output_token_ids: list[int] | None = None
+    """The forced output policy's answer; None means greedy (argmax of the runner's logits)."""
+    kv_transfer_params: KVTransferParams | None = None
+    """vLLM's P/D contract: `do_remote_decode` to prefill; the prefill's answer to decode (where the
+    KV is)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Sampling one of these ends the request with finished_reason 'stop' (the tokenizer's EOS)."""
+    mm_items: list[MultiModalItem] = field(default_factory=list)
+    """The prompt's images (block hashes over their positions include their hashes)."""
+
+
+@dataclass
+class RequestTimes:
+    """engine -> proxy with the final output: the engine-side life of a request, for results."""
+
+    queued_s: float
+    """Entered the engine's queue."""
+    first_scheduled_s: float | None = None
+    """First step that computed one of its tokens."""
+    scheduled_s: float | None = None
+    """Last admitted from the queue (vLLM's SCHEDULED event; a preempted request is admitted again)."""
+    first_token_s: float | None = None
+    """This engine emitted the request's first token (engine-level TTFT counts from `queued_s`)."""
+    last_token_s: float | None = None
+    """This engine's latest token so far (its last one once finished)."""
+    finished_s: float | None = None
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the local prefix cache."""
+    num_external_tokens: int = 0
+    """Prompt tokens whose KV came from another engine (decode: from prefill; prefill, bidirectional:
+    pulled back from decode's last turn of the conversation)."""
+    kv_pull_back_failed: bool = False
+    """Bidirectional: decode's blocks of the last turn were gone (expired, or its engine died), so
+    prefill computed those tokens again."""
+    kv_load_failed: bool = False
+    """Decode side: the prompt's KV failed to load, so this engine computed the prompt itself
+    (kv_transfer.load_failure_policy=recompute)."""
+    num_preemptions: int = 0
+    kv_blocks_ready_s: float | None = None
+    """Decode side: blocks were allocated for the remote KV (no transfer starts before)."""
+    kv_transfer_start_s: float | None = None
+    """Decode side: the handoff began: at blocks_ready (pull), or once prefill finished too (push)."""
+    kv_transfer_done_s: float | None = None
+    """Decode side: the emulated transfer completed."""
+    kv_wire_start_s: float | None = None
+    """Decode side: the sender's link began sending it (after the transfers queued before it)."""
+    kv_wire_s: float = 0.0
+    """Decode side: emulated seconds its bytes occupied the link."""
+    kv_noticed_s: float | None = None
+    """Decode side: the engine noticed the completed transfer (a step boundary or push notification)."""
+    kv_bytes: int = 0
+    """Target-model KV bytes moved by the handoff."""
+
+
+@dataclass
+class EngineOutput:
+    """engine -> proxy: new tokens of one request since the last output, stamped in emulated time.
+
+    Streams are coalesced: one output may carry several steps' tokens when the consumer is behind.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    token_times_s: list[float]
+    """Emulated time each token was emitted (its step's end)."""
+    finished_reason: FinishedReason | None = None
+    kv_transfer_params: KVTransferParams | None = None
+    """From a prefill engine on finish: where the KV is, for the decode engine to pull."""
+    times: RequestTimes | None = None
+    """On the final output only."""
+    error: str | None = None
+    """Why a request ended with finished_reason 'error'."""
+    kv_events: KVEvents | None = None
+    """The engine's prefix-cache changes since its last output (any request's), for a KV-aware router:
+    piggybacked on the outputs the engine streams anyway, so they cost no message of their own."""
+
+
+@dataclass
+class RenderSpec:
+    """How to render a chat request: sent with it so that any render replica can (re)render it."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """chat_template_kwargs, e.g. enable_thinking, keep_past_reasoning."""
+
+
+@dataclass
+class ClientRequest:
+    """front end -> proxy: a request rendered to token IDs (engines never see text)."""
+
+    request_id: str
+    arrival_s: float
+    """Emulated send time from the trace or generator."""
+    prompt_token_ids: PromptIds
+    """A trace's synthesized prompt is a `TokenIds` (ints made only where read)."""
+    max_tokens: int
+    forced_output_token_ids: list[int] | None = None
+    """The workload's answer, emitted under the forced output policy; None for greedy."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    render: RenderSpec | None = None
+    """P/D: how the decode side renders the prompt if it cannot reuse prefill's token IDs."""
+    reuse_prompt_token_ids: bool = True
+    """P/D: decode takes the prompt IDs prefill returns in kv_transfer_params; False (non-text content,
+    echo) renders again."""
+    render_s: float = 0.0
+    """Emulated seconds the front end took to render it into token IDs: engines see it that much after
+    `arrival_s`, and the client's TTFT (from `arrival_s`) counts it, as vLLM's does."""
+    encode_s: float = 0.0
+    """E/P/D: emulated seconds from rendered to the engines seeing it (its images queued, encoded on
+    the encoder pool and moved to prefill; part of TTFT)."""
+    ec_transfer_s: float = 0.0
+    """E/P/D: of `encode_s`, the EC transfer of the image whose embeddings landed last."""
+    mm_items: list[MultiModalItem] = field(default_factory=list)
+    """The prompt's images, as the render tier found them."""
+    session_id: str | None = None
+    """The replayed session (conversation, agent) it belongs to: the key of session-affinity routing
+    (vLLM's multi-turn benchmark sends it as `conversation_id`); None outside sessions."""
+    turn: int | None = None
+    """Its index among its session's turns (0 first), carried into results."""
+    parent_session_id: str | None = None
+    """The session that spawned its session (a sub-agent's parent), carried into results."""
