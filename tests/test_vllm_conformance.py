@@ -157,6 +157,7 @@ NAMED = {
 """Hand-made scenarios, each a minimal case of one vLLM 0.32 prefix-cache behaviour (each once differed)."""
 NAMES = [f"seed-{seed}" for seed in SEEDS] + list(NAMED)
 
+
 def scenario(name: str, reserve_full_isl: bool) -> Scenario:
     """A scenario by name: `seed-<n>` (generated) or one of `NAMED`."""
     if name.startswith("seed-"):
