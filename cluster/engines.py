@@ -35,7 +35,7 @@ from dashboards.recorders import EncoderMetrics, EngineMetrics
 from emulation.config import PoolConfig, TestbedConfig
 from emulation.kv_cache import num_gpu_blocks, num_usable_blocks
 from emulation.profiles import LINKS, MODELS
-from emulation.time_model import time_model_for
+from emulation.time_model import StepTimeModel, time_model_for
 from emulation.vision import encoder_roofline_for, vision_encoder_of
 from workloads.replay import Workload, needs_render
 
@@ -96,18 +96,20 @@ def build_engine(
     metrics: EngineMetrics | None,
     compute_in_thread: bool = False,
     link: Link | None = None,
+    time_model: StepTimeModel | None = None,
 ) -> EngineCore:
     """An engine of `pool` in `role`; `peers`: the prefill engines a decode engine pulls from
     (filled in later is fine); `metrics`: its series (None: none); `compute_in_thread`: see
     `Executor`; `link`: the shared link a prefill engine sends on (kv_transfer.link_scope=fabric),
-    None: its own."""
+    None: its own; `time_model`: how long its steps take (None: the target's, `time_model_for`; tests
+    that step an engine in lockstep with another give every step the same time)."""
     s = cfg.scheduler
-    time_model = time_model_for(cfg, pool)
+    time_model = time_model or time_model_for(cfg, pool)
     scheduler = scheduler_for(cfg, pool)
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision)
-    stats = EngineStats(recorder=metrics)
+    stats = EngineStats(recorder=metrics, kv_consumer=role != "mixed")  # prefill and decode load KV
     kv_link = LINKS[cfg.kv_transfer.link]
     peer = {"decode": cfg.pools.prefill, "prefill": cfg.pools.decode}.get(role, pool)  # who sends to it
     receiver = KVReceiver(
