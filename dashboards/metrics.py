@@ -13,8 +13,30 @@ from dataclasses import dataclass
 from typing import Literal
 
 COMMON_LABELS = ("model_name", "engine", "role", "replica")
-"""On every series: vLLM's `model_name` and `engine`, and the testbed's `role` and `replica`."""
+"""On every series: vLLM's `model_name` and `engine` (those of them vLLM puts on it), and the testbed's
+`role` and `replica`."""
+TESTBED_LABELS = ("role", "replica")
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+"""vLLM's cache tiers (`CacheHitSource`); the testbed's hits come from `device` (its own prefix cache)
+and `p2p` (KV pulled from a peer engine)."""
+WAITING_REASONS = ("capacity", "deferred")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+"""vLLM's queue limits; the testbed's own arrival limit counts as `max_waiting` (scheduler.max_waiting)."""
+CACHE_CONFIG_LABELS = (
+    "block_size", "user_specified_block_size", "kv_cache_layout", "prefix_match_unit", "gpu_memory_utilization",
+    "cache_dtype", "is_attention_free", "num_gpu_blocks_override", "sliding_window", "enable_prefix_caching",
+    "prefix_caching_hash_algo", "prefix_cache_retention_interval", "kv_cache_dtype_skip_layers",
+    "mamba_page_size_padded", "skip_page_size_padded", "mamba_block_size", "mamba_cache_dtype",
+    "mamba_ssm_cache_dtype", "mamba_cache_mode", "enable_mamba_shared_prefix_checkpoint", "replayssm_buffer_len",
+    "use_replayssm", "use_kda_recoverssm", "num_gpu_blocks", "num_cpu_blocks", "effective_attention_block_size",
+    "kv_cache_size_tokens", "kv_cache_max_concurrency", "hash_block_size", "cache_hit_alignment_tokens",
+    "kv_sharing_fast_prefill", "swa_bounded_replay", "kv_cache_memory_bytes", "kv_offloading_size",
+    "kv_offloading_backend", "_block_size_resolved",
+)  # fmt: skip
+"""`vllm:cache_config_info`'s labels besides `engine`: vLLM's `CacheConfig` fields (its `metrics_info`)."""
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -23,6 +45,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQ_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 NIXL_XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 NIXL_POST_BUCKETS = (0.001, *NIXL_XFER_BUCKETS)
 NIXL_BYTES_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 24, 2))
@@ -52,8 +76,10 @@ class MetricSpec:
     kind: Literal["counter", "gauge", "histogram"]
     doc: str
     labels: tuple[str, ...] = ()
-    """Labels beyond COMMON_LABELS."""
+    """Labels beyond the common ones."""
     buckets: tuple[float, ...] | str | None = None
+    common: tuple[str, ...] = COMMON_LABELS
+    """The common labels it has: all but a family vLLM exports without `engine` or `model_name`."""
 
     @property
     def exposed(self) -> str:
@@ -80,16 +106,24 @@ def _c(name: str, doc: str, labels: tuple[str, ...] = ()) -> MetricSpec:
     return MetricSpec(name, "counter", doc, labels)
 
 
-def _g(name: str, doc: str) -> MetricSpec:
-    return MetricSpec(name, "gauge", doc)
+def _g(name: str, doc: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, "gauge", doc, labels)
 
 
 # ---- vLLM engine series ------------------------------------------------------------------------------
 NUM_REQUESTS_RUNNING = _g("vllm:num_requests_running", "Number of requests in model execution batches.")
 NUM_REQUESTS_WAITING = _g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+NUM_REQUESTS_WAITING_BY_REASON = _g("vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason: 'capacity' = waiting for scheduling capacity; 'deferred' = waiting for their KV transfer. Sum of all reasons equals vllm:num_requests_waiting.", ("reason",))  # fmt: skip
+NUM_REQUESTS_KV_FETCH = _g("vllm:num_requests_kv_fetch_by_stage", "Number of waiting requests by async KV load stage: 'waiting_to_start' (no blocks yet), 'in_progress' (loading), 'completed_waiting' (loaded, not running yet).", ("stage",))  # fmt: skip
+ENGINE_SLEEP_STATE = _g("vllm:engine_sleep_state", "Engine sleep state; awake = 1 means engine is awake (testbed engines never sleep).", ("sleep_state",))  # fmt: skip
+CACHE_CONFIG_INFO = MetricSpec("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", CACHE_CONFIG_LABELS, common=("engine", *TESTBED_LABELS))  # fmt: skip
 KV_CACHE_USAGE = _g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
 PREFIX_CACHE_QUERIES = _c("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")  # fmt: skip
 PREFIX_CACHE_HITS = _c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+EXTERNAL_PREFIX_CACHE_QUERIES = _c("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.")  # fmt: skip
+EXTERNAL_PREFIX_CACHE_HITS = _c("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.")  # fmt: skip
+PROMPT_TOKENS_CACHED = _c("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
+PROMPT_TOKENS_CACHED_BY_SOURCE = _c("vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the cache tier that supplied them: device (local prefix cache) or p2p (transferred from another instance). Sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.", ("source",))  # fmt: skip
 PROMPT_TOKENS = _c("vllm:prompt_tokens", "Number of prefill tokens processed.")
 PROMPT_TOKENS_BY_SOURCE = _c(
     "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", ("source",)
@@ -97,6 +131,10 @@ PROMPT_TOKENS_BY_SOURCE = _c(
 GENERATION_TOKENS = _c("vllm:generation_tokens", "Number of generation tokens processed.")
 REQUEST_SUCCESS = _c("vllm:request_success", "Count of successfully processed requests.", ("finished_reason",))  # fmt: skip
 NUM_PREEMPTIONS = _c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+ADMISSION_REJECTIONS = MetricSpec("vllm:admission_rejections", "counter", "Number of admission attempts rejected by a queue limit, by reason.", ("reason",), common=("model_name", *TESTBED_LABELS))  # fmt: skip
+ESTIMATED_FLOPS = _c("vllm:estimated_flops_per_gpu", "Estimated number of floating point operations per GPU (the time model's, for Model Flops Utilization calculations).")  # fmt: skip
+ESTIMATED_READ_BYTES = _c("vllm:estimated_read_bytes_per_gpu", "Estimated number of bytes read from memory per GPU (the time model's).")  # fmt: skip
+ESTIMATED_WRITE_BYTES = _c("vllm:estimated_write_bytes_per_gpu", "Estimated number of bytes written to memory per GPU (the KV of new tokens).")  # fmt: skip
 MM_CACHE_QUERIES = _c("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.")  # fmt: skip
 MM_CACHE_HITS = _c("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")
 TTFT = _h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
@@ -111,6 +149,10 @@ REQUEST_PROMPT_TOKENS = _h("vllm:request_prompt_tokens", "Number of prefill toke
 REQUEST_GENERATION_TOKENS = _h("vllm:request_generation_tokens", "Number of generation tokens processed.", TOKENS_125)  # fmt: skip
 REQUEST_MAX_TOKENS = _h("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", TOKENS_125)  # fmt: skip
 REQUEST_MAX_GENERATION_TOKENS = _h("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.", TOKENS_125)  # fmt: skip
+REQUEST_PARAMS_N = _h(
+    "vllm:request_params_n", "Histogram of the n request parameter.", REQUEST_PARAMS_N_BUCKETS
+)
+REQUEST_NUM_PREEMPTIONS = _h("vllm:request_num_preemptions", "Histogram of the number of times a request was preempted.", REQUEST_NUM_PREEMPTIONS_BUCKETS)  # fmt: skip
 REQUEST_PREFILL_KV_COMPUTED = _h("vllm:request_prefill_kv_computed_tokens", "Histogram of new KV tokens computed during prefill (excluding cached tokens).", TOKENS_125)  # fmt: skip
 ITERATION_TOKENS = _h("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", ITERATION_BUCKETS)  # fmt: skip
 
@@ -122,6 +164,7 @@ NIXL_DESCRIPTORS = _h("vllm:nixl_num_descriptors", "Histogram of number of descr
 NIXL_FAILED_TRANSFERS = _c("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.")
 NIXL_FAILED_NOTIFICATIONS = _c("vllm:nixl_num_failed_notifications", "Number of failed NIXL KV Cache notifications.")  # fmt: skip
 NIXL_KV_EXPIRED = _c("vllm:nixl_num_kv_expired_reqs", "Number of requests that had their KV expire.")
+NIXL_AFTER_EXPIRY = _c("vllm:nixl_num_notifications_after_expiry", "Number of completion notifications for requests that were no longer tracked, usually because their KV lease expired.")  # fmt: skip
 
 # ---- the testbed's own ---------------------------------------------------------------------------------
 TIME_SCALE = _g("testbed:time_scale", "Wall seconds per emulated second (multiply per-wall-second rates by it).")  # fmt: skip
@@ -153,13 +196,16 @@ TURN_BUCKETS = ("1", "2", "3-4", "5-8", "9-16", "17+")
 """`turn` label values of SESSION_TTFT: a turn's 1-based index, bucketed."""
 
 ENGINE_SERIES = (
-    NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS,
-    PROMPT_TOKENS, PROMPT_TOKENS_BY_SOURCE, GENERATION_TOKENS, REQUEST_SUCCESS, NUM_PREEMPTIONS,
+    NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, NUM_REQUESTS_WAITING_BY_REASON, NUM_REQUESTS_KV_FETCH,
+    ENGINE_SLEEP_STATE, CACHE_CONFIG_INFO, KV_CACHE_USAGE, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS,
+    EXTERNAL_PREFIX_CACHE_QUERIES, EXTERNAL_PREFIX_CACHE_HITS, PROMPT_TOKENS, PROMPT_TOKENS_BY_SOURCE,
+    PROMPT_TOKENS_CACHED, PROMPT_TOKENS_CACHED_BY_SOURCE, GENERATION_TOKENS, REQUEST_SUCCESS, NUM_PREEMPTIONS,
+    ADMISSION_REJECTIONS, ESTIMATED_FLOPS, ESTIMATED_READ_BYTES, ESTIMATED_WRITE_BYTES,
     MM_CACHE_QUERIES, MM_CACHE_HITS, TTFT, ITL, TPOT, E2E, QUEUE_TIME, INFERENCE_TIME, PREFILL_TIME,
     DECODE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, REQUEST_MAX_TOKENS,
-    REQUEST_MAX_GENERATION_TOKENS, REQUEST_PREFILL_KV_COMPUTED, ITERATION_TOKENS, NIXL_XFER_TIME,
-    NIXL_POST_TIME, NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS,
-    NIXL_KV_EXPIRED, TIME_SCALE, STEPS, LAGGED_STEPS, LAGGED_KV_TRANSFERS, MAX_OVERRUN, BUSY, STEP_CPU, KV_HANDOFF,
+    REQUEST_MAX_GENERATION_TOKENS, REQUEST_PARAMS_N, REQUEST_NUM_PREEMPTIONS, REQUEST_PREFILL_KV_COMPUTED,
+    ITERATION_TOKENS, NIXL_XFER_TIME, NIXL_POST_TIME, NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS,
+    NIXL_FAILED_NOTIFICATIONS, NIXL_KV_EXPIRED, NIXL_AFTER_EXPIRY, TIME_SCALE, STEPS, LAGGED_STEPS, LAGGED_KV_TRANSFERS, MAX_OVERRUN, BUSY, STEP_CPU, KV_HANDOFF,
     KV_CONVERSATION_BLOCKS, KV_PULL_BACK_FAILED,
     KV_HELD_BLOCKS,
 )  # fmt: skip

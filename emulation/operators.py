@@ -26,6 +26,10 @@ of T·h·2 bytes, ring algorithm over the TP link::
     t_all_reduce = 2·L · (2(tp-1)/tp · T·h·2B / (link_bw·η_ar) + latency)
 
 and the CPU's work on the step's path: `s_per_step + s_per_request·requests + s_per_token·T`.
+
+Per GPU, the step's FLOPs are the groups' and its bytes their traffic: of it, the KV the T new tokens
+write (`write_bytes_per_gpu`, vLLM's MFU estimate's write figure) and the rest read (weights, KV, and
+spilled activations).
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ class OperatorStepTime:
     groups: tuple[GroupTime, ...]
     all_reduce_s: float
     cpu_s: float
+    kv_write_bytes: float = 0.0
+    """Of the groups' bytes, the KV the step's new tokens write (one GPU's)."""
 
     @property
     def gpu_s(self) -> float:
@@ -80,6 +86,18 @@ class OperatorStepTime:
 
     def group(self, name: str) -> GroupTime:
         return next(g for g in self.groups if g.name == name)
+
+    @property
+    def flops_per_gpu(self) -> float:
+        return sum((g.flops for g in self.groups), 0.0)
+
+    @property
+    def read_bytes_per_gpu(self) -> float:
+        return sum((g.bytes for g in self.groups), 0.0) - self.kv_write_bytes
+
+    @property
+    def write_bytes_per_gpu(self) -> float:
+        return self.kv_write_bytes
 
 
 @dataclass(frozen=True)
@@ -104,7 +122,8 @@ class OperatorRoofline:
         )
         if shape.num_new_tokens == 0:
             return OperatorStepTime((), 0.0, cpu_s)
-        return OperatorStepTime(self.groups(shape), self.all_reduce_s(shape.num_new_tokens), cpu_s)
+        written = 1.0 * shape.num_new_tokens * self.model.kv_bytes_per_token_per_gpu(self.tp)
+        return OperatorStepTime(self.groups(shape), self.all_reduce_s(shape.num_new_tokens), cpu_s, written)
 
     def groups(self, shape: StepShape) -> tuple[GroupTime, ...]:
         m, tp, e = self.model, self.tp, self.eta

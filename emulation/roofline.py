@@ -8,6 +8,9 @@ roofline over the whole batch::
     bytes = step weights + KV read (context tokens of every scheduled request)
     t     = max(flops / (peak·η_c), bytes / (bw·η_b)) + overhead
 
+The KV the new tokens write (new_tokens · KV bytes per token) is not priced; it is the step's
+`write_bytes`, beside `flops` and `bytes` (read) the figures vLLM's MFU estimate exports per GPU.
+
 Attention over `keys attended` (`emulation.step_shape`), 2 FLOPs per MAC for QK^T and again for PV::
 
     flops = 4 · num_heads · head_dim · num_layers · keys attended
@@ -43,10 +46,26 @@ class StepTime:
     compute_s: float
     memory_s: float
     overhead_s: float
+    tp: int = 1
+    """GPUs the step runs on (`flops` and `bytes` are their sum)."""
+    write_bytes: float = 0.0
+    """KV the step's new tokens write, over its GPUs (not priced: `bytes` are the reads)."""
 
     @property
     def total_s(self) -> float:
         return maximum(self.compute_s, self.memory_s) + self.overhead_s
+
+    @property
+    def flops_per_gpu(self) -> float:
+        return self.flops / self.tp
+
+    @property
+    def read_bytes_per_gpu(self) -> float:
+        return self.bytes / self.tp
+
+    @property
+    def write_bytes_per_gpu(self) -> float:
+        return self.write_bytes / self.tp
 
     @property
     def bound(self) -> str:
@@ -61,11 +80,13 @@ def timed(
     eta_compute: float,
     eta_bandwidth: float,
     overhead_s: float,
+    write_bytes: float = 0.0,
 ) -> StepTime:
-    """The roofline of `flops` and `nbytes` on `tp` GPUs at the fitted efficiencies."""
+    """The roofline of `flops` and `nbytes` (read) on `tp` GPUs at the fitted efficiencies;
+    `write_bytes` is carried along, not priced."""
     compute_s = flops / (gpu.peak_tflops * 1e12 * tp * eta_compute)
     memory_s = nbytes / (gpu.memory_bw_gbs * 1e9 * tp * eta_bandwidth)
-    return StepTime(flops, nbytes, compute_s, memory_s, overhead_s)
+    return StepTime(flops, nbytes, compute_s, memory_s, overhead_s, tp, write_bytes)
 
 
 @dataclass(frozen=True)
@@ -86,14 +107,16 @@ class Roofline:
         """The time of a step of `shape` (the engine's entry: the scheduler builds the shape)."""
         m = self.model
         if shape.num_new_tokens == 0:
-            return StepTime(0.0, 0.0, 0.0, 0.0, self.overhead_s)
+            return StepTime(0.0, 0.0, 0.0, 0.0, self.overhead_s, self.tp)
         flops = (
             2.0 * m.num_layer_params * shape.num_new_tokens
             + 4.0 * m.num_heads * m.head_dim * m.num_layers * shape.keys_attended
             + 2.0 * m.num_head_params * shape.num_logits
         )
         nbytes = 1.0 * (m.step_weight_bytes + shape.num_context_tokens * m.kv_bytes_per_token)  # float(s)
-        return timed(flops, nbytes, self.gpu, self.tp, self.eta_compute, self.eta_bandwidth, self.overhead_s)
+        written = 1.0 * shape.num_new_tokens * m.kv_bytes_per_token
+        t, e_c, e_b = self.tp, self.eta_compute, self.eta_bandwidth
+        return timed(flops, nbytes, self.gpu, t, e_c, e_b, self.overhead_s, written)
 
 
 def roofline_for(cfg: TestbedConfig, pool: PoolConfig) -> Roofline:

@@ -21,6 +21,22 @@ class TimedStep(Protocol):
         """Of `total_s`, the CPU's (the fixed step overhead, or the per-operator model's CPU work)."""
         ...
 
+    @property
+    def flops_per_gpu(self) -> float:
+        """The step's floating-point operations on each of its GPUs (vLLM's MFU estimate's figures:
+        these three are what `vllm:estimated_*_per_gpu` count)."""
+        ...
+
+    @property
+    def read_bytes_per_gpu(self) -> float:
+        """Bytes each GPU reads (weights, KV; per operator, spilled activations too)."""
+        ...
+
+    @property
+    def write_bytes_per_gpu(self) -> float:
+        """Bytes each GPU writes: the KV of the step's new tokens."""
+        ...
+
 
 class StepTimeModel(Protocol):
     def step_time_of(self, shape: StepShape) -> TimedStep: ...

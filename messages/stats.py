@@ -5,7 +5,16 @@ of its whole life (`EngineReport`), once drained. The counts are totals since th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
+"""vLLM's stages of a waiting request's KV load (`SchedulerStats.num_kv_fetch_reqs_by_stage`): it has no
+blocks yet; its KV is moving (or moved, not yet noticed at a step boundary); it arrived and the request
+waits for its first step."""
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,64 @@ class SchedulerStats:
     num_mm_cache_queries: int = 0
     num_mm_cache_hits: int = 0
     """The encoder cache's lookups of images, and its hits."""
+    num_deferred_waiting_reqs: int = 0
+    """Of `num_waiting_reqs`, those waiting for their remote KV to arrive (vLLM's deferred ones,
+    `num_skipped_waiting_reqs`); the rest wait for scheduling capacity."""
+    num_kv_fetch_reqs_by_stage: tuple[int, int, int] = (0, 0, 0)
+    """Waiting requests with a remote KV load, in each of `KV_FETCH_STAGES` (engines with a KV
+    connector: prefill and decode)."""
+
+
+class EstimatesWork(Protocol):
+    """A step's time as the time models give it, with the work it estimates (one GPU's)."""
+
+    @property
+    def flops_per_gpu(self) -> float: ...
+
+    @property
+    def read_bytes_per_gpu(self) -> float: ...
+
+    @property
+    def write_bytes_per_gpu(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """Steps' work on each GPU of the engine, as its time model estimates it (vLLM's `PerfStats`):
+    one value a step, in the steps' order."""
+
+    flops: Sequence[float] = ()
+    read_bytes: Sequence[float] = ()
+    write_bytes: Sequence[float] = ()
+
+    @classmethod
+    def of(cls, step: EstimatesWork, num_steps: int = 1) -> StepWork:
+        """The work of `num_steps` steps timed at once (each figure an array of them, or one value
+        every step shares), or of one step."""
+        figures = step.flops_per_gpu, step.read_bytes_per_gpu, step.write_bytes_per_gpu
+        return cls(*(_per_step(v, num_steps) for v in figures))
+
+    @classmethod
+    def of_each(cls, steps: Sequence[EstimatesWork]) -> StepWork:
+        return cls(
+            [s.flops_per_gpu for s in steps],
+            [s.read_bytes_per_gpu for s in steps],
+            [s.write_bytes_per_gpu for s in steps],
+        )
+
+    def first(self, num_steps: int) -> StepWork:
+        return StepWork(self.flops[:num_steps], self.read_bytes[:num_steps], self.write_bytes[:num_steps])
+
+
+NO_WORK = StepWork()
+"""Steps whose work is not estimated."""
+
+
+def _per_step(value: float, num_steps: int) -> list[float]:
+    """`value` as one float a step: an array's elements, or the value repeated."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        return [float(v) for v in value.tolist()]
+    return [float(value)] * num_steps
 
 
 @dataclass(frozen=True)

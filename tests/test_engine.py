@@ -8,6 +8,8 @@ from actors.engine.clock import Clock, DeadlockError, VirtualTimeLoop
 from actors.engine.runner_model import ensure_model
 from cluster.config_load import load_designs
 from cluster.virtual import build_deployment, run_virtual, serve
+from dashboards import metrics as m
+from dashboards.exposition import sum_series
 from emulation.config import RunnerConfig
 from messages import EngineRequest, KVTransferParams
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_async, run_requests
@@ -280,13 +282,16 @@ def test_a_request_blocked_by_unpulled_kv_runs_when_the_hold_expires():
         first = await _collect(prefill, held)  # its 7 blocks stay held: no decode engine pulls them
         blocked = EngineRequest("blocked", list(range(1000, 1100)), 1, forced_output_token_ids=[7])
         second = await _collect(prefill, blocked)
+        await prefill.free_kv("held")  # a decode engine's notice, after the hold expired (NIXL counts it)
         await prefill.drain()
         prefill.assert_empty()
-        return first, second, prefill.stats.num_expired_handoffs
+        return first, second, prefill.stats.num_expired_handoffs, dep.expositions()[prefill.engine_id]
 
-    first, second, expired = run_async(main())
+    first, second, expired, exposition = run_async(main())
     assert expired == 1
     assert second.times.first_scheduled_s == pytest.approx(first.times.finished_s + 30.0)
+    assert sum_series([exposition], m.NIXL_KV_EXPIRED.exposed) == 1
+    assert sum_series([exposition], m.NIXL_AFTER_EXPIRY.exposed) == 1
 
 
 def test_a_request_longer_than_max_model_len_fails_visibly_and_the_rest_run():

@@ -7,6 +7,8 @@ import pytest
 
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
+from dashboards import metrics as m
+from dashboards.exposition import sum_series
 
 NUM_REQUESTS = 40
 P2D2 = [
@@ -159,6 +161,10 @@ def test_past_the_admission_limit_requests_are_rejected_at_once_and_counted():
     assert (rejected["num_output_tokens"] == 0).all() and rejected["error"].str.contains("max_waiting").all()
     assert sum(r.counters.num_rejected for r in out.engine_reports.values()) == len(rejected)
     assert all(r.counters.num_expired_handoffs == 0 for r in out.engine_reports.values())  # freed at once
+    expos = list(out.metrics.values())  # vLLM's admission counter, the testbed's limit as its reason
+    assert sum_series(expos, m.ADMISSION_REJECTIONS.exposed, reason="max_waiting") == len(rejected)
+    assert sum_series(expos, m.ADMISSION_REJECTIONS.exposed) == len(rejected)
+    assert sum_series(expos, m.NIXL_AFTER_EXPIRY.exposed) == 0  # every notice found its KV held
 
 
 @pytest.mark.parametrize("design", ["collocated", "pd-fast"])

@@ -15,6 +15,7 @@ from cluster.virtual import run_virtual
 from dashboards import metrics as m
 from dashboards.exposition import sum_series
 from messages.latency import HANDOFF_PARTS, percentile
+from messages.stats import KV_FETCH_STAGES
 from tests.factories import COLLOCATED, PD, make_config
 from workloads.latency import percentiles
 
@@ -49,11 +50,14 @@ def test_every_reference_series_is_exported_with_its_type_and_labels(runs):
     for removed in ("vllm:time_per_output_token_seconds", "vllm:gpu_cache_usage_perc"):
         assert removed not in text
     assert "_created" not in text
+    specs = {spec.name: spec for spec in m.ALL_SERIES}
     for f in text_string_to_metric_families(text):
         if f.type == "counter":
             assert all(s.name.endswith("_total") for s in f.samples), f.name
+        common = set(specs[f.name].common)  # vLLM's admission and cache-config families lack one
+        assert {"role", "replica"} <= common <= {"model_name", "engine", "role", "replica"}, f.name
         for s in f.samples:
-            assert {"model_name", "engine", "role", "replica"} <= set(s.labels), s
+            assert common <= set(s.labels), s
     reasons = {
         s.labels["finished_reason"]
         for s in families(text)["vllm:request_success"].samples
@@ -216,3 +220,31 @@ def test_each_requests_latencies_and_handoff_parts_are_computed_once(monkeypatch
     run = run_virtual(cfg)
     assert len(run.results) == WORKLOAD["num_requests"]
     assert counts == {"latencies": WORKLOAD["num_requests"], "handoff": WORKLOAD["num_requests"]}
+
+
+def test_waiting_requests_are_split_by_reason_and_kv_loads_by_stage(monkeypatch):
+    """Decode's waiting requests: those whose KV is loading are `deferred` (vLLM's skipped waiting
+    ones), the rest wait for `capacity`; its KV loads go through vLLM's stages (waiting for blocks,
+    loading, loaded and not yet running); a collocated engine has no KV loads."""
+    from dashboards.recorders import EngineMetrics
+
+    seen: dict[str, list] = {}
+    on_state = EngineMetrics.on_state
+
+    def spy(self, stats):
+        seen.setdefault(self.labels["role"], []).append(stats)
+        on_state(self, stats)
+
+    monkeypatch.setattr(EngineMetrics, "on_state", spy)
+    burst = {"num_requests": 16, "rate": 50, "prompt_len": 512, "output_len": 64}
+    for layer in (PD, COLLOCATED):
+        run_virtual(
+            make_config(layer, runner={"compute": "skip"}, workload=burst, scheduler={"max_num_seqs": 4})
+        )
+    decode = seen["decode"]
+    assert all(s.num_deferred_waiting_reqs == s.num_kv_fetch_reqs_by_stage[1] for s in decode)
+    assert all(sum(s.num_kv_fetch_reqs_by_stage) <= s.num_waiting_reqs for s in decode)
+    for stage in range(3):
+        assert max(s.num_kv_fetch_reqs_by_stage[stage] for s in decode) > 0, KV_FETCH_STAGES[stage]
+    assert all(s.num_kv_fetch_reqs_by_stage == (0, 0, 0) for s in seen["mixed"])
+    assert max(s.num_waiting_reqs for s in seen["mixed"]) > 0

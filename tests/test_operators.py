@@ -154,3 +154,12 @@ def test_runs_report_the_cpu_share_of_step_time(time_model):
         assert report.counters.cpu_s == pytest.approx(report.counters.num_steps * 0.002)
     else:  # and 14 µs per request each step
         assert report.counters.cpu_s > report.counters.num_steps * 0.002
+
+
+def test_a_steps_work_per_gpu_splits_its_traffic_into_the_new_kv_written_and_the_rest_read():
+    model = OperatorRoofline(MODELS["llama-3.1-70b"], GPUS["h100-sxm"], 4, PEAK, NO_CPU)
+    step = model.step_time([StepItem(512, 1024, True), StepItem(1, 4095, True)])
+    written = 513 * MODELS["llama-3.1-70b"].kv_bytes_per_token_per_gpu(4)
+    assert step.write_bytes_per_gpu == written
+    assert step.read_bytes_per_gpu + written == sum(g.bytes for g in step.groups)
+    assert step.flops_per_gpu == sum(g.flops for g in step.groups)

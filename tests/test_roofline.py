@@ -204,3 +204,16 @@ def test_vision_encoder_parameters_match_transformers_models_of_the_same_config(
     assert vit.num_block_params == pytest.approx(parts["blocks"], rel=0.01)
     assert vit.num_merger_params == pytest.approx(sum(parts[m] for m in mergers), rel=0.01)
     assert vit.num_patch_embed_params == pytest.approx(parts["patch_embed"], rel=0.01)
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_a_steps_work_per_gpu_is_the_time_models_figures(tp):
+    """vLLM's MFU figures, from the same arithmetic that times the step: FLOPs and bytes read (weights,
+    the cached KV) split over the `tp` GPUs, and the KV the new tokens write (not priced)."""
+    m = MODELS["qwen2.5-7b"]
+    step = Roofline(m, GPUS["h100-sxm"], tp).step_time([StepItem(2048, 3072, True), StepItem(1, 8191, True)])
+    assert step.flops_per_gpu == step.flops / tp and step.read_bytes_per_gpu == step.bytes / tp
+    assert step.read_bytes_per_gpu == (m.step_weight_bytes + (3072 + 8191) * m.kv_bytes_per_token) / tp
+    assert step.write_bytes_per_gpu == 2049 * m.kv_bytes_per_token / tp
+    idle = Roofline(m, GPUS["h100-sxm"], tp).step_time([])
+    assert (idle.flops_per_gpu, idle.read_bytes_per_gpu, idle.write_bytes_per_gpu) == (0, 0, 0)

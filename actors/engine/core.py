@@ -48,7 +48,7 @@ from messages import (
     KVPull,
     KVTransferParams,
 )
-from messages.stats import EngineReport
+from messages.stats import EngineReport, StepWork
 
 Role = Literal["mixed", "prefill", "decode"]
 
@@ -249,7 +249,8 @@ class EngineCore:
             if stop is not None:
                 self._finish(req, stop, end)
         overrun = await self.clock.sleep_until(end)
-        self.stats.on_step(encode_s + step.total_s, batch.num_scheduled_tokens, overrun, step.overhead_s)
+        n = batch.num_scheduled_tokens
+        self.stats.on_step(encode_s + step.total_s, n, overrun, step.overhead_s, StepWork.of(step))
         self.stats.on_state(self.scheduler)
         return end
 
@@ -269,7 +270,7 @@ class EngineCore:
 
     def _rejected(self, req: Request, why: str) -> EngineOutput:
         """`req` refused on arrival (`admission`): nothing computed; its prefill engine may free its KV."""
-        self.stats.on_request_rejected()
+        self.stats.on_admission_rejected("max_waiting")
         if req.is_remote_prefill:
             self.kv.notify_done(req)
         return EngineOutput(req.request_id, [], [], "rejected", None, req.times, why)

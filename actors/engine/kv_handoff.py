@@ -58,7 +58,10 @@ class KVHandoff:
         return await self.kv_worker.read(req, pull)
 
     def free_kv(self, request_id: str) -> None:
-        self.scheduler.release_held(request_id)
+        """A peer is done with the KV held for `request_id`; a notice for KV no longer held (expired
+        before the peer finished, as NIXL counts it) frees nothing."""
+        if self.scheduler.release_held(request_id) is None:
+            self.stats.on_kv_notification_after_expiry()
         self.step_clock.wake()  # freed blocks may admit a waiting request
 
     def expire_held(self, now: float) -> None:

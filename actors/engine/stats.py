@@ -14,20 +14,24 @@ from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from actors.engine.health import EngineHealth
-from actors.engine.request import Request
+from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from emulation.kv_cache import NUM_NULL_BLOCKS
 from messages import FinishedReason, RequestTimes
-from messages.stats import EngineCounters, EngineReport, SchedulerStats
+from messages.stats import NO_WORK, EngineCounters, EngineReport, SchedulerStats, StepWork
 
 
 class EngineRecorder(Protocol):
     """Where an engine's events are recorded (Prometheus series in `dashboards.recorders`)."""
 
     def on_steps(
-        self, step_s: Sequence[float], num_scheduled_tokens: Sequence[int], cpu_s: Sequence[float]
+        self,
+        step_s: Sequence[float],
+        num_scheduled_tokens: Sequence[int],
+        cpu_s: Sequence[float],
+        work: StepWork,
     ) -> None:
-        """Steps, their times, tokens and the CPU's share of each."""
+        """Steps, their times, tokens, the CPU's share of each and their work on each GPU."""
 
     def on_state(self, stats: SchedulerStats) -> None:
         """The engine's state (at steps and on arrivals)."""
@@ -61,6 +65,12 @@ class EngineRecorder(Protocol):
 
     def on_kv_expired(self, num_requests: int) -> None: ...
 
+    def on_kv_notification_after_expiry(self) -> None:
+        """Source side: a peer's notice to free KV this engine no longer held (expired, or never)."""
+
+    def on_admission_rejected(self, reason: str) -> None:
+        """A request refused on arrival by a queue limit (`reason`: the limit's config field)."""
+
     def on_lag(self, what: str, max_overrun_s: float) -> None:
         """A step (`what`='step') or KV transfer ('kv_transfer') overran; the worst overrun so far."""
 
@@ -71,6 +81,9 @@ class EngineStats(EngineCounters):
 
     recorder: EngineRecorder | None = field(default=None, kw_only=True)
     """None: nothing is recorded (a run whose metrics nobody reads, as a sweep's points)."""
+    kv_consumer: bool = field(default=False, kw_only=True)
+    """The engine has a KV connector that loads KV (prefill and decode roles): its waiting requests'
+    KV loads are counted by stage (`SchedulerStats.num_kv_fetch_reqs_by_stage`)."""
     _itls_s: list[float] = field(default_factory=list)
     """Inter-token gaps of the step under way, recorded with the step (one histogram update a step)."""
 
@@ -79,21 +92,26 @@ class EngineStats(EngineCounters):
         return EngineReport(
             role=role,
             counters=EngineCounters(**{f.name: getattr(self, f.name) for f in fields(EngineCounters)}),
-            scheduler=scheduler_stats(sched),
+            scheduler=scheduler_stats(sched, self.kv_consumer),
             num_gpu_blocks=sched.blocks.num_blocks + NUM_NULL_BLOCKS,
             num_unfinished_requests=num_unfinished,
             hung=health.hung_why,
             error=str(health.dead) if health.dead is not None else None,
         )
 
-    def on_step(self, step_s: float, num_tokens: int, overrun_s: float, cpu_s: float = 0.0) -> None:
-        """`cpu_s`: of `step_s`, the CPU work on the step's path (the time model's overhead)."""
-        self.on_steps([step_s], [num_tokens], [cpu_s])
+    def on_step(
+        self, step_s: float, num_tokens: int, overrun_s: float, cpu_s: float = 0.0, work: StepWork = NO_WORK
+    ) -> None:
+        """`cpu_s`: of `step_s`, the CPU work on the step's path (the time model's overhead); `work`:
+        the step's on each GPU."""
+        self.on_steps([step_s], [num_tokens], [cpu_s], work)
         if overrun_s > 0:
             self.num_lagged_steps += 1
             self._lag("step", overrun_s)
 
-    def on_steps(self, step_s: Sequence[float], num_tokens: Sequence[int], cpu_s: Sequence[float]) -> None:
+    def on_steps(
+        self, step_s: Sequence[float], num_tokens: Sequence[int], cpu_s: Sequence[float], work: StepWork
+    ) -> None:
         """Steps on time (a window's), each of its `num_tokens`: their sums added one at a time, in
         order, as single steps add them."""
         self.num_steps += len(step_s)
@@ -104,7 +122,7 @@ class EngineStats(EngineCounters):
             self.cpu_s += c
         if self.recorder is None:
             return
-        self.recorder.on_steps(step_s, num_tokens, cpu_s)
+        self.recorder.on_steps(step_s, num_tokens, cpu_s, work)
         if self._itls_s:
             self.recorder.on_next_tokens(self._itls_s)
             self._itls_s = []
@@ -112,7 +130,7 @@ class EngineStats(EngineCounters):
     def on_state(self, sched: Scheduler) -> None:
         """The scheduler's and its block manager's state, for the gauges."""
         if self.recorder is not None:
-            self.recorder.on_state(scheduler_stats(sched))
+            self.recorder.on_state(scheduler_stats(sched, self.kv_consumer))
 
     def on_token(self, req: Request, now_s: float) -> None:
         """A token of `req` was emitted at `now_s`: stamps it on `req.times` and records TTFT or ITL."""
@@ -155,6 +173,12 @@ class EngineStats(EngineCounters):
 
     def on_request_rejected(self) -> None:
         self.num_rejected += 1
+
+    def on_admission_rejected(self, reason: str) -> None:
+        """Refused on arrival by the queue limit `reason` (`scheduler.max_waiting`)."""
+        self.on_request_rejected()
+        if self.recorder is not None:
+            self.recorder.on_admission_rejected(reason)
 
     def on_request_finished(self, req: Request, reason: FinishedReason) -> None:
         if reason == "rejected":  # refused after queueing (scheduler.max_queue_time_s): never served
@@ -204,14 +228,19 @@ class EngineStats(EngineCounters):
         if self.recorder is not None:
             self.recorder.on_kv_expired(num_requests)
 
+    def on_kv_notification_after_expiry(self) -> None:
+        if self.recorder is not None:
+            self.recorder.on_kv_notification_after_expiry()
+
     def _lag(self, what: str, overrun_s: float) -> None:
         self.max_overrun_s = max(self.max_overrun_s, overrun_s)
         if self.recorder is not None:
             self.recorder.on_lag(what, self.max_overrun_s)
 
 
-def scheduler_stats(sched: Scheduler) -> SchedulerStats:
-    """A snapshot of the scheduler's and its block manager's state."""
+def scheduler_stats(sched: Scheduler, kv_consumer: bool = False) -> SchedulerStats:
+    """A snapshot of the scheduler's and its block manager's state (`kv_consumer`: with its waiting
+    requests' KV loads by stage)."""
     blocks = sched.blocks
     return SchedulerStats(
         num_running_reqs=len(sched.running),
@@ -223,7 +252,23 @@ def scheduler_stats(sched: Scheduler) -> SchedulerStats:
         num_kv_held_blocks=sum(len(r.block_ids) for r in sched.held.values()) if sched.held else 0,
         num_mm_cache_queries=sched.encoder_cache.num_queries,
         num_mm_cache_hits=sched.encoder_cache.num_hits,
+        num_deferred_waiting_reqs=len(sched.recving),
+        num_kv_fetch_reqs_by_stage=kv_fetch_stages(sched) if kv_consumer else (0, 0, 0),
     )
+
+
+def kv_fetch_stages(sched: Scheduler) -> tuple[int, int, int]:
+    """Waiting requests with a remote KV load in each of vLLM's stages (`KV_FETCH_STAGES`): waiting for
+    blocks (from arrival), loading (from getting blocks until a step boundary notices the load done, as
+    vLLM's worker reports finished loads at a step's end), and loaded but not yet scheduled."""
+    to_start = loaded = 0
+    for req in sched.waiting:  # preempted ones (status PREEMPTED) have left every stage, as in vLLM
+        if req.status is RequestStatus.WAITING and req.is_remote_prefill:
+            if req.remote_kv_loaded:
+                loaded += 1
+            else:
+                to_start += 1
+    return to_start, len(sched.recving), loaded
 
 
 def _step_major_gaps(rows: list[tuple[int, float]], ends_s: Sequence[float]) -> list[float]:

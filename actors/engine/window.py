@@ -40,6 +40,7 @@ from actors.engine.scheduler import ScheduledBatch, Scheduler, stop_reason
 from emulation.step_shape import StepShape, decode_step, decode_steps
 from emulation.time_model import StepTimeModel
 from messages import FinishedReason
+from messages.stats import StepWork
 
 
 @dataclass
@@ -56,6 +57,8 @@ class Window:
     num_steps: int
     chunks: list[int] = field(default_factory=list)
     """The prompt chunk the batch's last request computes at each step (none: decodes only)."""
+    work: StepWork = field(default_factory=StepWork)
+    """Each step's work on each GPU, as the time model estimates it."""
     committed: bool = False
 
     def cut_before(self, sim_t: float) -> None:
@@ -102,7 +105,7 @@ def plan_window(
     cpu = times.overhead_s
     cpu_s = cpu.tolist() if hasattr(cpu, "tolist") else [cpu] * num_steps
     ends = list(itertools.accumulate(step_s, initial=start))  # end_i = end_(i-1) + t_i, as steps do
-    window = Window(batch, ends[:-1], ends[1:], step_s, cpu_s, num_steps)
+    window = Window(batch, ends[:-1], ends[1:], step_s, cpu_s, num_steps, work=StepWork.of(times, num_steps))
     window.cut_before(horizon)
     return window if window.num_steps > 1 else None
 
@@ -130,7 +133,7 @@ def _plan_chunks(
     decoding = StepShape()
     for req in decodes:
         decoding.add(1, req.num_computed_tokens, True)
-    starts, step_s, cpu_s = [start], [], []
+    starts, step_s, cpu_s, times = [start], [], [], []
     computed = chunked.num_computed_tokens
     for i in range(num_steps):
         if i > 0 and starts[-1] >= horizon:
@@ -142,13 +145,14 @@ def _plan_chunks(
             shape.add(chunks[i], computed, computed + chunks[i] == chunked.num_tokens)
         computed += chunks[i]
         t = time_model.step_time_of(shape)
+        times.append(t)
         step_s.append(t.total_s)
         cpu_s.append(t.overhead_s)
         starts.append(starts[-1] + t.total_s)  # end_i = end_(i-1) + t_i, as steps do
     ends = starts[1:]
     if len(ends) <= 1:
         return None
-    return Window(batch, starts[:-1], ends, step_s, cpu_s, len(ends), chunks)
+    return Window(batch, starts[:-1], ends, step_s, cpu_s, len(ends), chunks, StepWork.of_each(times))
 
 
 def steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:

@@ -76,7 +76,8 @@ class Windows:
         self._window = None
         await self.clock.sleep_until(window.end)
         k = window.num_steps
-        self.stats.on_steps(window.step_s[:k], window.num_scheduled_tokens, window.cpu_s[:k])
+        work = window.work.first(k)
+        self.stats.on_steps(window.step_s[:k], window.num_scheduled_tokens, window.cpu_s[:k], work)
         self.stats.on_state(self.scheduler)
         return window.end
 

@@ -6,10 +6,20 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dashboards.metrics import (
+    ADMISSION_REASONS,
+    ADMISSION_REJECTIONS,
     BUSY,
+    CACHE_CONFIG_INFO,
+    CACHED_SOURCES,
     DECODE_TIME,
     E2E,
     ENGINE_SERIES,
+    ENGINE_SLEEP_STATE,
+    ESTIMATED_FLOPS,
+    ESTIMATED_READ_BYTES,
+    ESTIMATED_WRITE_BYTES,
+    EXTERNAL_PREFIX_CACHE_HITS,
+    EXTERNAL_PREFIX_CACHE_QUERIES,
     FINISHED_REASONS,
     GENERATION_TOKENS,
     INFERENCE_TIME,
@@ -25,6 +35,7 @@ from dashboards.metrics import (
     MAX_OVERRUN,
     MM_CACHE_HITS,
     MM_CACHE_QUERIES,
+    NIXL_AFTER_EXPIRY,
     NIXL_BYTES,
     NIXL_DESCRIPTORS,
     NIXL_FAILED_NOTIFICATIONS,
@@ -33,28 +44,38 @@ from dashboards.metrics import (
     NIXL_POST_TIME,
     NIXL_XFER_TIME,
     NUM_PREEMPTIONS,
+    NUM_REQUESTS_KV_FETCH,
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
+    NUM_REQUESTS_WAITING_BY_REASON,
     PREFILL_TIME,
     PREFIX_CACHE_HITS,
     PREFIX_CACHE_QUERIES,
+    PROMPT_SOURCES,
     PROMPT_TOKENS,
     PROMPT_TOKENS_BY_SOURCE,
+    PROMPT_TOKENS_CACHED,
+    PROMPT_TOKENS_CACHED_BY_SOURCE,
     QUEUE_TIME,
     REQUEST_GENERATION_TOKENS,
     REQUEST_MAX_GENERATION_TOKENS,
     REQUEST_MAX_TOKENS,
+    REQUEST_NUM_PREEMPTIONS,
+    REQUEST_PARAMS_N,
     REQUEST_PREFILL_KV_COMPUTED,
     REQUEST_PROMPT_TOKENS,
     REQUEST_SUCCESS,
+    SLEEP_STATES,
     STEP_CPU,
     STEPS,
     TPOT,
     TTFT,
+    WAITING_REASONS,
 )  # fmt: skip
+from dashboards.recorders.cache_config import cache_config_info
 from dashboards.recorders.registry import Registry, add_each, observe_many
 from emulation.profiles import MODELS
-from messages.stats import SchedulerStats
+from messages.stats import KV_FETCH_STAGES, SchedulerStats, StepWork
 
 if TYPE_CHECKING:
     from emulation.config import TestbedConfig
@@ -69,10 +90,22 @@ class EngineMetrics(Registry):
         self._num_layers = MODELS[cfg.target.model].num_layers
         self._link = cfg.kv_transfer.link
         self._direction = "d2p" if role == "prefill" else "p2d"  # who pulls: prefill only pulls back
-        for reason in FINISHED_REASONS:
-            self.child(REQUEST_SUCCESS, finished_reason=reason)
-        for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
-            self.child(PROMPT_TOKENS_BY_SOURCE, source=source)
+        self._connector = role in ("prefill", "decode")
+        """A KV connector queries for external KV (P/D instances run one: NIXL, kv_both)."""
+        for spec, values in (
+            (REQUEST_SUCCESS, {"finished_reason": FINISHED_REASONS}),
+            (PROMPT_TOKENS_BY_SOURCE, {"source": PROMPT_SOURCES}),
+            (PROMPT_TOKENS_CACHED_BY_SOURCE, {"source": CACHED_SOURCES}),
+            (NUM_REQUESTS_WAITING_BY_REASON, {"reason": WAITING_REASONS}),
+            (NUM_REQUESTS_KV_FETCH, {"stage": KV_FETCH_STAGES}),
+            (ADMISSION_REJECTIONS, {"reason": ADMISSION_REASONS}),
+            (ENGINE_SLEEP_STATE, {"sleep_state": SLEEP_STATES}),
+        ):
+            ((label, names),) = values.items()
+            for name in names:
+                self.child(spec, **{label: name})
+        self.child(ENGINE_SLEEP_STATE, sleep_state="awake").set(1)  # engines never sleep
+        self.child(CACHE_CONFIG_INFO, **cache_config_info(cfg, role)).set(1)
         self._counted = SchedulerStats(0, 0, 0.0, 0, 0, 0, 0)
         """The state last recorded: its totals are already counted."""
         self._ttft = self.child(TTFT)
@@ -84,14 +117,25 @@ class EngineMetrics(Registry):
         ]
 
     def on_steps(
-        self, step_s: Sequence[float], num_scheduled_tokens: Sequence[int], cpu_s: Sequence[float]
+        self,
+        step_s: Sequence[float],
+        num_scheduled_tokens: Sequence[int],
+        cpu_s: Sequence[float],
+        work: StepWork,
     ) -> None:
         """After steps of `num_scheduled_tokens` (their outputs stamped); `cpu_s` of each `step_s`
-        was CPU work."""
+        was CPU work; `work`, the steps' on each GPU (vLLM's MFU estimate)."""
         observe_many(self.child(ITERATION_TOKENS), num_scheduled_tokens)
         self.child(STEPS).inc(len(step_s))
         add_each(self.child(BUSY)._value, step_s)
         add_each(self.child(STEP_CPU)._value, cpu_s)
+        for spec, amounts in (
+            (ESTIMATED_FLOPS, work.flops),
+            (ESTIMATED_READ_BYTES, work.read_bytes),
+            (ESTIMATED_WRITE_BYTES, work.write_bytes),
+        ):
+            if amounts:
+                add_each(self.child(spec)._value, amounts)
 
     def on_state(self, stats: SchedulerStats) -> None:
         """Gauges, and the counters the scheduler, block manager and encoder cache keep as totals (at
@@ -102,11 +146,24 @@ class EngineMetrics(Registry):
         waiting.set(stats.num_waiting_reqs)
         usage.set(stats.kv_cache_usage)
         was = self._counted
+        if stats.num_deferred_waiting_reqs != was.num_deferred_waiting_reqs or (
+            stats.num_waiting_reqs != was.num_waiting_reqs
+        ):
+            deferred = stats.num_deferred_waiting_reqs
+            self.child(NUM_REQUESTS_WAITING_BY_REASON, reason="capacity").set(
+                stats.num_waiting_reqs - deferred
+            )
+            self.child(NUM_REQUESTS_WAITING_BY_REASON, reason="deferred").set(deferred)
+        if stats.num_kv_fetch_reqs_by_stage != was.num_kv_fetch_reqs_by_stage:
+            for stage, n in zip(KV_FETCH_STAGES, stats.num_kv_fetch_reqs_by_stage, strict=True):
+                self.child(NUM_REQUESTS_KV_FETCH, stage=stage).set(n)
         if stats.num_prefix_cache_queries != was.num_prefix_cache_queries:
             self.child(PREFIX_CACHE_QUERIES).inc(
                 stats.num_prefix_cache_queries - was.num_prefix_cache_queries
             )
-            self.child(PREFIX_CACHE_HITS).inc(stats.num_prefix_cache_hits - was.num_prefix_cache_hits)
+            hits = stats.num_prefix_cache_hits - was.num_prefix_cache_hits
+            self.child(PREFIX_CACHE_HITS).inc(hits)
+            self.child(PROMPT_TOKENS_CACHED_BY_SOURCE, source="device").inc(hits)  # its own cache
         if stats.num_preemptions != was.num_preemptions:
             self.child(NUM_PREEMPTIONS).inc(stats.num_preemptions - was.num_preemptions)
         if stats.num_mm_cache_queries != was.num_mm_cache_queries:
@@ -117,13 +174,20 @@ class EngineMetrics(Registry):
     def on_first_token(
         self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
     ) -> None:
-        """A request's first token (engine-level TTFT counts from entering the engine's queue)."""
+        """A request's first token (engine-level TTFT counts from entering the engine's queue). Its
+        prompt's tokens by source, as vLLM counts them once for its first scheduling (local cache
+        hits, `num_cached_tokens`; KV pulled from a peer, `num_external_tokens`)."""
         self._ttft.observe(ttft_s)
         computed = num_prompt_tokens - num_cached_tokens - num_external_tokens
         self.child(PROMPT_TOKENS).inc(num_prompt_tokens)
         self.child(PROMPT_TOKENS_BY_SOURCE, source="local_compute").inc(computed)
         self.child(PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit").inc(num_cached_tokens)
         self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(num_external_tokens)
+        self.child(PROMPT_TOKENS_CACHED).inc(num_cached_tokens + num_external_tokens)
+        if self._connector:  # the connector is asked for what the local cache lacked
+            self.child(EXTERNAL_PREFIX_CACHE_QUERIES).inc(num_prompt_tokens - num_cached_tokens)
+            self.child(EXTERNAL_PREFIX_CACHE_HITS).inc(num_external_tokens)
+            self.child(PROMPT_TOKENS_CACHED_BY_SOURCE, source="p2p").inc(num_external_tokens)
         self._gen.inc()
 
     def on_next_tokens(self, itls_s: Sequence[float]) -> None:
@@ -149,6 +213,8 @@ class EngineMetrics(Registry):
         self.child(REQUEST_GENERATION_TOKENS).observe(n_out)
         self.child(REQUEST_MAX_TOKENS).observe(max_tokens)
         self.child(REQUEST_MAX_GENERATION_TOKENS).observe(n_out)
+        self.child(REQUEST_PARAMS_N).observe(1)  # one sequence a request (no parallel sampling)
+        self.child(REQUEST_NUM_PREEMPTIONS).observe(t.num_preemptions)
         if t.scheduled_s is not None:
             self.child(QUEUE_TIME).observe(t.scheduled_s - t.queued_s)
             computed = num_prompt_tokens - t.num_cached_tokens - num_external_tokens
@@ -187,3 +253,10 @@ class EngineMetrics(Registry):
     def on_kv_expired(self, num_requests: int) -> None:
         """Prefill side: held KV released because no decode engine pulled it in time."""
         self.child(NIXL_KV_EXPIRED).inc(num_requests)
+
+    def on_kv_notification_after_expiry(self) -> None:
+        """Source side: a peer's completion notice for KV no longer held."""
+        self.child(NIXL_AFTER_EXPIRY).inc()
+
+    def on_admission_rejected(self, reason: str) -> None:
+        self.child(ADMISSION_REJECTIONS, reason=reason).inc()

@@ -20,7 +20,6 @@ from prometheus_client import (
 )
 
 from dashboards.metrics import (
-    COMMON_LABELS,
     TIME_SCALE,
     TOKENS_125,
     MetricSpec,
@@ -46,7 +45,7 @@ class Registry:
         # Series without extra labels are exported at zero from the start, as vLLM's are: a rate of
         # "nothing happened" is 0, not missing data.
         for spec in specs:
-            names = (*COMMON_LABELS, *spec.labels)
+            names = (*spec.common, *spec.labels)
             if spec.kind == "counter":
                 metric: Counter | Gauge | Histogram = Counter(
                     spec.name, spec.doc, names, registry=self.registry
@@ -71,7 +70,8 @@ class Registry:
         key = (spec.name, tuple(extra.items()))
         series = self._children.get(key)
         if series is None:
-            series = self._children[key] = self._metrics[spec.name].labels(**self.labels, **extra)
+            common = {k: self.labels[k] for k in spec.common}
+            series = self._children[key] = self._metrics[spec.name].labels(**common, **extra)
         return series
 
     def exposition(self) -> str:
