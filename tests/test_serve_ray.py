@@ -70,8 +70,7 @@ def test_a_client_sees_tokens_paced_as_emulated_not_in_actor_batches(server, cli
             for c in client.chat.completions.create(
                 model=MODEL, messages=messages, max_tokens=30, stream=True
             )
-            if c.choices
-            and (c.choices[0].delta.content or getattr(c.choices[0].delta, "reasoning_content", None))
+            if c.choices and (c.choices[0].delta.content or getattr(c.choices[0].delta, "reasoning", None))
         ]
         gaps += [b - a for a, b in itertools.pairwise(times)]
     emulated = [

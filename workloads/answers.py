@@ -41,12 +41,12 @@ def forced_answer_text(
     digest = hashlib.sha256(json.dumps(messages, sort_keys=True, default=str).encode()).digest()
     rng = np.random.default_rng([seed, int.from_bytes(digest[:8], "little")])
     thought = " ".join(rng.choice(_WORDS, 12))
+    head = f"<think>\n{thought}\n</think>\n\n" if reasoning else ""
     if tools:
         fn = tools[0].get("function") or tools[0]
         call = json.dumps({"name": fn["name"], "arguments": _arguments(tools[0])})
-        return f"<think>\n{thought}\n</think>\n\n<tool_call>\n{call}\n</tool_call>"
-    words = " ".join(rng.choice(_WORDS, max_tokens))
-    return f"<think>\n{thought}\n</think>\n\n{words}" if reasoning else words
+        return f"{head}<tool_call>\n{call}\n</tool_call>"
+    return head + " ".join(rng.choice(_WORDS, max_tokens))
 
 
 def forced_answer_ids(

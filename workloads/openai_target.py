@@ -113,6 +113,6 @@ def _add_delta(result: RequestResult, delta: dict[str, Any]) -> None:
 
 
 def _reasoning(delta: dict[str, Any]) -> str | None:
-    """A chat delta's reasoning text: `reasoning` as vLLM 0.32 streams it, or `reasoning_content` (older
-    vLLM, `testbed serve`)."""
+    """A chat delta's reasoning text: `reasoning` as vLLM 0.32 (and `testbed serve`) streams it, or
+    `reasoning_content` (older vLLM)."""
     return delta.get("reasoning") or delta.get("reasoning_content")

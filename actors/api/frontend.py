@@ -18,7 +18,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from actors.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from actors.api.errors import ApiError
+from actors.api.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from actors.api.requests import RequestBuilder
 from actors.engine.clock import Clock
 from actors.render.client import RenderClient
@@ -52,6 +53,28 @@ class Completion:
     output_token_ids: list[int] = field(default_factory=list)
     parsed: ParsedDelta = field(default_factory=ParsedDelta)
     finished_reason: str | None = None
+    cache: PromptCache | None = None
+    """What the prefix cache did for its prompt (once finished)."""
+    num_reasoning_tokens: int = 0
+    """Output tokens that showed reasoning."""
+
+
+@dataclass(frozen=True)
+class PromptCache:
+    """vLLM's `usage.prompt_tokens_details` counts of one request, where its prompt was computed (the
+    prefill engine in P/D, the mixed one collocated)."""
+
+    cached_tokens: int
+    """Prompt tokens served from the prefix cache."""
+    created_cache_tokens: int
+    """Prompt tokens computed and written to the prefix cache: its full blocks beyond the hit."""
+
+    @classmethod
+    def of(cls, result: RequestResult, block_size: int) -> PromptCache:
+        times = result.prefill_times or result.times
+        cached = times.num_cached_tokens if times is not None else 0
+        full = result.num_prompt_tokens // block_size * block_size
+        return cls(cached, max(0, full - cached))
 
 
 class ProxyClient(Protocol):
@@ -90,10 +113,7 @@ class Frontend:
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
             raise ApiError(
-                404,
-                f"model {model!r} does not exist; this server serves {self.model_name!r}",
-                "model",
-                "model_not_found",
+                404, f"model {model!r} does not exist; this server serves {self.model_name!r}", "model"
             )
 
     @staticmethod
@@ -150,14 +170,19 @@ class Frontend:
     # ---- streams ---------------------------------------------------------------------------------
 
     async def events(
-        self, creq: ClientRequest, replica: int | None, parse: bool = True
+        self,
+        creq: ClientRequest,
+        replica: int | None,
+        parse: bool = True,
+        result: RequestResult | None = None,
     ) -> AsyncGenerator[TokenEvent, None]:
         """Serve `creq`, yielding tokens as their emulated time comes (derendered on `replica`, parsed
         into reasoning and tool calls unless not `parse`; None: token IDs only). Closing the iterator
-        early aborts the request everywhere."""
+        early aborts the request everywhere. `result`: the record to fill (the caller reads it once
+        the iterator is done), else one of its own."""
         render = self.renders[replica] if replica is not None else None
         stateless = self.cfg.render.derender == "stateless"
-        result = RequestResult.for_request(creq)
+        result = result if result is not None else RequestResult.for_request(creq)
         stream_id = creq.request_id
         history: list[int] = []  # what a stateless render tier is sent again with every batch
         try:
@@ -188,21 +213,27 @@ class Frontend:
             if self.keep_results:
                 self.results.append(result)
         if result.finished_reason == "error":  # not when closed early: that was the client's choice
-            raise ApiError(500, f"request {creq.request_id} failed: {result.error}", type_="server_error")
+            raise ApiError(500, f"request {creq.request_id} failed: {result.error}")
         if result.finished_reason == "rejected":  # admission limit: the client may try again soon
             message = f"request {creq.request_id} rejected: {result.error}; retry later"
-            retry = {"Retry-After": str(RETRY_AFTER_S)}
-            raise ApiError(429, message, code="rate_limit_exceeded", type_="rate_limit_error", headers=retry)
+            raise ApiError(429, message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def complete(self, creq: ClientRequest, replica: int | None, parse: bool = True) -> Completion:
         """A whole response (still paced: it returns when its last token is due)."""
         done = Completion(creq.request_id, creq.prompt_token_ids)
-        async with aclosing(self.events(creq, replica, parse)) as events:  # cancelled: aborted at once
+        result = RequestResult.for_request(creq)
+        async with aclosing(self.events(creq, replica, parse, result)) as events:  # cancelled: aborted
             async for ev in events:
                 done.output_token_ids += ev.token_ids
                 done.parsed.extend(ev.delta)
+                done.num_reasoning_tokens += bool(ev.delta.reasoning_content)
                 done.finished_reason = ev.finished_reason or done.finished_reason
+        done.cache = self.prompt_cache(result)
         return done
+
+    def prompt_cache(self, result: RequestResult) -> PromptCache:
+        """What the prefix cache did for a finished request's prompt."""
+        return PromptCache.of(result, self.cfg.scheduler.block_size)
 
     @staticmethod
     def openai_finish_reason(engine_reason: str | None, parsed: ParsedDelta) -> str | None:

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP surface: request models (validated at the edge) and OpenAI's error shape.
+"""The OpenAI-compatible HTTP surface: request models, validated at the edge (errors: `errors.py`).
 
 Requests accept the many fields real clients send (extra fields are ignored, as vLLM ignores sampling
 knobs it does not use); the fields the testbed acts on are checked, and a bad value is a 400 naming the
@@ -10,35 +10,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-
-class ApiError(Exception):
-    """An error answered as `{"error": {"message", "type", "param", "code"}}` with `status`."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        type_: str = "invalid_request_error",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type_
-        self.headers = headers
-        """Sent with the error (a 429's Retry-After)."""
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 class _Lenient(BaseModel):
@@ -64,6 +35,8 @@ class ContentPart(_Lenient):
 class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    reasoning: str | None = None
+    """An assistant turn's reasoning (vLLM's name); `reasoning_content`, the older name, is read too."""
     reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -86,8 +59,9 @@ class ChatMessage(_Lenient):
             "role": "system" if self.role == "developer" else self.role,
             "content": content,
         }
-        if self.reasoning_content:
-            out["reasoning_content"] = self.reasoning_content
+        reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if reasoning:
+            out["reasoning_content"] = reasoning  # the name chat templates read
         if self.tool_calls:
             out["tool_calls"] = self.tool_calls
         return out

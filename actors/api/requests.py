@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from actors.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from actors.api.errors import ApiError
+from actors.api.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from emulation.config import TestbedConfig
 from messages import ClientRequest, KVTransferParams, RenderSpec, token_ids_valid
 from messages.kv_transfer_params import InvalidKVTransferParams

@@ -71,7 +71,7 @@ CHAT_TEMPLATE = """\
 {%- elif message.role == 'user' or message.role == 'system' -%}
 {{ '<|im_start|>' + message.role + nl + text_of(message.content) + '<|im_end|>' + nl }}
 {%- elif message.role == 'assistant' -%}
-{%- set content = message.content or '' -%}
+{%- set content = text_of(message.content) -%}
 {%- set reasoning = message.reasoning_content or '' -%}
 {%- if '</think>' in content -%}
 {%- set reasoning = content.split('</think>')[0].split('<think>')[-1] -%}
@@ -94,7 +94,7 @@ CHAT_TEMPLATE = """\
 {{ '<|im_end|>' + nl }}
 {%- elif message.role == 'tool' -%}
 {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{% endif -%}
-{{ nl + '<tool_response>' + nl + message.content + nl + '</tool_response>' }}
+{{ nl + '<tool_response>' + nl + text_of(message.content) + nl + '</tool_response>' }}
 {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>' + nl }}{% endif -%}
 {%- endif -%}
 {%- endfor -%}
