@@ -193,6 +193,8 @@ def swe_agent_through_serve(
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
+    client = pd.read_parquet(tmp / "client" / "results.parquet")
+    assert client["ok"].all(), client.loc[~client["ok"], ["finished_reason", "error"]].head().to_string()
     df = pd.read_parquet(tmp / "server" / "results.parquet").sort_values("arrival_s")
     assert df["ok"].all()
     return df.assign(turn=df.groupby("session_id").cumcount() + 1)

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from messages import ClientRequest, RequestResult
+from messages import ClientRequest, FinishedReason, RequestResult
 
 
 class OpenAITarget:
@@ -82,8 +82,8 @@ class OpenAITarget:
                 result.token_times_s.append(self.now())
             if delta:
                 _add_delta(result, delta)
-            if choice.get("finish_reason"):
-                result.finished_reason = choice["finish_reason"]
+            if reason := choice.get("finish_reason"):
+                _finish(result, reason)
         usage = chunk.get("usage")
         if usage:  # the server's counts: a chunk may carry several tokens, and only it knows its cache
             result.num_prompt_tokens = int(usage.get("prompt_tokens") or result.num_prompt_tokens)
@@ -110,6 +110,23 @@ def _add_delta(result: RequestResult, delta: dict[str, Any]) -> None:
         calls[index]["id"] = piece.get("id") or calls[index]["id"]
         fn["name"] += got.get("name") or ""
         fn["arguments"] += got.get("arguments") or ""
+
+
+FINISH_REASONS: dict[str, FinishedReason] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "stop",  # the engine stopped; the API names the stop a call (vLLM: STOP -> "tool_calls")
+    "abort": "abort",
+    "error": "error",
+}
+"""A server's `finish_reason` as the engine's reason it reports (OpenAI's and vLLM's names)."""
+
+
+def _finish(result: RequestResult, reason: str) -> None:
+    """The request ended as the server says; a reason no server of vLLM's kind gives is an error."""
+    result.finished_reason = FINISH_REASONS.get(reason, "error")
+    if reason not in FINISH_REASONS:
+        result.error = f"finish_reason {reason!r}: not one of {sorted(FINISH_REASONS)}"
 
 
 def _reasoning(delta: dict[str, Any]) -> str | None:
