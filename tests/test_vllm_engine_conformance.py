@@ -5,9 +5,11 @@ vLLM's engine (`LLM(...).llm_engine`, in process, `vllm_peer_scripts/step_engine
 `EngineCore` (`engine_lockstep.py`: a virtual loop, every step one emulated second, real compute) on
 the same seeded scenarios: prompt lengths around the block size of 32, shared prefixes and repeats,
 KV small enough to preempt (prefix caching off and on), chunked prefill at budgets of 32, 64 and 128,
-`max_num_seqs` limits, arrivals between steps. Both load the same weights: the testbed's tiny Qwen2
-runner with 2 query heads and 1 KV head (head_dim 32, hidden 64; vLLM's CPU attention wants a head
-size it has kernels for), seeded, `save_pretrained` by `ensure_model`. Greedy decoding, `ignore_eos`.
+`max_num_seqs` limits, arrivals between steps; and `test_vllm_metric_families.py`'s traffic, arriving
+at once and in pairs (several preemptions in a step, resumed requests). Both load the same weights: the
+testbed's tiny Qwen2 runner with 2 query heads and 1 KV head (head_dim 32, hidden 64; vLLM's CPU
+attention wants a head size it has kernels for), seeded, `save_pretrained` by `ensure_model`. Greedy
+decoding, `ignore_eos`.
 
 What passes:
   (a) steps: the testbed's record at every step equals vLLM's (`test_vllm_conformance.py`'s record:
@@ -28,13 +30,14 @@ What passes:
 A last test shows the comparisons can fail: vLLM's second choice where it was no near tie, or fewer
 request slots on the testbed's side, are caught.
 
-The peer runs once for all scenarios (vLLM's import, then an `LLM` per scenario: about 45 s here);
+The peer runs once for all scenarios (vLLM's import, then an `LLM` per scenario: about 65 s here);
 the testbed's side takes about a second. A machine that cannot install vLLM skips with one line why.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 from typing import Any
@@ -47,6 +50,7 @@ from emulation.config import RunnerConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS
 from tests.engine_lockstep import EngineRun, Scenario, run_engine
 from tests.test_vllm_conformance import first_difference
+from tests.test_vllm_metric_families import LIMITS, traffic
 from tests.vllm_peer import run_script, vllm_version
 
 pytestmark = [pytest.mark.full, pytest.mark.timeout(2400)]  # the first test may install vLLM (minutes)
@@ -162,6 +166,30 @@ def many_at_once(seed: int = 4) -> Scenario:
     return _scenario("many-at-once", 33, 128, 3, True, [(_fresh(rng, n), m, a) for n, m, a in shapes])
 
 
+def metric_families_traffic(arrival_steps: list[int], name: str) -> Scenario:
+    """`test_vllm_metric_families.py`'s traffic under its limits (`max_model_len` 512): eight 168-token
+    prompts sharing four blocks, 120 tokens each, 19 usable blocks, budget 512. Decodes outgrow the
+    blocks: requests are preempted, the newest first, and come back with hits on their own blocks.
+    `arrival_steps`: each request's. All 0 is how that test's vLLM side sends them (`LLM.generate`
+    adds every request before the first step): seven are admitted at step 0, six hitting the prefix
+    the first computes in it, and one step preempts two. Two at step 0 and six at step 1 is how the
+    testbed's replay delivers them with the render tier's default costs (two replicas, 0.31 ms a
+    prompt; the first step starts when the first two are rendered): two steps preempt one each, one
+    preemption more in all (6, not 5), and the last request is preempted the step after its admission."""
+    requests = [
+        (r["prompt_token_ids"], r["max_tokens"], a) for r, a in zip(traffic(), arrival_steps, strict=True)
+    ]
+    sc = _scenario(
+        name,
+        LIMITS["num_gpu_blocks"],
+        LIMITS["max_num_batched_tokens"],
+        LIMITS["max_num_seqs"],
+        True,
+        requests,
+    )
+    return {**sc, "max_model_len": LIMITS["max_model_len"]}
+
+
 SCENARIOS = {
     sc["name"]: sc
     for sc in (
@@ -172,6 +200,8 @@ SCENARIOS = {
         kv_pressure(True),
         small_budget(),
         many_at_once(),
+        metric_families_traffic([0] * 8, "metric-families-at-once"),
+        metric_families_traffic([0, 0, 1, 1, 1, 1, 1, 1], "metric-families-in-pairs"),
     )
 }
 NAMES = list(SCENARIOS)
@@ -285,7 +315,9 @@ def test_logprobs_are_the_runner_models(vllm_runs):
 def test_the_scenarios_exercise_what_they_claim(vllm_runs):
     """On vLLM's side: preemptions with prefix caching off and on (a resumed request hitting its own
     blocks), prefix hits (some in the step that computes their blocks), prompts chunked at three
-    budgets, `max_num_seqs` full while a request waited, arrivals at several steps."""
+    budgets, `max_num_seqs` full while a request waited, arrivals at several steps; the metric-families
+    traffic preempting two requests in one step when it arrives at once, more in all when it arrives in
+    pairs, one of them the step after its admission."""
     records = {name: run["records"] for name, run in vllm_runs.items()}
     for name in ("kv-pressure-uncached", "kv-pressure-cached"):
         assert any(r["preempted"] for r in records[name]), f"{name}: no preemption"
@@ -323,3 +355,13 @@ def test_the_scenarios_exercise_what_they_claim(vllm_runs):
         assert waiting, f"{name}: max_num_seqs never held a request back"
     arrivals = {spec["arrival_step"] for sc in SCENARIOS.values() for spec in sc["requests"]}
     assert len(arrivals) >= 6
+    at_once, in_pairs = records["metric-families-at-once"], records["metric-families-in-pairs"]
+    assert any(len(r["preempted"]) >= 2 for r in at_once), "no step preempted two requests"
+    num_preempted = [sum(len(r["preempted"]) for r in rs) for rs in (at_once, in_pairs)]
+    assert num_preempted[0] < num_preempted[1], f"preemptions at once, in pairs: {num_preempted}"
+    assert any(
+        rid in before["admitted"]
+        for before, r in itertools.pairwise(in_pairs)
+        if r["step"] == before["step"] + 1
+        for rid in r["preempted"]
+    ), "no request preempted the step after its admission"
