@@ -267,6 +267,7 @@ class Proxy:
         if final is None or final.finished_reason != "length" or not final.kv_transfer_params:
             result.finished_reason = final.finished_reason if final else "error"
             result.error = (final.error if final else None) or "prefill ended without KV to hand off"
+            result.rejected_by = final.rejected_by if final else None
             result.times = result.prefill_times  # where it ended
             return None
         return final
@@ -282,5 +283,6 @@ class Proxy:
                 if out.finished_reason is not None:
                     result.finished_reason = out.finished_reason
                     result.error = out.error
+                    result.rejected_by = out.rejected_by
                     result.times = out.times
                 yield out

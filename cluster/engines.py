@@ -154,7 +154,12 @@ def build_engine(
         encoder_roofline=encoder_roofline,
         macro_steps=cfg.runner.macro_steps,
         admission=Admission(
-            engine_id, scheduler=scheduler, max_waiting=s.max_waiting, max_queue_time_s=s.max_queue_time_s
+            engine_id,
+            scheduler=scheduler,
+            max_waiting=s.max_waiting,
+            max_queue_time_s=s.max_queue_time_s,
+            max_num_queued_reqs=s.max_num_queued_reqs,
+            max_num_queued_tokens=s.max_num_queued_tokens,
         ),
     )
 

@@ -12,6 +12,10 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 
+CREATED = "_created"
+"""The suffix of a counter's or histogram's creation time (prometheus_client writes it as a gauge of its
+own beside the family, as vLLM's expositions carry it)."""
+
 
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # no line per scrape
@@ -65,7 +69,10 @@ def _merged(families: list[Any]) -> str:
 
 
 def sum_series(expositions: list[str], name: str, **match: str) -> float:
-    """Sum of the samples named `name` (with labels matching `match`) over several expositions."""
+    """Sum of the samples named `name` (with labels matching `match`) over several expositions: a
+    counter's `_total`, a histogram's `_count` or `_sum`, never their `_created` times (named apart)."""
+    if name.endswith(CREATED):
+        raise ValueError(f"{name}: a series' creation time, not a value to sum")
     from prometheus_client.parser import text_string_to_metric_families
 
     total = 0.0
@@ -75,6 +82,19 @@ def sum_series(expositions: list[str], name: str, **match: str) -> float:
                 if s.name == name and all(s.labels.get(k) == v for k, v in match.items()):
                     total += s.value
     return total
+
+
+def sample_values(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of `exposition` by name and sorted labels, but the `_created` ones: they hold the
+    wall-clock time a series was created, so two runs that count alike differ only in them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+        if not s.name.endswith(CREATED)
+    }
 
 
 def write_sd_file(path: str, design: str, targets: dict[str, str]) -> None:

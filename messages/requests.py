@@ -11,7 +11,8 @@ from messages.multimodal import MultiModalItem
 from messages.token_ids import PromptIds, TokenIds
 
 FinishedReason = Literal["length", "stop", "abort", "error", "rejected"]
-"""vLLM's reasons, and `rejected`: refused at admission (scheduler.max_waiting), nothing computed."""
+"""vLLM's reasons, and `rejected`: refused by an admission limit (vLLM's queue limits, or the gateway's
+`scheduler.max_waiting` / `max_queue_time_s`), nothing computed."""
 
 
 def token_ids_valid(ids: object, vocab_size: int) -> bool:
@@ -120,6 +121,9 @@ class EngineOutput:
     kv_events: KVEvents | None = None
     """The engine's prefix-cache changes since its last output (any request's), for a KV-aware router:
     piggybacked on the outputs the engine streams anyway, so they cost no message of their own."""
+    rejected_by: str | None = None
+    """Why a request ended `rejected`: the `scheduler.` limit that refused it (`max_num_queued_reqs`,
+    `max_num_queued_tokens`: vLLM's; `max_waiting`, `max_queue_time_s`: a gateway's)."""
 
 
 @dataclass

@@ -20,6 +20,8 @@ class RequestResult:
     max_tokens: int
     finished_reason: FinishedReason | None = None
     error: str | None = None
+    rejected_by: str | None = None
+    """Rejected: the `scheduler.` limit that refused it (`EngineOutput.rejected_by`)."""
     output_token_ids: list[int] = field(default_factory=list)
     token_times_s: list[float] = field(default_factory=list)
     """Emulated time each output token reached the client."""

@@ -126,7 +126,8 @@ class EngineCounters:
     num_expired_handoffs: int = 0
     """Prefill side: held KV released because no decode engine pulled it in time."""
     num_rejected: int = 0
-    """Requests refused at admission (scheduler.max_waiting)."""
+    """Requests refused by an admission limit (`scheduler.max_num_queued_reqs`, `max_num_queued_tokens`,
+    `max_waiting`) or run out of `max_queue_time_s`."""
     num_failed_loads: int = 0
     """KV loads into this engine that failed (pull backs and injected failures among them)."""
     num_injected_load_failures: int = 0

@@ -49,6 +49,14 @@ def test_a_misspelt_key_in_a_list_item_lists_the_keys_of_the_item():
         ({"target": {"eta_compute": 1.5}}, "target.eta_compute=1.5: must be in (0, 1]"),
         ({"workload": {"image_reuse": -0.5}}, "workload.image_reuse=-0.5: must be in [0, 1]"),
         ({"scheduler": {"max_waiting": 0}}, "scheduler.max_waiting=0: must be >= 1 or null"),
+        (
+            {"scheduler": {"max_num_queued_reqs": -1}},
+            "scheduler.max_num_queued_reqs=-1: must be >= 0 or null",
+        ),
+        (
+            {"scheduler": {"max_num_queued_tokens": 1.5}},
+            "config: scheduler.max_num_queued_tokens=1.5: must be an integer",
+        ),
         ({"clock": {"time_scale": 0}}, "clock.time_scale=0: must be > 0 or 'auto'"),
         ({"faults": {"kv_transfer_failures": [2, 0]}}, "faults.kv_transfer_failures[1]=0: must be >= 1"),
         ({"target": {"model": "gpt-5"}}, "target.model='gpt-5': unknown model; allowed: qwen2.5-7b"),

@@ -159,12 +159,35 @@ def test_past_the_admission_limit_requests_are_rejected_at_once_and_counted():
     assert s["rejected"] == len(rejected) > 0 and s["failed"] == s["num_injected_load_failures"] > 0
     assert s["completed"] + s["failed"] + s["rejected"] == NUM_REQUESTS == len(df)
     assert (rejected["num_output_tokens"] == 0).all() and rejected["error"].str.contains("max_waiting").all()
+    assert (rejected["rejected_by"] == "max_waiting").all()
     assert sum(r.counters.num_rejected for r in out.engine_reports.values()) == len(rejected)
     assert all(r.counters.num_expired_handoffs == 0 for r in out.engine_reports.values())  # freed at once
     expos = list(out.metrics.values())  # vLLM's admission counter, the testbed's limit as its reason
     assert sum_series(expos, m.ADMISSION_REJECTIONS.exposed, reason="max_waiting") == len(rejected)
     assert sum_series(expos, m.ADMISSION_REJECTIONS.exposed) == len(rejected)
     assert sum_series(expos, m.NIXL_AFTER_EXPIRY.exposed) == 0  # every notice found its KV held
+
+
+def test_past_vllms_queue_limits_requests_are_rejected_at_once_and_counted_under_vllms_reasons():
+    """scheduler.max_num_queued_reqs under the same burst, P/D: prefill and decode engines each refuse
+    past the limit (a decode refusal frees the prefill KV held for it), every refusal counted in
+    `vllm:admission_rejections` under vLLM's reason and named in its row."""
+    (cfg,) = load_designs(
+        "guide-l40s", ["pd-fast"], [*P2D2, "workload.rate=50", "scheduler.max_num_queued_reqs=2"]
+    )
+    out = run_virtual(cfg)
+    df, s = out.results, out.summary
+    rejected = df[df["finished_reason"] == "rejected"]
+    assert s["rejected"] == len(rejected) > 0 and s["completed"] + s["rejected"] == NUM_REQUESTS
+    assert (rejected["rejected_by"] == "max_num_queued_reqs").all()
+    assert df.loc[df["ok"], "rejected_by"].isna().all()
+    at_decode = rejected["prefill_done_s"].notna()  # prefill computed it, decode refused it
+    assert 0 < at_decode.sum() < len(rejected)
+    assert set(rejected.loc[at_decode, "engine"]) <= {"decode-0", "decode-1"}
+    assert all(r.counters.num_expired_handoffs == 0 for r in out.engine_reports.values())  # freed at once
+    expos = list(out.metrics.values())
+    assert sum_series(expos, m.ADMISSION_REJECTIONS.exposed, reason="max_num_queued_reqs") == len(rejected)
+    assert sum_series(expos, m.ADMISSION_REJECTIONS.exposed) == len(rejected)
 
 
 @pytest.mark.parametrize("design", ["collocated", "pd-fast"])
@@ -189,6 +212,7 @@ def test_past_the_queue_time_budget_waiting_requests_are_rejected_and_none_start
         rejected["error"].str.contains("max_queue_time_s").all()
         and (rejected["num_output_tokens"] == 0).all()
     )
+    assert (rejected["rejected_by"] == "max_queue_time_s").all()
     waited = rejected["finished_s"] - rejected["queued_s"]
     assert ((waited >= 2.0) & (waited < 2.5)).all()  # refused at the first step boundary past it
     ran = df[df["ok"]]

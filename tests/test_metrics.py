@@ -4,6 +4,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import messages.result
 from cluster.virtual import run_virtual
 from dashboards import metrics as m
-from dashboards.exposition import sum_series
+from dashboards.exposition import merged_text_expositions, sample_values, sum_series
 from messages.latency import HANDOFF_PARTS, percentile
 from messages.stats import KV_FETCH_STAGES
 from tests.factories import COLLOCATED, PD, make_config
@@ -49,9 +50,10 @@ def test_every_reference_series_is_exported_with_its_type_and_labels(runs):
         assert name in exposed or f"{name}_count" in exposed, name
     for removed in ("vllm:time_per_output_token_seconds", "vllm:gpu_cache_usage_perc"):
         assert removed not in text
-    assert "_created" not in text
     specs = {spec.name: spec for spec in m.ALL_SERIES}
     for f in text_string_to_metric_families(text):
+        if f.name.endswith("_created"):  # (`test_counters_and_histograms_carry_created_times`)
+            continue
         if f.type == "counter":
             assert all(s.name.endswith("_total") for s in f.samples), f.name
         common = set(specs[f.name].common)  # vLLM's admission and cache-config families lack one
@@ -64,6 +66,42 @@ def test_every_reference_series_is_exported_with_its_type_and_labels(runs):
         if s.name == "vllm:request_success_total"
     }
     assert reasons == {"stop", "length", "abort", "error", "repetition"}
+
+
+def test_counters_and_histograms_carry_created_times(runs):
+    """As vLLM 0.32's: every counter and histogram series has its `_created` time (a gauge of its own in
+    the text format, with the series' labels; the wall clock), no gauge has one, and no sum meets it."""
+    text = runs["pd"].metrics["decode-0"]
+    fams = families(text)
+    created = {name.removesuffix("_created") for name in fams if name.endswith("_created")}
+    assert created == {f.name for f in fams.values() if f.type in ("counter", "histogram")}
+    for name in created:
+        last = "_total" if fams[name].type == "counter" else "_count"
+        series = {tuple(sorted(s.labels.items())) for s in fams[name].samples if s.name.endswith(last)}
+        times = {tuple(sorted(s.labels.items())): s.value for s in fams[f"{name}_created"].samples}
+        assert fams[f"{name}_created"].type == "gauge" and times.keys() == series, name
+        assert all(1.7e9 < t <= time.time() for t in times.values()), name
+    expos, df = list(runs["pd"].metrics.values()), runs["pd"].results
+    assert sum_series(expos, m.GENERATION_TOKENS.exposed, role="decode") == df["num_output_tokens"].sum()
+    with pytest.raises(ValueError, match="creation time"):
+        sum_series([text], "vllm:generation_tokens_created")
+
+
+def test_merged_expositions_keep_every_value_and_created_time(runs):
+    """One scrape of several actors (`testbed serve`'s /metrics): every sample of each, the `_created`
+    times among them, and the same sums."""
+    texts = list(runs["pd"].metrics.values())
+    merged = merged_text_expositions(texts)
+    each = [sample_values(t) for t in texts]
+    assert sample_values(merged) == {k: v for values in each for k, v in values.items()}
+    created = {(s.name, tuple(s.labels.items())) for t in texts for s in _created_samples(t)}
+    assert {(s.name, tuple(s.labels.items())) for s in _created_samples(merged)} == created
+    for name in (m.GENERATION_TOKENS.exposed, m.TTFT.count, m.TTFT.sum, m.ADMISSION_REJECTIONS.exposed):
+        assert sum_series([merged], name) == sum_series(texts, name), name
+
+
+def _created_samples(text):
+    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name.endswith("_created")]
 
 
 def _bucket_line(title):

@@ -17,6 +17,7 @@ import openai
 import pytest
 import requests
 
+from actors.api.errors import QUEUE_LIMIT_MESSAGES
 from dashboards.exposition import sum_series
 from messages import EngineOutput
 from tests.factories import ServeThread
@@ -492,6 +493,40 @@ def test_images_become_visual_tokens_and_bad_ones_are_400s_naming_the_part(serve
         assert r.status_code == 400 and "text only" in r.json()["error"]["message"]
     finally:
         text_only.stop()
+
+
+def test_past_max_num_queued_tokens_requests_get_vllms_503_streamed_or_not():
+    """vLLM's prefill backlog limit on one engine: a burst's requests arriving while a prompt is in
+    prefill are refused with vLLM's 503 (its `MaxQueuedTokensError` message, no Retry-After, a JSON
+    body for a streamed request too), each a `rejected` row naming the limit and a count under
+    `reason="max_num_queued_tokens"`."""
+    s = ServeThread("scheduler.max_num_queued_tokens=1", "pools.mixed.replicas=1", design="collocated")
+    try:
+        body = {"model": s.served.frontend.model_name, "messages": ASK, "max_tokens": 8}
+
+        async def burst():
+            async with httpx.AsyncClient(base_url=s.url, timeout=60) as c:
+                sends = [
+                    c.post("/v1/chat/completions", json={**body, "stream": i % 2 == 1}) for i in range(40)
+                ]
+                return await asyncio.gather(*sends)
+
+        answers = asyncio.run(burst())
+        refused = [r for r in answers if r.status_code == 503]
+        assert refused and all(r.status_code in (200, 503) for r in answers)
+        assert {json.loads(r.request.content)["stream"] for r in refused} == {True, False}
+        assert not any("retry-after" in r.headers for r in refused)
+        message = QUEUE_LIMIT_MESSAGES["max_num_queued_tokens"]
+        expected = {"error": {"message": message, "type": "Service Unavailable", "param": None, "code": 503}}
+        assert all(r.json() == expected for r in refused)
+        rows = s.served.frontend.results[-40:]
+        assert sum(r.rejected_by == "max_num_queued_tokens" for r in rows) == len(refused)
+        metrics = httpx.get(f"{s.url}/metrics").text
+        assert sum_series(
+            [metrics], "vllm:admission_rejections_total", reason="max_num_queued_tokens"
+        ) == len(refused)
+    finally:
+        s.stop()
 
 
 def test_beyond_the_admission_limit_requests_get_a_429_and_the_server_keeps_answering():

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from contextlib import AsyncExitStack
 from typing import Any
 
 import httpx
@@ -210,33 +212,122 @@ def test_a_body_too_large_is_a_413_in_vllms_error_shape(vllm, testbed):
 
 
 async def _burst(server: Any, num: int, max_tokens: int) -> list[httpx.Response]:
+    """`num` chat requests at once, every second one streamed (each response read whole)."""
     body = {"model": _model(server), "messages": ASK, "max_tokens": max_tokens, "ignore_eos": True}
     async with httpx.AsyncClient(base_url=server.url, timeout=300) as client:
-        return await asyncio.gather(*[client.post("/v1/chat/completions", json=body) for _ in range(num)])
+        sends = [client.post("/v1/chat/completions", json={**body, "stream": i % 2 == 1}) for i in range(num)]
+        return await asyncio.gather(*sends)
 
 
-def test_a_refused_request_has_vllms_error_shape(vllm):
-    """vLLM 0.32 has no 429: past `--max-num-queued-reqs` it answers 503 (Service Unavailable). The
-    testbed's admission limit (`scheduler.max_waiting`) answers 429 with Retry-After, in the same body."""
-    theirs = asyncio.run(_burst(vllm, 3 * MAX_NUM_QUEUED_REQS, 100))
-    assert {r.status_code for r in theirs} == {200, 503}, {r.status_code for r in theirs}
-    refused = next(r for r in theirs if r.status_code == 503)
-    server = ServeThread("scheduler.max_waiting=4")
+def _family_sums(server: Any, family: str, label: str | None = None) -> dict[str | None, float]:
+    """The samples of `family` on `server`'s /metrics, summed by the value of `label` (None: all)."""
+    out: dict[str | None, float] = {}
+    for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text):
+        for s in f.samples if f.name == family else ():
+            key = s.labels[label] if label else None
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+async def _refused_while_full(server: Any, num_probes: int) -> list[httpx.Response]:
+    """Fill `server` with `MAX_NUM_QUEUED_REQS` long streamed answers, wait for each one's first chunk (it
+    is in the engine then, for 4,000 tokens), then send `num_probes` requests one at a time, every second
+    one streamed; the long answers' clients then hang up (aborting them)."""
+    body = {"model": _model(server), "messages": ASK, "ignore_eos": True}
+    reading: list[Any] = []  # (a line iterator dropped would close its stream: the request would be aborted)
+    async with httpx.AsyncClient(base_url=server.url, timeout=300) as client, AsyncExitStack() as streams:
+
+        async def fill() -> None:
+            long = {**body, "max_tokens": 4000, "stream": True}
+            r = await streams.enter_async_context(client.stream("POST", "/v1/chat/completions", json=long))
+            assert r.status_code == 200
+            reading.append(r.aiter_lines())
+            await anext(reading[-1])
+
+        await asyncio.gather(*[fill() for _ in range(MAX_NUM_QUEUED_REQS)])
+        probes = []
+        for i in range(num_probes):
+            probe = {**body, "max_tokens": 8, "stream": i % 2 == 1}
+            probes.append(await client.post("/v1/chat/completions", json=probe))
+    return probes
+
+
+def _stream_events(r: httpx.Response) -> list[Any]:
+    """A stream's events, JSON decoded (`[DONE]` as it is)."""
+    events = [line.removeprefix("data: ") for line in r.text.splitlines() if line]
+    return [e if e == "[DONE]" else json.loads(e) for e in events]
+
+
+def _error_events(r: httpx.Response) -> bool:
+    """A started stream that carries an error event."""
+    started = r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    return started and any(isinstance(e, dict) and "error" in e for e in _stream_events(r))
+
+
+def test_a_request_past_max_num_queued_reqs_is_vllms_503(vllm):
+    """Both holding `--max-num-queued-reqs 16` requests (one testbed engine, as one vLLM instance), a
+    request is refused alike, streamed or not: a 503 before any stream starts, the same body to the
+    character (vLLM's message, `type` "Service Unavailable", `param` null, `code` 503), no
+    Retry-After, counted under `reason="max_num_queued_reqs"`. In a burst through vLLM's own renderer,
+    a streamed request can pass vLLM's check before rendering and fail the one after: vLLM has then
+    started its stream (200) and sends that body as an error event; the testbed, whose engines get
+    token IDs from the render tier, checks once and answers 503."""
+    server = ServeThread(
+        f"scheduler.max_num_queued_reqs={MAX_NUM_QUEUED_REQS}", "pools.mixed.replicas=1", design="collocated"
+    )
+    answers, counted = {}, {}
     try:
-        ours = asyncio.run(_burst(server, 60, 8))
+        for side, target in (("vLLM", vllm), ("testbed", server)):
+            before = _family_sums(target, "vllm:admission_rejections", "reason")
+            answers[side] = asyncio.run(_refused_while_full(target, 4))
+            after = _family_sums(target, "vllm:admission_rejections", "reason")
+            counted[side] = {k: v - before.get(k, 0.0) for k, v in after.items()}
+        ours_burst = asyncio.run(_burst(server, 3 * MAX_NUM_QUEUED_REQS, 100))
+        deadline = time.monotonic() + 30
+        while not server.engines_idle():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
     finally:
         server.stop()
-    assert {r.status_code for r in ours} == {200, 429}
-    mine = next(r for r in ours if r.status_code == 429)
+    for side, probes in answers.items():
+        assert [r.status_code for r in probes] == [503] * 4, (side, [r.text for r in probes])
+        assert all(r.headers["content-type"] == "application/json" for r in probes), side
+        assert not any("retry-after" in r.headers for r in probes), side
+        assert counted[side] == {"max_num_queued_reqs": 4, "max_num_queued_tokens": 0}, side
+    body = answers["vLLM"][0].json()
+    assert all(r.json() == body for probes in answers.values() for r in probes), body
+    theirs_burst = asyncio.run(_burst(vllm, 3 * MAX_NUM_QUEUED_REQS, 100))
+    for side, burst in (("vLLM", theirs_burst), ("testbed", ours_burst)):
+        refused = [r for r in burst if r.status_code == 503 or _error_events(r)]
+        assert refused and all(r.status_code in (200, 503) for r in burst), side
+        for r in refused:
+            if r.status_code == 503:
+                assert r.json() == body, side
+            else:  # vLLM only: a stream started before the check that refused it
+                assert side == "vLLM" and _stream_events(r) == [body, "[DONE]"], r.text
+
+
+def test_the_gateways_shedding_is_a_429_in_vllms_error_shape(vllm):
+    """`scheduler.max_waiting` (a gateway's, not vLLM's) answers 429 with Retry-After, in the body shape
+    of vLLM's 503."""
+    (refused,) = asyncio.run(_refused_while_full(vllm, 1))
+    gateway = ServeThread("scheduler.max_waiting=4")
+    try:
+        shed = asyncio.run(_burst(gateway, 60, 8))
+    finally:
+        gateway.stop()
+    assert {r.status_code for r in shed} == {200, 429}
+    mine = next(r for r in shed if r.status_code == 429)
     assert mine.headers["retry-after"] == "1" and mine.json()["error"]["code"] == 429
     assert error_shape(mine) == error_shape(refused), (mine.text, refused.text)
 
 
 def http_families(text: str) -> dict[str, tuple[str, frozenset[str], frozenset[str]]]:
-    """Each `http_*` family: its type, label names and histogram buckets (`_created` series aside)."""
+    """Each `http_*` family: its type, label names and histogram buckets (each counter's, histogram's and
+    summary's `_created` times a gauge family of their own)."""
     out = {}
     for family in text_string_to_metric_families(text):
-        if family.name.startswith("http_") and not family.name.endswith("_created"):
+        if family.name.startswith("http_"):
             labels = {name for s in family.samples for name in s.labels} - {"le", "quantile"}
             buckets = {s.labels["le"] for s in family.samples if "le" in s.labels}
             out[family.name] = (family.type, frozenset(labels), frozenset(buckets))
@@ -254,6 +345,7 @@ def test_http_instrumentation_families_are_vllms(vllm, testbed):
         "http_requests",
         "http_request_duration_seconds",
         "http_request_duration_highr_seconds",
+        "http_requests_created",
     }
     assert ours == theirs
     text = httpx.get(f"{testbed.url}/metrics").text

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.engine.runner_model import ensure_model
 from cluster.virtual import run_virtual
 from dashboards import metrics as m
-from dashboards.exposition import sum_series
+from dashboards.exposition import CREATED, sum_series
 from dashboards.vllm_exclusions import CACHE_CONFIG_DIFFERENCES, EXCLUDED
 from emulation.config import RunnerConfig, TestbedConfig
 from messages import ClientRequest
@@ -116,9 +116,14 @@ def client_requests() -> list[ClientRequest]:
 
 
 def described(exposition: str) -> Families:
-    """An exposition's families in the peer's shape: type, label names, buckets, label values."""
+    """An exposition's families in the peer's shape: type, label names, buckets, label values, sample
+    name suffixes (the text format's `<family>_created` gauge is its family's `_created`)."""
     out = {}
-    for fam in text_string_to_metric_families(exposition):
+    fams = list(text_string_to_metric_families(exposition))
+    created = {f.name.removesuffix(CREATED) for f in fams if f.name.endswith(CREATED)}
+    for fam in fams:
+        if fam.name.endswith(CREATED):
+            continue
         labels = sorted({k for s in fam.samples for k in s.labels} - {"le"})
         buckets = None
         if fam.type == "histogram":
@@ -129,7 +134,11 @@ def described(exposition: str) -> Families:
             for name in labels
             if name not in PER_ENGINE and fam.name != m.CACHE_CONFIG_INFO.name
         }
-        out[fam.name] = {"type": fam.type, "labels": labels, "buckets": buckets, "values": values}
+        suffixes = {s.name.removeprefix(fam.name) for s in fam.samples}
+        if fam.name in created:
+            suffixes.add(CREATED)
+        out[fam.name] = {"type": fam.type, "labels": labels, "buckets": buckets, "values": values,
+                         "suffixes": sorted(suffixes)}  # fmt: skip
     return out
 
 
@@ -150,6 +159,10 @@ def differences(theirs: Families, ours: dict[str, Families]) -> list[str]:
                 problems.append(f"{name}: a {mine['type']} on {engine}, vLLM's is a {fam['type']}")
             if set(mine["labels"]) - testbed_labels != set(fam["labels"]):
                 problems.append(f"{name}: labels {mine['labels']} on {engine}, vLLM's {fam['labels']}")
+            if mine.get("suffixes") != fam.get("suffixes"):
+                problems.append(
+                    f"{name}: samples {mine.get('suffixes')} on {engine}, vLLM's {fam.get('suffixes')}"
+                )
             if mine["buckets"] != fam["buckets"]:
                 problems.append(f"{name}: buckets {mine['buckets']} on {engine}, vLLM's {fam['buckets']}")
             for label, values in fam["values"].items():
@@ -257,6 +270,7 @@ def test_the_comparison_catches_each_kind_of_difference():
         {"type": "gauge"},
         {"labels": ["engine", "replica", "role"]},
         {"buckets": [1.0, 5.0]},
+        {"suffixes": ["_count", "_sum"]},  # (no `_created`)
         {"values": {}},
     ]
     theirs["vllm:a"]["values"] = {"reason": ["x"]}

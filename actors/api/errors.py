@@ -5,9 +5,13 @@ Every error body is vLLM's `ErrorResponse`: `{"error": {"message": str, "type": 
 "NotFoundError", "InternalServerError"; the status phrase otherwise, e.g. "Bad Request" for a request
 that fails validation, as vLLM's validation handler names it). A missing or wrong API key is vLLM's
 `{"error": "Unauthorized"}`. A route that does not exist is FastAPI's `{"detail": "Not Found"}`, as in
-vLLM. Two statuses vLLM 0.32 never answers keep its body shape: 413 (a body over `--max-body-bytes`;
-vLLM reads any body and refuses an over-long prompt with a 400) and 429 (an engine's admission limit;
-vLLM refuses past `--max-num-queued-reqs` with a 503).
+vLLM. A request refused by one of vLLM's queue limits (`scheduler.max_num_queued_reqs`,
+`max_num_queued_tokens`) is vLLM's 503: its message, `type` "Service Unavailable", `param` null, no
+Retry-After, streamed or not (the engine refuses before a stream starts, as vLLM's check before
+rendering does; vLLM checks again after rendering, and a stream it started by then carries the same
+body as an error event). Two statuses vLLM 0.32 never answers keep its body shape: 413 (a body over
+`--max-body-bytes`; vLLM reads any body and refuses an over-long prompt with a 400) and 429 with
+Retry-After (the gateway's shedding: `scheduler.max_waiting`, `max_queue_time_s`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,16 @@ GUARDED_PREFIXES = ("/v1", "/inference", "/render", "/derender")
 """Paths an API key guards (vLLM's prefixes, and the render tier's): /health and /metrics stay open."""
 MAX_DRAIN_BYTES = 256 * 1024**2
 """The most of a refused body read (and dropped) before answering: beyond it the connection closes."""
+QUEUE_LIMIT_MESSAGES = {
+    "max_num_queued_reqs": "The engine is currently busy and cannot accept new requests. "
+    "Please try again later or on a different instance.",
+    "max_num_queued_tokens": "The engine has reached its prefill token backlog limit. "
+    "Please try again later or on a different instance.",
+}
+"""vLLM 0.32's messages for its queue limits (`QueueOverflowError`, `MaxQueuedTokensError`), by limit."""
+RETRY_AFTER_S = 1
+"""What a 429 (a request the gateway shed: scheduler.max_waiting, max_queue_time_s) asks the client to
+wait, in seconds: a fixed hint (nothing predicts when a place in the queue frees)."""
 
 
 def error_type(status: int) -> str:
@@ -69,6 +83,16 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.status, self.param, self.type)
+
+
+def rejection(request_id: str, rejected_by: str | None, why: str | None) -> ApiError:
+    """The answer to a request refused by the limit `rejected_by` (`why`: the engine's account):
+    vLLM's 503 past its queue limits, as vLLM's server shapes a `GracefulHTTPError` (its message, the
+    status phrase as `type`, no `param`); a 429 with Retry-After past the gateway's."""
+    if rejected_by in QUEUE_LIMIT_MESSAGES:
+        return ApiError(503, QUEUE_LIMIT_MESSAGES[rejected_by])
+    message = f"request {request_id} rejected: {why}; retry later"
+    return ApiError(429, message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def install_error_handlers(app: FastAPI) -> None:

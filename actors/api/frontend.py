@@ -18,7 +18,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from actors.api.errors import ApiError
+from actors.api.errors import ApiError, rejection
 from actors.api.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from actors.api.requests import RequestBuilder
 from actors.engine.clock import Clock
@@ -29,10 +29,6 @@ from actors.render.render import Render
 from emulation.config import TestbedConfig
 from messages import ClientRequest, EngineOutput, RenderedPrompt, RenderSpec, RequestResult
 from messages.token_ids import PromptIds
-
-RETRY_AFTER_S = 1
-"""What a 429 (a request refused at admission: scheduler.max_waiting) asks the client to wait, in
-seconds: a fixed hint (nothing predicts when a place in the queue frees)."""
 
 
 @dataclass
@@ -189,7 +185,7 @@ class Frontend:
             async with aclosing(self.proxy.stream(creq, result)) as outs:
                 async for out in outs:
                     if out.finished_reason == "rejected":
-                        break  # refused at admission, nothing computed: a 429 below, no event
+                        break  # refused by a queue limit, nothing computed: a 503 or 429 below, no event
                     finished = out.finished_reason is not None
                     ids = out.new_token_ids
                     if render is None:
@@ -214,9 +210,8 @@ class Frontend:
                 self.results.append(result)
         if result.finished_reason == "error":  # not when closed early: that was the client's choice
             raise ApiError(500, f"request {creq.request_id} failed: {result.error}")
-        if result.finished_reason == "rejected":  # admission limit: the client may try again soon
-            message = f"request {creq.request_id} rejected: {result.error}; retry later"
-            raise ApiError(429, message, headers={"Retry-After": str(RETRY_AFTER_S)})
+        if result.finished_reason == "rejected":  # a queue limit: the client may try again soon
+            raise rejection(creq.request_id, result.rejected_by, result.error)
 
     async def complete(self, creq: ClientRequest, replica: int | None, parse: bool = True) -> Completion:
         """A whole response (still paced: it returns when its last token is due)."""

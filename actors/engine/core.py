@@ -24,7 +24,7 @@ import math
 from collections.abc import AsyncGenerator, Callable
 from typing import Literal
 
-from actors.engine.admission import Admission
+from actors.engine.admission import Admission, Refusal
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
 from actors.engine.health import EngineHealth
@@ -88,9 +88,7 @@ class EngineCore:
         self.stats = stats
         self.kv_scheduler = kv_scheduler
         self.kv_worker = kv_worker
-        self.admission = admission or Admission(
-            engine_id, scheduler=scheduler, max_waiting=None, max_queue_time_s=None
-        )
+        self.admission = admission or Admission(engine_id, scheduler=scheduler)
         self._requests: dict[str, Request] = {}
         self._loop_task: asyncio.Future[None] | None = None
         self.step_clock = StepClock(clock)
@@ -111,10 +109,10 @@ class EngineCore:
         check_request(request, self.max_model_len, vocab, self.encoder_roofline is not None)
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)
-        if (why := self.admission.refusal()) is not None:
-            yield self._rejected(req, why)
+        self.windows.settle()  # a change from outside: the next step sees it (admission sees its state)
+        if (refusal := self.admission.refusal(req.times.queued_s)) is not None:
+            yield _refused(self, req, refusal)
             return
-        self.windows.settle()  # a change from outside: the next step sees it
         stream = self.streams.open(req.request_id)
         self._requests[req.request_id] = req
         self.kv.on_added(req)
@@ -206,8 +204,8 @@ class EngineCore:
             now = self.clock.now() if scheduled is None else scheduled
             scheduled = None
             self.kv.expire_held(now)
-            for req, why in self.admission.expired(now):
-                self._finish(req, "rejected", now, why)
+            for req, refusal in self.admission.expired(now):
+                self._finish(req, "rejected", now, refusal.why, refusal.limit)
             for req in self.kv_scheduler.notice_loaded(now):
                 self.kv.notify_done(req)
             batch = self._schedule(now)
@@ -268,18 +266,19 @@ class EngineCore:
         times = [r.times.queued_s for r in self.scheduler.waiting if r.times.queued_s > since]
         return times + self.kv_scheduler.upcoming(since) + self.admission.next_deadline(since)
 
-    def _rejected(self, req: Request, why: str) -> EngineOutput:
-        """`req` refused on arrival (`admission`): nothing computed; its prefill engine may free its KV."""
-        self.stats.on_admission_rejected("max_waiting")
-        if req.is_remote_prefill:
-            self.kv.notify_done(req)
-        return EngineOutput(req.request_id, [], [], "rejected", None, req.times, why)
-
-    def _finish(self, req: Request, reason: FinishedReason, now: float, error: str | None = None) -> None:
+    def _finish(
+        self,
+        req: Request,
+        reason: FinishedReason,
+        now: float,
+        error: str | None = None,
+        rejected_by: str | None = None,
+    ) -> None:
         params, holding = self.kv_scheduler.request_finished(req, reason, now)
         if holding or (reason == "rejected" and req.is_remote_prefill):  # the prefill side may free it now
             self.kv.notify_done(req)
         req.times.finished_s = now
+        self.admission.finished(req)
         self._requests.pop(req.request_id, None)
         try:
             self.stats.on_request_finished(req, reason)
@@ -287,6 +286,7 @@ class EngineCore:
             self.executor.release(req.request_id)
         finally:  # whatever broke, the client hears how its request ended
             out = EngineOutput(req.request_id, [], [], reason, params, req.times, error)
+            out.rejected_by = rejected_by
             self.streams.finish(out)
 
     def report(self) -> EngineReport:
@@ -303,7 +303,8 @@ class EngineCore:
         self.executor.assert_empty()
 
 
-# The rooms the core builds around its collaborators (they call back into it: `_finish`, `abort`).
+# The rooms the core builds around its collaborators (they call back into it: `_finish`, `abort`), and
+# its answer to a request refused on arrival.
 
 
 def _windows(core: EngineCore, allowed: bool) -> Windows:
@@ -317,6 +318,15 @@ def _windows(core: EngineCore, allowed: bool) -> Windows:
         finish=core._finish,
         allowed=allowed,
     )
+
+
+def _refused(core: EngineCore, req: Request, refusal: Refusal) -> EngineOutput:
+    """`req` refused on arrival (`admission`): nothing computed; its prefill engine may free its KV."""
+    core.stats.on_admission_rejected(refusal.limit)
+    if req.is_remote_prefill:
+        core.kv.notify_done(req)
+    why, limit = refusal.why, refusal.limit
+    return EngineOutput(req.request_id, [], [], "rejected", None, req.times, why, rejected_by=limit)
 
 
 def _kv_handoff(core: EngineCore) -> KVHandoff:

@@ -175,7 +175,8 @@ class EngineStats(EngineCounters):
         self.num_rejected += 1
 
     def on_admission_rejected(self, reason: str) -> None:
-        """Refused on arrival by the queue limit `reason` (`scheduler.max_waiting`)."""
+        """Refused on arrival by the limit `reason` (`Refusal.limit`: vLLM's `max_num_queued_reqs` or
+        `max_num_queued_tokens`, or the gateway's `max_waiting`)."""
         self.on_request_rejected()
         if self.recorder is not None:
             self.recorder.on_admission_rejected(reason)

@@ -1,4 +1,10 @@
-"""An actor's registry of `dashboards.metrics` series, bound to its labels, and a bulk `observe`."""
+"""An actor's registry of `dashboards.metrics` series, bound to its labels, and a bulk `observe`.
+
+Counters and histograms carry prometheus_client's `_created` samples (the wall-clock time each series
+was created), as vLLM 0.32's do: it never calls `disable_created_metrics()`. In the text format they
+are gauges of their own (`vllm:prompt_tokens_created`), so no sum over a counter's or histogram's
+samples meets them (`dashboards.exposition`).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,6 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    disable_created_metrics,
     generate_latest,
 )
 
@@ -28,8 +33,6 @@ from dashboards.metrics import (
 
 if TYPE_CHECKING:
     from emulation.config import TestbedConfig
-
-disable_created_metrics()  # vLLM exports no `_created` series
 
 
 class Registry:

@@ -70,14 +70,24 @@ class SchedulerConfig:
     """Admit a waiting request only if its whole sequence (prompt, and output so far if it was
     preempted) fits in the free KV blocks, not just its first chunk (vLLM's
     `scheduler_reserve_full_isl`, on by default since 0.32: fewer admissions, less preemption)."""
+    max_num_queued_reqs: Annotated[int | None, Field(ge=0)] = None
+    """vLLM's limit on requests in flight in one engine (waiting, running, or loading remote KV): a
+    request that would take them past it is refused on arrival (finished_reason `rejected`; HTTP 503,
+    vLLM's body; counted in `vllm:admission_rejections{reason="max_num_queued_reqs"}`). None: no
+    limit (vLLM's default)."""
+    max_num_queued_tokens: Annotated[int | None, Field(ge=0)] = None
+    """vLLM's limit on the prompt tokens of an engine's requests still in prefill (in flight, no output
+    token yet; each counts its whole prompt, cached or computed): a request arriving when they reach it
+    is refused (`rejected`; HTTP 503; `reason="max_num_queued_tokens"`). None: no limit (vLLM's)."""
     max_waiting: Annotated[int | None, Field(ge=1)] = None
-    """Admission limit: a request that finds this many waiting to be scheduled is rejected at once
-    (finished_reason `rejected`; HTTP 429 with Retry-After) instead of queueing without bound.
-    None: no limit (vLLM's behaviour)."""
+    """A gateway's load shedding, in front of the engine (not vLLM's): a request that finds this many
+    waiting to be scheduled is rejected at once (finished_reason `rejected`; HTTP 429 with
+    Retry-After; `reason="max_waiting"`) instead of queueing. None: no limit."""
     max_queue_time_s: Annotated[float | None, Field(gt=0)] = None
-    """Queue-time budget: a request still waiting for its first step this many emulated seconds after
-    it was queued is rejected then (finished_reason `rejected`, HTTP 429) instead of waiting on (a
-    request whose KV is loading, or preempted after it ran, is not). None: no budget (vLLM's)."""
+    """A gateway's queue-time budget (not vLLM's): a request still waiting for its first step this many
+    emulated seconds after it was queued is rejected then (finished_reason `rejected`, HTTP 429)
+    instead of waiting on (a request whose KV is loading, or preempted after it ran, is not). None: no
+    budget."""
     max_num_batched_encoder_embeds: int | None = None
     """Visual tokens the vision encoder may produce in one step (vLLM's name; None: as many as
     max_num_batched_tokens). An image that does not fit waits for a later step, its prompt chunk cut

@@ -26,12 +26,15 @@ Output::
     {"vllm_version": "0.32.0",
      "families": {name: {"type": "counter" | "gauge" | "histogram", "labels": [sorted label names],
                          "buckets": [finite bounds] | null, "values": {label: [sorted values]},
-                         "total": float, "source": "engine" | "nixl_config"}},
+                         "suffixes": [sorted sample name suffixes], "total": float,
+                         "source": "engine" | "nixl_config"}},
      "cache_config_info": {label: value}}
 
 `name` is the family's (a counter's without `_total`); `values` lists the values of each label other
 than `model_name`, `engine` and `le` (the reasons, sources and states vLLM pre-creates);
-`total` sums a counter's or gauge's samples, or a histogram's `_count`s (the traffic's footprint).
+`suffixes` what the samples add to the name (a counter's `_total` and `_created`, a histogram's
+`_bucket`, `_count`, `_sum` and `_created`, a gauge's nothing); `total` sums a counter's or gauge's
+samples (not `_created`), or a histogram's `_count`s (the traffic's footprint).
 """
 
 from __future__ import annotations
@@ -124,6 +127,7 @@ def describe(fam: Any, source: str) -> dict[str, Any]:
         "labels": labels,
         "buckets": buckets,
         "values": values,
+        "suffixes": sorted({s.name[len(fam.name) :] for s in samples}),
         "total": total,
         "source": source,
     }
