@@ -159,3 +159,24 @@ def test_a_harness_reserialising_tool_calls_stops_verified_reuse_inside_the_call
         reused = later["prefill_cached_tokens"] + later["prefill_pulled_back_tokens"]
         short = (later["decode_held_tokens"] - reused).tolist()
         assert set(short) == ({0} if edit == "verbatim" else {0, 16}), short
+
+
+@pytest.mark.parametrize(
+    ("status", "finished_reason"), [(503, "rejected"), (429, "rejected"), (400, "error"), (500, "error")]
+)
+def test_a_servers_overload_answer_is_a_rejection(status, finished_reason):
+    """vLLM's queue limits answer 503 and a gateway's 429: the request was refused, not broken."""
+    import asyncio
+
+    import httpx
+
+    from messages import ClientRequest
+    from workloads.openai_target import OpenAITarget
+
+    body = {"error": {"message": "busy", "type": "Service Unavailable", "param": None, "code": status}}
+    target = OpenAITarget("http://server", "m", now=lambda: 0.0)
+    target.client = httpx.AsyncClient(
+        base_url="http://server", transport=httpx.MockTransport(lambda _: httpx.Response(status, json=body))
+    )
+    result = asyncio.run(target.submit(ClientRequest("r0", 0.0, [1, 2, 3], 4)))
+    assert result.finished_reason == finished_reason and result.error.startswith(f"HTTP {status}: ")

@@ -59,7 +59,10 @@ class OpenAITarget:
             async with self.client.stream("POST", path, json=body) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
-                    result.finished_reason, result.error = "error", f"HTTP {resp.status_code}: {text[:300]}"
+                    # a server's overload answers (vLLM's queue limits: 503; a gateway's: 429) refuse it
+                    refused = resp.status_code in (429, 503)
+                    result.finished_reason = "rejected" if refused else "error"
+                    result.error = f"HTTP {resp.status_code}: {text[:300]}"
                     return result
                 async for line in resp.aiter_lines():
                     if line.startswith("data: ") and line != "data: [DONE]":
