@@ -114,7 +114,8 @@ class Roofline:
             + 2.0 * m.num_head_params * shape.num_logits
         )
         nbytes = 1.0 * (m.step_weight_bytes + shape.num_context_tokens * m.kv_bytes_per_token)  # float(s)
-        written = 1.0 * shape.num_new_tokens * m.kv_bytes_per_token
+        # as the operator model counts it: KV heads replicated where tp exceeds them
+        written = 1.0 * shape.num_new_tokens * m.kv_bytes_per_token_per_gpu(self.tp) * self.tp
         t, e_c, e_b = self.tp, self.eta_compute, self.eta_bandwidth
         return timed(flops, nbytes, self.gpu, t, e_c, e_b, self.overhead_s, written)
 

@@ -180,3 +180,25 @@ def test_a_servers_overload_answer_is_a_rejection(status, finished_reason):
     )
     result = asyncio.run(target.submit(ClientRequest("r0", 0.0, [1, 2, 3], 4)))
     assert result.finished_reason == finished_reason and result.error.startswith(f"HTTP {status}: ")
+
+
+def test_an_error_event_in_the_stream_ends_the_request_as_the_server_says():
+    """vLLM sends a refusal that comes after its stream began as the stream's one event."""
+    import asyncio
+
+    import httpx
+
+    from messages import ClientRequest
+    from workloads.openai_target import OpenAITarget
+
+    event = {"error": {"message": "busy", "type": "Service Unavailable", "param": None, "code": 503}}
+    sse = f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n"
+    target = OpenAITarget("http://server", "m", now=lambda: 0.0)
+    target.client = httpx.AsyncClient(
+        base_url="http://server",
+        transport=httpx.MockTransport(
+            lambda _: httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
+        ),
+    )
+    result = asyncio.run(target.submit(ClientRequest("r0", 0.0, [1, 2, 3], 4)))
+    assert result.finished_reason == "rejected" and "busy" in result.error and not result.token_times_s

@@ -59,10 +59,7 @@ class OpenAITarget:
             async with self.client.stream("POST", path, json=body) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
-                    # a server's overload answers (vLLM's queue limits: 503; a gateway's: 429) refuse it
-                    refused = resp.status_code in (429, 503)
-                    result.finished_reason = "rejected" if refused else "error"
-                    result.error = f"HTTP {resp.status_code}: {text[:300]}"
+                    _failed(result, resp.status_code, f"HTTP {resp.status_code}: {text[:300]}")
                     return result
                 async for line in resp.aiter_lines():
                     if line.startswith("data: ") and line != "data: [DONE]":
@@ -77,6 +74,11 @@ class OpenAITarget:
         """One SSE chunk: a token (stamped now), a finish reason, or the usage. The first chunk with a
         choice is the first token, even without text (vLLM sends the role chunk with the first token,
         and `vllm bench serve` stamps TTFT there); later ones count where they carry text."""
+        if isinstance(
+            error := chunk.get("error"), dict
+        ):  # an error event (vLLM: a refusal after its stream began)
+            _failed(result, int(error.get("code") or 500), f"error event: {json.dumps(error)[:300]}")
+            return
         result.server_request_id = chunk.get("id", result.server_request_id)
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
@@ -123,6 +125,13 @@ FINISH_REASONS: dict[str, FinishedReason] = {
     "error": "error",
 }
 """A server's `finish_reason` as the engine's reason it reports (OpenAI's and vLLM's names)."""
+
+
+def _failed(result: RequestResult, status: int, error: str) -> None:
+    """The server answered `status` instead of tokens: its overload answers (vLLM's queue limits: 503; a
+    gateway's: 429) refused the request, any other failed it."""
+    result.finished_reason = "rejected" if status in (429, 503) else "error"
+    result.error = error
 
 
 def _finish(result: RequestResult, reason: str) -> None:

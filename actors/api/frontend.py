@@ -66,11 +66,12 @@ class PromptCache:
     """Prompt tokens computed and written to the prefix cache: its full blocks beyond the hit."""
 
     @classmethod
-    def of(cls, result: RequestResult, block_size: int) -> PromptCache:
+    def of(cls, result: RequestResult, block_size: int, enable_prefix_caching: bool) -> PromptCache:
+        """Without prefix caching no block is hashed, so none is written to the cache (vLLM: 0)."""
         times = result.prefill_times or result.times
         cached = times.num_cached_tokens if times is not None else 0
         full = result.num_prompt_tokens // block_size * block_size
-        return cls(cached, max(0, full - cached))
+        return cls(cached, max(0, full - cached) if enable_prefix_caching else 0)
 
 
 class ProxyClient(Protocol):
@@ -228,7 +229,8 @@ class Frontend:
 
     def prompt_cache(self, result: RequestResult) -> PromptCache:
         """What the prefix cache did for a finished request's prompt."""
-        return PromptCache.of(result, self.cfg.scheduler.block_size)
+        s = self.cfg.scheduler
+        return PromptCache.of(result, s.block_size, s.enable_prefix_caching)
 
     @staticmethod
     def openai_finish_reason(engine_reason: str | None, parsed: ParsedDelta) -> str | None:

@@ -3,7 +3,8 @@ metrics on one port, plus the render tier's `/render`, `/derender` and the token
 
 Bodies, chunks and errors have vLLM 0.32's shapes (`responses.py`, `errors.py`): 400 bad input
 (validation, malformed JSON, token IDs, max_tokens), 401 a missing or wrong API key, 404 an unknown model,
-413 a body over the limit, 429 past an engine's admission limit, 500 a request that failed inside. HTTP
+413 a body over the limit, 503 past vLLM's queue limits (`scheduler.max_num_queued_reqs`, `_tokens`), 429
+past a gateway's (`scheduler.max_waiting`, `max_queue_time_s`), 500 a request that failed inside. HTTP
 metrics are vLLM's (`instrumentation.py`). A client that goes away mid-stream cancels its request in
 every role.
 """

@@ -49,7 +49,7 @@ async def _disconnected(request: Request) -> None:
 
 async def stream(request: Request, chunks: AsyncGenerator[str, None]) -> StreamingResponse:
     """An SSE response whose first chunk was awaited before it starts: a request refused before its
-    first token (a 429 at admission, a 500) gets that status, not a 200 and an error event."""
+    first token (a 503 or 429 at admission, a 500) gets that status, not a 200 and an error event."""
     try:
         first = await unless_client_leaves(request, anext(chunks, None))
     except BaseException:

@@ -285,8 +285,9 @@ class EngineCore:
             self.scheduler.finish(req, reason)
             self.executor.release(req.request_id)
         finally:  # whatever broke, the client hears how its request ended
-            out = EngineOutput(req.request_id, [], [], reason, params, req.times, error)
-            out.rejected_by = rejected_by
+            out = EngineOutput(
+                req.request_id, [], [], reason, params, req.times, error, rejected_by=rejected_by
+            )
             self.streams.finish(out)
 
     def report(self) -> EngineReport:
