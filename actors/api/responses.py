@@ -112,7 +112,7 @@ def model_card(frontend: Frontend) -> dict[str, Any]:
 def _whole(
     frontend: Frontend, done: Completion, obj: str, choice: dict[str, Any], usage: Any
 ) -> dict[str, Any]:
-    head = {"id": done.request_id, "object": obj, "created": frontend.created(), "model": frontend.model_name}
+    head = _head(frontend, done.request_id, obj)
     tail = {"service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT, "usage": usage}
     return {**head, "choices": [choice], **tail}
 
@@ -166,8 +166,9 @@ def text_completion(frontend: Frontend, done: Completion, echo: str) -> dict[str
     return {**_whole(frontend, done, "text_completion", choice, usage), **dict.fromkeys(NULL_TAIL)}
 
 
-def _head(frontend: Frontend, creq: ClientRequest, obj: str) -> dict[str, Any]:
-    return {"id": creq.request_id, "object": obj, "created": frontend.created(), "model": frontend.model_name}
+def _head(frontend: Frontend, request_id: str, obj: str) -> dict[str, Any]:
+    """What every body and chunk begins with."""
+    return {"id": request_id, "object": obj, "created": frontend.created(), "model": frontend.model_name}
 
 
 def _chat_choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
@@ -182,7 +183,7 @@ async def chat_chunks(
     frontend: Frontend, creq: ClientRequest, replica: int, include_usage: bool
 ) -> AsyncGenerator[str, None]:
     """A streamed chat completion's SSE chunks (`[DONE]` is the streaming layer's)."""
-    head = _head(frontend, creq, "chat.completion.chunk")
+    head = _head(frontend, creq.request_id, "chat.completion.chunk")
     role: dict[str, Any] | None = {"index": 0, "delta": {"role": "assistant", "content": ""}}
     num_out, num_reasoning, seen, result = 0, 0, ParsedDelta(), RequestResult.for_request(creq)
     async with aclosing(frontend.events(creq, replica, result=result)) as events:
@@ -215,7 +216,7 @@ async def completion_chunks(
     frontend: Frontend, creq: ClientRequest, replica: int, include_usage: bool, echo: str
 ) -> AsyncGenerator[str, None]:
     """A streamed completion's SSE chunks (`echo`: the prompt's text first, when asked for)."""
-    head = _head(frontend, creq, "text_completion")
+    head = _head(frontend, creq.request_id, "text_completion")
 
     def chunk(text: str, finish_reason: str | None) -> str:
         choice = {
