@@ -12,6 +12,7 @@ from typing import Literal
 from emulation.config.engines import PoolConfig, PoolsConfig, RunnerConfig, SchedulerConfig, replica_id
 from emulation.config.faults import EngineFault, FaultsConfig, LinkSlowdown
 from emulation.config.model import CpuOverhead, OperatorEfficiencies, TargetConfig
+from emulation.config.moe import EpFabricConfig, MoeRoutingConfig
 from emulation.config.serving import ClockConfig, MetricsConfig, RenderConfig, RouterConfig
 from emulation.config.strict import STRICT
 from emulation.config.transfer import ECTransferConfig, KVTransferConfig
@@ -22,10 +23,12 @@ __all__ = [
     "CpuOverhead",
     "ECTransferConfig",
     "EngineFault",
+    "EpFabricConfig",
     "FaultsConfig",
     "KVTransferConfig",
     "LinkSlowdown",
     "MetricsConfig",
+    "MoeRoutingConfig",
     "MultiTurnConfig",
     "OperatorEfficiencies",
     "PoolConfig",

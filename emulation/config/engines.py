@@ -25,7 +25,41 @@ class PoolConfig:
     gpu: str = "l40s"
     """GPU of each replica, a name from emulation.profiles.GPUS."""
     tp: Annotated[int, Field(ge=1)] = 1
-    """Tensor-parallel degree: GPUs per replica."""
+    """Tensor-parallel degree: GPUs per replica (per expert-parallel rank when ep > 1)."""
+    ep: Annotated[int, Field(ge=1)] = 1
+    """Expert-parallel ranks per replica, mixture-of-experts targets only; each rank is `tp` GPUs, so a
+    replica spans ep x tp GPUs. The routed experts are sharded over the ranks (num_experts / ep each,
+    each expert's matrices split tp ways inside its rank), and every MoE layer sends each token to the
+    ranks of its experts and back (dispatch and combine, two all-to-alls over target.moe.fabric).
+    vLLM's `--enable-expert-parallel` with TP 8 is ep=8, tp=1; with DP 8 add dp_attention."""
+    dp_attention: bool = False
+    """With ep > 1: each EP rank runs attention over its own requests (data-parallel attention, TP `tp`
+    inside the rank; a request's KV on one rank only), as DeepSeek's, SGLang's and llm-d's wide-EP
+    deployments do (vLLM's `--data-parallel-size ep`). The replica is one engine whose scheduler
+    holds ep ranks' worth of sequences, tokens and KV blocks, its requests spread evenly over the
+    ranks. False: attention is tensor-parallel over all ep x tp GPUs."""
+    num_redundant_experts: Annotated[int, Field(ge=0)] = 0
+    """Extra expert replicas spread over the EP ranks (vLLM's EPLB `num_redundant_experts`): the
+    hottest experts get a second copy on the least loaded ranks, splitting their tokens; each copy
+    costs its weights' memory."""
+    enable_dbo: bool = False
+    """Dual-batch overlap (vLLM's `--enable-dbo`): each step runs as two micro-batches, one's
+    all-to-alls under the other's compute; the weights are read once per micro-batch."""
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of one replica: ep ranks of tp each."""
+        return self.ep * self.tp
+
+    @property
+    def num_attention_ranks(self) -> int:
+        """Data-parallel attention ranks of one replica (1 unless dp_attention)."""
+        return self.ep if self.dp_attention else 1
+
+    @property
+    def attention_tp(self) -> int:
+        """GPUs that split one request's attention (and the dense layers) tensor-parallel."""
+        return self.tp if self.dp_attention else self.ep * self.tp
 
 
 @dataclass(frozen=True)
@@ -123,6 +157,16 @@ class RunnerConfig:
     num_kv_heads: Annotated[int, Field(ge=1)] = 2
     intermediate_size: Annotated[int, Field(ge=1)] = 256
     vocab_size: Annotated[int, Field(ge=1)] = 8192
+    architecture: Literal["qwen2", "qwen3_moe"] = "qwen2"
+    """The tiny model's architecture (built when model_path is None): qwen2 (dense), or qwen3_moe
+    (transformers' Qwen3-MoE: every layer a sparse MoE block of num_experts experts, top
+    num_experts_per_tok)."""
+    num_experts: Annotated[int, Field(ge=1)] = 8
+    """qwen3_moe: routed experts per layer."""
+    num_experts_per_tok: Annotated[int, Field(ge=1)] = 2
+    """qwen3_moe: experts each token is routed to (top-k)."""
+    moe_intermediate_size: Annotated[int, Field(ge=1)] = 64
+    """qwen3_moe: each expert's MLP width."""
     weights_seed: int = 0
     """Seed of the tiny model's weights (part of its cache key)."""
     num_threads: Annotated[int, Field(ge=1)] = 1

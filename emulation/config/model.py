@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from emulation.config.moe import EpFabricConfig, MoeRoutingConfig
 from emulation.config.named import named
 from emulation.config.strict import STRICT
 from emulation.profiles import MODELS
@@ -77,3 +78,7 @@ class TargetConfig:
     """The per-operator model's CPU work per step."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     """Share of GPU memory the engine may use for weights + KV (vLLM's flag)."""
+    moe_routing: MoeRoutingConfig = field(default_factory=MoeRoutingConfig)
+    """Mixture-of-experts targets: which experts the tokens reach (the time model's expected loads)."""
+    ep_fabric: EpFabricConfig = field(default_factory=EpFabricConfig)
+    """Mixture-of-experts targets: the network expert-parallel all-to-alls cross."""
