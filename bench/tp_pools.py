@@ -49,7 +49,7 @@ def decode_capacity(design: str, time_model: str) -> dict[str, object]:
     (cfg,) = load_designs(PRESET, [design], [f"target.time_model={time_model}"])
     pool, model = cfg.pools.decode, MODELS[cfg.target.model]
     block = cfg.scheduler.block_size
-    tokens = kv_capacity_tokens(model, GPUS[pool.gpu], pool.tp, cfg.target.gpu_memory_utilization)
+    tokens = kv_capacity_tokens(model, GPUS[pool.gpu], pool, cfg.target.gpu_memory_utilization)
     memory_batch = tokens // (cdiv(CONTEXT + 1, block) * block)
     step = time_model_for(cfg, pool)
 

@@ -110,7 +110,12 @@ def _handoff_probe(cfg: TestbedConfig) -> tuple[float, float] | None:
     n, bs, pools = cfg.workload.prompt_len, cfg.scheduler.block_size, cfg.pools
     link, model = LINKS[cfg.kv_transfer.link], MODELS[cfg.target.model]
     receiver = KVReceiver(
-        cfg.kv_transfer, link=link, model=model, block_size=bs, tp=pools.decode.tp, peer_tp=pools.prefill.tp
+        cfg.kv_transfer,
+        link=link,
+        model=model,
+        block_size=bs,
+        tp=pools.decode.attention_tp,
+        peer_tp=pools.prefill.attention_tp,
     )
     params = KVTransferParams(remote_block_ids=tuple(range(cdiv(n, bs))))
     emulated = receiver.plan(params, 0.0, 0).time

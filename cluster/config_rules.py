@@ -11,16 +11,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
-from emulation.config import TestbedConfig
+from emulation.config import PoolConfig, TestbedConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS, cdiv, num_gpu_blocks
-from emulation.profiles import GPUS, MODELS
+from emulation.moe import expert_popularity
+from emulation.profiles import GPUS, MODELS, ModelProfile
 from workloads.slo import SloError, parse_slo
 from workloads.traces.multi_turn import parse_dist
 
 
 def violations(cfg: TestbedConfig) -> Iterator[str]:
     """Every broken rule of `cfg`, in one line each, in a fixed order."""
-    for rules in (_scheduler, _pools, _workload, _replay, _multi_turn, _runner, _rest, _faults):
+    for rules in (_scheduler, _experts, _pools, _workload, _replay, _multi_turn, _runner, _rest, _faults):
         yield from rules(cfg)
 
 
@@ -39,6 +40,75 @@ def _scheduler(cfg: TestbedConfig) -> Iterator[str]:
         )
 
 
+def _experts(cfg: TestbedConfig) -> Iterator[str]:
+    """Expert parallelism: only for a MoE target, filling its ranks evenly, within the fabric."""
+    model = MODELS[cfg.target.model]
+    moe_models = ", ".join(n for n, m in MODELS.items() if m.moe)
+    for name, pool in (
+        ("mixed", cfg.pools.mixed),
+        ("prefill", cfg.pools.prefill),
+        ("decode", cfg.pools.decode),
+    ):
+        if pool.replicas and pool.gpu in GPUS:
+            yield from _pool_experts(cfg, f"pools.{name}", pool, model, moe_models)
+    r = cfg.target.moe_routing
+    if r.skew != "uniform" and model.moe is None:
+        yield f"target.moe_routing.skew={r.skew!r}: target.model={model.name!r} is dense; allowed: uniform"
+    elif r.skew == "file" and model.moe is not None:
+        try:
+            expert_popularity("file", model.moe.num_experts, loads_file=r.loads_file)
+        except (OSError, ValueError) as e:
+            yield f"target.moe_routing.loads_file={r.loads_file!r}: {e}"
+
+
+def _pool_experts(cfg: TestbedConfig, key: str, pool: PoolConfig, model: ModelProfile, moe_models: str
+                  ) -> Iterator[str]:  # fmt: skip
+    ep, given = pool.ep, [(f, v) for f, v in _ep_fields(pool) if v]
+    if model.moe is None:
+        for field, value in given[:1]:
+            yield (
+                f"{key}.{field}={value}: target.model={model.name!r} is dense (no experts); allowed: the "
+                f"default, or a mixture-of-experts target ({moe_models})"
+            )
+        return
+    slots = model.moe.num_experts + pool.num_redundant_experts
+    if slots % ep:
+        divisors = [d for d in range(1, slots + 1) if slots % d == 0]
+        yield (
+            f"{key}.ep={ep}: {model.name}'s {model.moe.num_experts} routed experts + "
+            f"num_redundant_experts={pool.num_redundant_experts} do not fill {ep} EP ranks evenly; allowed: "
+            f"an ep dividing {slots} ({', '.join(map(str, divisors))}), or more redundant experts"
+        )
+    needs = (
+        ("num_redundant_experts", pool.num_redundant_experts, ep > 1, "ep > 1 (copies go to other ranks)"),
+        ("dp_attention", pool.dp_attention, ep > 1, "ep > 1 (the attention ranks are the EP ranks)"),
+        ("enable_dbo", pool.enable_dbo, pool.dp_attention, "dp_attention=True (it hides all-to-alls)"),
+    )
+    for field, value, holds, need in needs:
+        if value and not holds:
+            yield f"{key}.{field}={value}: needs {need}"
+    fabric, gpu = cfg.target.ep_fabric, GPUS[pool.gpu]
+    per_node = fabric.gpus_per_node or gpu.gpus_per_node
+    nodes = cdiv(pool.num_gpus, per_node)
+    if pool.tp > per_node:
+        yield f"{key}.tp={pool.tp}: one rank's GPUs share a node of {per_node}; allowed: at most {per_node}"
+    elif nodes > fabric.max_nodes:
+        yield (
+            f"{key}: ep x tp = {ep} x {pool.tp} = {pool.num_gpus} GPUs span {nodes} nodes of {per_node}; "
+            f"allowed: at most target.ep_fabric.max_nodes={fabric.max_nodes} nodes"
+        )
+
+
+def _ep_fields(pool: PoolConfig) -> tuple[tuple[str, object], ...]:
+    """The expert-parallel fields of `pool`, a falsy value where left at its default."""
+    return (
+        ("ep", pool.ep if pool.ep > 1 else 0),
+        ("dp_attention", pool.dp_attention),
+        ("num_redundant_experts", pool.num_redundant_experts),
+        ("enable_dbo", pool.enable_dbo),
+    )
+
+
 def _pools(cfg: TestbedConfig) -> Iterator[str]:
     s = cfg.scheduler
     p = cfg.pools
@@ -51,7 +121,7 @@ def _pools(cfg: TestbedConfig) -> Iterator[str]:
         have = num_gpu_blocks(cfg, pool)
         if have - NUM_NULL_BLOCKS < need:
             yield (
-                f"pools.{name}: {cfg.target.model} on {pool.tp} x {pool.gpu} leaves KV room for "
+                f"pools.{name}: {cfg.target.model} on {pool.num_gpus} x {pool.gpu} leaves KV room for "
                 f"{have - NUM_NULL_BLOCKS} blocks (and vLLM's null block), a request needs {need}; allowed: "
                 "a larger tp or GPU, or shorter requests"
             )
@@ -137,6 +207,13 @@ def _runner(cfg: TestbedConfig) -> Iterator[str]:
         yield f"runner.hidden_size={r.hidden_size}: must be a multiple of num_heads ({r.num_heads})"
     if r.num_heads % r.num_kv_heads:
         yield f"runner.num_kv_heads={r.num_kv_heads}: must divide num_heads ({r.num_heads})"
+    if r.architecture == "qwen3_moe" and r.num_experts_per_tok > r.num_experts:
+        yield f"runner.num_experts_per_tok={r.num_experts_per_tok}: at most num_experts ({r.num_experts})"
+    if r.model_path is not None and r.architecture != "qwen2":
+        yield (
+            f"runner.architecture={r.architecture!r}: names the tiny model built when model_path is None; "
+            "with runner.model_path set, its config.json names the architecture (leave architecture unset)"
+        )
     if r.model_path is not None:
         try:
             check_runner_model(r.model_path)

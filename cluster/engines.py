@@ -75,10 +75,11 @@ def scheduler_for(cfg: TestbedConfig, pool: PoolConfig) -> Scheduler:
     blocks = BlockManager(num_usable_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
     if cfg.router.policy == "kv_aware":
         blocks.publish_kv_events()
+    ranks = pool.num_attention_ranks  # data-parallel attention: one scheduler for the replica's ranks
     return Scheduler(
         blocks,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens * ranks,
+        max_num_seqs=s.max_num_seqs * ranks,
         max_num_batched_encoder_embeds=s.encoder_budget,
         encoder_cache=EncoderCache(s.encoder_cache_embeds),
         reserve_full_isl=s.reserve_full_isl,
@@ -117,8 +118,8 @@ def build_engine(
         link=kv_link,
         model=MODELS[cfg.target.model],
         block_size=s.block_size,
-        tp=pool.tp,
-        peer_tp=peer.tp,
+        tp=pool.attention_tp,
+        peer_tp=peer.attention_tp,
         slowdowns=cfg.faults.link_slowdowns,
     )
     kv = cfg.kv_transfer

@@ -7,6 +7,7 @@ blocks     [  block 0  |   block 1   | block 2 ]     cdiv(34, 16) = 3 (the last 
 from __future__ import annotations
 
 from emulation.config import PoolConfig, TestbedConfig
+from emulation.expert_parallel import weight_bytes_per_gpu
 from emulation.profiles import GPUS, MODELS, GpuProfile, ModelProfile
 
 
@@ -15,11 +16,15 @@ def cdiv(a: int, b: int) -> int:
     return -(a // -b)
 
 
-def kv_capacity_tokens(model: ModelProfile, gpu: GpuProfile, tp: int, gpu_memory_utilization: float) -> int:
-    """Tokens of KV a `tp`-GPU replica holds, as vLLM sizes its cache (activations not reserved): on
-    each GPU, its share of memory minus its shard of the weights, over its share of a token's KV."""
-    usable = gpu.memory_gb * 1e9 * gpu_memory_utilization - model.weight_bytes / tp
-    return max(0, int(usable // model.kv_bytes_per_token_per_gpu(tp)))
+def kv_capacity_tokens(
+    model: ModelProfile, gpu: GpuProfile, pool: PoolConfig, gpu_memory_utilization: float
+) -> int:
+    """Tokens of KV a replica of `pool` holds, as vLLM sizes its cache (activations not reserved): on
+    each GPU, its share of memory minus what it holds of the weights (`weight_bytes_per_gpu`), over its
+    share of a token's KV; each data-parallel attention rank holds its own requests' KV."""
+    usable = gpu.memory_gb * 1e9 * gpu_memory_utilization - weight_bytes_per_gpu(model, pool)
+    per_rank = max(0, int(usable // model.kv_bytes_per_token_per_gpu(pool.attention_tp)))
+    return per_rank * pool.num_attention_ranks
 
 
 NUM_NULL_BLOCKS = 1
@@ -39,4 +44,4 @@ def num_gpu_blocks(cfg: TestbedConfig, pool: PoolConfig) -> int:
     if s.num_gpu_blocks_override is not None:
         return s.num_gpu_blocks_override
     model, gpu = MODELS[cfg.target.model], GPUS[pool.gpu]
-    return kv_capacity_tokens(model, gpu, pool.tp, cfg.target.gpu_memory_utilization) // s.block_size
+    return kv_capacity_tokens(model, gpu, pool, cfg.target.gpu_memory_utilization) // s.block_size

@@ -27,6 +27,17 @@ of T·h·2 bytes, ring algorithm over the TP link::
 
 and the CPU's work on the step's path: `s_per_step + s_per_request·requests + s_per_token·T`.
 
+Mixture-of-experts targets (`emulation.expert_parallel`): `mlp` covers the dense layers only; two more
+groups, `shared_experts` (routers and shared experts, every token) and `routed_experts` (the busiest
+EP rank's share: its tokens' FLOPs, its touched experts' weights), and the all-to-alls of the MoE
+layers add. With data-parallel attention every other group runs over one rank's share of the step
+(`step_shape.share_of`). MLA's attention FLOPs per key differ between prompt chunks and decodes, and
+chunks up-project their cached context (`emulation.mla`); GEMMs of one-byte weights run at the FP8
+peak. Dual-batch overlap runs the groups and all-to-alls as two half micro-batches (weights read by
+each) and hides the smaller of compute and communication but one layer's::
+
+    t = max(C, A) + min(C, A) / (2 · MoE layers)          overlap_s = C + A - t
+
 Per GPU, the step's FLOPs are the groups' and its bytes their traffic: of it, the KV the T new tokens
 write (`write_bytes_per_gpu`, vLLM's MFU estimate's write figure) and the rest read (weights, KV, and
 spilled activations).
@@ -38,9 +49,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from emulation.config import CpuOverhead, OperatorEfficiencies
+from emulation.expert_parallel import ExpertParallel, RoutedWork
+from emulation.moe import ExpertLoad
 from emulation.profiles import GpuProfile, ModelProfile
 from emulation.roofline import maximum, timed
-from emulation.step_shape import StepItem, StepShape
+from emulation.step_shape import StepItem, StepShape, share_of
 
 LOGIT_BYTES = 4
 """Logits are written in float32."""
@@ -70,10 +83,16 @@ class OperatorStepTime:
     cpu_s: float
     kv_write_bytes: float = 0.0
     """Of the groups' bytes, the KV the step's new tokens write (one GPU's)."""
+    all_to_all_s: float = 0.0
+    """The MoE layers' dispatches and combines (expert parallelism with data-parallel attention)."""
+    overlap_s: float = 0.0
+    """Of the groups' and all-to-alls' time, what dual-batch overlap hides."""
+    expert_load: ExpertLoad | None = None
+    """What the step asked of the experts (MoE targets)."""
 
     @property
     def gpu_s(self) -> float:
-        return sum(g.total_s for g in self.groups) + self.all_reduce_s
+        return sum(g.total_s for g in self.groups) + self.all_reduce_s + self.all_to_all_s - self.overlap_s
 
     @property
     def total_s(self) -> float:
@@ -102,13 +121,15 @@ class OperatorStepTime:
 
 @dataclass(frozen=True)
 class OperatorRoofline:
-    """The per-operator time model of one engine replica: a target model on `tp` GPUs."""
+    """The per-operator time model of one engine replica: a target model on `tp` GPUs (for a MoE
+    target, `tp` is the pool's attention_tp and `experts` lays out the rest)."""
 
     model: ModelProfile
     gpu: GpuProfile
     tp: int = 1
     eta: OperatorEfficiencies = field(default_factory=OperatorEfficiencies)
     cpu: CpuOverhead = field(default_factory=CpuOverhead)
+    experts: ExpertParallel | None = None
 
     def step_time(self, items: Iterable[StepItem]) -> OperatorStepTime:
         return self.step_time_of(StepShape.of(items))
@@ -122,63 +143,94 @@ class OperatorRoofline:
         )
         if shape.num_new_tokens == 0:
             return OperatorStepTime((), 0.0, cpu_s)
-        written = 1.0 * shape.num_new_tokens * self.model.kv_bytes_per_token_per_gpu(self.tp)
-        return OperatorStepTime(self.groups(shape), self.all_reduce_s(shape.num_new_tokens), cpu_s, written)
+        ex = self.experts
+        ranks = ex.num_attention_ranks if ex else 1
+        written = shape.num_new_tokens / ranks * self.model.kv_bytes_per_token_per_gpu(self.tp)
+        all_reduce_s = self.all_reduce_s(shape.num_new_tokens / ranks)
+        if ex is None or not ex.enable_dbo:
+            a2a_s = ex.all_to_all_s(shape.num_new_tokens) if ex else 0.0
+            load = ex.placement.load(shape.num_new_tokens) if ex else None
+            return OperatorStepTime(self.groups(shape), all_reduce_s, cpu_s, written, a2a_s, 0.0, load)
+        half = share_of(shape, 2)
+        groups = tuple(_twice(g) for g in self.groups(half))
+        a2a_s = 2 * ex.all_to_all_s(half.num_new_tokens)
+        compute_s = sum(g.total_s for g in groups) + all_reduce_s
+        longer = maximum(compute_s, a2a_s)
+        shorter = compute_s + a2a_s - longer
+        overlap_s = shorter - shorter / (2 * self.model.num_moe_layers)
+        load = ex.placement.load(shape.num_new_tokens)
+        return OperatorStepTime(groups, all_reduce_s, cpu_s, written, a2a_s, overlap_s, load)
 
     def groups(self, shape: StepShape) -> tuple[GroupTime, ...]:
+        """Every group's roofline on one GPU (a MoE target's: on its busiest EP rank)."""
+        ex = self.experts
+        rank = share_of(shape, ex.num_attention_ranks) if ex else shape
+        if ex is None:
+            return self._dense_groups(rank)
+        return self._dense_groups(rank) + self._expert_groups(rank, ex.routed(shape.num_new_tokens))
+
+    def _dense_groups(self, rank: StepShape) -> tuple[GroupTime, ...]:
+        """The groups every model has, over one attention rank's share of the step."""
         m, tp, e = self.model, self.tp, self.eta
-        t, L, dt = shape.num_new_tokens, m.num_layers, m.dtype_bytes
-        h, i = m.hidden_size, m.intermediate_size
-        q, kv = m.num_heads * m.head_dim, 2 * m.num_kv_heads * m.head_dim
-        attn_params = h * (q + kv) + q * h
-        mlp_params = 3 * h * i
-        attn_flops_per_key = 4.0 * m.num_heads * m.head_dim * L / tp
+        t, dt, wb = rank.num_new_tokens, m.dtype_bytes, m.weight_bytes_per_layer_param
+        h, i, num_layers, mlp_layers = (
+            m.hidden_size,
+            m.intermediate_size,
+            m.num_layers,
+            m.num_dense_mlp_layers,
+        )
+        q, kv = self._projection_widths()
+        attn_params, mlp_params = m.attention_params, m.dense_mlp_params
         kv_per_token = m.kv_bytes_per_token_per_gpu(tp)
         vocab = m.vocab_size / tp
+        attn_activations = self._spilled(t, h, (q + kv) / tp, q / tp, h)
+        mlp_activations = self._spilled(t, h, 2 * i / tp, i / tp, h)
+        context_tokens = rank.prefill_kv_tokens - rank.num_prefill_tokens
         return (
-            self._group(
-                "qkv_o",
-                2.0 * L * attn_params * t / tp,
-                L * (attn_params / tp * dt + self._spilled(t, h, (q + kv) / tp, q / tp, h)),
-                e.gemm_compute,
-                e.weights_bandwidth,
-            ),
-            self._group(
-                "mlp",
-                2.0 * L * mlp_params * t / tp,
-                L * (mlp_params / tp * dt + self._spilled(t, h, 2 * i / tp, i / tp, h)),
-                e.gemm_compute,
-                e.weights_bandwidth,
-            ),
-            self._group(
-                "prefill_attention",
-                attn_flops_per_key * shape.prefill_keys_attended,
-                kv_per_token * shape.prefill_kv_tokens,
-                e.attention_compute,
-                e.kv_bandwidth,
-            ),
-            self._group(
-                "decode_attention",
-                attn_flops_per_key * shape.decode_keys_attended,
-                kv_per_token * shape.decode_keys_attended,
-                e.attention_compute,
-                e.kv_bandwidth,
-            ),
-            self._group(
-                "logits",
-                2.0 * vocab * h * shape.num_logits,
-                (vocab * h * dt + shape.num_logits * vocab * LOGIT_BYTES) if shape.num_logits else 0.0,
-                e.gemm_compute,
-                e.weights_bandwidth,
-            ),
-        )
+            self._gemm("qkv_o", 2.0 * num_layers * attn_params * t / tp,
+                       num_layers * (attn_params / tp * wb + attn_activations)),
+            self._gemm("mlp", 2.0 * mlp_layers * mlp_params * t / tp,
+                       mlp_layers * (mlp_params / tp * wb + mlp_activations)),
+            self._group("prefill_attention",
+                        m.prefill_attention_flops_per_key / tp * rank.prefill_keys_attended
+                        + m.context_flops_per_token / tp * context_tokens,
+                        kv_per_token * rank.prefill_kv_tokens, e.attention_compute, e.kv_bandwidth),
+            self._group("decode_attention", m.decode_attention_flops_per_key / tp * rank.decode_keys_attended,
+                        kv_per_token * rank.decode_keys_attended, e.attention_compute, e.kv_bandwidth),
+            self._group("logits", 2.0 * vocab * h * rank.num_logits,
+                        (vocab * h * dt + rank.num_logits * vocab * LOGIT_BYTES) if rank.num_logits else 0.0,
+                        e.gemm_compute, e.weights_bandwidth),
+        )  # fmt: skip
 
-    def _spilled(self, num_tokens: int, *widths: float) -> float:
+    def _expert_groups(self, rank: StepShape, routed: RoutedWork) -> tuple[GroupTime, ...]:
+        """A MoE target's routers and shared experts (over the rank's tokens) and routed experts (the
+        busiest EP rank's)."""
+        m, tp = self.model, self.tp
+        shared = m.num_shared_params
+        activations = m.num_moe_layers * self._spilled_bytes(routed.activation_bytes / m.num_moe_layers)
+        return (
+            self._gemm("shared_experts", 2.0 * shared * rank.num_new_tokens / tp,
+                       shared / tp * m.weight_bytes_per_layer_param),
+            self._gemm("routed_experts", routed.flops, routed.weight_bytes + activations),
+        )  # fmt: skip
+
+    def _projection_widths(self) -> tuple[int, int]:
+        """The query and key-value widths the attention projections write (MLA: the per-head query
+        and the compressed latent with its rotary key)."""
+        m = self.model
+        if m.mla is not None:
+            return m.num_heads * m.mla.qk_head_dim, m.mla.kv_values_per_token
+        return m.num_heads * m.head_dim, 2 * m.num_kv_heads * m.head_dim
+
+    def _spilled(self, num_tokens: float, *widths: float) -> float:
         """HBM bytes of activations `num_tokens` x each width: those larger than L2."""
-        sizes = (num_tokens * w * self.model.dtype_bytes for w in widths)
-        return sum(b for b in sizes if b > self.gpu.l2_cache_mb * 1e6)
+        return sum(self._spilled_bytes(num_tokens * w * self.model.dtype_bytes) for w in widths)
 
-    def all_reduce_s(self, num_tokens: int) -> float:
+    def _spilled_bytes(self, nbytes: float) -> float:
+        """`nbytes` of one activation, if it does not fit in L2 (else it stays on chip: 0)."""
+        return nbytes if nbytes > self.gpu.l2_cache_mb * 1e6 else 0.0
+
+    def all_reduce_s(self, num_tokens: float) -> float:
         """Two ring all-reduces per layer of `num_tokens` x hidden (none without TP)."""
         if self.tp == 1:
             return 0.0
@@ -187,7 +239,21 @@ class OperatorRoofline:
         wire_s = 2 * (tp - 1) / tp * message / (self.gpu.tp_link_gbs * 1e9 * self.eta.all_reduce_bandwidth)
         return 2 * m.num_layers * (wire_s + self.gpu.all_reduce_latency_s)
 
-    def _group(self, name: str, flops: float, nbytes: float, eta_c: float, eta_b: float) -> GroupTime:
-        """One GPU's roofline (its share already taken: tp 1 here) of `flops` and `nbytes`."""
-        t = timed(flops, nbytes, self.gpu, 1, eta_c, eta_b, 0.0)
+    def _gemm(self, name: str, flops: float, nbytes: float) -> GroupTime:
+        """A group of weight GEMMs: one-byte weights run at the GPU's FP8 peak."""
+        fp8 = self.model.weight_bytes_per_layer_param == 1
+        peak = self.gpu.peak_fp8_tflops if fp8 else None
+        return self._group(name, flops, nbytes, self.eta.gemm_compute, self.eta.weights_bandwidth, peak)
+
+    def _group(
+        self, name: str, flops: float, nbytes: float, eta_c: float, eta_b: float, peak: float | None = None
+    ) -> GroupTime:
+        """One GPU's roofline (its share already taken: tp 1 here) of `flops` and `nbytes` (at `peak`
+        TFLOP/s if given)."""
+        t = timed(flops, nbytes, self.gpu, 1, eta_c, eta_b, 0.0, peak_tflops=peak)
         return GroupTime(name, flops, nbytes, t.compute_s, t.memory_s)
+
+
+def _twice(g: GroupTime) -> GroupTime:
+    """A group run for two micro-batches of the same shape."""
+    return GroupTime(g.name, 2 * g.flops, 2 * g.bytes, 2 * g.compute_s, 2 * g.memory_s)

@@ -9,9 +9,12 @@ compute, memory bandwidth and capacity, a link is its bandwidth and fixed costs.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
-from functools import cached_property
+
+from emulation.model_profile import ModelProfile
+from emulation.moe_models import MOE_MODELS
+
+__all__ = ["GPUS", "LINKS", "MODELS", "GpuProfile", "LinkProfile", "ModelProfile"]
 
 
 @dataclass(frozen=True)
@@ -33,67 +36,13 @@ class GpuProfile:
     all-reduce on H100 SXM, messages of 512 B-32 KiB, outside CUDA graphs: 8.5-9.5 us at TP 2 and 4,
     9.3-11.8 us at TP 8 (sgl-project/sglang#2904); no A100 or L40S figure found, so the same value is
     used there. Set it from nccl-tests or that benchmark on your system."""
-
-
-@dataclass(frozen=True)
-class ModelProfile:
-    """A target model's geometry, from its Hugging Face config values (the derived counts are cached:
-    the time models read them at every step, and a frozen profile never changes them)."""
-
-    name: str
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
-    dtype_bytes: int = 2
-    """Bytes per weight and per KV element (bf16)."""
-    vision_encoder: str | None = None
-    """Its vision encoder, a name from emulation.vision.VISION_ENCODERS (None: text only)."""
-
-    @cached_property
-    def params_per_layer(self) -> int:
-        q = self.num_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        attention = self.hidden_size * (q + 2 * kv) + q * self.hidden_size
-        mlp = 3 * self.hidden_size * self.intermediate_size  # gate, up, down
-        return attention + mlp
-
-    @cached_property
-    def num_layer_params(self) -> int:
-        return self.num_layers * self.params_per_layer
-
-    @cached_property
-    def num_head_params(self) -> int:
-        """LM-head parameters: read every step, multiplied only for tokens that need logits."""
-        return self.vocab_size * self.hidden_size
-
-    @cached_property
-    def num_params(self) -> int:
-        embeddings = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        return self.num_layer_params + self.num_head_params + embeddings
-
-    @cached_property
-    def weight_bytes(self) -> int:
-        """Bytes resident on the GPU(s): every parameter, embeddings included."""
-        return self.num_params * self.dtype_bytes
-
-    @cached_property
-    def step_weight_bytes(self) -> int:
-        """Weight bytes a forward pass streams: layers + LM head (an embedding lookup reads a few rows)."""
-        return (self.num_layer_params + self.num_head_params) * self.dtype_bytes
-
-    @cached_property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
-        """One token's KV on each of `tp` GPUs: its share of the KV heads, at least one head (past
-        num_kv_heads ranks, heads are replicated, as vLLM does)."""
-        return self.kv_bytes_per_token * math.ceil(self.num_kv_heads / tp) / self.num_kv_heads
+    peak_fp8_tflops: float | None = None
+    """Dense 8-bit tensor-core peak, TFLOP/s (FP8; INT8 where the chip has no FP8): the GEMMs of a
+    model whose layer weights are one byte run at it. None: as BF16."""
+    gpus_per_node: int = 8
+    """GPUs one scale-up link joins (an HGX node)."""
+    scale_out_gbs: float = 50.0
+    """Per-GPU, per-direction bandwidth between nodes, GB/s (one 400 Gb/s RDMA NIC per GPU)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +74,26 @@ GPUS: dict[str, GpuProfile] = {
         GpuProfile("h100-sxm", peak_tflops=989.0, memory_bw_gbs=3350.0, memory_gb=80.0, tp_link_gbs=450.0),
         GpuProfile("h200", peak_tflops=989.0, memory_bw_gbs=4800.0, memory_gb=141.0, tp_link_gbs=450.0),
         GpuProfile("a100-80gb", 312.0, 2039.0, 80.0, l2_cache_mb=40.0, tp_link_gbs=300.0),
+        # H800 SXM: H100 SXM's compute and HBM (989 / 1,979 dense BF16 / FP8 TFLOP/s, 3,352 GB/s, 80 GB),
+        # NVLink cut to 400 GB/s both ways, one 400 Gb/s CX7 InfiniBand NIC per GPU (DeepSeek, arXiv
+        # 2505.09343 section 4.1; DeepSeek-V3 report section 3.2.2 measured ~160 and ~50 GB/s).
+        GpuProfile("h800", 989.0, 3352.0, 80.0, tp_link_gbs=200.0, peak_fp8_tflops=1979.0),
+        # HGX/DGX B200: 2,250 / 4,500 dense BF16 / FP8 TFLOP/s, 8 TB/s, 180 GB as DGX B200 exposes it
+        # (TensorRT-LLM's perf overview), NVLink 5 at 1.8 TB/s both ways; NIC: a 400 Gb/s CX7 per GPU.
+        GpuProfile("b200", 2250.0, 8000.0, 180.0, tp_link_gbs=900.0, peak_fp8_tflops=4500.0),
+        # Ascend 910C (two dies): ~752 dense BF16 TFLOP/s, 128 GB at 3.2 TB/s; no FP8, INT8 ~1,504 TOPS
+        # (derived from CloudMatrix-Infer's tokens/s per TFLOPS, arXiv 2506.12708); a CloudMatrix384
+        # supernode joins 384 NPUs by its UB network at 392 GB/s per NPU each way, RDMA 400 Gb/s per
+        # NPU between supernodes. Secondary sources (Huawei publishes little): re-check on your system.
+        GpuProfile(
+            "ascend-910c",
+            752.0,
+            3200.0,
+            128.0,
+            tp_link_gbs=392.0,
+            peak_fp8_tflops=1504.0,
+            gpus_per_node=384,
+        ),
     )
 }
 
@@ -192,6 +161,7 @@ MODELS: dict[str, ModelProfile] = {
 MODELS["qwen2.5-vl-7b"] = dataclasses.replace(
     MODELS["qwen2.5-7b"], name="qwen2.5-vl-7b", vision_encoder="qwen2.5-vl-vit-7b"
 )
+MODELS.update((m.name, m) for m in MOE_MODELS)
 
 # The guide's box moved 512 blocks (8,192 tokens, 470 MB) in ~1.3 s without peer-to-peer: the cost is
 # per-block staging through the host, not bandwidth, so the fit puts it in per_block_overhead_s.

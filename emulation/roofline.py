@@ -27,8 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from emulation.config import PoolConfig, TestbedConfig
+from emulation.expert_parallel import ExpertParallel
+from emulation.moe import ExpertLoad
 from emulation.profiles import GPUS, MODELS, GpuProfile, ModelProfile
-from emulation.step_shape import StepItem, StepShape
+from emulation.step_shape import StepItem, StepShape, share_of
 
 
 def maximum(a: float, b: float) -> float:
@@ -50,10 +52,16 @@ class StepTime:
     """GPUs the step runs on (`flops` and `bytes` are their sum)."""
     write_bytes: float = 0.0
     """KV the step's new tokens write, over its GPUs (not priced: `bytes` are the reads)."""
+    all_to_all_s: float = 0.0
+    """MoE targets with data-parallel attention: the MoE layers' dispatches and combines."""
+    overlap_s: float = 0.0
+    """Of the roofline's and the all-to-alls' time, what dual-batch overlap hides."""
+    expert_load: ExpertLoad | None = None
+    """What the step asked of the experts (MoE targets)."""
 
     @property
     def total_s(self) -> float:
-        return maximum(self.compute_s, self.memory_s) + self.overhead_s
+        return maximum(self.compute_s, self.memory_s) + self.overhead_s + self.all_to_all_s - self.overlap_s
 
     @property
     def flops_per_gpu(self) -> float:
@@ -81,17 +89,19 @@ def timed(
     eta_bandwidth: float,
     overhead_s: float,
     write_bytes: float = 0.0,
+    peak_tflops: float | None = None,
 ) -> StepTime:
-    """The roofline of `flops` and `nbytes` (read) on `tp` GPUs at the fitted efficiencies;
-    `write_bytes` is carried along, not priced."""
-    compute_s = flops / (gpu.peak_tflops * 1e12 * tp * eta_compute)
+    """The roofline of `flops` and `nbytes` (read) on `tp` GPUs at the fitted efficiencies (compute
+    at `peak_tflops` if given, else the GPU's BF16 peak); `write_bytes` is carried along, not priced."""
+    compute_s = flops / ((peak_tflops or gpu.peak_tflops) * 1e12 * tp * eta_compute)
     memory_s = nbytes / (gpu.memory_bw_gbs * 1e9 * tp * eta_bandwidth)
     return StepTime(flops, nbytes, compute_s, memory_s, overhead_s, tp, write_bytes)
 
 
 @dataclass(frozen=True)
 class Roofline:
-    """The time model of one engine replica: a target model on `tp` GPUs with fitted efficiencies."""
+    """The time model of one engine replica: a target model on `tp` GPUs with fitted efficiencies
+    (a MoE target: on all its pool's ep x tp GPUs, laid out by `experts`)."""
 
     model: ModelProfile
     gpu: GpuProfile
@@ -99,6 +109,7 @@ class Roofline:
     eta_compute: float = 1.0
     eta_bandwidth: float = 1.0
     overhead_s: float = 0.0
+    experts: ExpertParallel | None = None
 
     def step_time(self, items: Iterable[StepItem]) -> StepTime:
         return self.step_time_of(StepShape.of(items))
@@ -108,6 +119,8 @@ class Roofline:
         m = self.model
         if shape.num_new_tokens == 0:
             return StepTime(0.0, 0.0, 0.0, 0.0, self.overhead_s, self.tp)
+        if self.experts is not None:
+            return self._moe_step_time(shape, self.experts)
         flops = (
             2.0 * m.num_layer_params * shape.num_new_tokens
             + 4.0 * m.num_heads * m.head_dim * m.num_layers * shape.keys_attended
@@ -119,6 +132,47 @@ class Roofline:
         t, e_c, e_b = self.tp, self.eta_compute, self.eta_bandwidth
         return timed(flops, nbytes, self.gpu, t, e_c, e_b, self.overhead_s, written)
 
+    def _moe_step_time(self, shape: StepShape, ex: ExpertParallel) -> StepTime:
+        """A MoE target's step: one roofline over the replica's GPUs as if each were the busiest EP
+        rank's, plus the all-to-alls; with dual-batch overlap, two half steps whose communication
+        hides under their compute (emulation.operators says how)."""
+        parts = 2 if ex.enable_dbo else 1
+        gemm, other, nbytes = (parts * x for x in self._moe_work(share_of(shape, parts), ex))
+        m, g, e_c, e_b = self.model, self.tp, self.eta_compute, self.eta_bandwidth
+        fp8 = self.gpu.peak_fp8_tflops if m.weight_bytes_per_layer_param == 1 else None
+        gemm_t = timed(gemm, nbytes, self.gpu, g, e_c, e_b, self.overhead_s, peak_tflops=fp8)
+        compute_s = gemm_t.compute_s + timed(other, 0.0, self.gpu, g, e_c, e_b, 0.0).compute_s
+        a2a_s = parts * ex.all_to_all_s(shape.num_new_tokens / parts)
+        overlap_s = 0.0
+        if ex.enable_dbo:
+            gpu_s = maximum(compute_s, gemm_t.memory_s)
+            shorter = gpu_s + a2a_s - maximum(gpu_s, a2a_s)
+            overlap_s = shorter - shorter / (2 * m.num_moe_layers)
+        tokens_per_gpu = shape.num_new_tokens / ex.num_attention_ranks / ex.attention_tp
+        written = tokens_per_gpu * m.kv_bytes_per_token_per_gpu(ex.attention_tp) * g
+        load = ex.placement.load(shape.num_new_tokens)
+        return StepTime(gemm + other, nbytes, compute_s, gemm_t.memory_s, self.overhead_s, g, written,
+                        a2a_s, overlap_s, load)  # fmt: skip
+
+    def _moe_work(self, shape: StepShape, ex: ExpertParallel) -> tuple[float, float, float]:
+        """GEMM FLOPs, attention FLOPs and bytes read of a step of `shape`, over all the replica's GPUs:
+        each data-parallel attention rank reads the dense weights, each GPU its routed share."""
+        m, g = self.model, self.tp
+        routed = ex.routed(shape.num_new_tokens)
+        gemm = (
+            2.0 * m.num_dense_params * shape.num_new_tokens
+            + routed.flops * g
+            + 2.0 * m.num_head_params * shape.num_logits
+        )
+        attention = (
+            m.prefill_attention_flops_per_key * shape.prefill_keys_attended
+            + m.decode_attention_flops_per_key * shape.decode_keys_attended
+            + m.context_flops_per_token * (shape.prefill_kv_tokens - shape.num_prefill_tokens)
+        )
+        kv = shape.num_context_tokens * m.kv_bytes_per_token_per_gpu(ex.attention_tp) * ex.attention_tp
+        nbytes = m.step_weight_bytes * ex.num_attention_ranks + routed.weight_bytes * g + kv
+        return gemm, attention, nbytes
+
 
 def roofline_for(cfg: TestbedConfig, pool: PoolConfig) -> Roofline:
     """The fitted time model of one replica of `pool` under `cfg`'s target."""
@@ -126,8 +180,18 @@ def roofline_for(cfg: TestbedConfig, pool: PoolConfig) -> Roofline:
     return Roofline(
         MODELS[t.model],
         GPUS[pool.gpu],
-        tp=pool.tp,
+        tp=pool.num_gpus,
         eta_compute=t.eta_compute,
         eta_bandwidth=t.eta_bandwidth,
         overhead_s=t.step_overhead_s,
+        experts=experts_for(cfg, pool),
     )
+
+
+def experts_for(cfg: TestbedConfig, pool: PoolConfig) -> ExpertParallel | None:
+    """How a replica of `pool` lays out `cfg`'s target's experts (None for a dense target)."""
+    t = cfg.target
+    model = MODELS[t.model]
+    if model.moe is None:
+        return None
+    return ExpertParallel(model, GPUS[pool.gpu], pool, t.moe_routing, t.ep_fabric)

@@ -109,3 +109,13 @@ def _decoded_ahead(shape: StepShape, i: int) -> StepShape:
         keys_attended=shape.keys_attended + grow,
         decode_keys_attended=shape.decode_keys_attended + grow,
     )
+
+
+def share_of(shape: StepShape, parts: int) -> StepShape:
+    """One of `parts` equal shares of `shape`: a data-parallel attention rank's (the step's requests
+    spread evenly over the ranks) or a micro-batch's. Totals divided, so fractional (an average share)."""
+    if parts == 1:
+        return shape
+    return StepShape(
+        **{f: getattr(shape, f) / parts for f in shape.__dataclass_fields__}  # type: ignore[arg-type]
+    )

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from emulation.config import PoolConfig, TestbedConfig
+from emulation.moe import ExpertLoad
 from emulation.operators import OperatorRoofline
 from emulation.profiles import GPUS, MODELS
-from emulation.roofline import roofline_for
+from emulation.roofline import experts_for, roofline_for
 from emulation.step_shape import StepShape
 
 
@@ -37,6 +38,21 @@ class TimedStep(Protocol):
         """Bytes each GPU writes: the KV of the step's new tokens."""
         ...
 
+    @property
+    def all_to_all_s(self) -> float:
+        """Of `total_s` (before overlap), the MoE layers' dispatches and combines (0: none)."""
+        ...
+
+    @property
+    def overlap_s(self) -> float:
+        """What dual-batch overlap hid of `total_s` (0: none)."""
+        ...
+
+    @property
+    def expert_load(self) -> ExpertLoad | None:
+        """What the step asked of the experts (None: a dense target)."""
+        ...
+
 
 class StepTimeModel(Protocol):
     def step_time_of(self, shape: StepShape) -> TimedStep: ...
@@ -46,5 +62,6 @@ def time_model_for(cfg: TestbedConfig, pool: PoolConfig) -> StepTimeModel:
     """The step-time model of one replica of `pool` under `cfg`'s target."""
     t = cfg.target
     if t.time_model == "operators":
-        return OperatorRoofline(MODELS[t.model], GPUS[pool.gpu], pool.tp, t.operators, t.cpu_overhead)
+        model, gpu, experts = MODELS[t.model], GPUS[pool.gpu], experts_for(cfg, pool)
+        return OperatorRoofline(model, gpu, pool.attention_tp, t.operators, t.cpu_overhead, experts)
     return roofline_for(cfg, pool)

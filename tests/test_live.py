@@ -59,6 +59,17 @@ def test_pd_across_nodes_emits_the_collocated_greedy_tokens(cluster):
     assert (pd.results["kv_bytes"] > 0).all()
 
 
+def test_pd_across_nodes_with_the_moe_runner_emits_the_collocated_greedy_tokens(cluster):
+    """The same check with the tiny Qwen3-MoE runner model (its KV crosses the nodes alike); the tokens
+    are not the dense model's, so the actors did load it."""
+    moe = (*GREEDY, "runner.architecture=qwen3_moe")
+    pd, colo = run_live(design("pd-fast", *moe)), run_live(design("collocated", *moe))
+    dense = run_virtual(design("collocated", *GREEDY[:-2]))  # (GREEDY less its live clock)
+    assert pd.summary["completed"] == colo.summary["completed"] == 6
+    tokens = [r.results["output_token_ids"].map(list).tolist() for r in (pd, colo, dense)]
+    assert tokens[0] == tokens[1] != tokens[2]
+
+
 def test_push_across_nodes_reserves_decode_blocks_first_and_emits_the_pull_tokens(cluster):
     """Decode-first push through the actors (`kv_ready` crosses them): the same greedy tokens as pull."""
     push = run_live(design("pd-fast", *GREEDY, "kv_transfer.mode=push"))

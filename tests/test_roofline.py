@@ -75,7 +75,11 @@ def test_tensor_parallel_scales_peaks():
 
 
 def test_kv_capacity():
-    from emulation.kv_cache import kv_capacity_tokens
+    from emulation.config import PoolConfig
+    from emulation.kv_cache import kv_capacity_tokens as capacity
+
+    def kv_capacity_tokens(model, gpu, tp, utilization):
+        return capacity(model, gpu, PoolConfig(replicas=1, tp=tp), utilization)
 
     # 48 GB × 0.9 − 15.23 GB of weights over 56 KiB per token
     tokens = kv_capacity_tokens(QWEN, GPUS["l40s"], 1, 0.9)

@@ -2,9 +2,10 @@
 
 All tokens of a step (prefill chunks and decodes of many requests) go through the projections and MLPs
 as one packed batch; attention runs per request against that request's KV. The HF modules (norms,
-projections, rotary embedding, MLP) do the math; only the attention plumbing is ours, because
-transformers has no CPU path for a varlen batch over a paged cache. `tests/test_runner.py` pins the
-result to the model's own `forward` (allclose).
+projections, rotary embedding, MLP or MoE block) do the math, in each architecture's order
+(`runner_layers.py`: Qwen2, Qwen3-MoE); only the attention plumbing is ours, because transformers has no
+CPU path for a varlen batch over a paged cache. `tests/test_runner.py` and `tests/test_moe_runner.py` pin
+the result to the model's own `forward` (allclose).
 
 KV storage, two layouts of the same values::
 
@@ -24,7 +25,8 @@ import numpy as np
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 from transformers import PreTrainedModel
-from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+from actors.engine.runner_layers import attention_inputs, mlp, rotary_of
 
 
 @dataclass
@@ -56,6 +58,11 @@ class ModelRunner:
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self._rotary = rotary_of(cfg.model_type)
+        self.num_experts = int(getattr(cfg, "num_experts", 0) or 0)
+        self.last_expert_counts: np.ndarray | None = None
+        """Tokens the router sent to each expert of each layer in the last `execute` ([L, num_experts],
+        a token counted once per expert it went to); None for a dense model."""
         # np.zeros maps lazily: only slots ever written take memory.
         self._pool_np = np.zeros(
             (num_blocks * block_size, self.num_layers, 2, self.num_kv_heads, self.head_dim), np.float32
@@ -94,18 +101,26 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, items: list[RunnerInput]) -> list[int | None]:
-        """Compute every item's new tokens; returns the argmax next token where logits were asked for.
+        """Compute every item's new tokens; returns the argmax next token where logits were asked for."""
+        counts = None
+        if self.num_experts:
+            counts = torch.zeros(self.num_layers, self.num_experts, dtype=torch.long, device=self.device)
+        sampled = self._execute(items, counts)
+        self.last_expert_counts = None if counts is None else counts.cpu().numpy()
+        return sampled
 
-        A request admitted with a prefix hit on blocks an earlier request of the same step computes
-        (the scheduler caches blocks as it schedules them, as vLLM does) reads them once they are
-        stored: it runs in a second pass. vLLM's kernels need none, as they write each layer's KV before
-        any request of the step attends to it; a working copy is filled before the first layer."""
+    def _execute(self, items: list[RunnerInput], counts: torch.Tensor | None) -> list[int | None]:
+        """The step in one forward pass, or two: a request admitted with a prefix hit on blocks an
+        earlier request of the same step computes (the scheduler caches blocks as it schedules them, as
+        vLLM does) reads them once they are stored: it runs in a second pass. vLLM's kernels need none,
+        as they write each layer's KV before any request of the step attends to it; a working copy is
+        filled before the first layer."""
         now, later = self._split_same_step_hits(items)
-        sampled = self._forward(now)
+        sampled = self._forward(now, counts)
         if not later:
             return sampled
         by_id = dict(zip((it.request_id for it in now), sampled, strict=True))
-        by_id.update(zip((it.request_id for it in later), self.execute(later), strict=True))
+        by_id.update(zip((it.request_id for it in later), self._execute(later, counts), strict=True))
         return [by_id[it.request_id] for it in items]
 
     def _split_same_step_hits(self, items: list[RunnerInput]) -> tuple[list[RunnerInput], list[RunnerInput]]:
@@ -124,8 +139,8 @@ class ModelRunner:
             written.update(it.block_ids[it.start_pos // bs : -(-(it.start_pos + len(it.token_ids)) // bs)])
         return now, later
 
-    def _forward(self, items: list[RunnerInput]) -> list[int | None]:
-        """One forward pass of the packed batch."""
+    def _forward(self, items: list[RunnerInput], counts: torch.Tensor | None) -> list[int | None]:
+        """One forward pass of the packed batch; adds the router's choices to `counts` (MoE)."""
         m = self.model.model
         ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long, device=self.device)
         pos = torch.tensor(
@@ -141,16 +156,15 @@ class ModelRunner:
                 x[base + at : base + at + len(rows)] = torch.from_numpy(rows).to(x)
             base += len(it.token_ids)
         cos, sin = m.rotary_emb(x[None], pos[None])
-        num_tokens, hq, hkv, d = len(ids), self.num_heads, self.num_kv_heads, self.head_dim
         for li, layer in enumerate(m.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(num_tokens, hq, d).transpose(0, 1)[None]
-            k = attn.k_proj(h).view(num_tokens, hkv, d).transpose(0, 1)[None]
-            v = attn.v_proj(h).view(num_tokens, hkv, d).transpose(0, 1)[None]
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            q, k, v = attention_inputs(attn, h, self.head_dim, cos, sin, self._rotary)
             x = x + attn.o_proj(self._attention(li, q, k, v, items, works, attn.scaling))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            out, chosen = mlp(layer.mlp, layer.post_attention_layernorm(x))
+            x = x + out
+            if counts is not None and chosen is not None:
+                counts[li] += torch.bincount(chosen.flatten(), minlength=self.num_experts)
         return self._store_and_sample(x, items, works)
 
     def _attention(

@@ -1,10 +1,12 @@
 """What the model runner can compute: checked before any weights load.
 
-The runner does its own attention plumbing for Qwen2 (q/k/v projections with biases, rotary
-embeddings, grouped-query attention over every earlier token). Another architecture's checkpoint
-would load and run, and compute silently wrong: Qwen3 normalises q and k per head, Mistral-style
-models slide a window. So a model is refused unless its `config.json` names a supported architecture
-and no sliding window. Reads JSON only: the config edge checks it without loading torch.
+The runner does its own attention plumbing (`runner_layers.py`): q/k/v projections (Qwen2's with
+biases), Qwen3's per-head RMSNorm of q and k before the rotary embedding, grouped-query attention over
+every earlier token; and it routes the packed batch through Qwen3-MoE's sparse blocks (router, then
+experts). Another architecture's checkpoint would load and run, and may compute silently wrong
+(Mistral-style models slide a window; other MoE blocks add shared experts or route otherwise). So a
+model is refused unless its `config.json` names a supported architecture and no sliding window. Reads
+JSON only: the config edge checks it without loading torch.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM",)
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 class UnsupportedModelError(ValueError):

@@ -1,6 +1,7 @@
-"""The runner model: a tiny Qwen2-architecture causal LM with seeded weights, on local disk.
+"""The runner model: a tiny causal LM with seeded weights, on local disk.
 
-Built once from a config, written with `save_pretrained`, and always loaded back with
+`runner.architecture` picks it: qwen2 (dense) or qwen3_moe (transformers' Qwen3-MoE, every layer a
+sparse MoE block). Built once from a config, written with `save_pretrained`, and always loaded back with
 `from_pretrained(local_files_only=True)`, the same path a real checkpoint takes. Nothing downloads.
 """
 
@@ -12,7 +13,7 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
+from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel, Qwen2Config, Qwen3MoeConfig
 from transformers.utils import logging as hf_logging
 
 from actors.engine.runner_arch import check_runner_model
@@ -40,22 +41,54 @@ def tiny_qwen2_config(cfg: RunnerConfig) -> Qwen2Config:
     )
 
 
+def tiny_qwen3_moe_config(cfg: RunnerConfig) -> Qwen3MoeConfig:
+    """Qwen3-MoE with every layer sparse (no dense MLP layers) and no sliding window; the top-k
+    routing weights renormalised, as the released Qwen3-MoE checkpoints set (norm_topk_prob)."""
+    return Qwen3MoeConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        # written to config.json as Qwen3 checkpoints do (theirs may differ from hidden / heads); the
+        # attention reads it with getattr, the config class does not declare it
+        head_dim=cfg.hidden_size // cfg.num_heads,  # type: ignore[call-arg]
+        num_experts=cfg.num_experts,
+        num_experts_per_tok=cfg.num_experts_per_tok,
+        moe_intermediate_size=cfg.moe_intermediate_size,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=65536,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    )
+
+
+def tiny_config(cfg: RunnerConfig) -> PreTrainedConfig:
+    """The transformers config of `runner.architecture`'s tiny model."""
+    return tiny_qwen3_moe_config(cfg) if cfg.architecture == "qwen3_moe" else tiny_qwen2_config(cfg)
+
+
 def model_dir(cfg: RunnerConfig) -> Path:
     """Where the runner's weights live: the user's directory, or the cache entry for this tiny config."""
     if cfg.model_path:
         return Path(cfg.model_path)
-    key = json.dumps(
-        [
-            cfg.hidden_size,
-            cfg.num_layers,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.intermediate_size,
-            cfg.vocab_size,
-            cfg.weights_seed,
-        ]
-    )
-    return cache_dir() / f"tiny-qwen2-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    fields: list[object] = [
+        cfg.hidden_size,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+        cfg.weights_seed,
+    ]
+    if cfg.architecture != "qwen2":  # qwen2's key predates the field: its cached entries stay valid
+        fields += [cfg.architecture, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size]
+        fields += ["norm_topk_prob"]
+    key = json.dumps(fields)
+    return cache_dir() / f"tiny-{cfg.architecture}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 
 
 def ensure_model(cfg: RunnerConfig) -> Path:
@@ -63,7 +96,7 @@ def ensure_model(cfg: RunnerConfig) -> Path:
     if (path / "config.json").exists() or cfg.model_path:
         return path
     torch.manual_seed(cfg.weights_seed)
-    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(cfg), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(tiny_config(cfg), dtype=torch.float32)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     os.replace(tmp, path) if not path.exists() else None

@@ -1,0 +1,177 @@
+"""A target model's geometry, from its Hugging Face config values: what the time models and the KV
+cache read (weights, KV per token, attention FLOPs per key), dense or mixture-of-experts, GQA or MLA.
+
+Per layer::
+
+    attention   GQA: h·(q + 2·kv) + q·h        (q = heads·head_dim, kv = kv_heads·head_dim)
+                MLA: emulation.mla.MlaGeometry.attention_params
+    MLP         dense layers: 3·h·i            MoE layers: router + shared experts + E routed experts
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from emulation.mla import MlaGeometry
+from emulation.moe import MoeGeometry
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A target model's geometry (the derived counts are cached: the time models read them at every
+    step, and a frozen profile never changes them)."""
+
+    name: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    """The dense MLP's width (MoE models: of their dense layers, if any)."""
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    dtype_bytes: int = 2
+    """Bytes per activation and KV element (bf16), and per weight unless layer_weight_bytes says."""
+    vision_encoder: str | None = None
+    """Its vision encoder, a name from emulation.vision.VISION_ENCODERS (None: text only)."""
+    moe: MoeGeometry | None = None
+    """Mixture of experts (None: every layer's MLP is dense)."""
+    mla: MlaGeometry | None = None
+    """Multi-head latent attention (None: grouped-query attention of num_kv_heads x head_dim)."""
+    layer_weight_bytes: float | None = None
+    """Bytes per decoder-layer weight when the checkpoint stores them narrower than dtype_bytes
+    (DeepSeek-V3: FP8 blocks, 1); embeddings and LM head stay at dtype_bytes."""
+
+    @cached_property
+    def attention_params(self) -> int:
+        """One layer's attention weights."""
+        if self.mla is not None:
+            return self.mla.attention_params(self.hidden_size, self.num_heads)
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        return self.hidden_size * (q + 2 * kv) + q * self.hidden_size
+
+    @cached_property
+    def dense_mlp_params(self) -> int:
+        """One dense MLP: gate, up and down projections."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @cached_property
+    def num_dense_mlp_layers(self) -> int:
+        return self.num_layers if self.moe is None else self.moe.num_dense_layers
+
+    @cached_property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_mlp_layers
+
+    @cached_property
+    def num_shared_params(self) -> int:
+        """Every MoE layer's router and shared experts, over all layers (every token runs them)."""
+        return 0 if self.moe is None else self.num_moe_layers * self.moe.shared_params(self.hidden_size)
+
+    @cached_property
+    def num_routed_params(self) -> int:
+        """Every routed expert of every MoE layer."""
+        if self.moe is None:
+            return 0
+        return self.num_moe_layers * self.moe.num_experts * self.moe.expert_params(self.hidden_size)
+
+    @cached_property
+    def num_dense_params(self) -> int:
+        """Layer weights every token reads and computes: attention, dense MLPs, routers, shared experts."""
+        return (
+            self.num_layers * self.attention_params
+            + self.num_dense_mlp_layers * self.dense_mlp_params
+            + self.num_shared_params
+        )
+
+    @cached_property
+    def num_layer_params(self) -> int:
+        return self.num_dense_params + self.num_routed_params
+
+    @cached_property
+    def num_active_layer_params(self) -> int:
+        """Layer weights one token computes with: the dense ones and top_k routed experts a layer."""
+        if self.moe is None:
+            return self.num_layer_params
+        routed = self.num_moe_layers * self.moe.num_experts_per_tok * self.moe.expert_params(self.hidden_size)
+        return self.num_dense_params + routed
+
+    @cached_property
+    def num_head_params(self) -> int:
+        """LM-head parameters: read every step, multiplied only for tokens that need logits."""
+        return self.vocab_size * self.hidden_size
+
+    @cached_property
+    def num_params(self) -> int:
+        embeddings = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.num_layer_params + self.num_head_params + embeddings
+
+    @property
+    def weight_bytes_per_layer_param(self) -> float:
+        return self.dtype_bytes if self.layer_weight_bytes is None else self.layer_weight_bytes
+
+    @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes per routed-expert weight."""
+        if self.moe is not None and self.moe.expert_weight_bytes is not None:
+            return self.moe.expert_weight_bytes
+        return self.weight_bytes_per_layer_param
+
+    @cached_property
+    def routed_weight_bytes(self) -> float:
+        """All routed experts' bytes (0 for a dense model)."""
+        return self.num_routed_params * self.expert_weight_bytes
+
+    @cached_property
+    def weight_bytes(self) -> float:
+        """Bytes resident on the GPU(s): every parameter, embeddings included."""
+        embeddings = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.step_weight_bytes + self.routed_weight_bytes + embeddings * self.dtype_bytes
+
+    @cached_property
+    def step_weight_bytes(self) -> float:
+        """Weight bytes every forward pass streams: the dense layer weights and the LM head (an
+        embedding lookup reads a few rows; routed experts are read only where tokens go: moe)."""
+        return (
+            self.num_dense_params * self.weight_bytes_per_layer_param
+            + self.num_head_params * self.dtype_bytes
+        )
+
+    @cached_property
+    def kv_bytes_per_token(self) -> int:
+        if self.mla is not None:
+            return self.num_layers * self.mla.kv_values_per_token * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
+        """One token's KV on each of `tp` GPUs: its share of the KV heads, at least one head (past
+        num_kv_heads ranks, heads are replicated, as vLLM does); MLA's latent is whole on each."""
+        if self.mla is not None:
+            return float(self.kv_bytes_per_token)
+        return self.kv_bytes_per_token * math.ceil(self.num_kv_heads / tp) / self.num_kv_heads
+
+    @cached_property
+    def prefill_attention_flops_per_key(self) -> float:
+        """FLOPs of one new token of a prompt chunk attending to one key, over heads and layers."""
+        if self.mla is not None:
+            return float(self.num_layers * self.mla.prefill_flops_per_key(self.num_heads))
+        return 4.0 * self.num_heads * self.head_dim * self.num_layers
+
+    @cached_property
+    def decode_attention_flops_per_key(self) -> float:
+        """FLOPs of one decoding token attending to one key, over heads and layers."""
+        if self.mla is not None:
+            return float(self.num_layers * self.mla.decode_flops_per_key(self.num_heads))
+        return self.prefill_attention_flops_per_key
+
+    @cached_property
+    def context_flops_per_token(self) -> float:
+        """FLOPs a prompt chunk spends per cached context token before attending (MLA's up-projection
+        of the latent; none for GQA), over layers."""
+        if self.mla is None:
+            return 0.0
+        return float(self.num_layers * self.mla.context_flops_per_token(self.num_heads))

@@ -1,0 +1,75 @@
+"""Mixture-of-experts target models, from their public Hugging Face `config.json` files (the values
+below are those files' fields; tests/test_moe_profiles.py builds transformers' own class of each from
+the same values on the meta device and checks the parameter counts)."""
+
+from __future__ import annotations
+
+from emulation.mla import MlaGeometry
+from emulation.model_profile import ModelProfile
+from emulation.moe import MoeGeometry
+
+MOE_MODELS: tuple[ModelProfile, ...] = (
+    # deepseek-ai/DeepSeek-V3 config.json (DeepSeek-R1 shares it): 61 layers, the first 3 dense
+    # (first_k_dense_replace), 1 shared + 256 routed experts of 2,048, top-8; MLA with q_lora_rank 1,536,
+    # kv_lora_rank 512, rope 64, nope 128, v 128; FP8 (e4m3, 128 x 128 blocks) layer weights. 671B
+    # parameters without the multi-token-prediction module (arXiv 2412.19437, section 4.2).
+    ModelProfile(
+        "deepseek-v3",
+        num_layers=61,
+        num_heads=128,
+        num_kv_heads=128,
+        head_dim=128,
+        hidden_size=7168,
+        intermediate_size=18432,
+        vocab_size=129280,
+        moe=MoeGeometry(
+            num_experts=256,
+            num_experts_per_tok=8,
+            moe_intermediate_size=2048,
+            shared_expert_intermediate_size=2048,
+            num_dense_layers=3,
+        ),
+        mla=MlaGeometry(
+            kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536
+        ),
+        layer_weight_bytes=1,
+    ),
+    # Qwen/Qwen3-235B-A22B config.json: 94 layers, all sparse (decoder_sparse_step 1, no mlp_only_layers),
+    # 128 experts of 1,536, top-8, no shared expert; GQA 64 q heads, 4 KV heads of 128.
+    ModelProfile(
+        "qwen3-235b-a22b",
+        num_layers=94,
+        num_heads=64,
+        num_kv_heads=4,
+        head_dim=128,
+        hidden_size=4096,
+        intermediate_size=12288,
+        vocab_size=151936,
+        moe=MoeGeometry(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536),
+    ),
+    # Qwen/Qwen3-30B-A3B config.json: 48 layers, 128 experts of 768, top-8; GQA 32 q heads, 4 KV of 128.
+    ModelProfile(
+        "qwen3-30b-a3b",
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        hidden_size=2048,
+        intermediate_size=6144,
+        vocab_size=151936,
+        moe=MoeGeometry(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768),
+    ),
+    # mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, 8 experts (num_local_experts) of 14,336, top-2,
+    # GQA 32 q heads, 8 KV of 128; sliding_window null (full attention).
+    ModelProfile(
+        "mixtral-8x7b",
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        hidden_size=4096,
+        intermediate_size=14336,
+        vocab_size=32000,
+        moe=MoeGeometry(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336),
+    ),
+)
