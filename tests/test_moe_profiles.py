@@ -1,0 +1,60 @@
+"""Each mixture-of-experts profile against transformers' own model class built from the same public
+config values on the meta device (no weights): total parameters, and the active ones per token
+against the published figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from emulation.profiles import MODELS
+
+QWEN3_MOE = {"tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": []}
+CONFIGS = {
+    "deepseek-v3": ("DeepseekV3", {
+        "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+        "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "v_head_dim": 128, "tie_word_embeddings": False,
+    }),
+    "qwen3-235b-a22b": ("Qwen3Moe", {
+        "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+        "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+        "num_experts": 128, "num_experts_per_tok": 8, **QWEN3_MOE,
+    }),
+    "qwen3-30b-a3b": ("Qwen3Moe", {
+        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "num_experts": 128, "num_experts_per_tok": 8, **QWEN3_MOE,
+    }),
+    "mixtral-8x7b": ("Mixtral", {
+        "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    }),
+}  # fmt: skip
+# Published totals and active parameters (model cards; DeepSeek-V3 without its MTP module).
+PUBLISHED = {
+    "deepseek-v3": (671e9, 37e9),
+    "qwen3-235b-a22b": (235e9, 22e9),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9),
+    "mixtral-8x7b": (46.7e9, 12.9e9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_parameters_match_transformers_model_of_the_same_config(name):
+    import torch
+    import transformers
+
+    arch, values = CONFIGS[name]
+    config = getattr(transformers, f"{arch}Config")(**values)
+    with torch.device("meta"):
+        model = getattr(transformers, f"{arch}ForCausalLM")._from_config(config)
+    counted = sum(p.numel() for p in model.parameters())
+    profile = MODELS[name]
+    assert profile.num_params == pytest.approx(counted, rel=1e-5)  # norms and biases are the difference
+    total, active = PUBLISHED[name]
+    assert profile.num_params == pytest.approx(total, rel=0.01)
+    per_token = profile.num_active_layer_params + 2 * profile.num_head_params  # embedding + LM head
+    assert per_token == pytest.approx(active, rel=0.04)
