@@ -30,6 +30,7 @@ from cluster.clock_sync import ClockOffset, check_uncertainty, measure_actor, sy
 from cluster.config_load import ConfigError
 from cluster.engines import chat_renderer
 from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost
+from cluster.placement import EnginePlacement, engine_placement, rank_nodes, release
 from cluster.ray_connect import check_resources, connect, disconnect
 from dashboards.exposition import write_sd_file
 from emulation.config import TestbedConfig, replica_id
@@ -90,6 +91,10 @@ class LiveDeployment:
     """Times the proxy actor died and was replaced (`replace_proxy`)."""
     replacing: asyncio.Future[None] | None = None
     """The proxy's replacement under way (`replace_proxy`)."""
+    placements: dict[str, EnginePlacement] = field(default_factory=dict)
+    """engine id -> where it and (expert parallel) its ranks' units are (`cluster.placement`)."""
+    rank_nodes: dict[str, list[str]] = field(default_factory=dict)
+    """expert-parallel engine id -> the Ray node id of each of its ranks."""
 
 
 def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
@@ -106,12 +111,13 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     if cfg.kv_transfer.link_scope == "fabric":
         fabric = ray.remote(LinkQueue).options(num_cpus=0).remote()
     pools: dict[str, dict[str, Any]] = {"mixed": {}, "prefill": {}, "decode": {}}
+    placements: dict[str, EnginePlacement] = {}
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
             eid = replica_id(role, i)
-            opts = {"num_cpus": 0, "num_gpus": cfg.runner.num_gpus, "resources": {role: pool.tp}}
+            placements[eid] = engine_placement(role, pool, cfg.runner.num_gpus)
             peers = dict(pools["prefill"]) if role == "decode" else {}
-            pools[role][eid] = host.options(**opts).remote(
+            pools[role][eid] = host.options(**placements[eid].options).remote(
                 eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None
             )
     if cfg.kv_transfer.bidirectional:  # prefill pulls a conversation's blocks back from decode
@@ -133,6 +139,8 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         {replica_id("render", i): t for i, t in enumerate(ray.get([h.start.remote() for h in renders]))}
     )
     dep = LiveDeployment(engines, nodes, proxy, 0.0, targets, renders, fabric, encoders, proxy_args, spares)
+    dep.placements = placements
+    dep.rank_nodes = {eid: rank_nodes(p) for eid, p in placements.items() if p.group is not None}
     encoder_by_id = dict(zip(encoder_ids, encoders, strict=True))
     timed = {"proxy": proxy, **engines, **encoder_by_id}
     dep.clock_offsets = {actor: measure_actor(h) for actor, h in timed.items()}
@@ -319,3 +327,4 @@ def kill(dep: LiveDeployment) -> None:
         *([dep.link] if dep.link else []),
     ]:
         ray.kill(handle)
+    release(list(dep.placements.values()))

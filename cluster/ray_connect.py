@@ -59,11 +59,11 @@ def _check_reachable(address: str) -> None:
 
 
 def _resources_needed(configs: Sequence[TestbedConfig]) -> dict[str, float]:
-    """Units of each pool's resource a local Ray offers: one per emulated GPU (replicas x tp)."""
+    """Units of each pool's resource a local Ray offers: one per emulated GPU (replicas x ep x tp)."""
     needed: dict[str, float] = {}
     for cfg in configs:
         for role, pool in cfg.pools.by_role():
-            needed[role] = max(needed.get(role, 0), pool.replicas * pool.tp)
+            needed[role] = max(needed.get(role, 0), pool.replicas * pool.num_gpus)
     return needed
 
 
@@ -74,13 +74,14 @@ def disconnect() -> None:
 
 def check_resources(cfg: TestbedConfig) -> None:
     """Each pool's engines fit the nodes' units of its resource, `tp` of them on one node per engine
-    (an engine that cannot place would wait forever)."""
+    (per EP rank: a replica's ranks may span nodes; an engine that cannot place would wait forever)."""
     per_node = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     for role, pool in cfg.pools.by_role():
         units = [r.get(role, 0.0) for r in per_node]
-        if pool.replicas and sum(int(u // pool.tp) for u in units) < pool.replicas:
+        ranks = f" x ep={pool.ep} ranks" if pool.ep > 1 else ""
+        if pool.replicas and sum(int(u // pool.tp) for u in units) < pool.replicas * pool.ep:
             raise ConfigError(
-                f"pools.{role}: {pool.replicas} replica(s) x tp={pool.tp} need {pool.tp} '{role}' "
+                f"pools.{role}: {pool.replicas} replica(s){ranks} x tp={pool.tp} need {pool.tp} '{role}' "
                 f"resource units on one node each; the Ray cluster's nodes offer {sum(units):g} in all "
                 f"(at most {max(units, default=0.0):g} on one node); allowed: start nodes with "
                 f"--resources='{{\"{role}\": N}}' (one unit per GPU)"

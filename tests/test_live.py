@@ -70,6 +70,32 @@ def test_pd_across_nodes_with_the_moe_runner_emits_the_collocated_greedy_tokens(
     assert tokens[0] == tokens[1] != tokens[2]
 
 
+def test_an_expert_parallel_replica_spans_nodes_and_pd_gives_the_collocated_tokens(cluster):
+    """Qwen3-30B-A3B with the tiny MoE runner, every pool 2 EP ranks with DP attention: decode's ranks
+    of tp 2 (4 'decode' units) take 2 on each of two nodes, its engine in rank 0's; P/D emits
+    collocated's greedy tokens. The units are free again after the run."""
+    node = cluster.add_node(**NODE, resources={"decode": 2})
+    moe = [*GREEDY, "runner.architecture=qwen3_moe", "target.model=qwen3-30b-a3b"]
+    for role in ("prefill", "decode", "mixed"):
+        moe += [f"pools.{role}.ep=2", f"pools.{role}.dp_attention=true"]
+    try:
+        ranks: dict[str, list[str]] = {}
+        pd = run_live(
+            design("pd-fast", *moe, "pools.decode.tp=2"), on_deployed=lambda d: ranks.update(d.rank_nodes)
+        )
+        colo = run_live(design("collocated", *moe, "pools.mixed.replicas=1"))
+        assert len(ranks["decode-0"]) == 2 and len(set(ranks["decode-0"])) == 2
+        assert len(ranks["prefill-0"]) == 2
+        assert pd.summary["completed"] == colo.summary["completed"] == 6
+        assert (
+            pd.results["output_token_ids"].map(list).tolist()
+            == colo.results["output_token_ids"].map(list).tolist()
+        )
+        assert ray.available_resources().get("decode") == 4
+    finally:
+        cluster.remove_node(node)
+
+
 def test_push_across_nodes_reserves_decode_blocks_first_and_emits_the_pull_tokens(cluster):
     """Decode-first push through the actors (`kv_ready` crosses them): the same greedy tokens as pull."""
     push = run_live(design("pd-fast", *GREEDY, "kv_transfer.mode=push"))
