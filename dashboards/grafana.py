@@ -2,8 +2,9 @@
 rewrites the checked-in JSON under `dashboards/grafana/` (a test keeps the two identical).
 
 Four boards: an overview (the client's view and the engines' state), the P/D handoff, one row per
-role, and replayed sessions with their routing (`grafana_sessions.py`). Every expression names its
-series through `dashboards.metrics` (helpers: `grafana_panels.py`). Counters are rated per wall second
+role (then render, the encoder and MoE targets' experts: `grafana_encoder.py`, `grafana_moe.py`),
+and replayed sessions with their routing (`grafana_sessions.py`). Every expression names its series
+through `dashboards.metrics` (helpers: `grafana_panels.py`). Counters are rated per wall second
 by Prometheus; throughput panels multiply by `testbed:time_scale` to show per *emulated* second.
 """
 
@@ -18,6 +19,7 @@ from grafana_foundation_sdk.models.dashboard import VariableRefresh
 
 from dashboards import metrics as m
 from dashboards.grafana_encoder import encoder_panels
+from dashboards.grafana_moe import moe_panels
 from dashboards.grafana_panels import DATASOURCE, PER_SIM_S, ROLE, mean, panel, quantile, rate, sel
 from dashboards.grafana_sessions import sessions_panels
 
@@ -222,6 +224,7 @@ def roles() -> dashboard.Dashboard:
         (dashboard.Row("$role").repeat("role"), _role_panels()),
         (dashboard.Row("render (templates, detokenizing, parsing: CPU off the GPU box)"), _render_panels()),
         (dashboard.Row("encoder (E/P/D: the vision encoder on GPUs of its own)"), encoder_panels()),
+        (dashboard.Row("MoE targets (expert load, EP imbalance, all-to-alls)"), moe_panels()),
     )
 
 

@@ -52,6 +52,17 @@ NIXL_POST_BUCKETS = (0.001, *NIXL_XFER_BUCKETS)
 NIXL_BYTES_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 24, 2))
 NIXL_DESCRIPTOR_BUCKETS = (10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000)
 HANDOFF_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 1.5, 2.0, 5.0, 10.0, 30.0)
+MOE_TOKENS_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0,
+                      1000.0, 2000.0, 5000.0, 10000.0, 20000.0, 50000.0)  # fmt: skip
+"""Token-expert assignments per expert in a step, 1-2-5 steps: from a lone decode's share on a wide model
+(DeepSeek-V3: 1 x 8 / 256 = 0.03) to a busy expert of 48 DP ranks' full prefill chunks."""
+MOE_IMBALANCE_BUCKETS = (1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0)
+"""The busiest EP rank over the mean rank: 1 is balanced (and every step of ep=1); big steps land near 1,
+single decodes over many ranks far above (DeepSeek-V3, ep 32, one token: 6.2); at most ep."""
+MOE_ALL_TO_ALL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                          1.0, 2.5, 5.0)  # fmt: skip
+"""A step's dispatches and combines over all MoE layers: about 1 ms (Qwen3-30B-A3B, ep 4, decodes) to
+0.2 s (DeepSeek-V3, ep 32, 64k tokens); 0 without data-parallel attention (first bucket)."""
 TOKENS_125 = "1-2-5 up to max_model_len"
 
 
@@ -194,6 +205,15 @@ SESSIONS_ACTIVE = _g("testbed:sessions_active", "Replayed sessions with a reques
 SESSION_TTFT = _h("testbed:session_time_to_first_token_seconds", "Client TTFT of replayed session turns, by turn (1: a session's first).", TTFT_BUCKETS, ("turn",))  # fmt: skip
 TURN_BUCKETS = ("1", "2", "3-4", "5-8", "9-16", "17+")
 """`turn` label values of SESSION_TTFT: a turn's 1-based index, bucketed."""
+# Mixture-of-experts targets (engines), one observation a step: what the time model expects of the step's
+# expert routing (`emulation.moe.ExpertLoad`) and expert-parallel communication. vLLM has no such family.
+MOE_MAX_TOKENS_PER_EXPERT = _h("testbed:moe_max_tokens_per_expert", "MoE targets: the busiest routed expert's tokens in a step (expected, under the routing skew).", MOE_TOKENS_BUCKETS)  # fmt: skip
+MOE_MEAN_TOKENS_PER_EXPERT = _h("testbed:moe_mean_tokens_per_expert", "MoE targets: a step's tokens x top_k / routed experts.", MOE_TOKENS_BUCKETS)  # fmt: skip
+MOE_EP_IMBALANCE = _h("testbed:moe_ep_imbalance", "MoE targets: a step's busiest expert-parallel rank's token-expert assignments over the mean rank's (1: balanced).", MOE_IMBALANCE_BUCKETS)  # fmt: skip
+MOE_ALL_TO_ALL = _h("testbed:moe_all_to_all_seconds", "MoE targets: a step's all-to-all time (every MoE layer's dispatch and combine; 0 without data-parallel attention).", MOE_ALL_TO_ALL_BUCKETS)  # fmt: skip
+MOE_DBO_HIDDEN = _c("testbed:moe_dbo_hidden_seconds", "MoE targets: emulated step seconds dual-batch overlap hid (communication under compute; 0 without enable_dbo).")  # fmt: skip
+MOE_SERIES = (MOE_MAX_TOKENS_PER_EXPERT, MOE_MEAN_TOKENS_PER_EXPERT, MOE_EP_IMBALANCE, MOE_ALL_TO_ALL, MOE_DBO_HIDDEN)  # fmt: skip
+"""An engine of a MoE target exports these beside `ENGINE_SERIES`; one of a dense target, none of them."""
 
 ENGINE_SERIES = (
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, NUM_REQUESTS_WAITING_BY_REASON, NUM_REQUESTS_KV_FETCH,
@@ -247,4 +267,4 @@ ENCODER_SERIES = (
     MM_CACHE_QUERIES,
     MM_CACHE_HITS,
 )
-ALL_SERIES = tuple(dict.fromkeys(ENGINE_SERIES + PROXY_SERIES + RENDER_SERIES + ENCODER_SERIES))
+ALL_SERIES = tuple(dict.fromkeys(ENGINE_SERIES + MOE_SERIES + PROXY_SERIES + RENDER_SERIES + ENCODER_SERIES))

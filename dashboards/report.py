@@ -4,10 +4,12 @@ It opens with what the run found (`headline`), then the summary tables (`report_
 plots: TTFT and ITL CDFs per design, per-request token timelines around each design's worst stall, the
 KV handoff distribution (P/D designs), TTFT in parts (`report_plots`), SLO attainment and goodput against
 offered rate (sweeps), and for replayed sessions TTFT by turn and by context length, and (greedy, with a
-reference design) the share of each turn's tokens that diverged (`session_plots`). Everything is drawn
-from the per-request results table and the summary records, so every figure traces back to its rows. A
-run with no successful request (or none at all) still gets its report: the plots that need one are left
-out and the headline says why.
+reference design) the share of each turn's tokens that diverged (`session_plots`); for a MoE target,
+each engine's expert load, EP imbalance and all-to-alls per step, with their means (`moe_plots`). Everything
+is drawn from the per-request results table and the summary records (the MoE figure and table from the
+engines' step logs in engines.json, beside them), so every figure traces back to its rows. A run with no
+successful request (or none at all) still gets its report: the plots that need one are left out and the
+headline says why.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dashboards.headline import headline
+from dashboards.moe_plots import moe_steps_figure
 from dashboards.report_plots import (
     goodput_curves,
     handoff_histogram,
@@ -34,14 +38,15 @@ from dashboards.report_plots import (
     stall_timelines,
     ttft_stack,
 )
-from dashboards.report_tables import failures_table, goodput_table, summary_table
+from dashboards.report_tables import failures_table, goodput_table, moe_table, summary_table
 from dashboards.session_plots import divergence_by_turn, ttft_by_context, ttft_by_turn
 
 
 def report_figures(
-    results: pd.DataFrame, records: list[dict[str, Any]]
+    results: pd.DataFrame, records: list[dict[str, Any]], engines: dict[str, Any] | None = None
 ) -> list[tuple[str, str, Figure | None]]:
-    """(file name, caption, figure or None when it has nothing to show), in the page's order."""
+    """(file name, caption, figure or None when it has nothing to show), in the page's order; `engines`:
+    engines.json's reports (design -> engine -> report), for a MoE target's figure."""
     ttft_cdf, itl_cdf = latency_cdfs(results)
     return [
         ("ttft_cdf", "Time to first token, per design", ttft_cdf),
@@ -61,16 +66,23 @@ def report_figures(
             ttft_by_context(results),
         ),
         ("divergence", "Greedy tokens against the reference design, by turn", divergence_by_turn(results)),
+        (
+            "moe_steps",
+            "MoE target, per engine: expert load, EP imbalance and all-to-all time per step",
+            moe_steps_figure(engines or {}),
+        ),
     ]
 
 
 def write_report(
     out: Path, results: pd.DataFrame, records: list[dict[str, Any]], title: str, notes: list[str]
 ) -> Path:
-    """Write `out/report.html` and `out/plots/*.png`; returns the HTML's path."""
+    """Write `out/report.html` and `out/plots/*.png` (with `out/engines.json`, where the run wrote it, the
+    MoE figure and table); returns the HTML's path."""
     (out / "plots").mkdir(parents=True, exist_ok=True)
+    engines = _engines(out, records)
     sections = []
-    for name, caption, fig in report_figures(results, records):
+    for name, caption, fig in report_figures(results, records, engines):
         if fig is None:
             continue
         buf = io.BytesIO()
@@ -94,11 +106,21 @@ def write_report(
         table=summary_table(records),
         goodput=goodput_table(records),
         failures=failures_table(results),
+        moe=moe_table(engines),
         sections="\n".join(sections),
     )
     path = out / "report.html"
     path.write_text(page)
     return path
+
+
+def _engines(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """engines.json's reports of this run's designs (run and replay write it; a sweep does not)."""
+    path = out / "engines.json"
+    if not path.exists():
+        return {}
+    designs = {r.get("design") for r in records}
+    return {d: reports for d, reports in json.loads(path.read_text()).items() if d in designs}
 
 
 _PAGE = """<!doctype html>
@@ -129,6 +151,7 @@ img {{ max-width: 100%; }}
 <div class="scroll">{table}</div>
 {goodput}
 {failures}
+{moe}
 {sections}
 <p>Per-request rows: <code>results.parquet</code>; resolved configs: <code>configs/</code>;
 summaries: <code>summary.json</code>.</p>

@@ -1,5 +1,5 @@
 """The report's tables, as HTML: the summary (a row per design and rate, short headers, readable
-numbers), the goodput rates of a sweep, and the failures by reason."""
+numbers), the goodput rates of a sweep, the failures by reason, and a MoE target's engines' steps."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from dashboards.headline import ATTAINMENT, failure_counts
+from dashboards.moe_plots import moe_logs, moe_means
 from dashboards.numbers import MISSING, percent, readable
 from workloads.summary import sweep_goodput
 
@@ -113,3 +114,21 @@ def failures_table(results: pd.DataFrame) -> str:
     return "<h2>Failed requests by reason</h2>" + _table(
         ["design", "requests", "reason", "first error text"], rows, "failures", group_col=0
     )
+
+
+def moe_table(engines: dict[str, Any]) -> str:
+    """MoE targets: per engine (engines.json's reports), its steps' means: tokens, tokens per expert
+    (busiest, mean), EP imbalance, all-to-all; and the seconds dual-batch overlap hid. Empty for a
+    dense target."""
+    rows = []
+    for design, engine, log in moe_logs(engines):
+        m = moe_means(log)
+        loads = ("num_steps", "num_tokens", "max_tokens_per_expert", "mean_tokens_per_expert")
+        comm = (f"{m['imbalance']:.3f}", readable(1000 * m["all_to_all_s"]), readable(m["dbo_hidden_s"]))
+        rows.append([design, engine, *(readable(m[k]) for k in loads), *comm])
+    if not rows:
+        return ""
+    headers = ["design", "engine", "steps", "tokens", "busiest expert tokens", "mean expert tokens",
+               "EP imbalance", "all-to-all ms", "DBO hid s"]  # fmt: skip
+    caption = "<h2>MoE steps per engine (means per step; expected loads under the routing skew)</h2>"
+    return caption + _table(headers, rows, "moe", group_col=0)

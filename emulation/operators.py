@@ -136,15 +136,15 @@ class OperatorRoofline:
 
     def step_time_of(self, shape: StepShape) -> OperatorStepTime:
         """The time of a step of `shape` (no tokens: only the fixed CPU work)."""
+        ex = self.experts
+        ranks = ex.num_attention_ranks if ex else 1  # each DP attention rank's CPU works on its own share
         cpu_s = (
             self.cpu.s_per_step
-            + self.cpu.s_per_request * shape.num_requests
-            + self.cpu.s_per_token * shape.num_new_tokens
+            + self.cpu.s_per_request * shape.num_requests / ranks
+            + self.cpu.s_per_token * shape.num_new_tokens / ranks
         )
         if shape.num_new_tokens == 0:
             return OperatorStepTime((), 0.0, cpu_s)
-        ex = self.experts
-        ranks = ex.num_attention_ranks if ex else 1
         written = shape.num_new_tokens / ranks * self.model.kv_bytes_per_token_per_gpu(self.tp)
         all_reduce_s = self.all_reduce_s(shape.num_new_tokens / ranks)
         if ex is None or not ex.enable_dbo:

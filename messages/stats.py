@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
+from messages.moe_steps import EstimatesMoe, MoeSteps, MoeWork, per_step
 
 KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
 """vLLM's stages of a waiting request's KV load (`SchedulerStats.num_kv_fetch_reqs_by_stage`): it has no
@@ -41,8 +41,9 @@ class SchedulerStats:
     connector: prefill and decode)."""
 
 
-class EstimatesWork(Protocol):
-    """A step's time as the time models give it, with the work it estimates (one GPU's)."""
+class EstimatesWork(EstimatesMoe, Protocol):
+    """A step's time as the time models give it, with the work it estimates (one GPU's) and, for a MoE
+    target, its expert load and all-to-alls."""
 
     @property
     def flops_per_gpu(self) -> float: ...
@@ -62,13 +63,18 @@ class StepWork:
     flops: Sequence[float] = ()
     read_bytes: Sequence[float] = ()
     write_bytes: Sequence[float] = ()
+    moe: MoeWork | None = None
+    """A MoE target's steps: their expert load and all-to-alls (None: a dense target's)."""
 
     @classmethod
     def of(cls, step: EstimatesWork, num_steps: int = 1) -> StepWork:
         """The work of `num_steps` steps timed at once (each figure an array of them, or one value
         every step shares), or of one step."""
-        figures = step.flops_per_gpu, step.read_bytes_per_gpu, step.write_bytes_per_gpu
-        return cls(*(_per_step(v, num_steps) for v in figures))
+        flops, read, written = (
+            per_step(v, num_steps)
+            for v in (step.flops_per_gpu, step.read_bytes_per_gpu, step.write_bytes_per_gpu)
+        )
+        return cls(flops, read, written, MoeWork.of(step, num_steps))
 
     @classmethod
     def of_each(cls, steps: Sequence[EstimatesWork]) -> StepWork:
@@ -76,21 +82,18 @@ class StepWork:
             [s.flops_per_gpu for s in steps],
             [s.read_bytes_per_gpu for s in steps],
             [s.write_bytes_per_gpu for s in steps],
+            MoeWork.of_each(steps),
         )
 
     def first(self, num_steps: int) -> StepWork:
-        return StepWork(self.flops[:num_steps], self.read_bytes[:num_steps], self.write_bytes[:num_steps])
+        moe = self.moe.first(num_steps) if self.moe is not None else None
+        return StepWork(
+            self.flops[:num_steps], self.read_bytes[:num_steps], self.write_bytes[:num_steps], moe
+        )
 
 
 NO_WORK = StepWork()
 """Steps whose work is not estimated."""
-
-
-def _per_step(value: float, num_steps: int) -> list[float]:
-    """`value` as one float a step: an array's elements, or the value repeated."""
-    if isinstance(value, np.ndarray) and value.ndim == 1:
-        return [float(v) for v in value.tolist()]
-    return [float(value)] * num_steps
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,8 @@ class EngineReport:
     """Why the engine takes no more steps, if it hung (`faults.engine_hangs`)."""
     error: str | None = None
     """Why its step loop broke (killed on purpose or crashed), if it did."""
+    moe_steps: MoeSteps | None = None
+    """A MoE target's steps over emulated time: expert load, imbalance, all-to-alls (None: dense)."""
 
 
 @dataclass(frozen=True)

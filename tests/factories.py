@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import signal
 import socket
 import subprocess
@@ -57,7 +58,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> None:
         if isinstance(v, dict) and isinstance(base.get(k), dict):
             _merge(base[k], v)
         else:
-            base[k] = v
+            base[k] = copy.deepcopy(v)  # a later layer merges into it: never into the caller's dict
 
 
 def make_requests(

@@ -18,6 +18,7 @@ from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from emulation.kv_cache import NUM_NULL_BLOCKS
 from messages import FinishedReason, RequestTimes
+from messages.moe_steps import MoeStepLog
 from messages.stats import NO_WORK, EngineCounters, EngineReport, SchedulerStats, StepWork
 
 
@@ -86,6 +87,12 @@ class EngineStats(EngineCounters):
     KV loads are counted by stage (`SchedulerStats.num_kv_fetch_reqs_by_stage`)."""
     _itls_s: list[float] = field(default_factory=list)
     """Inter-token gaps of the step under way, recorded with the step (one histogram update a step)."""
+    _stamp_s: float | None = None
+    _window_stamps_s: Sequence[float] = ()
+    """The end of the step under way, if it emitted a token (its stamp); of a window's, those of its
+    steps that emitted any (its last ones): when the steps ended, for the MoE step log."""
+    _moe_log: MoeStepLog = field(default_factory=MoeStepLog)
+    """A MoE target's steps over emulated time, for its report (empty for a dense target's)."""
 
     def report(self, role: str, sched: Scheduler, num_unfinished: int, health: EngineHealth) -> EngineReport:
         """An engine's report: a copy of these counters, the scheduler's state and the engine's health."""
@@ -97,6 +104,7 @@ class EngineStats(EngineCounters):
             num_unfinished_requests=num_unfinished,
             hung=health.hung_why,
             error=str(health.dead) if health.dead is not None else None,
+            moe_steps=self._moe_log.snapshot() if self._moe_log.num_steps else None,
         )
 
     def on_step(
@@ -120,6 +128,10 @@ class EngineStats(EngineCounters):
         for s, c in zip(step_s, cpu_s, strict=True):
             self.busy_s += s
             self.cpu_s += c
+        if work.moe is not None:  # a MoE target's: logged with the steps' ends (their tokens' stamps)
+            stamps = self._window_stamps_s or ([] if self._stamp_s is None else [self._stamp_s])
+            self._moe_log.add(step_s, stamps, work.moe)
+        self._stamp_s, self._window_stamps_s = None, ()
         if self.recorder is None:
             return
         self.recorder.on_steps(step_s, num_tokens, cpu_s, work)
@@ -147,6 +159,7 @@ class EngineStats(EngineCounters):
         elif t.last_token_s is not None and self.recorder is not None:
             self._itls_s.append(now_s - t.last_token_s)
         t.last_token_s = now_s
+        self._stamp_s = now_s
 
     def on_window_tokens(self, emitted: list[tuple[Request, Sequence[float]]]) -> None:
         """`on_token` for each token a window's steps emitted (each request's stamps, in the batch's
@@ -170,6 +183,7 @@ class EngineStats(EngineCounters):
                 t.last_token_s = stamps_s[-1]
         if rows:
             self._itls_s += _step_major_gaps(rows, longest)
+        self._window_stamps_s = max((stamps_s for _, stamps_s in emitted), key=len, default=())
 
     def on_request_rejected(self) -> None:
         self.num_rejected += 1

@@ -35,6 +35,12 @@ from dashboards.metrics import (
     MAX_OVERRUN,
     MM_CACHE_HITS,
     MM_CACHE_QUERIES,
+    MOE_ALL_TO_ALL,
+    MOE_DBO_HIDDEN,
+    MOE_EP_IMBALANCE,
+    MOE_MAX_TOKENS_PER_EXPERT,
+    MOE_MEAN_TOKENS_PER_EXPERT,
+    MOE_SERIES,
     NIXL_AFTER_EXPIRY,
     NIXL_BYTES,
     NIXL_DESCRIPTORS,
@@ -75,6 +81,7 @@ from dashboards.metrics import (
 from dashboards.recorders.cache_config import cache_config_info
 from dashboards.recorders.registry import Registry, add_each, observe_many
 from emulation.profiles import MODELS
+from messages.moe_steps import MoeWork
 from messages.stats import KV_FETCH_STAGES, SchedulerStats, StepWork
 
 if TYPE_CHECKING:
@@ -86,8 +93,9 @@ class EngineMetrics(Registry):
     """An engine's series. The engine calls the hooks; nothing else writes to the registry."""
 
     def __init__(self, cfg: TestbedConfig, role: str, replica: int) -> None:
-        super().__init__(ENGINE_SERIES, cfg, role, replica)
-        self._num_layers = MODELS[cfg.target.model].num_layers
+        model = MODELS[cfg.target.model]
+        super().__init__(ENGINE_SERIES + (MOE_SERIES if model.moe is not None else ()), cfg, role, replica)
+        self._num_layers = model.num_layers
         self._link = cfg.kv_transfer.link
         self._direction = "d2p" if role == "prefill" else "p2d"  # who pulls: prefill only pulls back
         self._connector = role in ("prefill", "decode")
@@ -136,6 +144,19 @@ class EngineMetrics(Registry):
         ):
             if amounts:
                 add_each(self.child(spec)._value, amounts)
+        if work.moe is not None:
+            self._on_moe_steps(work.moe)
+
+    def _on_moe_steps(self, moe: MoeWork) -> None:
+        """MoE targets: each step's expert load, imbalance and all-to-alls; what overlap hid."""
+        for spec, values in (
+            (MOE_MAX_TOKENS_PER_EXPERT, moe.max_tokens_per_expert),
+            (MOE_MEAN_TOKENS_PER_EXPERT, moe.mean_tokens_per_expert),
+            (MOE_EP_IMBALANCE, moe.imbalance),
+            (MOE_ALL_TO_ALL, moe.all_to_all_s),
+        ):
+            observe_many(self.child(spec), values)
+        add_each(self.child(MOE_DBO_HIDDEN)._value, moe.overlap_s)
 
     def on_state(self, stats: SchedulerStats) -> None:
         """Gauges, and the counters the scheduler, block manager and encoder cache keep as totals (at
