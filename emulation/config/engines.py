@@ -150,7 +150,8 @@ class RunnerConfig:
     real where the numerics are read (workload.output_policy=greedy: tokens are the argmax of the
     runner's logits, and P/D's are checked against collocated's), skip otherwise."""
     model_path: str | None = None
-    """Local Hugging Face model directory; None builds (once) the seeded tiny Qwen2 model in the cache."""
+    """Local Hugging Face model directory; None builds (once) the seeded tiny model of `architecture`
+    in the cache."""
     hidden_size: Annotated[int, Field(ge=1)] = 64
     num_layers: Annotated[int, Field(ge=1)] = 2
     num_heads: Annotated[int, Field(ge=1)] = 4
