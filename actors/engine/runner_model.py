@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel, Qwen2Config, Qwen3MoeConfig
@@ -27,30 +28,30 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TESTBED_CACHE", Path.home() / ".cache" / "disagg-testbed"))
 
 
+def _shared_sizes(cfg: RunnerConfig) -> dict[str, Any]:
+    """The sizes every tiny architecture takes from the runner config (full attention, untied head)."""
+    return {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "max_position_embeddings": 65536,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+    }
+
+
 def tiny_qwen2_config(cfg: RunnerConfig) -> Qwen2Config:
-    return Qwen2Config(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        max_position_embeddings=65536,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-    )
+    return Qwen2Config(**_shared_sizes(cfg))
 
 
 def tiny_qwen3_moe_config(cfg: RunnerConfig) -> Qwen3MoeConfig:
     """Qwen3-MoE with every layer sparse (no dense MLP layers) and no sliding window; the top-k
     routing weights renormalised, as the released Qwen3-MoE checkpoints set (norm_topk_prob)."""
     return Qwen3MoeConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
+        **_shared_sizes(cfg),
         # written to config.json as Qwen3 checkpoints do (theirs may differ from hidden / heads); the
         # attention reads it with getattr, the config class does not declare it
         head_dim=cfg.hidden_size // cfg.num_heads,  # type: ignore[call-arg]
@@ -60,9 +61,6 @@ def tiny_qwen3_moe_config(cfg: RunnerConfig) -> Qwen3MoeConfig:
         norm_topk_prob=True,
         decoder_sparse_step=1,
         mlp_only_layers=[],
-        max_position_embeddings=65536,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
     )
 
 
