@@ -72,4 +72,24 @@ MOE_MODELS: tuple[ModelProfile, ...] = (
         vocab_size=32000,
         moe=MoeGeometry(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336),
     ),
+    # openai/gpt-oss-120b config.json (transformers' GptOssConfig defaults are its values): 36 layers
+    # alternating sliding-window (128 keys, from the first layer) and full attention, each head with a
+    # learned attention sink; 128 experts of 2,880, top-4, no shared expert; GQA 64 q heads, 8 KV of 64;
+    # the experts' weights MXFP4 (4-bit values, an 8-bit scale per 32: 4.25 bits), the rest BF16. 116.8B
+    # parameters, 5.1B active (model card, arXiv 2508.10925, table 1).
+    ModelProfile(
+        "gpt-oss-120b",
+        num_layers=36,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=64,
+        hidden_size=2880,
+        intermediate_size=2880,
+        vocab_size=201088,
+        moe=MoeGeometry(
+            num_experts=128, num_experts_per_tok=4, moe_intermediate_size=2880, expert_weight_bytes=4.25 / 8
+        ),
+        sliding_window=128,
+        num_sliding_layers=18,
+    ),
 )

@@ -186,17 +186,21 @@ class OperatorRoofline:
         attn_activations = self._spilled(t, h, (q + kv) / tp, q / tp, h)
         mlp_activations = self._spilled(t, h, 2 * i / tp, i / tp, h)
         context_tokens = rank.prefill_kv_tokens - rank.num_prefill_tokens
+        num_chunks = rank.num_requests - rank.num_decodes
+        prefill_keys = m.layer_mean_keys(rank.prefill_keys_attended, rank.num_prefill_tokens)
+        prefill_flops = m.prefill_attention_flops_per_key / tp * prefill_keys
+        prefill_flops += m.context_flops_per_token / tp * context_tokens  # MLA's up-projection
+        prefill_kv_tokens = m.layer_mean_keys(context_tokens, num_chunks) + rank.num_prefill_tokens
+        decode_keys = m.layer_mean_keys(rank.decode_keys_attended, rank.num_decodes)
         return (
             self._gemm("qkv_o", 2.0 * num_layers * attn_params * t / tp,
                        num_layers * (attn_params / tp * wb + attn_activations)),
             self._gemm("mlp", 2.0 * mlp_layers * mlp_params * t / tp,
                        mlp_layers * (mlp_params / tp * wb + mlp_activations)),
-            self._group("prefill_attention",
-                        m.prefill_attention_flops_per_key / tp * rank.prefill_keys_attended
-                        + m.context_flops_per_token / tp * context_tokens,
-                        kv_per_token * rank.prefill_kv_tokens, e.attention_compute, e.kv_bandwidth),
-            self._group("decode_attention", m.decode_attention_flops_per_key / tp * rank.decode_keys_attended,
-                        kv_per_token * rank.decode_keys_attended, e.attention_compute, e.kv_bandwidth),
+            self._group("prefill_attention", prefill_flops, kv_per_token * prefill_kv_tokens,
+                        e.attention_compute, e.kv_bandwidth),
+            self._group("decode_attention", m.decode_attention_flops_per_key / tp * decode_keys,
+                        kv_per_token * decode_keys, e.attention_compute, e.kv_bandwidth),
             self._group("logits", 2.0 * vocab * h * rank.num_logits,
                         (vocab * h * dt + rank.num_logits * vocab * LOGIT_BYTES) if rank.num_logits else 0.0,
                         e.gemm_compute, e.weights_bandwidth),

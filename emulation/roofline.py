@@ -121,12 +121,14 @@ class Roofline:
             return StepTime(0.0, 0.0, 0.0, 0.0, self.overhead_s, self.tp)
         if self.experts is not None:
             return self._moe_step_time(shape, self.experts)
+        keys = m.layer_mean_keys(shape.keys_attended, shape.num_new_tokens)  # (sliding windows)
+        context = m.layer_mean_keys(shape.num_context_tokens, shape.num_requests)
         flops = (
             2.0 * m.num_layer_params * shape.num_new_tokens
-            + 4.0 * m.num_heads * m.head_dim * m.num_layers * shape.keys_attended
+            + 4.0 * m.num_heads * m.head_dim * m.num_layers * keys
             + 2.0 * m.num_head_params * shape.num_logits
         )
-        nbytes = 1.0 * (m.step_weight_bytes + shape.num_context_tokens * m.kv_bytes_per_token)  # float(s)
+        nbytes = 1.0 * (m.step_weight_bytes + context * m.kv_bytes_per_token)  # float(s)
         # as the operator model counts it: KV heads replicated where tp exceeds them
         written = 1.0 * shape.num_new_tokens * m.kv_bytes_per_token_per_gpu(self.tp) * self.tp
         t, e_c, e_b = self.tp, self.eta_compute, self.eta_bandwidth
@@ -165,11 +167,14 @@ class Roofline:
             + 2.0 * m.num_head_params * shape.num_logits
         )
         attention = (
-            m.prefill_attention_flops_per_key * shape.prefill_keys_attended
-            + m.decode_attention_flops_per_key * shape.decode_keys_attended
+            m.prefill_attention_flops_per_key
+            * m.layer_mean_keys(shape.prefill_keys_attended, shape.num_prefill_tokens)
+            + m.decode_attention_flops_per_key
+            * m.layer_mean_keys(shape.decode_keys_attended, shape.num_decodes)
             + m.context_flops_per_token * (shape.prefill_kv_tokens - shape.num_prefill_tokens)
         )
-        kv = shape.num_context_tokens * m.kv_bytes_per_token_per_gpu(ex.attention_tp) * ex.attention_tp
+        context = m.layer_mean_keys(shape.num_context_tokens, shape.num_requests)  # (sliding windows)
+        kv = context * m.kv_bytes_per_token_per_gpu(ex.attention_tp) * ex.attention_tp
         nbytes = m.step_weight_bytes * ex.num_attention_ranks + routed.weight_bytes * g + kv
         return gemm, attention, nbytes
 

@@ -32,13 +32,20 @@ CONFIGS = {
         "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
         "tie_word_embeddings": False,
     }),
+    "gpt-oss-120b": ("GptOss", {
+        "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
+        "num_experts_per_tok": 4, "sliding_window": 128, "tie_word_embeddings": False,
+    }),
 }  # fmt: skip
-# Published totals and active parameters (model cards; DeepSeek-V3 without its MTP module).
+# Published totals and active parameters (model cards; DeepSeek-V3 without its MTP module), and whether
+# the active count includes the embedding (gpt-oss's counts the unembedding only).
 PUBLISHED = {
-    "deepseek-v3": (671e9, 37e9),
-    "qwen3-235b-a22b": (235e9, 22e9),
-    "qwen3-30b-a3b": (30.5e9, 3.3e9),
-    "mixtral-8x7b": (46.7e9, 12.9e9),
+    "deepseek-v3": (671e9, 37e9, True),
+    "qwen3-235b-a22b": (235e9, 22e9, True),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9, True),
+    "mixtral-8x7b": (46.7e9, 12.9e9, True),
+    "gpt-oss-120b": (116.83e9, 5.13e9, False),
 }
 
 
@@ -53,8 +60,9 @@ def test_parameters_match_transformers_model_of_the_same_config(name):
         model = getattr(transformers, f"{arch}ForCausalLM")._from_config(config)
     counted = sum(p.numel() for p in model.parameters())
     profile = MODELS[name]
-    assert profile.num_params == pytest.approx(counted, rel=1e-5)  # norms and biases are the difference
-    total, active = PUBLISHED[name]
+    # norms, biases and attention sinks are the difference (gpt-oss has biases on every projection)
+    assert profile.num_params == pytest.approx(counted, rel=1e-3 if name == "gpt-oss-120b" else 1e-5)
+    total, active, with_embedding = PUBLISHED[name]
     assert profile.num_params == pytest.approx(total, rel=0.01)
-    per_token = profile.num_active_layer_params + 2 * profile.num_head_params  # embedding + LM head
+    per_token = profile.num_active_layer_params + (1 + with_embedding) * profile.num_head_params
     assert per_token == pytest.approx(active, rel=0.04)

@@ -215,16 +215,19 @@ def test_kv_room_is_each_rank_s_memory_less_its_dense_weights_and_its_experts_sl
     assert kv_capacity_tokens(DSV3, H800, pool, 0.9) == 32 * int((80e9 * 0.9 - held) // 70_272)
 
 
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-120b"])
 @pytest.mark.parametrize("time_model", ["aggregate", "operators"])
-def test_a_window_of_moe_decode_steps_equals_its_steps_one_at_a_time(time_model):
+def test_a_window_of_moe_decode_steps_equals_its_steps_one_at_a_time(time_model, name):
+    """(gpt-oss: decodes crossing its 128-token window within the window of steps.)"""
+    model_profile = MODELS[name]
     pool = PoolConfig(replicas=1, gpu="h800", ep=8, dp_attention=True, enable_dbo=True)
-    experts = ExpertParallel(QWEN3, H800, pool)
+    experts = ExpertParallel(model_profile, H800, pool)
     model = (
-        OperatorRoofline(QWEN3, H800, 1, experts=experts)
+        OperatorRoofline(model_profile, H800, 1, experts=experts)
         if time_model == "operators"
-        else Roofline(QWEN3, H800, 8, 0.47, 0.75, 0.002, experts)
+        else Roofline(model_profile, H800, 8, 0.47, 0.75, 0.002, experts)
     )
-    shape = StepShape.of([StepItem(1, 500 + i, True) for i in range(40)])
+    shape = StepShape.of([StepItem(1, 125 + 20 * i, True) for i in range(40)])
     window = model.step_time_of(decode_steps(shape, 5)).total_s
     for i in range(5):
         assert window[i] == model.step_time_of(decode_step(shape, i)).total_s
@@ -258,3 +261,26 @@ def test_a_bad_expert_parallel_layout_is_one_line(pools, message):
     model = pools.pop("model", "qwen2.5-7b")
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
         build_config({"target": {"model": model}, "pools": pools})
+
+
+def test_gpt_oss_sliding_layers_attend_and_read_at_most_the_window():
+    """gpt-oss-120b on one H200: 18 of its 36 layers attend over the last 128 keys only. A decode at 1,000
+    cached tokens attends 18 x 1,001 + 18 x 128 layer-keys (4 x 64 heads x 64 FLOPs each) and reads that
+    many tokens' KV of one layer (8 KV heads x 64 x 2 x 2 B); a 512-token chunk after 1,024 cached tokens
+    attends its causal keys in full layers and 512 x 128 in sliding ones. MXFP4 experts: 4.25 bits."""
+    gpt_oss = MODELS["gpt-oss-120b"]
+    model = operators(gpt_oss, PoolConfig(replicas=1, gpu="h200"))
+    decode = model.step_time_of(StepShape.of([StepItem(1, 1000, True)]))
+    layer_keys = 18 * 1001 + 18 * 128
+    assert decode.group("decode_attention").flops == pytest.approx(4 * 64 * 64 * layer_keys)
+    assert decode.group("decode_attention").bytes == pytest.approx(layer_keys * 8 * 64 * 2 * 2)
+    routed = decode.group("routed_experts")
+    assert routed.bytes == pytest.approx(4 * 3 * 2880 * 2880 * 36 * 4.25 / 8)  # its 4 experts a layer
+    chunk = model.step_time_of(StepShape.of([StepItem(512, 1024, True)]))
+    causal = 512 * 1024 + 512 * 513 // 2
+    assert chunk.group("prefill_attention").flops == pytest.approx(
+        4 * 64 * 64 * (18 * causal + 18 * 512 * 128)
+    )
+    assert (
+        gpt_oss.kv_bytes_per_token == 36 * 2 * 8 * 64 * 2
+    )  # every layer's, as vLLM without its hybrid manager
