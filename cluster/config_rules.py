@@ -86,12 +86,17 @@ def _pool_experts(cfg: TestbedConfig, key: str, pool: PoolConfig, model: ModelPr
     )
     for field, value, holds, need in needs:
         if value and not holds:
-            yield f"{key}.{field}={value}: needs {need}"
+            yield f"{key}.{field}={value}: allowed only with {need}"
     fabric, gpu = cfg.target.ep_fabric, GPUS[pool.gpu]
     per_node = fabric.gpus_per_node or gpu.gpus_per_node
     nodes = cdiv(pool.num_gpus, per_node)
     if pool.tp > per_node:
         yield f"{key}.tp={pool.tp}: one rank's GPUs share a node of {per_node}; allowed: at most {per_node}"
+    elif pool.attention_tp > per_node:  # an all-reduce every layer over the NICs: not what vLLM runs
+        yield (
+            f"{key}: tensor-parallel attention over ep x tp = {pool.attention_tp} GPUs spans {nodes} nodes "
+            f"of {per_node}; allowed: at most {per_node} GPUs, or dp_attention=true (attention ranks of tp)"
+        )
     elif nodes > fabric.max_nodes:
         yield (
             f"{key}: ep x tp = {ep} x {pool.tp} = {pool.num_gpus} GPUs span {nodes} nodes of {per_node}; "
@@ -118,19 +123,21 @@ def _pools(cfg: TestbedConfig) -> Iterator[str]:
             continue
         if pool.gpu not in GPUS:
             yield f"pools.{name}.gpu={pool.gpu!r}: unknown GPU; allowed: {', '.join(GPUS)}"
-        have = num_gpu_blocks(cfg, pool)
+        have = num_gpu_blocks(cfg, pool) // pool.num_attention_ranks  # a request's KV is on one rank
+        a_rank = " a rank" if pool.num_attention_ranks > 1 else ""
         if have - NUM_NULL_BLOCKS < need:
             yield (
                 f"pools.{name}: {cfg.target.model} on {pool.num_gpus} x {pool.gpu} leaves KV room for "
-                f"{have - NUM_NULL_BLOCKS} blocks (and vLLM's null block), a request needs {need}; allowed: "
-                "a larger tp or GPU, or shorter requests"
+                f"{have - NUM_NULL_BLOCKS} blocks{a_rank} (and vLLM's null block), a request needs {need}; "
+                "allowed: a larger tp or GPU, or shorter requests"
             )
         # As vLLM refuses at start-up: a request of max_model_len tokens must fit in the KV cache
         # (else one could wait for blocks that never come free).
         key = "scheduler.num_gpu_blocks_override" if s.num_gpu_blocks_override else f"pools.{name}"
         if have * s.block_size < s.max_model_len:
             yield (
-                f"{key}: {have} blocks of {s.block_size} hold {have * s.block_size} tokens of KV, less "
+                f"{key}: {have} blocks{a_rank} of {s.block_size} hold {have * s.block_size} tokens of KV, "
+                "less "
                 f"than scheduler.max_model_len={s.max_model_len}; allowed: at least "
                 f"{cdiv(s.max_model_len, s.block_size)} blocks, or a smaller max_model_len"
             )

@@ -28,7 +28,7 @@ from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
 from actors.engine.kv_faults import KVLoadFaults
-from actors.engine.kv_transfer import KVReceiver, Link
+from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from dashboards.recorders import EncoderMetrics, EngineMetrics
@@ -83,7 +83,18 @@ def scheduler_for(cfg: TestbedConfig, pool: PoolConfig) -> Scheduler:
         max_num_batched_encoder_embeds=s.encoder_budget,
         encoder_cache=EncoderCache(s.encoder_cache_embeds),
         reserve_full_isl=s.reserve_full_isl,
+        long_prefill_token_threshold=_long_prefill_threshold(
+            s.long_prefill_token_threshold, s.max_num_batched_tokens, ranks
+        ),
     )
+
+
+def _long_prefill_threshold(threshold: int, rank_budget: int, ranks: int) -> int:
+    """`scheduler.long_prefill_token_threshold`; with data-parallel attention at most one rank's budget
+    (a request's chunk runs on its rank)."""
+    if ranks == 1:
+        return threshold
+    return min(threshold, rank_budget) if threshold else rank_budget
 
 
 def build_engine(
@@ -138,6 +149,7 @@ def build_engine(
         if f.kv_transfer_failure_rate > 0 or f.kv_transfer_failures
         else None
     )
+    link = LinkQueue(pool.num_attention_ranks) if link is None else link  # its own: a wire a DP rank
     kv_worker = KVConnectorWorker(
         executor, peers=peers, stats=stats, clock=clock, block_size=s.block_size, link=link, faults=faults
     )

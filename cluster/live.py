@@ -112,14 +112,20 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         fabric = ray.remote(LinkQueue).options(num_cpus=0).remote()
     pools: dict[str, dict[str, Any]] = {"mixed": {}, "prefill": {}, "decode": {}}
     placements: dict[str, EnginePlacement] = {}
-    for role, pool in cfg.pools.by_role():
-        for i in range(pool.replicas):
-            eid = replica_id(role, i)
-            placements[eid] = engine_placement(role, pool, cfg.runner.num_gpus)
-            peers = dict(pools["prefill"]) if role == "decode" else {}
-            pools[role][eid] = host.options(**placements[eid].options).remote(
-                eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None
-            )
+    try:
+        for role, pool in cfg.pools.by_role():
+            for i in range(pool.replicas):
+                eid = replica_id(role, i)
+                placements[eid] = engine_placement(role, pool, cfg.runner.num_gpus)
+                peers = dict(pools["prefill"]) if role == "decode" else {}
+                pools[role][eid] = host.options(**placements[eid].options).remote(
+                    eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None
+                )
+    except BaseException:  # what was placed is freed (a joined cluster outlives this run)
+        for handle in (h for per in pools.values() for h in per.values()):
+            ray.kill(handle)
+        release(list(placements.values()))
+        raise
     if cfg.kv_transfer.bidirectional:  # prefill pulls a conversation's blocks back from decode
         ray.get([h.add_peers.remote(dict(pools["decode"])) for h in pools["prefill"].values()])
     engines = {eid: h for per in pools.values() for eid, h in per.items()}

@@ -16,6 +16,7 @@ import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from cluster.config_load import ConfigError
 from emulation.config import PoolConfig
 
 READY_TIMEOUT_S = 60.0
@@ -36,7 +37,15 @@ def engine_placement(role: str, pool: PoolConfig, num_gpus: float) -> EnginePlac
         return EnginePlacement(options)
     rank_0 = {role: float(pool.tp), **({"GPU": num_gpus} if num_gpus else {})}
     group = placement_group([rank_0] + [{role: float(pool.tp)}] * (pool.ep - 1), strategy="PACK")
-    ray.get(group.ready(), timeout=READY_TIMEOUT_S)
+    try:
+        ray.get(group.ready(), timeout=READY_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise ConfigError(
+            f"pools.{role}: {pool.ep} EP ranks of tp={pool.tp} '{role}' units each could not be placed "
+            f"in {READY_TIMEOUT_S:g} s (units held by other engines or jobs); allowed: free units, or "
+            "fewer ranks"
+        ) from None
     strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=0)
     return EnginePlacement({**options, "scheduling_strategy": strategy}, group)
 

@@ -24,6 +24,13 @@ from emulation.config import EpFabricConfig, MoeRoutingConfig, PoolConfig
 from emulation.model_profile import ModelProfile
 from emulation.moe import ExpertLoad, ExpertPlacement, MoeGeometry, expert_popularity
 from emulation.profiles import GpuProfile
+from emulation.step_shape import StepShape, share_of
+
+DBO_DECODE_TOKEN_THRESHOLD = 32
+"""vLLM's `dbo_decode_token_threshold`: a decode-only step splits into two micro-batches from this many
+tokens a rank."""
+DBO_PREFILL_TOKEN_THRESHOLD = 512
+"""vLLM's `dbo_prefill_token_threshold`: a step with prompt chunks splits from this many tokens a rank."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,22 @@ class ExpertParallel:
         self.all_to_all = (
             all_to_all_of(model.hidden_size, self.moe, gpu, pool, fabric) if pool.dp_attention else None
         )
+
+    def busiest_rank(self, shape: StepShape) -> StepShape:
+        """The busiest data-parallel attention rank's share of `shape`: an even share, or, if more, the
+        step's largest request's (a request's tokens run on one rank)."""
+        ranks = self.num_attention_ranks
+        if ranks == 1 or not shape.num_new_tokens:
+            return shape
+        return share_of(shape, 1 / max(1 / ranks, shape.max_num_new_tokens / shape.num_new_tokens))
+
+    def splits(self, shape: StepShape) -> bool:
+        """Dual-batch overlap runs this step as two micro-batches: enabled, and each rank has vLLM's
+        threshold of tokens (fewer are not worth a split)."""
+        if not self.enable_dbo:
+            return False
+        threshold = DBO_PREFILL_TOKEN_THRESHOLD if shape.num_prefill_tokens else DBO_DECODE_TOKEN_THRESHOLD
+        return bool(shape.num_new_tokens / self.num_attention_ranks >= threshold)
 
     def routed(self, num_tokens: int) -> RoutedWork:
         """The busiest rank's routed work, per GPU, for a step of `num_tokens` tokens (all ranks')."""

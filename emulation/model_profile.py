@@ -171,9 +171,10 @@ class ModelProfile:
 
             (full layers · keys + sliding layers · min(keys, queries · window)) / layers
 
-        Over a step's requests Σ min(K_r, n_r·W) <= min(Σ K_r, W·Σ n_r): an upper bound, above the
-        exact count by at most a window a request that has fewer keys than the window (elementwise on a
-        window's arrays)."""
+        Over a step's requests Σ_r Σ_i min(c_r + i + 1, W) <= min(Σ K_r, W·Σ n_r): an upper bound, above
+        the exact count by at most W(W-1)/2 query-key pairs a request whose keys start inside the window
+        (8,128 for W = 128: a chunk at its prompt's start, a decode shorter than the window); exact once
+        every query sees a full window. Elementwise on a window's arrays."""
         if not self.num_sliding_layers:
             return keys
         assert self.sliding_window is not None

@@ -13,8 +13,8 @@ independently, so after T tokens::
     P(e untouched) = (1 - π_e)^T        experts touched = Σ_e 1 - (1 - π_e)^T
     DeepSeek-V3 (E 256, k 8, uniform):  T=1: 8   T=8: 57.4   T=64: 222.4   T=1,024: 256.0
 
-Expert parallelism shards the experts over `ep` ranks (contiguous blocks of E / ep; redundant copies
-of the hottest experts go to the least loaded ranks and split their tokens). Every rank waits for
+Expert parallelism shards the experts over `ep` ranks (contiguous blocks of E / ep; with redundant
+copies, EPLB's replication and balanced packing: `ExpertPlacement`). Every rank waits for
 the slowest at the next layer, so the step pays for the busiest rank: its expected assignments plus
 the spread of a sum of independent choices, max over ep ranks ≈ mean + σ·sqrt(2 ln ep) (a normal
 approximation, capped at what the rank can receive). Its imbalance is that over the mean rank's.
@@ -126,29 +126,41 @@ class ExpertLoad:
 
 
 class ExpertPlacement:
-    """Experts over `ep` ranks of (E + num_redundant) / ep slots each: contiguous blocks, then
-    `num_redundant` copies of the hottest on the least loaded ranks with a free slot (each copy takes
-    an equal share of its expert's tokens)."""
+    """Experts over `ep` ranks. Without redundant experts, contiguous blocks of E / ep (a static
+    placement). With them, as DeepSeek's EPLB places them: replicate, `num_redundant` times, the expert
+    with the most tokens per copy; then deal every copy, heaviest first, to the least loaded rank that
+    has a free slot ((E + num_redundant) / ep a rank) and no copy of it. Each copy takes an equal share
+    of its expert's tokens."""
 
     def __init__(self, popularity: np.ndarray, top_k: int, ep: int, num_redundant: int = 0) -> None:
         num_experts = len(popularity)
         self.top_k, self.ep, self.num_experts = top_k, ep, num_experts
         self.pi = inclusion(popularity, top_k)
-        slots = -(-(num_experts + num_redundant) // ep)  # as EPLB: every rank the same number of slots
-        ranks_of: list[list[int]] = [[e // slots] for e in range(num_experts)]
-        load = np.bincount([r[0] for r in ranks_of], weights=self.pi, minlength=ep)
-        for e in np.argsort(-self.pi, kind="stable")[:num_redundant]:
-            held, share = ranks_of[e], self.pi[e] / len(ranks_of[e])
-            load[held] -= share - self.pi[e] / (len(held) + 1)  # each copy gives up part of its share
-            count = np.bincount([r for h in ranks_of for r in h], minlength=ep)
-            barred = np.isin(np.arange(ep), held) | (count >= slots)
-            r = int(np.argmin(np.where(barred, np.inf, load + 1e-12 * count)))
-            load[r] += self.pi[e] / (len(held) + 1)
-            held.append(r)
+        if num_redundant:
+            ranks_of = self._balanced(ep, num_redundant)
+        else:
+            ranks_of = [[e * ep // num_experts] for e in range(num_experts)]  # E/ep a rank
         self._rank = np.array([r for held in ranks_of for r in held])
         self._pi_copy = np.array([self.pi[e] / len(held) for e, held in enumerate(ranks_of) for _ in held])
         """π of each copy: its expert's, split over the copies."""
-        self.max_copies_per_rank = int(np.bincount(self._rank, minlength=ep).max())
+
+    def _balanced(self, ep: int, num_redundant: int) -> list[list[int]]:
+        """Each expert's ranks under EPLB's replication and balanced packing (the class docstring)."""
+        num_experts = len(self.pi)
+        copies = np.ones(num_experts)
+        for _ in range(num_redundant):
+            copies[np.argmax(self.pi / copies)] += 1
+        slots = -(-(num_experts + num_redundant) // ep)
+        load, count = np.zeros(ep), np.zeros(ep)
+        ranks_of: list[list[int]] = [[] for _ in range(num_experts)]
+        physical = [e for e in range(num_experts) for _ in range(int(copies[e]))]
+        for e in sorted(physical, key=lambda e: -self.pi[e] / copies[e]):  # stable: ties by expert
+            barred = (count >= slots) | np.isin(np.arange(ep), ranks_of[e])
+            r = int(np.argmin(np.where(barred, np.inf, load)))
+            load[r] += self.pi[e] / copies[e]
+            count[r] += 1
+            ranks_of[e].append(r)
+        return ranks_of
 
     @lru_cache(maxsize=4096)  # noqa: B019 (one placement per engine, a few thousand token counts)
     def load(self, num_tokens: int) -> ExpertLoad:

@@ -147,12 +147,13 @@ class OperatorRoofline:
             return OperatorStepTime((), 0.0, cpu_s)
         written = shape.num_new_tokens / ranks * self.model.kv_bytes_per_token_per_gpu(self.tp)
         all_reduce_s = self.all_reduce_s(shape.num_new_tokens / ranks)
-        if ex is None or not ex.enable_dbo:
+        if ex is None or not ex.splits(shape):
             a2a_s = ex.all_to_all_s(shape.num_new_tokens) if ex else 0.0
             load = ex.placement.load(shape.num_new_tokens) if ex else None
             return OperatorStepTime(self.groups(shape), all_reduce_s, cpu_s, written, a2a_s, 0.0, load)
         half = share_of(shape, 2)
         groups = tuple(_twice(g) for g in self.groups(half))
+        all_reduce_s = 2 * self.all_reduce_s(half.num_new_tokens / ranks)  # each micro-batch's
         a2a_s = 2 * ex.all_to_all_s(half.num_new_tokens)
         compute_s = sum(g.total_s for g in groups) + all_reduce_s
         longer = maximum(compute_s, a2a_s)
@@ -164,7 +165,7 @@ class OperatorRoofline:
     def groups(self, shape: StepShape) -> tuple[GroupTime, ...]:
         """Every group's roofline on one GPU (a MoE target's: on its busiest EP rank)."""
         ex = self.experts
-        rank = share_of(shape, ex.num_attention_ranks) if ex else shape
+        rank = ex.busiest_rank(shape) if ex else shape
         if ex is None:
             return self._dense_groups(rank)
         return self._dense_groups(rank) + self._expert_groups(rank, ex.routed(shape.num_new_tokens))

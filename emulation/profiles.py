@@ -70,9 +70,11 @@ class LinkProfile:
 GPUS: dict[str, GpuProfile] = {
     g.name: g
     for g in (
-        GpuProfile("l40s", peak_tflops=362.0, memory_bw_gbs=864.0, memory_gb=48.0, l2_cache_mb=96.0),
-        GpuProfile("h100-sxm", peak_tflops=989.0, memory_bw_gbs=3350.0, memory_gb=80.0, tp_link_gbs=450.0),
-        GpuProfile("h200", peak_tflops=989.0, memory_bw_gbs=4800.0, memory_gb=141.0, tp_link_gbs=450.0),
+        # FP8 dense peaks from NVIDIA's datasheets (half the "with sparsity" figures): L40S 733, H100 and
+        # H200 SXM 1,979 TFLOP/s; the A100 has no FP8 (one-byte weights are upcast to BF16 there).
+        GpuProfile("l40s", 362.0, 864.0, 48.0, l2_cache_mb=96.0, peak_fp8_tflops=733.0),
+        GpuProfile("h100-sxm", 989.0, 3350.0, 80.0, tp_link_gbs=450.0, peak_fp8_tflops=1979.0),
+        GpuProfile("h200", 989.0, 4800.0, 141.0, tp_link_gbs=450.0, peak_fp8_tflops=1979.0),
         GpuProfile("a100-80gb", 312.0, 2039.0, 80.0, l2_cache_mb=40.0, tp_link_gbs=300.0),
         # H800 SXM: H100 SXM's compute and HBM (989 / 1,979 dense BF16 / FP8 TFLOP/s, 3,352 GB/s, 80 GB),
         # NVLink cut to 400 GB/s both ways, one 400 Gb/s CX7 InfiniBand NIC per GPU (DeepSeek, arXiv

@@ -136,47 +136,47 @@ class Roofline:
 
     def _moe_step_time(self, shape: StepShape, ex: ExpertParallel) -> StepTime:
         """A MoE target's step: one roofline over the replica's GPUs as if each were the busiest EP
-        rank's, plus the all-to-alls; with dual-batch overlap, two half steps whose communication
-        hides under their compute (emulation.operators says how)."""
-        parts = 2 if ex.enable_dbo else 1
-        gemm, other, nbytes = (parts * x for x in self._moe_work(share_of(shape, parts), ex))
+        rank's (and, with data-parallel attention, the busiest rank's), plus the all-to-alls; split by
+        dual-batch overlap, two half steps whose communication hides under their compute
+        (emulation.operators says how)."""
+        parts = 2 if ex.splits(shape) else 1
+        gemm, bf16, nbytes = (parts * x for x in self._moe_work(share_of(shape, parts), ex))
         m, g, e_c, e_b = self.model, self.tp, self.eta_compute, self.eta_bandwidth
         fp8 = self.gpu.peak_fp8_tflops if m.weight_bytes_per_layer_param == 1 else None
         gemm_t = timed(gemm, nbytes, self.gpu, g, e_c, e_b, self.overhead_s, peak_tflops=fp8)
-        compute_s = gemm_t.compute_s + timed(other, 0.0, self.gpu, g, e_c, e_b, 0.0).compute_s
+        compute_s = gemm_t.compute_s + timed(bf16, 0.0, self.gpu, g, e_c, e_b, 0.0).compute_s
         a2a_s = parts * ex.all_to_all_s(shape.num_new_tokens / parts)
         overlap_s = 0.0
-        if ex.enable_dbo:
+        if parts == 2:
             gpu_s = maximum(compute_s, gemm_t.memory_s)
             shorter = gpu_s + a2a_s - maximum(gpu_s, a2a_s)
             overlap_s = shorter - shorter / (2 * m.num_moe_layers)
-        tokens_per_gpu = shape.num_new_tokens / ex.num_attention_ranks / ex.attention_tp
-        written = tokens_per_gpu * m.kv_bytes_per_token_per_gpu(ex.attention_tp) * g
+        rank_tokens = shape.num_new_tokens / ex.num_attention_ranks  # each of a rank's GPUs writes its share
+        written = rank_tokens * m.kv_bytes_per_token_per_gpu(ex.attention_tp) * g
         load = ex.placement.load(shape.num_new_tokens)
-        return StepTime(gemm + other, nbytes, compute_s, gemm_t.memory_s, self.overhead_s, g, written,
+        return StepTime(gemm + bf16, nbytes, compute_s, gemm_t.memory_s, self.overhead_s, g, written,
                         a2a_s, overlap_s, load)  # fmt: skip
 
     def _moe_work(self, shape: StepShape, ex: ExpertParallel) -> tuple[float, float, float]:
-        """GEMM FLOPs, attention FLOPs and bytes read of a step of `shape`, over all the replica's GPUs:
-        each data-parallel attention rank reads the dense weights, each GPU its routed share."""
-        m, g = self.model, self.tp
+        """The layers' GEMM FLOPs, the BF16 FLOPs (attention, LM head) and the bytes read of a step of
+        `shape`, over all the replica's GPUs: each data-parallel attention rank as busy as the busiest
+        (reading the dense weights and its requests' KV), each GPU its busiest EP rank's routed share."""
+        m, g, ranks = self.model, self.tp, ex.num_attention_ranks
+        rank = ex.busiest_rank(shape)
         routed = ex.routed(shape.num_new_tokens)
-        gemm = (
-            2.0 * m.num_dense_params * shape.num_new_tokens
-            + routed.flops * g
-            + 2.0 * m.num_head_params * shape.num_logits
-        )
-        attention = (
+        gemm = 2.0 * m.num_dense_params * rank.num_new_tokens * ranks + routed.flops * g
+        bf16 = ranks * (
             m.prefill_attention_flops_per_key
-            * m.layer_mean_keys(shape.prefill_keys_attended, shape.num_prefill_tokens)
+            * m.layer_mean_keys(rank.prefill_keys_attended, rank.num_prefill_tokens)
             + m.decode_attention_flops_per_key
-            * m.layer_mean_keys(shape.decode_keys_attended, shape.num_decodes)
-            + m.context_flops_per_token * (shape.prefill_kv_tokens - shape.num_prefill_tokens)
+            * m.layer_mean_keys(rank.decode_keys_attended, rank.num_decodes)
+            + m.context_flops_per_token * (rank.prefill_kv_tokens - rank.num_prefill_tokens)
+            + 2.0 * m.num_head_params * rank.num_logits
         )
-        context = m.layer_mean_keys(shape.num_context_tokens, shape.num_requests)  # (sliding windows)
-        kv = context * m.kv_bytes_per_token_per_gpu(ex.attention_tp) * ex.attention_tp
-        nbytes = m.step_weight_bytes * ex.num_attention_ranks + routed.weight_bytes * g + kv
-        return gemm, attention, nbytes
+        context = m.layer_mean_keys(rank.num_context_tokens, rank.num_requests)  # (sliding windows)
+        kv = ranks * context * m.kv_bytes_per_token_per_gpu(ex.attention_tp) * ex.attention_tp
+        nbytes = m.step_weight_bytes * ranks + routed.weight_bytes * g + kv
+        return gemm, bf16, nbytes
 
 
 def roofline_for(cfg: TestbedConfig, pool: PoolConfig) -> Roofline:

@@ -50,6 +50,8 @@ class StepShape:
     """Requests computing exactly one token."""
     decode_keys_attended: int = 0
     """Of `keys_attended`, the decodes' (each decode's c + 1: also the KV tokens it reads)."""
+    max_num_new_tokens: int = 0
+    """The most new tokens one request computes in the step (a request runs on one DP attention rank)."""
 
     def add(self, num_new_tokens: int, num_context_tokens: int, needs_logits: bool) -> None:
         n, c = num_new_tokens, num_context_tokens
@@ -59,6 +61,8 @@ class StepShape:
         self.num_requests += 1
         self.keys_attended += keys
         self.num_context_tokens += c
+        if n > self.max_num_new_tokens:
+            self.max_num_new_tokens = n
         if n == 1:
             self.num_decodes += 1
             self.decode_keys_attended += keys
@@ -111,9 +115,10 @@ def _decoded_ahead(shape: StepShape, i: int) -> StepShape:
     )
 
 
-def share_of(shape: StepShape, parts: int) -> StepShape:
+def share_of(shape: StepShape, parts: float) -> StepShape:
     """One of `parts` equal shares of `shape`: a data-parallel attention rank's (the step's requests
-    spread evenly over the ranks) or a micro-batch's. Totals divided, so fractional (an average share)."""
+    spread evenly over the ranks) or a micro-batch's. Totals divided, so fractional (an average share);
+    `parts` need not be whole (a rank holding more than an even share)."""
     if parts == 1:
         return shape
     return StepShape(

@@ -117,3 +117,35 @@ def test_a_waiting_request_is_admitted_only_if_its_whole_prompt_fits_as_vllm_032
     assert s.blocks.num_free_blocks == 6 and batch.requests == [a] and b.status is RequestStatus.WAITING
     _, _, b_off, batch_off = scenario(reserve_full_isl=False)
     assert b_off in batch_off.requests and b_off.status is RequestStatus.RUNNING
+
+
+def test_long_prefill_token_threshold_caps_one_request_s_chunk_not_the_step():
+    """vLLM's long_prefill_token_threshold: a 200-token prompt runs in chunks of 48 though the budget
+    holds 128; a second prompt takes what the first leaves."""
+    s = Scheduler(
+        BlockManager(1000, 16, True),
+        max_num_batched_tokens=128,
+        max_num_seqs=8,
+        long_prefill_token_threshold=48,
+    )
+    add(s, 200, "a")
+    add(s, 100, "b", base=1000)
+    assert step(s).num_new_tokens == [48, 48]
+    assert step(s).num_new_tokens == [48, 48]
+
+
+def test_a_data_parallel_attention_replica_holds_its_ranks_limits_and_a_request_runs_on_one_rank():
+    """One scheduler for 4 DP attention ranks: 4 ranks' sequences and tokens a step, one rank's budget
+    for any one request."""
+    from cluster.engines import scheduler_for
+    from tests.factories import make_config
+
+    cfg = make_config(
+        target={"model": "qwen3-30b-a3b"},
+        pools={"mixed": {"replicas": 1, "gpu": "h100-sxm", "ep": 4, "dp_attention": True}},
+        scheduler={"max_num_batched_tokens": 2048, "max_num_seqs": 64},
+    )
+    s = scheduler_for(cfg, cfg.pools.mixed)
+    assert (s.max_num_batched_tokens, s.max_num_seqs, s.max_num_new_tokens) == (8192, 256, 2048)
+    add(s, 6000, "long")
+    assert step(s).num_new_tokens == [2048]

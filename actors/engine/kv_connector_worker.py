@@ -42,7 +42,7 @@ class KVConnectorWorker:
         faults: KVLoadFaults | None = None,
     ) -> None:
         """`peers`: the prefill engines by id (the engines, or clients of their actors); `link`: the
-        link this engine sends on when it is shared (kv_transfer.link_scope=fabric), None: its own;
+        link this engine sends on (kv_transfer.link_scope=fabric: shared; None: its own, one wire);
         `faults`: which of this engine's loads fail on purpose (None: none)."""
         self.faults = faults
         self.link: Link = link if link is not None else LinkQueue()

@@ -122,14 +122,16 @@ class Link(Protocol):
 
 
 class LinkQueue:
-    """A link's wire, granted first come, first served."""
+    """A link's wires, granted first come, first served: one, or one a data-parallel attention rank of
+    an expert-parallel prefill replica (each rank sends on its own NIC)."""
 
-    def __init__(self) -> None:
-        self._free_s = 0.0
-        """When the wire is next free (emulated)."""
+    def __init__(self, num_wires: int = 1) -> None:
+        self._free_s = [0.0] * num_wires
+        """When each wire is next free (emulated)."""
 
     async def reserve(self, start_s: float, wire_s: float) -> float:
-        """Queue `wire_s` of sending that may start at `start_s`; when its wire starts."""
-        wire_start = max(start_s, self._free_s)
-        self._free_s = wire_start + wire_s
+        """Queue `wire_s` of sending that may start at `start_s` on the wire free soonest; when it starts."""
+        i = min(range(len(self._free_s)), key=self._free_s.__getitem__)
+        wire_start = max(start_s, self._free_s[i])
+        self._free_s[i] = wire_start + wire_s
         return wire_start

@@ -63,11 +63,14 @@ class Scheduler:
         max_num_batched_encoder_embeds: int | None = None,
         encoder_cache: EncoderCache | None = None,
         reserve_full_isl: bool = True,
+        long_prefill_token_threshold: int = 0,
     ) -> None:
         """`reserve_full_isl`: admit a waiting request only if its whole sequence fits in the free
-        blocks (vLLM's `scheduler_reserve_full_isl`, its default), not just its first chunk."""
+        blocks (vLLM's default), not just its first chunk; `long_prefill_token_threshold`: the most
+        tokens one request computes in a step (vLLM's; 0: the budget)."""
         self.blocks = blocks
         self.reserve_full_isl = reserve_full_isl
+        self.max_num_new_tokens = long_prefill_token_threshold or max_num_batched_tokens
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_encoder_embeds = max_num_batched_encoder_embeds or max_num_batched_tokens
@@ -101,7 +104,7 @@ class Scheduler:
     def schedule(self, now: float) -> ScheduledBatch:
         """The next step's batch; requests queued after `now` (emulated) are not seen yet."""
         batch = ScheduledBatch()
-        budget = self.max_num_batched_tokens
+        budget, cap = self.max_num_batched_tokens, self.max_num_new_tokens
         preempted = False
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         partials = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
@@ -111,7 +114,7 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
             num_encoding = len(batch.encoder_inputs)
-            n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget), batch)
+            n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
             if n == 0:
                 continue
             while not self.blocks.allocate_slots(req, n):
@@ -125,12 +128,13 @@ class Scheduler:
                 batch.add(req, n)
                 budget -= n
             else:  # preempted: it computes nothing this step
-                self._drop_images(batch, num_encoding)
+                _drop_images(batch, num_encoding)
         if not preempted:
             budget = self._schedule_waiting(batch, budget, now)
         return batch
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int, now: float) -> int:
+        cap = self.max_num_new_tokens
         while self.waiting and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.times.queued_s > now:
@@ -156,10 +160,10 @@ class Scheduler:
             if fresh:
                 req.num_computed_tokens = len(hits) * self.blocks.block_size
             num_encoding = len(batch.encoder_inputs)
-            n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget), batch)
+            n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
             must_fit = self.reserve_full_isl
             if n == 0 or not self.blocks.allocate_slots(req, n, hits, full_sequence_must_fit=must_fit):
-                self._drop_images(batch, num_encoding)
+                _drop_images(batch, num_encoding)
                 if fresh:
                     req.num_computed_tokens = 0
                 break
@@ -196,13 +200,6 @@ class Scheduler:
             batch.encoder_inputs.append((req, item))
             batch.num_encoder_embeds += item.num_tokens
         return n
-
-    @staticmethod
-    def _drop_images(batch: ScheduledBatch, keep: int) -> None:
-        """Forget the images scheduled after the first `keep` (their request computes nothing now)."""
-        for _, item in batch.encoder_inputs[keep:]:
-            batch.num_encoder_embeds -= item.num_tokens
-        del batch.encoder_inputs[keep:]
 
     def _allocate_for_remote_kv(self, req: Request) -> bool:
         """Blocks for the whole prompt, the leading ones from this engine's own prefix cache (they need
@@ -302,6 +299,13 @@ class Scheduler:
         assert not self.recving, f"waiting for remote KV: {list(self.recving)}"
         assert not self.held, f"held for pickup: {list(self.held)}"
         self.blocks.assert_empty()
+
+
+def _drop_images(batch: ScheduledBatch, keep: int) -> None:
+    """Forget the images scheduled after the first `keep` (their request computes nothing now)."""
+    for _, item in batch.encoder_inputs[keep:]:
+        batch.num_encoder_embeds -= item.num_tokens
+    del batch.encoder_inputs[keep:]
 
 
 def stop_reason(req: Request, token: int) -> FinishedReason | None:

@@ -121,7 +121,7 @@ def _plan_chunks(
     chunks: list[int] = []
     left = chunked.num_tokens - chunked.num_computed_tokens
     while left > 0 and not (chunks and left == 1):  # one token left: scheduled as a decode, in order
-        chunks.append(min(left, budget))
+        chunks.append(min(left, budget, sched.max_num_new_tokens))
         left -= chunks[-1]
     if sched.head_of_line(start) is not None:
         # A request waits: a step that leaves budget would admit it, so the window ends before one.

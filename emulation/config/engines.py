@@ -30,7 +30,7 @@ class PoolConfig:
     """Expert-parallel ranks per replica, mixture-of-experts targets only; each rank is `tp` GPUs, so a
     replica spans ep x tp GPUs. The routed experts are sharded over the ranks (num_experts / ep each,
     each expert's matrices split tp ways inside its rank), and every MoE layer sends each token to the
-    ranks of its experts and back (dispatch and combine, two all-to-alls over target.moe.fabric).
+    ranks of its experts and back (dispatch and combine, two all-to-alls over target.ep_fabric).
     vLLM's `--enable-expert-parallel` with TP 8 is ep=8, tp=1; with DP 8 add dp_attention."""
     dp_attention: bool = False
     """With ep > 1: each EP rank runs attention over its own requests (data-parallel attention, TP `tp`
@@ -100,6 +100,10 @@ class SchedulerConfig:
     num_gpu_blocks_override: Annotated[int | None, Field(gt=1)] = None
     """Fix the KV capacity in blocks instead of deriving it from GPU memory (for tests of KV pressure);
     as vLLM counts it, one of them the null block no request gets."""
+    long_prefill_token_threshold: Annotated[int, Field(ge=0)] = 0
+    """The most tokens one request computes in a step (vLLM's name): a longer prompt runs in chunks
+    of it even when the budget has room. 0: no limit but the budget (vLLM's default). With data-parallel
+    attention each rank's budget is one: a request runs on one rank."""
     reserve_full_isl: bool = True
     """Admit a waiting request only if its whole sequence (prompt, and output so far if it was
     preempted) fits in the free KV blocks, not just its first chunk (vLLM's
