@@ -33,13 +33,16 @@ Record = dict[str, Any]
 
 @dataclass(frozen=True)
 class StepTime:
-    """A step's time (`TimedStep`): one second, no CPU share, no work counted."""
+    """A step's time (`TimedStep`): one second, no CPU share, no work counted, a dense target's."""
 
     total_s: Any
     overhead_s: Any
     flops_per_gpu: Any = 0.0
     read_bytes_per_gpu: Any = 0.0
     write_bytes_per_gpu: Any = 0.0
+    all_to_all_s: Any = 0.0
+    overlap_s: Any = 0.0
+    expert_load: None = None
 
 
 class OneSecondSteps:

@@ -28,6 +28,12 @@ from workloads.replay import workload_for
 pytestmark = pytest.mark.full  # a real Prometheus scraping live runs: `make test`, not `make test-fast`
 
 MODEL = "qwen2.5-7b"
+MOE = (  # served under the same name: the boards select one model_name
+    "target.model=qwen3-30b-a3b",
+    f"target.served_model_name={MODEL}",
+    *(f"pools.{role}.{setting}" for role in ("prefill", "decode")
+      for setting in ("ep=2", "dp_attention=true", "enable_dbo=true")),
+)  # fmt: skip
 # vLLM's stock Grafana dashboard (examples/online_serving/prometheus_grafana) queries, in its own shape:
 # exact `model_name` match, `sum by(le)` quantiles, per-engine rates.
 SEL = '{model_name="$model_name"}[$__rate_interval]'
@@ -116,20 +122,29 @@ def scraped(tmp_path_factory):
             f"metrics.sd_file={sd_file}",
         ],
     )[0]
-    # E+PD behind the server, so that the encoder row has its data
+    # E+PD behind the server, so that the encoder row has its data; a MoE target behind another, with
+    # expert parallelism, DP attention and dual-batch overlap, so that the MoE row has its
     served = ServeThread(*VL, "pools.encoder.replicas=1")
+    moe_served = ServeThread(*MOE)
     started = connect([cfg], None)
     try:
         dep = deploy(cfg)
         groups = json.loads(Path(sd_file).read_text())
-        serve_target = served.url.removeprefix("http://")
-        groups.append({"targets": [serve_target], "labels": {"design": "serve", "actor": "serve"}})
+        for name, server in (("serve", served), ("serve-moe", moe_served)):
+            target = server.url.removeprefix("http://")
+            groups.append({"targets": [target], "labels": {"design": name, "actor": name}})
         Path(sd_file).write_text(json.dumps(groups))
         results = asyncio.run(drive(dep, cfg, workload_for(cfg)))
         chat = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
         image = [{"type": "text", "text": "What is this?"}, IMAGE]
         for content in ("What is the weather in Paris?", "Hello there", image, image):  # after a scrape
             chat.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=8
+            )
+        moe_chat = openai.OpenAI(base_url=f"{moe_served.url}/v1", api_key="unused", max_retries=0)
+        for words in (1200, 1300):  # over 512 prompt tokens a rank: the prefill steps split in two
+            content = " ".join(["expert"] * words)
+            moe_chat.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=8
             )
         deadline = time.monotonic() + 30
@@ -144,6 +159,7 @@ def scraped(tmp_path_factory):
             assert report.error is None, eid
     finally:
         served.stop()
+        moe_served.stop()
         if started:
             disconnect()
         down(tmp)
@@ -152,7 +168,7 @@ def scraped(tmp_path_factory):
 def test_prometheus_scrapes_every_actor(scraped):
     url, _, dep, _ = scraped
     up_targets = _query(url, 'up{job="disagg-testbed"}')
-    assert {t["metric"]["actor"] for t in up_targets} == {*dep.metrics_targets, "serve"}
+    assert {t["metric"]["actor"] for t in up_targets} == {*dep.metrics_targets, "serve", "serve-moe"}
     assert all(t["value"][1] == "1" for t in up_targets)
     # llm-d's boards select by the labels Kubernetes scraping adds: namespace and pod
     decode = _query(url, 'up{job="disagg-testbed", pod=~".*decode.*"}')
