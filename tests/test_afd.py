@@ -1,0 +1,54 @@
+"""Attention-FFN disaggregation's arithmetic: the bytes across the cut and the ping-pong pipeline, by
+hand (emulation/afd.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from emulation.afd import cut_bytes_per_token, min_micro_batches, pipeline
+from emulation.profiles import MODELS
+
+
+def test_deepseek_v3_moves_1_59_mib_a_token_a_pass_24_times_its_kv():
+    """58 MoE layers x 7,168 hidden x 2 B out and 2 B back = 1,662,976 B = 1.59 MiB, against 70,272 B
+    (69 KiB) of KV a token."""
+    dsv3 = MODELS["deepseek-v3"]
+    moved = cut_bytes_per_token(dsv3)
+    assert moved == 58 * 7168 * 4 == 1_662_976
+    assert moved / 2**20 == pytest.approx(1.59, abs=0.005)
+    assert dsv3.kv_bytes_per_token / 2**10 == pytest.approx(69, abs=0.7)
+    assert moved / dsv3.kv_bytes_per_token == pytest.approx(24, abs=0.5)
+    # Step-3's way: FP8 out with the 8 expert choices, BF16 back
+    assert cut_bytes_per_token(dsv3, a2f_bytes=1, routing=True) == 58 * (7168 * 3 + 8 * 8)
+
+
+def test_a_dense_model_has_no_cut():
+    with pytest.raises(AssertionError, match="no experts"):
+        cut_bytes_per_token(MODELS["qwen2.5-7b"])
+
+
+# T_a = 3, T_e = 2, T_c = 1 (ms) over L = 4 layers: T_f = 3, R = 3 + 1 + 2 + 1 = 7, 2(1 + 1/3) = 2.67
+@pytest.mark.parametrize(
+    ("m", "total", "comm"),
+    [
+        (1, 4 * 7, 4 * 2),  # C = max(3, 7) = 7: T = 3·7 + 0 + 7 = 28; without the link R = 5: 20
+        (2, 3 * 7 + 3 + 7, 3 + 2),  # C = max(6, 7) = 7: 31; no link: C = max(6, 5) = 6, 3·6 + 3 + 5 = 26
+        (3, 3 * 9 + 6 + 7, 2),  # C = 9 (m >= 2.67): 40 = (3·4 - 1)·3 + 7; no link: 27 + 6 + 5 = 38
+        (4, 3 * 12 + 9 + 7, 2),  # C = 12: 52 = (4·4 - 1)·3 + 7; no link: 50
+    ],
+)
+def test_the_ping_pong_pipeline_by_hand(m, total, comm):
+    t = pipeline(3.0, 2.0, 1.0, m, 4)
+    assert t.total_s == total and t.communication_s == comm
+    assert t.attention_s == m * 4 * 3 and t.ffn_s == m * 4 * 2
+    assert t.attention_bubble_s == total - m * 12 and t.ffn_bubble_s == total - m * 8
+    if m >= min_micro_batches(3.0, 2.0, 1.0):  # MegaScale-Infer's closed form holds from here
+        assert t.total_s == (3 + 2 + 2 * 1) + 3 * (m * 4 - 1)
+
+
+def test_a_balanced_pipeline_keeps_both_sides_busy_but_for_its_fill():
+    """T_a = T_e: with enough micro-batches each side idles only while the pipeline fills and drains."""
+    t = pipeline(2.0, 2.0, 0.5, 4, 10)
+    assert t.attention_bubble_s == t.ffn_bubble_s == 2.0 + 2 * 0.5
+    slow_link = pipeline(2.0, 2.0, 3.0, 4, 10)  # the link the busiest stage: the step follows it
+    assert slow_link.total_s == (4 * 10 - 1) * 3.0 + (2 + 2 + 6)
