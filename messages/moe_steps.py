@@ -19,29 +19,16 @@ import copy
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from emulation.moe import ExpertLoad
+    from emulation.time_model import TimedStep
 
 MOE_LOG_POINTS = 1024
 """The most points an engine's MoE step log keeps: plenty for a plot's width, and little for
 engines.json (or an actor's report) however long the run."""
-
-
-class EstimatesMoe(Protocol):
-    """A step's time as the time models give it: what it asked of the experts, its all-to-alls."""
-
-    @property
-    def all_to_all_s(self) -> float: ...
-
-    @property
-    def overlap_s(self) -> float: ...
-
-    @property
-    def expert_load(self) -> ExpertLoad | None: ...
 
 
 def per_step(value: float, num_steps: int) -> list[float]:
@@ -70,7 +57,7 @@ class MoeWork:
     """What dual-batch overlap hid of the step's time (0 without `enable_dbo`)."""
 
     @classmethod
-    def of(cls, step: EstimatesMoe, num_steps: int = 1) -> MoeWork | None:
+    def of(cls, step: TimedStep, num_steps: int = 1) -> MoeWork | None:
         """Of `num_steps` steps timed at once (decodes only: one expert load, the times arrays or one
         value every step shares), or of one step; None for a dense target's."""
         load = step.expert_load
@@ -86,7 +73,7 @@ class MoeWork:
         )
 
     @classmethod
-    def of_each(cls, steps: Sequence[EstimatesMoe]) -> MoeWork | None:
+    def of_each(cls, steps: Sequence[TimedStep]) -> MoeWork | None:
         """Of steps timed one at a time; None for a dense target's."""
         each = [cls.of(s) for s in steps]
         if not each or any(w is None for w in each):

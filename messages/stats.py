@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from messages.moe_steps import EstimatesMoe, MoeSteps, MoeWork, per_step
+from messages.moe_steps import MoeSteps, MoeWork, per_step
+
+if TYPE_CHECKING:  # (the time models' results; imported for their type only)
+    from emulation.time_model import TimedStep
 
 KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
 """vLLM's stages of a waiting request's KV load (`SchedulerStats.num_kv_fetch_reqs_by_stage`): it has no
@@ -41,20 +44,6 @@ class SchedulerStats:
     connector: prefill and decode)."""
 
 
-class EstimatesWork(EstimatesMoe, Protocol):
-    """A step's time as the time models give it, with the work it estimates (one GPU's) and, for a MoE
-    target, its expert load and all-to-alls."""
-
-    @property
-    def flops_per_gpu(self) -> float: ...
-
-    @property
-    def read_bytes_per_gpu(self) -> float: ...
-
-    @property
-    def write_bytes_per_gpu(self) -> float: ...
-
-
 @dataclass(frozen=True)
 class StepWork:
     """Steps' work on each GPU of the engine, as its time model estimates it (vLLM's `PerfStats`):
@@ -67,7 +56,7 @@ class StepWork:
     """A MoE target's steps: their expert load and all-to-alls (None: a dense target's)."""
 
     @classmethod
-    def of(cls, step: EstimatesWork, num_steps: int = 1) -> StepWork:
+    def of(cls, step: TimedStep, num_steps: int = 1) -> StepWork:
         """The work of `num_steps` steps timed at once (each figure an array of them, or one value
         every step shares), or of one step."""
         flops, read, written = (
@@ -77,7 +66,7 @@ class StepWork:
         return cls(flops, read, written, MoeWork.of(step, num_steps))
 
     @classmethod
-    def of_each(cls, steps: Sequence[EstimatesWork]) -> StepWork:
+    def of_each(cls, steps: Sequence[TimedStep]) -> StepWork:
         return cls(
             [s.flops_per_gpu for s in steps],
             [s.read_bytes_per_gpu for s in steps],
