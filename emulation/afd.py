@@ -12,7 +12,7 @@ top_k copies.) A step of m micro-batches through L MoE layers, each micro-batch 
 T_e of experts and T_c on the link each way a layer, pipelines as MegaScale-Infer's ping-pong
 (arXiv 2504.02263)::
 
-    round trip    R = T_a + T_c + T_e + T_c            one micro-batch through one layer
+    round trip    R = T_a + T_c + T_e + T_c            one micro-batch through one layer (A2F, F2A)
     stage         T_f = max(T_a, T_e, T_c)             the busiest resource (A2F and F2A are separate
                                                        directions of the link)
     layer cycle   C = max(m · T_f, R)                  a micro-batch's next layer waits for its trip
@@ -66,13 +66,20 @@ class PipelineTime:
 
 
 def pipeline(
-    attention_s: float, ffn_s: float, comm_s: float, num_micro_batches: int, num_layers: int
+    attention_s: float,
+    ffn_s: float,
+    comm_s: float,
+    num_micro_batches: int,
+    num_layers: int,
+    f2a_s: float | None = None,
 ) -> PipelineTime:
     """The ping-pong pipeline's step time (module docstring): `attention_s`, `ffn_s`, `comm_s` are one
-    micro-batch's attention, experts and one-way transfer at one layer."""
+    micro-batch's attention, experts and A2F transfer at one layer; `f2a_s` its transfer back, if it
+    differs (FP8 out, BF16 back): the round trip takes both, the stage the slower direction."""
     m, layers = num_micro_batches, num_layers
     assert m >= 1 and layers >= 1, (m, layers)
-    total = _step_s(attention_s, ffn_s, comm_s, m, layers)
+    back_s = comm_s if f2a_s is None else f2a_s
+    total = _step_s(attention_s, ffn_s, comm_s, back_s, m, layers)
     busy_a, busy_e = m * layers * attention_s, m * layers * ffn_s
     return PipelineTime(
         total_s=total,
@@ -80,13 +87,13 @@ def pipeline(
         ffn_s=busy_e,
         attention_bubble_s=total - busy_a,
         ffn_bubble_s=total - busy_e,
-        communication_s=total - _step_s(attention_s, ffn_s, 0.0, m, layers),
+        communication_s=total - _step_s(attention_s, ffn_s, 0.0, 0.0, m, layers),
     )
 
 
-def _step_s(t_a: float, t_e: float, t_c: float, m: int, layers: int) -> float:
-    round_trip = t_a + t_c + t_e + t_c
-    stage = max(t_a, t_e, t_c)
+def _step_s(t_a: float, t_e: float, a2f: float, f2a: float, m: int, layers: int) -> float:
+    round_trip = t_a + a2f + t_e + f2a
+    stage = max(t_a, t_e, a2f, f2a)
     cycle = max(m * stage, round_trip)
     return (layers - 1) * cycle + (m - 1) * stage + round_trip
 

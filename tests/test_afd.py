@@ -52,3 +52,10 @@ def test_a_balanced_pipeline_keeps_both_sides_busy_but_for_its_fill():
     assert t.attention_bubble_s == t.ffn_bubble_s == 2.0 + 2 * 0.5
     slow_link = pipeline(2.0, 2.0, 3.0, 4, 10)  # the link the busiest stage: the step follows it
     assert slow_link.total_s == (4 * 10 - 1) * 3.0 + (2 + 2 + 6)
+
+
+def test_a_slower_way_back_sets_the_round_trip_and_the_stage():
+    """FP8 out (T_c 1), BF16 back (2): R = 3 + 1 + 2 + 2 = 8, stage 3; m = 2 over 4 layers:
+    C = max(6, 8) = 8, T = 3·8 + 3 + 8 = 35; no link: 26 (as above)."""
+    t = pipeline(3.0, 2.0, 1.0, 2, 4, f2a_s=2.0)
+    assert t.total_s == 35 and t.communication_s == 35 - 26
