@@ -168,7 +168,7 @@ class OperatorRoofline:
         rank = ex.busiest_rank(shape) if ex else shape
         if ex is None:
             return self._dense_groups(rank)
-        return self._dense_groups(rank) + self._expert_groups(rank, ex.routed(shape.num_new_tokens))
+        return self._dense_groups(rank) + self.expert_groups(rank, ex.routed(shape.num_new_tokens))
 
     def _dense_groups(self, rank: StepShape) -> tuple[GroupTime, ...]:
         """The groups every model has, over one attention rank's share of the step."""
@@ -207,7 +207,7 @@ class OperatorRoofline:
                         e.gemm_compute, e.weights_bandwidth),
         )  # fmt: skip
 
-    def _expert_groups(self, rank: StepShape, routed: RoutedWork) -> tuple[GroupTime, ...]:
+    def expert_groups(self, rank: StepShape, routed: RoutedWork) -> tuple[GroupTime, ...]:
         """A MoE target's routers and shared experts (over the rank's tokens) and routed experts (the
         busiest EP rank's)."""
         m, tp = self.model, self.tp

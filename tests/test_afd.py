@@ -59,3 +59,54 @@ def test_a_slower_way_back_sets_the_round_trip_and_the_stage():
     C = max(6, 8) = 8, T = 3·8 + 3 + 8 = 35; no link: 26 (as above)."""
     t = pipeline(3.0, 2.0, 1.0, 2, 4, f2a_s=2.0)
     assert t.total_s == 35 and t.communication_s == 35 - 26
+
+
+def _layout(num_attention: int, num_ffn: int = 4, micro_batches: int = 3):
+    from emulation.afd import AfdLayout
+    from emulation.profiles import GPUS
+
+    return AfdLayout(
+        MODELS["deepseek-v3"], GPUS["h800"], GPUS["h800"], num_attention, num_ffn,
+        link_bytes_per_s=50e9, link_latency_s=20e-6, num_micro_batches=micro_batches,
+    )  # fmt: skip
+
+
+def test_an_afd_step_is_the_pipeline_of_its_sides_plus_what_runs_outside_it():
+    """T_a from the attention side's groups (a layer's share), T_e from the FFN rank's expert groups at
+    A/F attention ranks' tokens, T_c from the bytes its NIC takes: the step is pipeline(T_a, T_e, T_c)
+    plus the dense layers, LM head and CPU, once a micro-batch."""
+    from emulation.operators import OperatorRoofline
+    from emulation.profiles import GPUS
+    from emulation.step_shape import StepItem, StepShape, share_of
+
+    layout = _layout(num_attention=8, num_ffn=2, micro_batches=2)
+    shape = StepShape.of([StepItem(1, 4095, True)] * 64)
+    step = layout.step_time_of(shape)
+    micro = share_of(shape, 2)
+    side = {g.name: g.total_s for g in OperatorRoofline(MODELS["deepseek-v3"], GPUS["h800"]).groups(micro)}
+    t_a = (side["qkv_o"] + side["decode_attention"]) / 61
+    assert step.attention_layer_s == pytest.approx(t_a)
+    assert step.a2f_s == pytest.approx(20e-6 + 4 * 32 * 7168 * 2 / 50e9)  # 4 attention ranks a FFN rank
+    expected = pipeline(t_a, step.ffn_layer_s, step.a2f_s, 2, 58, f2a_s=step.f2a_s)
+    assert step.pipeline == expected
+    cpu_s = 0.002 + 1.4e-5 * 64
+    outside = 2 * (side["mlp"] + side["logits"] + 3 * t_a) + cpu_s
+    assert step.outside_s == pytest.approx(outside) and step.total_s == pytest.approx(
+        expected.total_s + outside
+    )
+
+
+def test_too_few_attention_ranks_starve_the_experts_too_many_make_attention_wait():
+    """32 FFN ranks (8 experts a GPU), 32 decodes at 4k context a attention rank, 3 micro-batches: with
+    as many attention ranks as FFN ranks the experts read their weights for a few tokens each (tokens a
+    second per GPU low); at 8:1 they compute far more for the same reads; at 32:1 the experts' GEMMs and
+    the FFN NICs (taking 32 attention ranks' streams) bind, attention waits and per-GPU output falls."""
+    from emulation.step_shape import StepItem, StepShape
+
+    shape = StepShape.of([StepItem(1, 4095, True)] * 32)
+    steps = {a: _layout(num_attention=a, num_ffn=32).step_time_of(shape) for a in (32, 256, 1024)}
+    per_gpu = {a: a * 32 / step.total_s / (a + 32) for a, step in steps.items()}
+    assert per_gpu[256] > 1.5 * per_gpu[32] and per_gpu[256] > 1.2 * per_gpu[1024]
+    attention_busy = {a: step.pipeline.attention_s / step.pipeline.total_s for a, step in steps.items()}
+    assert attention_busy[1024] < 0.6 * attention_busy[256]
+    assert steps[1024].ffn_layer_s > steps[256].ffn_layer_s and steps[1024].a2f_s > 2 * steps[256].a2f_s
