@@ -30,6 +30,7 @@ serves) and the link; not yet a pool of the engine's (issue 33's next step).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from emulation.config import CpuOverhead, OperatorEfficiencies, PoolConfig
 from emulation.expert_parallel import ExpertParallel
@@ -161,11 +162,11 @@ class AfdLayout:
         """The step of one attention rank's batch `shape` (module docstring for the pipeline)."""
         m, model = self.num_micro_batches, self.model
         micro = share_of(shape, m)
-        attention = OperatorRoofline(model, self.attention_gpu, self.attention_tp, self.eta, self.cpu)
+        attention = self._attention
         side = {g.name: g.total_s for g in attention.groups(micro)}
         t_a = (side["qkv_o"] + side["prefill_attention"] + side["decode_attention"]) / model.num_layers
         dense_layers = model.num_layers - model.num_moe_layers
-        cpu_s = attention.step_time_of(shape).cpu_s
+        cpu_s = attention.cpu_s(shape)
         outside = m * (side["mlp"] + side["logits"] + dense_layers * t_a) + cpu_s
         outside += m * attention.all_reduce_s(micro.num_new_tokens)
         served = self.num_attention_ranks / self.num_ffn_ranks  # attention ranks an FFN rank serves
@@ -178,12 +179,23 @@ class AfdLayout:
         piped = pipeline(t_a, t_e, a2f_s, m, model.num_moe_layers, f2a_s=f2a_s)
         return AfdStepTime(piped, outside, t_a, t_e, a2f_s, f2a_s)
 
+    @cached_property
+    def _attention(self) -> OperatorRoofline:
+        """The attention side's per-operator model (built once: the step reads it every time)."""
+        return OperatorRoofline(self.model, self.attention_gpu, self.attention_tp, self.eta, self.cpu)
+
+    @cached_property
+    def _ffn(self) -> OperatorRoofline:
+        """The FFN side's: the experts over F ranks (their placement and its load cache built once)."""
+        pool = PoolConfig(replicas=1, ep=self.num_ffn_ranks, tp=self.ffn_tp)
+        experts = ExpertParallel(self.model, self.ffn_gpu, pool)
+        return OperatorRoofline(self.model, self.ffn_gpu, self.ffn_tp, self.eta, self.cpu, experts)
+
     def _ffn_layer_s(self, micro: StepShape, served: float) -> float:
         """T_e: the busiest FFN rank's routed and shared experts for one micro-batch of every attention
         rank (all A ranks' tokens routed over the F ranks; shared experts for its A/F ranks' tokens)."""
-        pool = PoolConfig(replicas=1, ep=self.num_ffn_ranks, tp=self.ffn_tp)
-        experts = ExpertParallel(self.model, self.ffn_gpu, pool)
-        ffn = OperatorRoofline(self.model, self.ffn_gpu, self.ffn_tp, self.eta, self.cpu, experts)
-        routed = experts.routed(round(micro.num_new_tokens * self.num_attention_ranks))
+        ffn = self._ffn
+        assert ffn.experts is not None
+        routed = ffn.experts.routed(round(micro.num_new_tokens * self.num_attention_ranks))
         groups = ffn.expert_groups(share_of(micro, 1 / served), routed)
         return sum(g.total_s for g in groups) / self.model.num_moe_layers

@@ -137,12 +137,8 @@ class OperatorRoofline:
     def step_time_of(self, shape: StepShape) -> OperatorStepTime:
         """The time of a step of `shape` (no tokens: only the fixed CPU work)."""
         ex = self.experts
-        ranks = ex.num_attention_ranks if ex else 1  # each DP attention rank's CPU works on its own share
-        cpu_s = (
-            self.cpu.s_per_step
-            + self.cpu.s_per_request * shape.num_requests / ranks
-            + self.cpu.s_per_token * shape.num_new_tokens / ranks
-        )
+        ranks = ex.num_attention_ranks if ex else 1
+        cpu_s = self.cpu_s(shape)
         if shape.num_new_tokens == 0:
             return OperatorStepTime((), 0.0, cpu_s)
         written = shape.num_new_tokens / ranks * self.model.kv_bytes_per_token_per_gpu(self.tp)
@@ -161,6 +157,15 @@ class OperatorRoofline:
         overlap_s = shorter - shorter / (2 * self.model.num_moe_layers)
         load = ex.placement.load(shape.num_new_tokens)
         return OperatorStepTime(groups, all_reduce_s, cpu_s, written, a2a_s, overlap_s, load)
+
+    def cpu_s(self, shape: StepShape) -> float:
+        """The CPU's work on a step of `shape` (each DP attention rank's CPU works on its own share)."""
+        ranks = self.experts.num_attention_ranks if self.experts else 1
+        return (
+            self.cpu.s_per_step
+            + self.cpu.s_per_request * shape.num_requests / ranks
+            + self.cpu.s_per_token * shape.num_new_tokens / ranks
+        )
 
     def groups(self, shape: StepShape) -> tuple[GroupTime, ...]:
         """Every group's roofline on one GPU (a MoE target's: on its busiest EP rank)."""
