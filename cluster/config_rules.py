@@ -11,17 +11,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
-from emulation.config import PoolConfig, TestbedConfig
+from cluster.config_rules_experts import experts
+from emulation.config import TestbedConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS, cdiv, num_gpu_blocks
-from emulation.moe import expert_popularity
-from emulation.profiles import GPUS, MODELS, ModelProfile
+from emulation.profiles import GPUS, MODELS
 from workloads.slo import SloError, parse_slo
 from workloads.traces.multi_turn import parse_dist
 
 
 def violations(cfg: TestbedConfig) -> Iterator[str]:
     """Every broken rule of `cfg`, in one line each, in a fixed order."""
-    for rules in (_scheduler, _experts, _pools, _workload, _replay, _multi_turn, _runner, _rest, _faults):
+    for rules in (_scheduler, experts, _pools, _workload, _replay, _multi_turn, _runner, _rest, _faults):
         yield from rules(cfg)
 
 
@@ -38,80 +38,6 @@ def _scheduler(cfg: TestbedConfig) -> Iterator[str]:
             f"scheduler.max_model_len={s.max_model_len}: the workload's requests need "
             f"{need} tokens (prompt_len + output_len); allowed: at least that"
         )
-
-
-def _experts(cfg: TestbedConfig) -> Iterator[str]:
-    """Expert parallelism: only for a MoE target, filling its ranks evenly, within the fabric."""
-    model = MODELS[cfg.target.model]
-    moe_models = ", ".join(n for n, m in MODELS.items() if m.moe)
-    for name, pool in (
-        ("mixed", cfg.pools.mixed),
-        ("prefill", cfg.pools.prefill),
-        ("decode", cfg.pools.decode),
-    ):
-        if pool.replicas and pool.gpu in GPUS:
-            yield from _pool_experts(cfg, f"pools.{name}", pool, model, moe_models)
-    r = cfg.target.moe_routing
-    if r.skew != "uniform" and model.moe is None:
-        yield f"target.moe_routing.skew={r.skew!r}: target.model={model.name!r} is dense; allowed: uniform"
-    elif r.skew == "file" and model.moe is not None:
-        try:
-            expert_popularity("file", model.moe.num_experts, loads_file=r.loads_file)
-        except (OSError, ValueError) as e:
-            yield f"target.moe_routing.loads_file={r.loads_file!r}: {e}"
-
-
-def _pool_experts(cfg: TestbedConfig, key: str, pool: PoolConfig, model: ModelProfile, moe_models: str
-                  ) -> Iterator[str]:  # fmt: skip
-    ep, given = pool.ep, [(f, v) for f, v in _ep_fields(pool) if v]
-    if model.moe is None:
-        for field, value in given[:1]:
-            yield (
-                f"{key}.{field}={value}: target.model={model.name!r} is dense (no experts); allowed: the "
-                f"default, or a mixture-of-experts target ({moe_models})"
-            )
-        return
-    slots = model.moe.num_experts + pool.num_redundant_experts
-    if slots % ep:
-        divisors = [d for d in range(1, slots + 1) if slots % d == 0]
-        yield (
-            f"{key}.ep={ep}: {model.name}'s {model.moe.num_experts} routed experts + "
-            f"num_redundant_experts={pool.num_redundant_experts} do not fill {ep} EP ranks evenly; allowed: "
-            f"an ep dividing {slots} ({', '.join(map(str, divisors))}), or more redundant experts"
-        )
-    needs = (
-        ("num_redundant_experts", pool.num_redundant_experts, ep > 1, "ep > 1 (copies go to other ranks)"),
-        ("dp_attention", pool.dp_attention, ep > 1, "ep > 1 (the attention ranks are the EP ranks)"),
-        ("enable_dbo", pool.enable_dbo, pool.dp_attention, "dp_attention=True (it hides all-to-alls)"),
-    )
-    for field, value, holds, need in needs:
-        if value and not holds:
-            yield f"{key}.{field}={value}: allowed only with {need}"
-    fabric, gpu = cfg.target.ep_fabric, GPUS[pool.gpu]
-    per_node = fabric.gpus_per_node or gpu.gpus_per_node
-    nodes = cdiv(pool.num_gpus, per_node)
-    if pool.tp > per_node:
-        yield f"{key}.tp={pool.tp}: one rank's GPUs share a node of {per_node}; allowed: at most {per_node}"
-    elif pool.attention_tp > per_node:  # an all-reduce every layer over the NICs: not what vLLM runs
-        yield (
-            f"{key}: tensor-parallel attention over ep x tp = {pool.attention_tp} GPUs spans {nodes} nodes "
-            f"of {per_node}; allowed: at most {per_node} GPUs, or dp_attention=true (attention ranks of tp)"
-        )
-    elif nodes > fabric.max_nodes:
-        yield (
-            f"{key}: ep x tp = {ep} x {pool.tp} = {pool.num_gpus} GPUs span {nodes} nodes of {per_node}; "
-            f"allowed: at most target.ep_fabric.max_nodes={fabric.max_nodes} nodes"
-        )
-
-
-def _ep_fields(pool: PoolConfig) -> tuple[tuple[str, object], ...]:
-    """The expert-parallel fields of `pool`, a falsy value where left at its default."""
-    return (
-        ("ep", pool.ep if pool.ep > 1 else 0),
-        ("dp_attention", pool.dp_attention),
-        ("num_redundant_experts", pool.num_redundant_experts),
-        ("enable_dbo", pool.enable_dbo),
-    )
 
 
 def _pools(cfg: TestbedConfig) -> Iterator[str]:

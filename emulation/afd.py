@@ -22,22 +22,16 @@ T_e of experts and T_c on the link each way a layer, pipelines as MegaScale-Infe
     m = 1: T = L · R, nothing overlaps
 
 Each side is busy m·L·T_a (attention) or m·L·T_e (FFN) of T; the rest is its bubbles. What the link adds
-is T less the same pipeline with T_c = 0. `AfdLayout` takes T_a, T_e and T_c from the per-operator
-model's groups on each side's GPUs (the FFN rank's experts at the tokens of the A/F attention ranks it
-serves) and the link; not yet a pool of the engine's (issue 33's next step).
+is T less the same pipeline with T_c = 0. `afd_layout.AfdLayout`, the time model of a pool with `afd`,
+takes T_a, T_e and T_c from the per-operator model's groups on each side's GPUs and from the link.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 
-from emulation.config import CpuOverhead, OperatorEfficiencies, PoolConfig
-from emulation.expert_parallel import ExpertParallel
 from emulation.model_profile import ModelProfile
-from emulation.operators import OperatorRoofline
-from emulation.profiles import GpuProfile
-from emulation.step_shape import StepShape, share_of
+from emulation.roofline import maximum
 
 ROUTING_BYTES_PER_CHOICE = 8
 """Routing metadata a token sends per chosen expert: its index and weight, 4 bytes each."""
@@ -101,8 +95,8 @@ def pipeline(
 
 def _step_s(t_a: float, t_e: float, a2f: float, f2a: float, m: int, layers: int) -> float:
     round_trip = t_a + a2f + t_e + f2a
-    stage = max(t_a, t_e, a2f, f2a)
-    cycle = max(m * stage, round_trip)
+    stage = maximum(maximum(t_a, t_e), maximum(a2f, f2a))  # elementwise over a window's steps
+    cycle = maximum(m * stage, round_trip)
     return (layers - 1) * cycle + (m - 1) * stage + round_trip
 
 
@@ -110,92 +104,3 @@ def min_micro_batches(attention_s: float, ffn_s: float, comm_s: float) -> float:
     """MegaScale-Infer's m >= 2(1 + T_c / T_f): the fewest micro-batches that keep the busiest side
     busy (T_f = max(T_a, T_e))."""
     return 2 * (1 + comm_s / max(attention_s, ffn_s))
-
-
-@dataclass(frozen=True)
-class AfdStepTime:
-    """One attention rank's step under AFD, itemised (seconds)."""
-
-    pipeline: PipelineTime
-    """The MoE layers' micro-batches through attention, the link and the experts."""
-    outside_s: float
-    """What runs outside the pipeline on the attention side: dense-MLP layers (and their attention),
-    the LM head, tensor-parallel all-reduces, the CPU's work."""
-    attention_layer_s: float
-    """T_a: one micro-batch's attention at one layer."""
-    ffn_layer_s: float
-    """T_e: one micro-batch's experts at one layer, on the busiest FFN rank (the A/F attention ranks it
-    serves together)."""
-    a2f_s: float
-    f2a_s: float
-    """One micro-batch's transfer each way at one layer (the FFN rank's NIC takes A/F of them)."""
-
-    @property
-    def total_s(self) -> float:
-        return self.pipeline.total_s + self.outside_s
-
-
-@dataclass(frozen=True)
-class AfdLayout:
-    """A MoE target with attention and experts on different GPUs: `num_attention_ranks` data-parallel
-    attention ranks (A, each `attention_tp` GPUs, each its own batch) served by `num_ffn_ranks` FFN
-    ranks (F, each `ffn_tp` GPUs, the routed and shared experts sharded over them), each FFN rank
-    taking the tokens of A/F attention ranks; every attention rank as loaded as the one timed."""
-
-    model: ModelProfile
-    attention_gpu: GpuProfile
-    ffn_gpu: GpuProfile
-    num_attention_ranks: int
-    num_ffn_ranks: int
-    link_bytes_per_s: float
-    """Each rank's NIC, per direction."""
-    link_latency_s: float
-    num_micro_batches: int = 2
-    a2f_bytes: float = 2.0
-    f2a_bytes: float = 2.0
-    attention_tp: int = 1
-    ffn_tp: int = 1
-    eta: OperatorEfficiencies = field(default_factory=OperatorEfficiencies)
-    cpu: CpuOverhead = field(default_factory=CpuOverhead)
-
-    def step_time_of(self, shape: StepShape) -> AfdStepTime:
-        """The step of one attention rank's batch `shape` (module docstring for the pipeline)."""
-        m, model = self.num_micro_batches, self.model
-        micro = share_of(shape, m)
-        attention = self._attention
-        side = {g.name: g.total_s for g in attention.groups(micro)}
-        t_a = (side["qkv_o"] + side["prefill_attention"] + side["decode_attention"]) / model.num_layers
-        dense_layers = model.num_layers - model.num_moe_layers
-        cpu_s = attention.cpu_s(shape)
-        outside = m * (side["mlp"] + side["logits"] + dense_layers * t_a) + cpu_s
-        outside += m * attention.all_reduce_s(micro.num_new_tokens)
-        served = self.num_attention_ranks / self.num_ffn_ranks  # attention ranks an FFN rank serves
-        t_e = self._ffn_layer_s(micro, served)
-        tokens = micro.num_new_tokens * model.hidden_size
-        a2f_s, f2a_s = (
-            self.link_latency_s + served * tokens * nbytes / self.link_bytes_per_s
-            for nbytes in (self.a2f_bytes, self.f2a_bytes)
-        )  # the FFN rank's NIC takes (and sends) A/F attention ranks' micro-batches
-        piped = pipeline(t_a, t_e, a2f_s, m, model.num_moe_layers, f2a_s=f2a_s)
-        return AfdStepTime(piped, outside, t_a, t_e, a2f_s, f2a_s)
-
-    @cached_property
-    def _attention(self) -> OperatorRoofline:
-        """The attention side's per-operator model (built once: the step reads it every time)."""
-        return OperatorRoofline(self.model, self.attention_gpu, self.attention_tp, self.eta, self.cpu)
-
-    @cached_property
-    def _ffn(self) -> OperatorRoofline:
-        """The FFN side's: the experts over F ranks (their placement and its load cache built once)."""
-        pool = PoolConfig(replicas=1, ep=self.num_ffn_ranks, tp=self.ffn_tp)
-        experts = ExpertParallel(self.model, self.ffn_gpu, pool)
-        return OperatorRoofline(self.model, self.ffn_gpu, self.ffn_tp, self.eta, self.cpu, experts)
-
-    def _ffn_layer_s(self, micro: StepShape, served: float) -> float:
-        """T_e: the busiest FFN rank's routed and shared experts for one micro-batch of every attention
-        rank (all A ranks' tokens routed over the F ranks; shared experts for its A/F ranks' tokens)."""
-        ffn = self._ffn
-        assert ffn.experts is not None
-        routed = ffn.experts.routed(round(micro.num_new_tokens * self.num_attention_ranks))
-        groups = ffn.expert_groups(share_of(micro, 1 / served), routed)
-        return sum(g.total_s for g in groups) / self.model.num_moe_layers

@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulation.all_to_all import AllToAll
-from emulation.config import EpFabricConfig, MoeRoutingConfig, PoolConfig
+from emulation.config import AfdConfig, EpFabricConfig, MoeRoutingConfig, PoolConfig
 from emulation.model_profile import ModelProfile
 from emulation.moe import ExpertLoad, ExpertPlacement, MoeGeometry, expert_popularity
 from emulation.profiles import GpuProfile
-from emulation.step_shape import StepShape, share_of
+from emulation.step_shape import StepShape, busiest_rank
 
 DBO_DECODE_TOKEN_THRESHOLD = 32
 """vLLM's `dbo_decode_token_threshold`: a decode-only step splits into two micro-batches from this many
@@ -71,12 +71,8 @@ class ExpertParallel:
         )
 
     def busiest_rank(self, shape: StepShape) -> StepShape:
-        """The busiest data-parallel attention rank's share of `shape`: an even share, or, if more, the
-        step's largest request's (a request's tokens run on one rank)."""
-        ranks = self.num_attention_ranks
-        if ranks == 1 or not shape.num_new_tokens:
-            return shape
-        return share_of(shape, 1 / max(1 / ranks, shape.max_num_new_tokens / shape.num_new_tokens))
+        """The busiest data-parallel attention rank's share of `shape` (`step_shape.busiest_rank`)."""
+        return busiest_rank(shape, self.num_attention_ranks)
 
     def splits(self, shape: StepShape) -> bool:
         """Dual-batch overlap runs this step as two micro-batches: enabled, and each rank has vLLM's
@@ -129,10 +125,20 @@ def all_to_all_of(
 
 def weight_bytes_per_gpu(model: ModelProfile, pool: PoolConfig) -> float:
     """What one GPU of a replica of `pool` holds: its share of the dense weights (attention_tp ways)
-    and of its rank's routed experts (their copies included: every rank has the same slots)."""
+    and of its rank's routed experts (their copies included: every rank has the same slots). With
+    AFD, an attention GPU's: the dense weights but the routers and shared experts (`ffn_weight_bytes`)."""
     dense = (model.weight_bytes - model.routed_weight_bytes) / pool.attention_tp
+    if pool.afd is not None:
+        return dense - model.num_shared_params * model.weight_bytes_per_layer_param / pool.attention_tp
     if model.moe is None:
         return dense
     num_experts = model.moe.num_experts
     slots = -(-(num_experts + pool.num_redundant_experts) // pool.ep)
     return dense + model.routed_weight_bytes / num_experts * slots / pool.tp
+
+
+def ffn_weight_bytes_per_gpu(model: ModelProfile, afd: AfdConfig) -> float:
+    """What one GPU of an AFD FFN rank holds: its share (ffn_ep x ffn_tp ways) of every routed expert,
+    shared expert and router."""
+    shared = model.num_shared_params * model.weight_bytes_per_layer_param
+    return (model.routed_weight_bytes + shared) / afd.ffn_gpus_per_rank

@@ -73,6 +73,10 @@ class GroupTime:
     def total_s(self) -> float:
         return maximum(self.compute_s, self.memory_s)
 
+    def times(self, n: int) -> GroupTime:
+        """The group run for `n` micro-batches of the same shape."""
+        return GroupTime(self.name, n * self.flops, n * self.bytes, n * self.compute_s, n * self.memory_s)
+
 
 @dataclass(frozen=True)
 class OperatorStepTime:
@@ -148,7 +152,7 @@ class OperatorRoofline:
             load = ex.placement.load(shape.num_new_tokens) if ex else None
             return OperatorStepTime(self.groups(shape), all_reduce_s, cpu_s, written, a2a_s, 0.0, load)
         half = share_of(shape, 2)
-        groups = tuple(_twice(g) for g in self.groups(half))
+        groups = tuple(g.times(2) for g in self.groups(half))
         all_reduce_s = 2 * self.all_reduce_s(half.num_new_tokens / ranks)  # each micro-batch's
         a2a_s = 2 * ex.all_to_all_s(half.num_new_tokens)
         compute_s = sum(g.total_s for g in groups) + all_reduce_s
@@ -262,8 +266,3 @@ class OperatorRoofline:
         TFLOP/s if given)."""
         t = timed(flops, nbytes, self.gpu, 1, eta_c, eta_b, 0.0, peak_tflops=peak)
         return GroupTime(name, flops, nbytes, t.compute_s, t.memory_s)
-
-
-def _twice(g: GroupTime) -> GroupTime:
-    """A group run for two micro-batches of the same shape."""
-    return GroupTime(g.name, 2 * g.flops, 2 * g.bytes, 2 * g.compute_s, 2 * g.memory_s)

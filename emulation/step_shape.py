@@ -124,3 +124,11 @@ def share_of(shape: StepShape, parts: float) -> StepShape:
     return StepShape(
         **{f: getattr(shape, f) / parts for f in shape.__dataclass_fields__}  # type: ignore[arg-type]
     )
+
+
+def busiest_rank(shape: StepShape, num_ranks: int) -> StepShape:
+    """The busiest of `num_ranks` data-parallel attention ranks' share of `shape`: an even share, or, if
+    more, the step's largest request's (a request's tokens run on one rank)."""
+    if num_ranks == 1 or not shape.num_new_tokens:
+        return shape
+    return share_of(shape, 1 / max(1 / num_ranks, shape.max_num_new_tokens / shape.num_new_tokens))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from emulation.afd_layout import AfdLayout
 from emulation.config import PoolConfig, TestbedConfig
 from emulation.moe import ExpertLoad
 from emulation.operators import OperatorRoofline
-from emulation.profiles import GPUS, MODELS
+from emulation.profiles import GPUS, LINKS, MODELS
 from emulation.roofline import experts_for, roofline_for
 from emulation.step_shape import StepShape
 
@@ -61,7 +62,27 @@ class StepTimeModel(Protocol):
 def time_model_for(cfg: TestbedConfig, pool: PoolConfig) -> StepTimeModel:
     """The step-time model of one replica of `pool` under `cfg`'s target."""
     t = cfg.target
+    if pool.afd is not None:
+        return afd_layout_for(cfg, pool)
     if t.time_model == "operators":
         model, gpu, experts = MODELS[t.model], GPUS[pool.gpu], experts_for(cfg, pool)
         return OperatorRoofline(model, gpu, pool.attention_tp, t.operators, t.cpu_overhead, experts)
     return roofline_for(cfg, pool)
+
+
+def afd_layout_for(cfg: TestbedConfig, pool: PoolConfig) -> AfdLayout:
+    """The time model of one replica of `pool`, whose `afd` puts attention and experts apart."""
+    t, afd = cfg.target, pool.afd
+    assert afd is not None and afd.link is not None  # config_rules: an AFD pool names its link
+    return AfdLayout(
+        MODELS[t.model],
+        GPUS[pool.gpu],
+        GPUS[afd.ffn_gpu or pool.gpu],
+        afd,
+        LINKS[afd.link],
+        pool.tp,
+        t.operators,
+        t.cpu_overhead,
+        t.moe_routing,
+        t.ep_fabric,
+    )

@@ -3,6 +3,9 @@ hand (emulation/afd.py)."""
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
 from emulation.afd import cut_bytes_per_token, min_micro_batches, pipeline
@@ -61,52 +64,156 @@ def test_a_slower_way_back_sets_the_round_trip_and_the_stage():
     assert t.total_s == 35 and t.communication_s == 35 - 26
 
 
-def _layout(num_attention: int, num_ffn: int = 4, micro_batches: int = 3):
-    from emulation.afd import AfdLayout
-    from emulation.profiles import GPUS
+def _layout(num_attention: int, num_ffn: int = 1, micro_batches: int = 3, **afd):
+    from emulation.afd_layout import AfdLayout
+    from emulation.config import AfdConfig
+    from emulation.profiles import GPUS, LinkProfile
 
-    return AfdLayout(
-        MODELS["deepseek-v3"], GPUS["h800"], GPUS["h800"], num_attention, num_ffn,
-        link_bytes_per_s=50e9, link_latency_s=20e-6, num_micro_batches=micro_batches,
+    config = AfdConfig(
+        num_attention_ranks=num_attention, num_ffn_ranks=num_ffn, ffn_ep=afd.pop("ffn_ep", 32),
+        link="test", link_bandwidth=1.0, num_micro_batches=micro_batches, **afd,
     )  # fmt: skip
+    link = LinkProfile("test", link_gbps=400.0, latency_s=20e-6, per_transfer_overhead_s=1.0)
+    return AfdLayout(MODELS["deepseek-v3"], GPUS["h800"], GPUS["h800"], config, link)
+
+
+def _decodes(num: int, context: int = 4095):
+    from emulation.step_shape import StepItem, StepShape
+
+    return StepShape.of([StepItem(1, context, True)] * num)
 
 
 def test_an_afd_step_is_the_pipeline_of_its_sides_plus_what_runs_outside_it():
-    """T_a from the attention side's groups (a layer's share), T_e from the FFN rank's expert groups at
-    A/F attention ranks' tokens, T_c from the bytes its NIC takes: the step is pipeline(T_a, T_e, T_c)
-    plus the dense layers, LM head and CPU, once a micro-batch."""
+    """8 attention ranks of 64 decodes (the engine's step: 512), 2 micro-batches, 2 FFN ranks of 16
+    GPUs: T_a from one rank's micro-batch (32 decodes) through the attention groups, a layer's share;
+    T_e from the FFN rank's experts at the 4 x 32 tokens it serves; T_c the slower end's NICs (the
+    attention rank's one NIC: 32 x 7,168 x 2 B at 50 GB/s, over the FFN rank's 16 for 128 tokens),
+    the link's latency but not its per-transfer overhead. The step: pipeline(T_a, T_e, T_c) plus the
+    dense layers, LM head and CPU."""
+    from emulation.config import PoolConfig
+    from emulation.expert_parallel import ExpertParallel
     from emulation.operators import OperatorRoofline
     from emulation.profiles import GPUS
-    from emulation.step_shape import StepItem, StepShape, share_of
+    from emulation.step_shape import share_of
 
-    layout = _layout(num_attention=8, num_ffn=2, micro_batches=2)
-    shape = StepShape.of([StepItem(1, 4095, True)] * 64)
-    step = layout.step_time_of(shape)
-    micro = share_of(shape, 2)
-    side = {g.name: g.total_s for g in OperatorRoofline(MODELS["deepseek-v3"], GPUS["h800"]).groups(micro)}
+    dsv3, h800 = MODELS["deepseek-v3"], GPUS["h800"]
+    layout = _layout(num_attention=8, num_ffn=2, micro_batches=2, ffn_ep=16)
+    step = layout.step_time_of(_decodes(8 * 64))
+    micro = _decodes(32)
+    side = {g.name: g.total_s for g in OperatorRoofline(dsv3, h800).groups(micro)}
     t_a = (side["qkv_o"] + side["decode_attention"]) / 61
     assert step.attention_layer_s == pytest.approx(t_a)
-    assert step.a2f_s == pytest.approx(20e-6 + 4 * 32 * 7168 * 2 / 50e9)  # 4 attention ranks a FFN rank
-    expected = pipeline(t_a, step.ffn_layer_s, step.a2f_s, 2, 58, f2a_s=step.f2a_s)
-    assert step.pipeline == expected
+    assert step.a2f_s == pytest.approx(20e-6 + 32 * 7168 * 2 / 50e9)
+    ffn_rank = ExpertParallel(dsv3, h800, PoolConfig(replicas=1, ep=16, dp_attention=True))
+    ffn = OperatorRoofline(dsv3, h800, 1, experts=ffn_rank)
+    groups = ffn.expert_groups(share_of(_decodes(128), 16), ffn_rank.routed(128))
+    t_e = (sum(g.total_s for g in groups) + ffn_rank.all_to_all_s(128)) / 58
+    assert step.ffn_layer_s == pytest.approx(t_e)
+    expected = pipeline(t_a, t_e, step.a2f_s, 2, 58, f2a_s=step.f2a_s)
+    assert step.pipeline.total_s == pytest.approx(expected.total_s)
     cpu_s = 0.002 + 1.4e-5 * 64
     outside = 2 * (side["mlp"] + side["logits"] + 3 * t_a) + cpu_s
-    assert step.outside_s == pytest.approx(outside) and step.total_s == pytest.approx(
-        expected.total_s + outside
-    )
+    assert step.outside_s == pytest.approx(outside) and step.overhead_s == pytest.approx(cpu_s)
+    assert step.total_s == pytest.approx(expected.total_s + outside)
+    assert step.a2f_bytes == step.f2a_bytes == 64 * 7168 * 2 * 58  # the busiest rank's, all layers
 
 
-def test_too_few_attention_ranks_starve_the_experts_too_many_make_attention_wait():
-    """32 FFN ranks (8 experts a GPU), 32 decodes at 4k context a attention rank, 3 micro-batches: with
-    as many attention ranks as FFN ranks the experts read their weights for a few tokens each (tokens a
-    second per GPU low); at 8:1 they compute far more for the same reads; at 32:1 the experts' GEMMs and
-    the FFN NICs (taking 32 attention ranks' streams) bind, attention waits and per-GPU output falls."""
-    from emulation.step_shape import StepItem, StepShape
+def test_the_barrier_waits_for_the_slowest_attention_rank_an_ffn_rank_serves():
+    """With barrier_jitter 0.1 each layer's T_a is the expected slowest of the A/F = 4 ranks an FFN rank
+    serves: x (1 + 0.1 x 1.0294), E[max of 4 standard normals] = 1.0294 (tables of normal order
+    statistics), of 2: 1/sqrt(pi)."""
+    from emulation.afd_layout import expected_max_of_normals
 
-    shape = StepShape.of([StepItem(1, 4095, True)] * 32)
-    steps = {a: _layout(num_attention=a, num_ffn=32).step_time_of(shape) for a in (32, 256, 1024)}
-    per_gpu = {a: a * 32 / step.total_s / (a + 32) for a, step in steps.items()}
-    assert per_gpu[256] > 1.5 * per_gpu[32] and per_gpu[256] > 1.2 * per_gpu[1024]
-    attention_busy = {a: step.pipeline.attention_s / step.pipeline.total_s for a, step in steps.items()}
-    assert attention_busy[1024] < 0.6 * attention_busy[256]
-    assert steps[1024].ffn_layer_s > steps[256].ffn_layer_s and steps[1024].a2f_s > 2 * steps[256].a2f_s
+    assert expected_max_of_normals(1) == 0.0
+    assert expected_max_of_normals(4) == pytest.approx(1.0294, abs=1e-4)
+    assert expected_max_of_normals(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    shape = _decodes(8 * 64)
+    calm = _layout(8, 2, barrier_jitter=0.0).step_time_of(shape)
+    jittery = _layout(8, 2, barrier_jitter=0.1).step_time_of(shape)
+    assert jittery.attention_layer_s == pytest.approx(calm.attention_layer_s * (1 + 0.1 * 1.0294), rel=1e-4)
+    assert jittery.total_s > calm.total_s
+
+
+def test_a_window_of_decode_steps_times_as_its_steps_one_at_a_time():
+    """Virtual mode times a steady stretch of decode steps as arrays (`decode_steps`): bit for bit the
+    steps' own times."""
+    from emulation.step_shape import decode_step, decode_steps
+
+    layout, shape = _layout(8, 2, ffn_ep=16), _decodes(8 * 16, context=1000)
+    window = layout.step_time_of(decode_steps(shape, 5)).total_s
+    assert list(window) == [layout.step_time_of(decode_step(shape, i)).total_s for i in range(5)]
+
+
+def test_too_few_attention_ranks_starve_the_experts_too_many_saturate_them():
+    """One FFN rank of 32 H800s (8 experts a GPU), 64 decodes at 4k context an attention rank, 3 micro-
+    batches, FP8 out: with few attention ranks each micro-batch's experts read their weights for a few
+    tokens (T_e hardly moves from 4 to 32 ranks) and tokens a second per GPU are low; past the optimum
+    the experts' work and the FFN NICs grow with A, attention idles and per-GPU output falls."""
+    steps = {a: _layout(a, a2f_dtype="fp8").step_time_of(_decodes(64 * a)) for a in (4, 32, 128, 512)}
+    per_gpu = {a: 64 * a / step.total_s / (a + 32) for a, step in steps.items()}
+    assert per_gpu[4] < 0.3 * per_gpu[128] and per_gpu[512] < 0.6 * per_gpu[128]
+    assert steps[32].ffn_layer_s < 1.25 * steps[4].ffn_layer_s  # weight reads: starved experts
+    assert steps[512].ffn_layer_s > 2.5 * steps[128].ffn_layer_s  # saturated experts
+    assert steps[512].a2f_s - 20e-6 == pytest.approx(4 * (steps[128].a2f_s - 20e-6))  # the FFN NICs
+    idle = {a: s.pipeline.attention_bubble_s / s.pipeline.total_s for a, s in steps.items()}
+    assert idle[512] > idle[128] > idle[4]
+
+
+AFD_DSV3 = {
+    "target": {"model": "deepseek-v3", "time_model": "operators"},
+    "scheduler": {"block_size": 64, "max_num_batched_tokens": 8192},
+    "pools": {
+        "mixed": {
+            "replicas": 1,
+            "gpu": "h800",
+            "afd": {"num_attention_ranks": 8, "num_ffn_ranks": 2, "ffn_ep": 16, "link": "rdma-400g"},
+        }
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"pools": {"mixed": {"afd": {"num_ffn_ranks": 3}}}},
+            "pools.mixed.afd.num_ffn_ranks=3: num_attention_ranks=8 is not a multiple of it (each FFN rank "
+            "serves A/F consecutive attention ranks, as vLLM's AFD plugin requires); allowed: 1, 2, 4, 8",
+        ),
+        (
+            {
+                "target": {"model": "qwen2.5-7b"},
+                "scheduler": {"block_size": 16},
+                "pools": {"mixed": {"gpu": "l40s"}},
+            },
+            "pools.mixed.afd: target.model='qwen2.5-7b' is dense (no experts to put on FFN ranks); allowed: "
+            "no afd, or a mixture-of-experts target (deepseek-v3, ",
+        ),
+        (
+            {"pools": {"mixed": {"afd": {"link": None}}}},
+            "pools.mixed.afd.link=None: hidden states cross to the FFN ranks and back at every MoE layer "
+            "over this link; allowed: pcie4-x16, rdma-400g, nvlink",
+        ),
+        (
+            {"pools": {"mixed": {"afd": {"ffn_ep": 4}}}},
+            "pools.mixed.afd: deepseek-v3's experts take 164.1 GB on each of an FFN rank's 4 x h800, more "
+            "than their 72.0 GB; allowed: a larger ffn_ep or ffn_tp",
+        ),
+        (
+            {"pools": {"mixed": {"ep": 8}}},
+            "pools.mixed.ep=8: with afd the experts are on the FFN ranks; allowed: the default",
+        ),
+        (
+            {"target": {"time_model": "aggregate"}},
+            "pools.mixed.afd: target.time_model='aggregate' times a step as a whole; allowed: operators",
+        ),
+    ],
+)
+def test_a_bad_afd_config_is_one_line_naming_field_value_and_what_is_allowed(change, message):
+    from cluster.config_load import ConfigError
+    from tests.factories import make_config
+
+    assert make_config(AFD_DSV3).pools.mixed.num_gpus == 8 + 2 * 16
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}") as e:
+        make_config(AFD_DSV3, change)
+    assert "\n" not in str(e.value)

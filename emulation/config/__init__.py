@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from emulation.config.afd import AfdConfig
 from emulation.config.engines import PoolConfig, PoolsConfig, RunnerConfig, SchedulerConfig, replica_id
 from emulation.config.faults import EngineFault, FaultsConfig, LinkSlowdown
 from emulation.config.model import CpuOverhead, OperatorEfficiencies, TargetConfig
@@ -19,6 +20,7 @@ from emulation.config.transfer import ECTransferConfig, KVTransferConfig
 from emulation.config.workload import MultiTurnConfig, ReplayConfig, WorkloadConfig
 
 __all__ = [
+    "AfdConfig",
     "ClockConfig",
     "CpuOverhead",
     "ECTransferConfig",

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from emulation.config.afd import AfdConfig
 from emulation.config.strict import STRICT
 
 
@@ -45,21 +46,31 @@ class PoolConfig:
     enable_dbo: bool = False
     """Dual-batch overlap (vLLM's `--enable-dbo`): each step runs as two micro-batches, one's
     all-to-alls under the other's compute; the weights are read once per micro-batch."""
+    afd: AfdConfig | None = None
+    """Attention-FFN disaggregation, mixture-of-experts targets only: each replica is attention ranks
+    of `tp` GPUs (the engine) and FFN ranks holding the experts (`AfdConfig`); ep, dp_attention,
+    num_redundant_experts and enable_dbo stay at their defaults (the FFN side's own fields say how
+    the experts are laid out). None: attention and experts on the same GPUs."""
 
     @property
     def num_gpus(self) -> int:
-        """GPUs of one replica: ep ranks of tp each."""
+        """GPUs of one replica: ep ranks of tp each (AFD: its attention ranks' and FFN ranks')."""
+        if self.afd is not None:
+            afd = self.afd
+            return afd.num_attention_ranks * self.tp + afd.num_ffn_ranks * afd.ffn_gpus_per_rank
         return self.ep * self.tp
 
     @property
     def num_attention_ranks(self) -> int:
-        """Data-parallel attention ranks of one replica (1 unless dp_attention)."""
+        """Data-parallel attention ranks of one replica (1 unless dp_attention or AFD)."""
+        if self.afd is not None:
+            return self.afd.num_attention_ranks
         return self.ep if self.dp_attention else 1
 
     @property
     def attention_tp(self) -> int:
         """GPUs that split one request's attention (and the dense layers) tensor-parallel."""
-        return self.tp if self.dp_attention else self.ep * self.tp
+        return self.tp if self.dp_attention or self.afd is not None else self.ep * self.tp
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,216 @@
+"""The step-time model of a pool under attention-FFN disaggregation (`pools.*.afd`): one replica's step
+as its busiest attention rank runs it, the MoE layers pipelined with the FFN ranks (`emulation.afd`).
+
+The engine schedules all A attention ranks' requests as one step; each rank runs its share (an even
+share, or the step's largest request if more: a request's tokens run on one rank). Of a rank's step,
+split into m micro-batches::
+
+    T_a   one micro-batch's attention at one layer: qkv_o and attention over all layers / L, times
+          (1 + barrier_jitter x E[max of A/F standard normals]): the FFN rank waits for the slowest of
+          the attention ranks it serves at every layer
+    T_e   one micro-batch's experts at one MoE layer on the FFN rank serving it: routers and shared
+          experts over the tokens of its A/F attention ranks (the sum of their micro-batches), routed
+          experts on its busiest GPU (ffn_ep of them, expert-parallel, with their all-to-all)
+    T_c   each way: latency + bytes / (NICs x bandwidth x link_bandwidth), the slower of the two ends:
+          an attention rank sends its micro-batch over its tp NICs, an FFN rank takes A/F of them
+          over its ffn_ep x ffn_tp NICs
+    step  pipeline(T_a, T_e, T_c) over the MoE layers + what runs outside it on the attention side
+          (the dense layers with their attention, the LM head, TP all-reduces, once a micro-batch;
+          the CPU once a step)
+
+Smaller micro-batches cost the experts: each reads the weights of every expert its tokens touch, so
+its GEMMs fall further under the roofline's ridge as m grows.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from statistics import NormalDist
+
+import numpy as np
+
+from emulation.afd import ROUTING_BYTES_PER_CHOICE, PipelineTime, pipeline
+from emulation.config import (
+    AfdConfig,
+    CpuOverhead,
+    EpFabricConfig,
+    MoeRoutingConfig,
+    OperatorEfficiencies,
+    PoolConfig,
+)
+from emulation.expert_parallel import ExpertParallel
+from emulation.model_profile import ModelProfile
+from emulation.moe import ExpertLoad
+from emulation.operators import GroupTime, OperatorRoofline
+from emulation.profiles import GpuProfile, LinkProfile
+from emulation.step_shape import StepShape, busiest_rank, share_of
+
+
+@functools.lru_cache(maxsize=64)
+def expected_max_of_normals(n: int) -> float:
+    """E[max of n standard normals] = integral of x · n · phi(x) · Phi(x)^(n-1) dx, by the trapezoid rule
+    over [-8, 8] (0 for one; 1.0294 for four)."""
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-8.0, 8.0, 4001)
+    normal = NormalDist()
+    cdf = np.array([normal.cdf(v) for v in x])
+    density = np.exp(-(x**2) / 2) / math.sqrt(2 * math.pi)
+    return float(np.trapezoid(x * n * density * cdf ** (n - 1), x))
+
+
+@dataclass(frozen=True)
+class AfdStepTime:
+    """One replica's step under AFD, as its busiest attention rank runs it, itemised (seconds, bytes)."""
+
+    pipeline: PipelineTime
+    """The MoE layers' micro-batches through attention, the link and the experts."""
+    outside_s: float
+    """What runs outside the pipeline on the attention side: dense-MLP layers (and their attention),
+    the LM head, tensor-parallel all-reduces, the CPU's work."""
+    cpu_s: float
+    """Of `outside_s`, the CPU's."""
+    attention_layer_s: float
+    """T_a: one micro-batch's attention at one layer (the barrier's expected wait included)."""
+    ffn_layer_s: float
+    """T_e: one micro-batch's experts at one MoE layer, on the FFN rank serving the busiest rank."""
+    a2f_s: float
+    f2a_s: float
+    """One micro-batch's transfer each way at one layer."""
+    a2f_bytes: float
+    f2a_bytes: float
+    """What the busiest attention rank sends to the experts and gets back in the step, all layers and
+    micro-batches."""
+    attention_groups: tuple[GroupTime, ...] = ()
+    """The attention side's operator groups over the step (its micro-batches together), one GPU's."""
+    kv_write_bytes: float = 0.0
+    expert_load: ExpertLoad | None = None
+    """What one micro-batch asks of an FFN rank's experts (the tokens of the A/F ranks it serves)."""
+
+    @property
+    def total_s(self) -> float:
+        return self.pipeline.total_s + self.outside_s
+
+    @property
+    def overhead_s(self) -> float:
+        return self.cpu_s
+
+    @property
+    def flops_per_gpu(self) -> float:
+        """An attention GPU's (the engine's own GPUs; the FFN ranks' are not the engine's)."""
+        return sum((g.flops for g in self.attention_groups), 0.0)
+
+    @property
+    def read_bytes_per_gpu(self) -> float:
+        return sum((g.bytes for g in self.attention_groups), 0.0) - self.kv_write_bytes
+
+    @property
+    def write_bytes_per_gpu(self) -> float:
+        return self.kv_write_bytes
+
+    @property
+    def all_to_all_s(self) -> float:
+        """0: the FFN rank's own all-to-alls are inside T_e, and the cut's transfers are `a2f_s`/`f2a_s`."""
+        return 0.0
+
+    @property
+    def overlap_s(self) -> float:
+        """0: no dual-batch overlap; what the pipeline hides is in `pipeline`."""
+        return 0.0
+
+
+@dataclass(frozen=True)
+class AfdLayout:
+    """The time model of one replica of an AFD pool (the module docstring): `afd` says its ranks,
+    micro-batches and dtypes; `link` its NICs."""
+
+    model: ModelProfile
+    attention_gpu: GpuProfile
+    ffn_gpu: GpuProfile
+    afd: AfdConfig
+    link: LinkProfile
+    attention_tp: int = 1
+    eta: OperatorEfficiencies = field(default_factory=OperatorEfficiencies)
+    cpu: CpuOverhead = field(default_factory=CpuOverhead)
+    routing: MoeRoutingConfig = field(default_factory=MoeRoutingConfig)
+    fabric: EpFabricConfig = field(default_factory=EpFabricConfig)
+
+    def step_time_of(self, shape: StepShape) -> AfdStepTime:
+        """The step of the replica's batch `shape` (all its attention ranks' requests)."""
+        afd, model, attention = self.afd, self.model, self._attention
+        m, a, f = afd.num_micro_batches, afd.num_attention_ranks, afd.num_ffn_ranks
+        rank = busiest_rank(shape, a)
+        cpu_s = attention.cpu_s(rank)
+        if shape.num_new_tokens == 0:
+            return AfdStepTime(pipeline(0.0, 0.0, 0.0, 1, 1), cpu_s, cpu_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        micro = share_of(rank, m)
+        groups = attention.groups(micro)
+        side = {g.name: g.total_s for g in groups}
+        t_a = (side["qkv_o"] + side["prefill_attention"] + side["decode_attention"]) / model.num_layers
+        dense_layers = model.num_layers - model.num_moe_layers
+        outside = m * (
+            side["mlp"] + side["logits"] + dense_layers * t_a + attention.all_reduce_s(micro.num_new_tokens)
+        )
+        t_a *= 1 + afd.barrier_jitter * expected_max_of_normals(a // f)
+        # An FFN rank's micro-batch: its A/F attention ranks' (the busiest one's at least).
+        ffn_micro = share_of(shape, 1 / max(1 / (f * m), micro.num_new_tokens / shape.num_new_tokens))
+        t_e, load = self._ffn_layer(ffn_micro)
+        a2f_s, f2a_s = (self._transfer_s(micro, ffn_micro, nbytes, routed) for nbytes, routed in self._ways)
+        piped = pipeline(t_a, t_e, a2f_s, m, model.num_moe_layers, f2a_s=f2a_s)
+        a2f_bytes, f2a_bytes = (
+            self._bytes(rank.num_new_tokens, nbytes, routed) for nbytes, routed in self._ways
+        )
+        kv_write = rank.num_new_tokens * model.kv_bytes_per_token_per_gpu(self.attention_tp)
+        return AfdStepTime(
+            piped, outside + cpu_s, cpu_s, t_a, t_e, a2f_s, f2a_s, a2f_bytes * model.num_moe_layers,
+            f2a_bytes * model.num_moe_layers, tuple(g.times(m) for g in groups), kv_write, load,
+        )  # fmt: skip
+
+    @property
+    def _ways(self) -> tuple[tuple[float, bool], tuple[float, bool]]:
+        """(bytes a hidden value, with the expert choices) of A2F, then F2A."""
+        return (self.afd.a2f_bytes, self.afd.send_routing), (self.afd.f2a_bytes, False)
+
+    @cached_property
+    def _attention(self) -> OperatorRoofline:
+        """The attention side's per-operator model: one rank of attention_tp GPUs, no experts (built
+        once: the step reads it every time)."""
+        return OperatorRoofline(self.model, self.attention_gpu, self.attention_tp, self.eta, self.cpu)
+
+    @cached_property
+    def _ffn(self) -> OperatorRoofline:
+        """An FFN rank's: every expert over its ffn_ep GPUs, tokens spread over them and dispatched to
+        their experts' GPUs (an all-to-all inside the rank, over target.ep_fabric)."""
+        afd = self.afd
+        rank = PoolConfig(replicas=1, ep=afd.ffn_ep, tp=afd.ffn_tp, dp_attention=afd.ffn_ep > 1)
+        experts = ExpertParallel(self.model, self.ffn_gpu, rank, self.routing, self.fabric)
+        return OperatorRoofline(self.model, self.ffn_gpu, afd.ffn_tp, self.eta, self.cpu, experts)
+
+    def _ffn_layer(self, ffn_micro: StepShape) -> tuple[float, ExpertLoad]:
+        """T_e and the expert load of one FFN-rank micro-batch `ffn_micro`."""
+        ffn = self._ffn
+        assert ffn.experts is not None
+        tokens = ffn_micro.num_new_tokens
+        routed = ffn.experts.routed(round(tokens))
+        groups = ffn.expert_groups(share_of(ffn_micro, self.afd.ffn_ep), routed)
+        total = sum(g.total_s for g in groups) + ffn.experts.all_to_all_s(tokens)
+        return total / self.model.num_moe_layers, routed.load
+
+    def _bytes(self, num_tokens: float, nbytes: float, routed: bool) -> float:
+        """One layer's bytes for `num_tokens` tokens one way."""
+        moe = self.model.moe
+        assert moe is not None
+        per_token = self.model.hidden_size * nbytes
+        if routed:
+            per_token += moe.num_experts_per_tok * ROUTING_BYTES_PER_CHOICE
+        return num_tokens * per_token
+
+    def _transfer_s(self, micro: StepShape, ffn_micro: StepShape, nbytes: float, routed: bool) -> float:
+        """One micro-batch's transfer one way at one layer: the slower end's NICs."""
+        nic = self.link.bytes_per_s * self.afd.link_bandwidth
+        sent = self._bytes(micro.num_new_tokens, nbytes, routed) / (self.attention_tp * nic)
+        taken = self._bytes(ffn_micro.num_new_tokens, nbytes, routed) / (self.afd.ffn_gpus_per_rank * nic)
+        return self.link.latency_s + max(sent, taken)
