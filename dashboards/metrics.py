@@ -59,6 +59,8 @@ MOE_TOKENS_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0
 MOE_IMBALANCE_BUCKETS = (1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0)
 """The busiest EP rank over the mean rank: 1 is balanced (and every step of ep=1); big steps land near 1,
 single decodes over many ranks far above (DeepSeek-V3, ep 32, one token: 6.2); at most ep."""
+UTILIZATION_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+"""A share of a step, 0 to 1."""
 MOE_ALL_TO_ALL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                           1.0, 2.5, 5.0)  # fmt: skip
 """A step's dispatches and combines over all MoE layers: about 1 ms (Qwen3-30B-A3B, ep 4, decodes) to
@@ -212,7 +214,12 @@ MOE_MEAN_TOKENS_PER_EXPERT = _h("testbed:moe_mean_tokens_per_expert", "MoE targe
 MOE_EP_IMBALANCE = _h("testbed:moe_ep_imbalance", "MoE targets: a step's busiest expert-parallel rank's token-expert assignments over the mean rank's (1: balanced).", MOE_IMBALANCE_BUCKETS)  # fmt: skip
 MOE_ALL_TO_ALL = _h("testbed:moe_all_to_all_seconds", "MoE targets: a step's all-to-all time (every MoE layer's dispatch and combine; 0 without data-parallel attention).", MOE_ALL_TO_ALL_BUCKETS)  # fmt: skip
 MOE_DBO_HIDDEN = _c("testbed:moe_dbo_hidden_seconds", "MoE targets: emulated step seconds dual-batch overlap hid (communication under compute; 0 without enable_dbo).")  # fmt: skip
-MOE_SERIES = (MOE_MAX_TOKENS_PER_EXPERT, MOE_MEAN_TOKENS_PER_EXPERT, MOE_EP_IMBALANCE, MOE_ALL_TO_ALL, MOE_DBO_HIDDEN)  # fmt: skip
+AFD_TRANSFER_BYTES = _c("testbed:afd_transfer_bytes", "Attention-FFN disaggregation: bytes of hidden states across the cut, all MoE layers (direction a2f: to the FFN ranks; f2a: back).", ("direction",))  # fmt: skip
+AFD_EXPOSED = _h("testbed:afd_exposed_communication_seconds", "Attention-FFN disaggregation: what a step's transfers across the cut added to it (the micro-batch pipeline did not hide).", MOE_ALL_TO_ALL_BUCKETS)  # fmt: skip
+AFD_BUBBLE = _h("testbed:afd_bubble_seconds", "Attention-FFN disaggregation: a step's idle time inside its micro-batch pipeline, per side (attention: waiting on the experts or the link; ffn: waiting on attention or the link).", MOE_ALL_TO_ALL_BUCKETS, ("side",))  # fmt: skip
+AFD_FFN_UTILIZATION = _h("testbed:afd_ffn_utilization", "Attention-FFN disaggregation: the share of a step the FFN rank serving the busiest attention rank computed.", UTILIZATION_BUCKETS)  # fmt: skip
+AFD_SERIES = (AFD_TRANSFER_BYTES, AFD_EXPOSED, AFD_BUBBLE, AFD_FFN_UTILIZATION)
+MOE_SERIES = (MOE_MAX_TOKENS_PER_EXPERT, MOE_MEAN_TOKENS_PER_EXPERT, MOE_EP_IMBALANCE, MOE_ALL_TO_ALL, MOE_DBO_HIDDEN, *AFD_SERIES)  # fmt: skip
 """An engine of a MoE target exports these beside `ENGINE_SERIES`; one of a dense target, none of them."""
 
 ENGINE_SERIES = (

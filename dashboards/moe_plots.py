@@ -1,6 +1,7 @@
 """The report's mixture-of-experts figure: per engine of a MoE target, each step's expert load (the
 busiest expert's tokens and the mean expert's), its expert-parallel imbalance and its all-to-all time
-(and what dual-batch overlap hid) over emulated time.
+(and what dual-batch overlap hid), or under attention-FFN disaggregation its pipeline's bubbles and
+exposed transfers, over emulated time.
 
 Drawn from the engines' step logs (engines.json's `moe_steps`, `messages.moe_steps.MoeSteps`): a point a
 step, or a run of consecutive steps in a long run (its means). Dense targets log none: no figure.
@@ -51,7 +52,24 @@ def moe_means(log: Mapping[str, list[float]]) -> dict[str, float]:
         "imbalance": mean("imbalance"),
         "all_to_all_s": mean("all_to_all_s"),
         "dbo_hidden_s": float(np.dot(log["overlap_s"], n)),
+        **{key: mean(key) for key in AFD_FIGURES},
     }
+
+
+AFD_FIGURES = (
+    "a2f_bytes",
+    "f2a_bytes",
+    "afd_exposed_s",
+    "attention_bubble_s",
+    "ffn_bubble_s",
+    "ffn_utilization",
+)
+"""An AFD engine's step figures (`messages.moe_steps.MoeWork`'s), all 0 for another's."""
+
+
+def is_afd(log: Mapping[str, list[float]]) -> bool:
+    """The engine's steps crossed an attention-FFN cut."""
+    return any(log["a2f_bytes"])
 
 
 def moe_steps_figure(engines: Mapping[str, Mapping[str, Any]]) -> Figure | None:
@@ -74,7 +92,10 @@ def moe_steps_figure(engines: Mapping[str, Mapping[str, Any]]) -> Figure | None:
         imbalance_ax.plot(t, log["imbalance"], **kw)
         imbalance_ax.axhline(1.0, color="0.6", lw=0.6)
         imbalance_ax.set_ylabel("busiest EP rank / mean")
-        a2a_ax.plot(t, 1000 * np.asarray(log["all_to_all_s"]), label="all-to-all", **kw)
+        if is_afd(log):
+            _afd_panel(a2a_ax, t, log, kw)
+        else:
+            a2a_ax.plot(t, 1000 * np.asarray(log["all_to_all_s"]), label="all-to-all", **kw)
         if any(log["overlap_s"]):
             hidden = {**kw, "color": "0.35", "marker": "x"}
             a2a_ax.plot(t, 1000 * np.asarray(log["overlap_s"]), label="hidden by DBO", **hidden)
@@ -82,13 +103,24 @@ def moe_steps_figure(engines: Mapping[str, Mapping[str, Any]]) -> Figure | None:
         a2a_ax.set_ylabel("ms per step")
         steps, stride = int(sum(log["num_steps"])), max(log["num_steps"])
         per_point = "" if stride == 1 else f", points of {stride} steps' means"
-        for ax, what in ((load_ax, "expert load"), (imbalance_ax, "EP imbalance"), (a2a_ax, "all-to-all")):
+        comm = "AFD pipeline" if is_afd(log) else "all-to-all"
+        for ax, what in ((load_ax, "expert load"), (imbalance_ax, "EP imbalance"), (a2a_ax, comm)):
             ax.set_title(f"{design} {engine}: {what} ({steps:,} steps{per_point})", fontsize=9)
             ax.set_xlabel("emulated time (s)")
             ax.grid(alpha=0.3)
-            if len(ax.lines) > 1 + (ax is imbalance_ax):
+            if len(ax.lines) > 1 + (ax is imbalance_ax) or (ax is a2a_ax and is_afd(log)):
                 ax.legend(fontsize=7, loc="upper right", markerscale=2)
     if len(every) > len(logs):
         fig.suptitle(f"The first {len(logs)} of {len(every)} engines (the table lists every one)")
     fig.tight_layout()
     return fig
+
+
+def _afd_panel(ax: Any, t: np.ndarray, log: Mapping[str, list[float]], kw: dict[str, Any]) -> None:
+    """An AFD engine's pipeline per step: each side's bubbles and the transfers it exposed (ms)."""
+    for key, label, colour in (
+        ("attention_bubble_s", "attention idle", None),
+        ("ffn_bubble_s", "FFN idle", "0.35"),
+        ("afd_exposed_s", "exposed transfers", "tab:red"),
+    ):
+        ax.plot(t, 1000 * np.asarray(log[key]), label=label, **{**kw, "color": colour or kw["color"]})

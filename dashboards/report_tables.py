@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from dashboards.headline import ATTAINMENT, failure_counts
-from dashboards.moe_plots import moe_logs, moe_means
+from dashboards.moe_plots import is_afd, moe_logs, moe_means
 from dashboards.numbers import MISSING, percent, readable
 from workloads.summary import sweep_goodput
 
@@ -131,4 +131,22 @@ def moe_table(engines: dict[str, Any]) -> str:
     headers = ["design", "engine", "steps", "tokens", "busiest expert tokens", "mean expert tokens",
                "EP imbalance", "all-to-all ms", "DBO hid s"]  # fmt: skip
     caption = "<h2>MoE steps per engine (means per step; expected loads under the routing skew)</h2>"
-    return caption + _table(headers, rows, "moe", group_col=0)
+    return caption + _table(headers, rows, "moe", group_col=0) + _afd_table(engines)
+
+
+def _afd_table(engines: dict[str, Any]) -> str:
+    """Attention-FFN disaggregation: per AFD engine, its steps' means: MB across the cut each way, what
+    the transfers exposed, each side's idle time, the FFN rank's utilisation. Empty without AFD."""
+    rows = []
+    for design, engine, log in moe_logs(engines):
+        if is_afd(log):
+            m = moe_means(log)
+            mb = (readable(m[k] / 1e6) for k in ("a2f_bytes", "f2a_bytes"))
+            ms = (readable(1000 * m[k]) for k in ("afd_exposed_s", "attention_bubble_s", "ffn_bubble_s"))
+            rows.append([design, engine, *mb, *ms, f"{m['ffn_utilization']:.2f}"])
+    if not rows:
+        return ""
+    headers = ["design", "engine", "A2F MB", "F2A MB", "exposed transfers ms", "attention idle ms",
+               "FFN idle ms", "FFN utilisation"]  # fmt: skip
+    caption = "<h2>Attention-FFN disaggregation per engine (means per step)</h2>"
+    return caption + _table(headers, rows, "afd", group_col=0)

@@ -82,7 +82,7 @@ class AfdStepTime:
     """One micro-batch's transfer each way at one layer."""
     a2f_bytes: float
     f2a_bytes: float
-    """What the busiest attention rank sends to the experts and gets back in the step, all layers and
+    """What the replica's attention ranks send to the experts and get back in the step, all layers and
     micro-batches."""
     attention_groups: tuple[GroupTime, ...] = ()
     """The attention side's operator groups over the step (its micro-batches together), one GPU's."""
@@ -161,7 +161,7 @@ class AfdLayout:
         a2f_s, f2a_s = (self._transfer_s(micro, ffn_micro, nbytes, routed) for nbytes, routed in self._ways)
         piped = pipeline(t_a, t_e, a2f_s, m, model.num_moe_layers, f2a_s=f2a_s)
         a2f_bytes, f2a_bytes = (
-            self._bytes(rank.num_new_tokens, nbytes, routed) for nbytes, routed in self._ways
+            self._bytes(shape.num_new_tokens, nbytes, routed) for nbytes, routed in self._ways
         )
         kv_write = rank.num_new_tokens * model.kv_bytes_per_token_per_gpu(self.attention_tp)
         return AfdStepTime(

@@ -1,5 +1,6 @@
-"""A mixture-of-experts target's steps as an engine records them: each step's expert load and expert-
-parallel communication (`MoeWork`, carried by `stats.StepWork`: what the recorder's `testbed:moe_*`
+"""A mixture-of-experts target's steps as an engine records them: each step's expert load, expert-
+parallel communication and, under attention-FFN disaggregation, the cut's transfers and the pipeline's
+bubbles (`MoeWork`, carried by `stats.StepWork`: what the recorder's `testbed:moe_*`
 series observe), and the engine's log of them over emulated time for the run's report (`MoeStepLog`,
 whose `MoeSteps` its `EngineReport` carries into engines.json).
 
@@ -22,6 +23,8 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from emulation.afd_layout import AfdStepTime
 
 if TYPE_CHECKING:
     from emulation.time_model import TimedStep
@@ -55,6 +58,16 @@ class MoeWork:
     data-parallel attention)."""
     overlap_s: Sequence[float] = ()
     """What dual-batch overlap hid of the step's time (0 without `enable_dbo`)."""
+    a2f_bytes: Sequence[float] = ()
+    f2a_bytes: Sequence[float] = ()
+    """AFD (0 without): what the attention ranks sent to the FFN ranks, and got back, in the step."""
+    afd_exposed_s: Sequence[float] = ()
+    """AFD: what those transfers added to the step (the pipeline less the same with no link)."""
+    attention_bubble_s: Sequence[float] = ()
+    ffn_bubble_s: Sequence[float] = ()
+    """AFD: each side's idle time inside the pipeline (waiting on the other, or on the link)."""
+    ffn_utilization: Sequence[float] = ()
+    """AFD: the share of the step the FFN rank computed (its busy time over the step's)."""
 
     @classmethod
     def of(cls, step: TimedStep, num_steps: int = 1) -> MoeWork | None:
@@ -63,6 +76,7 @@ class MoeWork:
         load = step.expert_load
         if load is None:
             return None
+        afd = _afd_figures(step) if isinstance(step, AfdStepTime) else (0.0,) * 6
         return cls(
             per_step(load.num_tokens, num_steps),
             per_step(load.max_tokens_per_expert, num_steps),
@@ -70,6 +84,7 @@ class MoeWork:
             per_step(load.imbalance, num_steps),
             per_step(step.all_to_all_s, num_steps),
             per_step(step.overlap_s, num_steps),
+            *(per_step(v, num_steps) for v in afd),
         )
 
     @classmethod
@@ -106,9 +121,28 @@ class MoeSteps:
     imbalance: list[float]
     all_to_all_s: list[float]
     overlap_s: list[float]
+    a2f_bytes: list[float]
+    f2a_bytes: list[float]
+    afd_exposed_s: list[float]
+    attention_bubble_s: list[float]
+    ffn_bubble_s: list[float]
+    ffn_utilization: list[float]
 
 
 _NUM_FIGURES = len(fields(MoeWork))
+
+
+def _afd_figures(step: AfdStepTime) -> tuple[float, ...]:
+    """An AFD step's figures, in `MoeWork`'s order."""
+    p = step.pipeline
+    return (
+        step.a2f_bytes,
+        step.f2a_bytes,
+        p.communication_s,
+        p.attention_bubble_s,
+        p.ffn_bubble_s,
+        p.ffn_s / step.total_s,
+    )
 
 
 class MoeStepLog:

@@ -114,11 +114,12 @@ def test_each_step_is_recorded_as_the_expert_placement_expects(pd_run):
 
 def test_the_series_carry_the_engines_labels_and_vllm_has_none_of_them(pd_run):
     out, _ = pd_run
+    ep_series = [spec for spec in m.MOE_SERIES if spec not in m.AFD_SERIES]  # AFD's: test_afd_metrics.py
     for spec in m.MOE_SERIES:
-        assert spec.name.startswith("testbed:moe_") and spec.common == m.COMMON_LABELS
+        assert spec.name.startswith(("testbed:moe_", "testbed:afd_")) and spec.common == m.COMMON_LABELS
     for engine in ("prefill-0", "decode-0"):
         fams = {f.name: f for f in text_string_to_metric_families(out.metrics[engine])}
-        for spec in m.MOE_SERIES:
+        for spec in ep_series:
             labels = {k for s in fams[spec.name].samples for k in s.labels} - {"le"}
             assert labels == set(m.COMMON_LABELS), spec.name
     assert not any(n in out.metrics["proxy"] for n in MOE_NAMES)
@@ -180,7 +181,8 @@ def test_a_dense_target_exports_and_logs_none_of_it():
         make_config(COLLOCATED, runner={"compute": "skip"}, workload={**WORKLOAD, "num_requests": 3})
     )
     for actor, text in out.metrics.items():
-        assert not any(f.name.startswith("testbed:moe_") for f in text_string_to_metric_families(text)), actor
+        names = [f.name for f in text_string_to_metric_families(text)]
+        assert not any(n.startswith(("testbed:moe_", "testbed:afd_")) for n in names), actor
     assert all(r.moe_steps is None for r in out.engine_reports.values())  # type: ignore[union-attr]
     assert moe_steps_figure({"dense": clean_json(dict(out.engine_reports))}) is None
 
@@ -206,7 +208,8 @@ def test_the_report_of_a_moe_run_plots_each_engines_steps_and_tabulates_their_me
 def steps(*num_tokens: int) -> MoeWork:
     """Steps whose figures follow their tokens (imbalance 1 + tokens / 10)."""
     n = [float(t) for t in num_tokens]
-    return MoeWork(n, n, [t / 2 for t in n], [1 + t / 10 for t in n], [0.0] * len(n), [0.0] * len(n))
+    zeros = ([0.0] * len(n) for _ in range(8))  # no all-to-all, overlap or AFD
+    return MoeWork(n, n, [t / 2 for t in n], [1 + t / 10 for t in n], *zeros)
 
 
 def test_the_step_log_times_unstamped_steps_and_merges_pairs_when_full():

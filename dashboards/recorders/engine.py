@@ -8,6 +8,10 @@ from typing import TYPE_CHECKING
 from dashboards.metrics import (
     ADMISSION_REASONS,
     ADMISSION_REJECTIONS,
+    AFD_BUBBLE,
+    AFD_EXPOSED,
+    AFD_FFN_UTILIZATION,
+    AFD_TRANSFER_BYTES,
     BUSY,
     CACHE_CONFIG_INFO,
     CACHED_SOURCES,
@@ -157,6 +161,17 @@ class EngineMetrics(Registry):
         ):
             observe_many(self.child(spec), values)
         add_each(self.child(MOE_DBO_HIDDEN)._value, moe.overlap_s)
+        if any(moe.a2f_bytes):
+            self._on_afd_steps(moe)
+
+    def _on_afd_steps(self, moe: MoeWork) -> None:
+        """Attention-FFN disaggregation: the bytes across the cut, what they exposed, the bubbles."""
+        add_each(self.child(AFD_TRANSFER_BYTES, direction="a2f")._value, moe.a2f_bytes)
+        add_each(self.child(AFD_TRANSFER_BYTES, direction="f2a")._value, moe.f2a_bytes)
+        observe_many(self.child(AFD_EXPOSED), moe.afd_exposed_s)
+        observe_many(self.child(AFD_BUBBLE, side="attention"), moe.attention_bubble_s)
+        observe_many(self.child(AFD_BUBBLE, side="ffn"), moe.ffn_bubble_s)
+        observe_many(self.child(AFD_FFN_UTILIZATION), moe.ffn_utilization)
 
     def on_state(self, stats: SchedulerStats) -> None:
         """Gauges, and the counters the scheduler, block manager and encoder cache keep as totals (at
