@@ -13,7 +13,9 @@ split into m micro-batches::
           experts on its busiest GPU (ffn_ep of them, expert-parallel, with their all-to-all)
     T_c   each way: latency + bytes / (NICs x bandwidth x link_bandwidth), the slower of the two ends:
           an attention rank sends its micro-batch over its tp NICs, an FFN rank takes A/F of them
-          over its ffn_ep x ffn_tp NICs
+          over its ffn_ep x ffn_tp NICs. dispatch: rank sends a token once (to the FFN rank, whose
+          all-to-all is then part of T_e); dispatch: expert a copy to each distinct GPU holding one
+          of its experts, the busiest FFN GPU taking its experts' share
     step  pipeline(T_a, T_e, T_c) over the MoE layers + what runs outside it on the attention side
           (the dense layers with their attention, the LM head, TP all-reduces, once a micro-batch;
           the CPU once a step)
@@ -33,6 +35,7 @@ from statistics import NormalDist
 import numpy as np
 
 from emulation.afd import ROUTING_BYTES_PER_CHOICE, PipelineTime, pipeline
+from emulation.all_to_all import distinct_holders_per_token
 from emulation.config import (
     AfdConfig,
     CpuOverhead,
@@ -158,7 +161,9 @@ class AfdLayout:
         # An FFN rank's micro-batch: its A/F attention ranks' (the busiest one's at least).
         ffn_micro = share_of(shape, 1 / max(1 / (f * m), micro.num_new_tokens / shape.num_new_tokens))
         t_e, load = self._ffn_layer(ffn_micro)
-        a2f_s, f2a_s = (self._transfer_s(micro, ffn_micro, nbytes, routed) for nbytes, routed in self._ways)
+        a2f_s, f2a_s = (
+            self._transfer_s(micro, ffn_micro, nbytes, routed, load) for nbytes, routed in self._ways
+        )
         piped = pipeline(t_a, t_e, a2f_s, m, model.num_moe_layers, f2a_s=f2a_s)
         a2f_bytes, f2a_bytes = (
             self._bytes(shape.num_new_tokens, nbytes, routed) for nbytes, routed in self._ways
@@ -182,12 +187,23 @@ class AfdLayout:
 
     @cached_property
     def _ffn(self) -> OperatorRoofline:
-        """An FFN rank's: every expert over its ffn_ep GPUs, tokens spread over them and dispatched to
-        their experts' GPUs (an all-to-all inside the rank, over target.ep_fabric)."""
+        """An FFN rank's: every expert over its ffn_ep GPUs; dispatched inside the rank (an all-to-all
+        over target.ep_fabric) unless the attention ranks dispatch to the experts' GPUs themselves."""
         afd = self.afd
-        rank = PoolConfig(replicas=1, ep=afd.ffn_ep, tp=afd.ffn_tp, dp_attention=afd.ffn_ep > 1)
+        inside = afd.dispatch == "rank" and afd.ffn_ep > 1
+        rank = PoolConfig(replicas=1, ep=afd.ffn_ep, tp=afd.ffn_tp, dp_attention=inside)
         experts = ExpertParallel(self.model, self.ffn_gpu, rank, self.routing, self.fabric)
         return OperatorRoofline(self.model, self.ffn_gpu, afd.ffn_tp, self.eta, self.cpu, experts)
+
+    @cached_property
+    def _copies_per_token(self) -> float:
+        """Copies of a token's hidden state one way: 1, or (dispatch: expert) the distinct FFN GPUs
+        its top-k experts are on (`all_to_all.distinct_holders_per_token`, uniform routing)."""
+        moe = self.model.moe
+        assert moe is not None
+        if self.afd.dispatch == "rank":
+            return 1.0
+        return distinct_holders_per_token(moe.num_experts, moe.num_experts_per_tok, self.afd.ffn_ep)
 
     def _ffn_layer(self, ffn_micro: StepShape) -> tuple[float, ExpertLoad]:
         """T_e and the expert load of one FFN-rank micro-batch `ffn_micro`."""
@@ -200,17 +216,23 @@ class AfdLayout:
         return total / self.model.num_moe_layers, routed.load
 
     def _bytes(self, num_tokens: float, nbytes: float, routed: bool) -> float:
-        """One layer's bytes for `num_tokens` tokens one way."""
+        """One layer's bytes for `num_tokens` tokens one way, every copy of each."""
         moe = self.model.moe
         assert moe is not None
         per_token = self.model.hidden_size * nbytes
         if routed:
             per_token += moe.num_experts_per_tok * ROUTING_BYTES_PER_CHOICE
-        return num_tokens * per_token
+        return num_tokens * self._copies_per_token * per_token
 
-    def _transfer_s(self, micro: StepShape, ffn_micro: StepShape, nbytes: float, routed: bool) -> float:
-        """One micro-batch's transfer one way at one layer: the slower end's NICs."""
+    def _transfer_s(
+        self, micro: StepShape, ffn_micro: StepShape, nbytes: float, routed: bool, load: ExpertLoad
+    ) -> float:
+        """One micro-batch's transfer one way at one layer: the slower end's NICs. An FFN rank takes
+        its A/F attention ranks' micro-batches over its GPUs' NICs: evenly (dispatch: rank), or each GPU
+        its experts' share, the busiest GPU's the load's imbalance over the mean (dispatch: expert)."""
         nic = self.link.bytes_per_s * self.afd.link_bandwidth
         sent = self._bytes(micro.num_new_tokens, nbytes, routed) / (self.attention_tp * nic)
         taken = self._bytes(ffn_micro.num_new_tokens, nbytes, routed) / (self.afd.ffn_gpus_per_rank * nic)
+        if self.afd.dispatch == "expert":
+            taken *= load.imbalance
         return self.link.latency_s + max(sent, taken)

@@ -217,3 +217,20 @@ def test_a_bad_afd_config_is_one_line_naming_field_value_and_what_is_allowed(cha
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}") as e:
         make_config(AFD_DSV3, change)
     assert "\n" not in str(e.value)
+
+
+def test_dispatch_to_the_experts_gpus_sends_a_copy_a_distinct_gpu_and_no_all_to_all_inside():
+    """MegaScale-Infer's M2N: a token goes to each of the FFN rank's 16 GPUs holding one of its 8
+    experts (16 x (1 - C(240, 8) / C(256, 8)) = 6.52 of them), and the FFN rank runs no all-to-all."""
+    from emulation.all_to_all import distinct_holders_per_token
+
+    shape = _decodes(8 * 64)
+    rank, expert = (_layout(8, 2, ffn_ep=16, dispatch=d).step_time_of(shape) for d in ("rank", "expert"))
+    copies = distinct_holders_per_token(256, 8, 16)
+    assert copies == pytest.approx(6.52, abs=0.01)
+    assert expert.a2f_bytes == pytest.approx(rank.a2f_bytes * copies)
+    assert expert.a2f_s == pytest.approx(20e-6 + 64 / 3 * copies * 7168 * 2 / 50e9)  # the attention NIC
+    ffn = _layout(8, 2, ffn_ep=16)._ffn
+    assert ffn.experts is not None
+    inside_s = ffn.experts.all_to_all_s(4 * 64 / 3) / 58
+    assert rank.ffn_layer_s - expert.ffn_layer_s == pytest.approx(inside_s) and inside_s > 0

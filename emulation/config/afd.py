@@ -58,6 +58,12 @@ class AfdConfig:
     """Dtype of the hidden states sent to the experts (Step-3: fp8)."""
     f2a_dtype: Literal["bf16", "fp8"] = "bf16"
     """Dtype of the experts' output sent back (Step-3: bf16)."""
+    dispatch: Literal["rank", "expert"] = "rank"
+    """rank: a token's hidden state goes once to the FFN rank serving its attention rank, which
+    dispatches it to its experts' GPUs inside (an all-to-all over target.ep_fabric when ffn_ep > 1),
+    as Step-3 and vLLM's plugin do. expert: it goes straight to each GPU holding one of its experts
+    (MegaScale-Infer's M2N: more bytes from the attention rank, about one copy per distinct GPU of its
+    top-k experts, spread over the FFN GPUs' NICs; no all-to-all inside the FFN rank)."""
     send_routing: bool = False
     """The attention side routes and sends each token's expert choices with it (8 B a choice, as
     Step-3); false: the FFN side runs the routers."""
