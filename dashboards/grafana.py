@@ -224,7 +224,7 @@ def roles() -> dashboard.Dashboard:
         (dashboard.Row("$role").repeat("role"), _role_panels()),
         (dashboard.Row("render (templates, detokenizing, parsing: CPU off the GPU box)"), _render_panels()),
         (dashboard.Row("encoder (E/P/D: the vision encoder on GPUs of its own)"), encoder_panels()),
-        (dashboard.Row("MoE targets (expert load, EP imbalance, all-to-alls)"), moe_panels()),
+        (dashboard.Row("MoE targets (expert load, EP imbalance, all-to-alls, AFD)"), moe_panels()),
     )
 
 

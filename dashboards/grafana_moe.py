@@ -1,5 +1,7 @@
 """The roles board's MoE row (mixture-of-experts targets; empty for a dense one): each step's expert
-load, expert-parallel imbalance and all-to-alls, and what dual-batch overlap hid, by role."""
+load, expert-parallel imbalance and all-to-alls, and what dual-batch overlap hid, by role; under
+attention-FFN disaggregation the bytes across the cut, the pipeline's bubbles, what the transfers
+exposed and the FFN rank's utilisation."""
 
 from __future__ import annotations
 
@@ -41,5 +43,33 @@ def moe_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
             "All-to-all seconds, and seconds dual-batch overlap hid under compute, per emulated busy second.",
             (f"{rate(m.MOE_ALL_TO_ALL.sum, 'role')} / {rate(m.BUSY, 'role')}", "all-to-all {{role}}"),
             (f"{rate(m.MOE_DBO_HIDDEN, 'role')} / {rate(m.BUSY, 'role')}", "hidden by DBO {{role}}"),
+        ),
+        *afd_panels(),
+    ]
+
+
+def afd_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
+    return [
+        panel(
+            "AFD: bytes across the cut",
+            "Bps",
+            "Hidden states to the FFN ranks (a2f) and back (f2a), all MoE layers, per emulated second.",
+            (rate(m.AFD_TRANSFER_BYTES, "role, direction"), "{{direction}} {{role}}"),
+        ),
+        panel(
+            "AFD: pipeline bubbles and exposed transfers",
+            "s",
+            "Per step: each side's idle time inside the micro-batch pipeline, and what the transfers added "
+            "to the step (not hidden under compute).",
+            (mean(m.AFD_BUBBLE, "role, side"), "{{side}} idle {{role}}"),
+            (mean(m.AFD_EXPOSED, "role"), "exposed transfers {{role}}"),
+        ),
+        panel(
+            "AFD: FFN utilisation",
+            "percentunit",
+            "Per step: the share the FFN rank serving the busiest attention rank computed (low: too few "
+            "attention ranks feed it, or the link binds).",
+            (mean(m.AFD_FFN_UTILIZATION, "role"), "mean {{role}}"),
+            (quantile(0.1, m.AFD_FFN_UTILIZATION, "role"), "p10 {{role}}"),
         ),
     ]

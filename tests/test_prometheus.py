@@ -30,9 +30,10 @@ pytestmark = pytest.mark.full  # a real Prometheus scraping live runs: `make tes
 MODEL = "qwen2.5-7b"
 MOE = (  # served under the same name: the boards select one model_name
     "target.model=qwen3-30b-a3b",
+    "target.time_model=operators",
     f"target.served_model_name={MODEL}",
-    *(f"pools.{role}.{setting}" for role in ("prefill", "decode")
-      for setting in ("ep=2", "dp_attention=true", "enable_dbo=true")),
+    *(f"pools.prefill.{setting}" for setting in ("ep=2", "dp_attention=true", "enable_dbo=true")),
+    *(f"pools.decode.afd.{setting}" for setting in ("num_attention_ranks=2", "ffn_ep=2", "link=rdma-400g")),
 )  # fmt: skip
 # vLLM's stock Grafana dashboard (examples/online_serving/prometheus_grafana) queries, in its own shape:
 # exact `model_name` match, `sum by(le)` quantiles, per-engine rates.
@@ -122,8 +123,9 @@ def scraped(tmp_path_factory):
             f"metrics.sd_file={sd_file}",
         ],
     )[0]
-    # E+PD behind the server, so that the encoder row has its data; a MoE target behind another, with
-    # expert parallelism, DP attention and dual-batch overlap, so that the MoE row has its
+    # E+PD behind the server, so that the encoder row has its data; a MoE target behind another, prefill
+    # with expert parallelism, DP attention and dual-batch overlap, decode attention-FFN disaggregated, so
+    # that the MoE row has its
     served = ServeThread(*VL, "pools.encoder.replicas=1")
     moe_served = ServeThread(*MOE)
     started = connect([cfg], None)
