@@ -44,7 +44,10 @@ def afd_pool(cfg: TestbedConfig, num_attention: int, ffn_ep: int, micro_batches:
     afd = cfg.pools.decode.afd
     assert afd is not None
     changed = dataclasses.replace(
-        afd, num_attention_ranks=num_attention, ffn_ep=ffn_ep, num_micro_batches=micro_batches,
+        afd,
+        num_attention_ranks=num_attention,
+        ffn_ep=ffn_ep,
+        num_micro_batches=micro_batches,
         dispatch=DISPATCH[0],
     )
     return dataclasses.replace(cfg.pools.decode, afd=changed)

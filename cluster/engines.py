@@ -40,23 +40,42 @@ from emulation.vision import encoder_roofline_for, vision_encoder_of
 from workloads.replay import Workload, needs_render
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
+    from actors.engine.ffn_client import FfnRanks
     from actors.engine.runner import ModelRunner
 
 
-def runner_for(cfg: TestbedConfig, pool: PoolConfig) -> ModelRunner | None:
-    """The model runner of one replica of `pool`, or None with compute skip (then torch never loads)."""
+def runner_for(cfg: TestbedConfig, pool: PoolConfig, ffn: FfnRanks | None = None) -> ModelRunner | None:
+    """The model runner of one replica of `pool`, or None with compute skip (then torch never loads).
+    With `pool.afd` its sparse MoE blocks run on the replica's FFN ranks: `ffn` (live: its actors), by
+    default F workers in this process (`ffn_workers`)."""
     if cfg.runner.compute != "real":
         return None
+    from actors.engine.ffn_client import AfdConnector
     from actors.engine.runner import ModelRunner
     from actors.engine.runner_model import load_model
 
     r = cfg.runner
+    connector = None
+    if pool.afd is not None:
+        ranks = ffn if ffn is not None else ffn_workers(cfg, pool.afd.num_ffn_ranks)
+        connector = AfdConnector(ranks, pool.afd.num_attention_ranks)
     return ModelRunner(
         load_model(r),
         num_blocks=num_gpu_blocks(cfg, pool),
         block_size=cfg.scheduler.block_size,
         num_threads=r.num_threads,
+        ffn=connector,
     )
+
+
+def ffn_workers(cfg: TestbedConfig, num_ffn_ranks: int) -> FfnRanks:
+    """An AFD replica's FFN ranks in this process: each holds the MoE blocks of the runner's checkpoint,
+    loaded from it apart from the engine's model (once per process, shared by the ranks)."""
+    from actors.engine.runner_model import ensure_model, runner_device
+    from actors.ffn.worker import FfnWorker, LocalFfnRanks
+
+    path, device = str(ensure_model(cfg.runner)), runner_device(cfg.runner)
+    return LocalFfnRanks([FfnWorker.load(path, device) for _ in range(num_ffn_ranks)])
 
 
 def vision_for(cfg: TestbedConfig) -> Any:

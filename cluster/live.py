@@ -6,10 +6,11 @@
 Engines run their own step loop inside their actor on one clock (the driver's, through each actor's
 measured offset: `cluster.clock_sync`); tokens come back as streamed batches (a request's stream yields
 at most every `clock.stream_flush_wall_s`), so nothing crosses an actor boundary per token or per step.
-Prefill KV moves as numpy arrays through Ray's object store. Pools are placed by custom resources named
-after them (`mixed`, `prefill`, `decode`), one unit per emulated GPU: a TP-8 engine takes 8 units of
-its pool's resource, all on one node. A local Ray
-started here defines them; a joined cluster must offer them (`ray start --resources`).
+Prefill KV moves as numpy arrays through Ray's object store; so do an AFD engine's hidden states to its
+FFN rank actors and back (`hosts.ffn`; nodes offering an `ffn` resource take them). Pools are placed by
+custom resources named after them (`mixed`, `prefill`, `decode`), one unit per emulated GPU: a TP-8
+engine takes 8 units of its pool's resource, all on one node. A local Ray started here defines them; a
+joined cluster must offer them (`ray start --resources`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from actors.engine.kv_transfer import LinkQueue
 from cluster.clock_sync import ClockOffset, check_uncertainty, measure_actor, sync_summary
 from cluster.config_load import ConfigError
 from cluster.engines import chat_renderer
-from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost
+from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost, ffn_actors
 from cluster.placement import EnginePlacement, engine_placement, rank_nodes, release
 from cluster.ray_connect import check_resources, connect, disconnect
 from dashboards.exposition import write_sd_file
@@ -95,6 +96,8 @@ class LiveDeployment:
     """engine id -> where it and (expert parallel) its ranks' units are (`cluster.placement`)."""
     rank_nodes: dict[str, list[str]] = field(default_factory=dict)
     """expert-parallel engine id -> the Ray node id of each of its ranks."""
+    ffn: dict[str, list[Any]] = field(default_factory=dict)
+    """AFD engine id -> its FFN ranks' actors (`hosts.ffn`; none with compute skip)."""
 
 
 def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
@@ -112,17 +115,19 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         fabric = ray.remote(LinkQueue).options(num_cpus=0).remote()
     pools: dict[str, dict[str, Any]] = {"mixed": {}, "prefill": {}, "decode": {}}
     placements: dict[str, EnginePlacement] = {}
+    ffn: dict[str, list[Any]] = {}  # AFD: each engine's FFN ranks, made first (its warm-up calls them)
     try:
         for role, pool in cfg.pools.by_role():
             for i in range(pool.replicas):
                 eid = replica_id(role, i)
                 placements[eid] = engine_placement(role, pool, cfg.runner.num_gpus)
                 peers = dict(pools["prefill"]) if role == "decode" else {}
+                ffn[eid] = ffn_actors(cfg, pool)
                 pools[role][eid] = host.options(**placements[eid].options).remote(
-                    eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None
+                    eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None, ffn[eid]
                 )
     except BaseException:  # what was placed is freed (a joined cluster outlives this run)
-        for handle in (h for per in pools.values() for h in per.values()):
+        for handle in [*(h for per in pools.values() for h in per.values()), *_ffn_handles(ffn)]:
             ray.kill(handle)
         release(list(placements.values()))
         raise
@@ -146,6 +151,7 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     )
     dep = LiveDeployment(engines, nodes, proxy, 0.0, targets, renders, fabric, encoders, proxy_args, spares)
     dep.placements = placements
+    dep.ffn = ffn
     dep.rank_nodes = {eid: rank_nodes(p) for eid, p in placements.items() if p.group is not None}
     encoder_by_id = dict(zip(encoder_ids, encoders, strict=True))
     timed = {"proxy": proxy, **engines, **encoder_by_id}
@@ -331,6 +337,11 @@ def kill(dep: LiveDeployment) -> None:
         *dep.renders,
         *dep.encoders,
         *([dep.link] if dep.link else []),
+        *_ffn_handles(dep.ffn),
     ]:
         ray.kill(handle)
     release(list(dep.placements.values()))
+
+
+def _ffn_handles(ffn: dict[str, list[Any]]) -> list[Any]:
+    return [h for handles in ffn.values() for h in handles]

@@ -4,7 +4,9 @@ A replica of `tp` GPUs takes `tp` units of its role's resource on one node (`pre
 An expert-parallel replica is `ep` ranks of `tp` GPUs: a Ray placement group of `ep` bundles of `tp`
 units each, packed onto as few nodes as hold them (one rank never splits across nodes, the ranks may:
 wide EP spans nodes), the engine actor in rank 0's bundle. The group reserves every rank's units for
-as long as the engine lives, as the real ranks would hold their GPUs; `release` frees it.
+as long as the engine lives, as the real ranks would hold their GPUs; `release` frees it. An AFD
+replica's FFN ranks go where the cluster offers `ffn` units (`ffn_options`), so experts and attention
+can sit on different nodes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.config_load import ConfigError
-from emulation.config import PoolConfig
+from emulation.config import AfdConfig, PoolConfig
 
 READY_TIMEOUT_S = 60.0
 
@@ -48,6 +50,29 @@ def engine_placement(role: str, pool: PoolConfig, num_gpus: float) -> EnginePlac
         ) from None
     strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=0)
     return EnginePlacement({**options, "scheduling_strategy": strategy}, group)
+
+
+FFN_RESOURCE = "ffn"
+"""The custom resource of nodes that hold AFD's FFN ranks (`ray start --resources='{"ffn": N}'`)."""
+
+
+def ffn_options(afd: AfdConfig, num_ranks: int, num_gpus: float) -> dict[str, Any]:
+    """The Ray options of an FFN rank's actor, one of `num_ranks` the run places (`num_gpus`: the
+    runner's share of a real GPU): ffn_ep x ffn_tp units of `ffn` on one node where the cluster offers
+    that resource, else anywhere (a cluster without it runs the FFN ranks beside the engines)."""
+    options: dict[str, Any] = {"num_cpus": 0, "num_gpus": num_gpus}
+    per_node = [n.get("Resources", {}).get(FFN_RESOURCE, 0.0) for n in ray.nodes() if n.get("Alive")]
+    if not any(per_node):
+        return options
+    units = afd.ffn_gpus_per_rank
+    if sum(int(u // units) for u in per_node) < num_ranks:
+        raise ConfigError(
+            f"afd: {num_ranks} FFN rank(s) x ffn_ep*ffn_tp={units} need {units} '{FFN_RESOURCE}' resource "
+            f"units on one node each; the Ray cluster's nodes offer {sum(per_node):g} in all (at most "
+            f"{max(per_node):g} on one node); allowed: more '{FFN_RESOURCE}' units, or none (the FFN ranks "
+            "then go anywhere)"
+        )
+    return {**options, "resources": {FFN_RESOURCE: float(units)}}
 
 
 def rank_nodes(placement: EnginePlacement) -> list[str]:

@@ -4,8 +4,10 @@ All tokens of a step (prefill chunks and decodes of many requests) go through th
 as one packed batch; attention runs per request against that request's KV. The HF modules (norms,
 projections, rotary embedding, MLP or MoE block) do the math, in each architecture's order
 (`runner_layers.py`: Qwen2, Qwen3-MoE); only the attention plumbing is ours, because transformers has no
-CPU path for a varlen batch over a paged cache. `tests/test_runner.py` and `tests/test_moe_runner.py` pin
-the result to the model's own `forward` (allclose).
+CPU path for a varlen batch over a paged cache. With attention-FFN disaggregation the sparse MoE blocks
+run on FFN ranks instead (`ffn_client.py`): the normed hidden states cross, the residual stays here.
+`tests/test_runner.py` and `tests/test_moe_runner.py` pin the result to the model's own `forward`
+(allclose); `tests/test_afd_runner.py` pins the disaggregated runner to the collocated one.
 
 KV storage, two layouts of the same values::
 
@@ -20,13 +22,17 @@ and every step writes new KV to both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 from transformers import PreTrainedModel
 
-from actors.engine.runner_layers import attention_inputs, mlp, rotary_of
+from actors.engine.runner_layers import attention_inputs, is_sparse, mlp, rotary_of
+
+if TYPE_CHECKING:
+    from actors.engine.ffn_client import AfdConnector
 
 
 @dataclass
@@ -47,9 +53,18 @@ class RunnerInput:
 
 class ModelRunner:
     def __init__(
-        self, model: PreTrainedModel, *, num_blocks: int, block_size: int, num_threads: int = 1
+        self,
+        model: PreTrainedModel,
+        *,
+        num_blocks: int,
+        block_size: int,
+        num_threads: int = 1,
+        ffn: AfdConnector | None = None,
     ) -> None:
+        """`ffn` (attention-FFN disaggregation): the FFN ranks that compute every sparse layer's MoE
+        block, the rest stays here; None: the model's own blocks compute here."""
         torch.set_num_threads(num_threads)
+        self.ffn = ffn
         cfg = model.config
         self.model = model
         self.device = next(model.parameters()).device
@@ -156,12 +171,19 @@ class ModelRunner:
                 x[base + at : base + at + len(rows)] = torch.from_numpy(rows).to(x)
             base += len(it.token_ids)
         cos, sin = m.rotary_emb(x[None], pos[None])
+        sizes = [(it.request_id, len(it.token_ids)) for it in items]
+        ffn_rows = None if self.ffn is None else self.ffn.rows(sizes, x.device)  # (the same every layer)
         for li, layer in enumerate(m.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q, k, v = attention_inputs(attn, h, self.head_dim, cos, sin, self._rotary)
             x = x + attn.o_proj(self._attention(li, q, k, v, items, works, attn.scaling))
-            out, chosen = mlp(layer.mlp, layer.post_attention_layernorm(x))
+            h = layer.post_attention_layernorm(x)
+            chosen: torch.Tensor | None
+            if self.ffn is not None and ffn_rows is not None and is_sparse(layer.mlp):
+                out, chosen = self.ffn.mlp(li, h, ffn_rows)  # AFD: the FFN ranks hold the experts
+            else:
+                out, chosen = mlp(layer.mlp, h)
             x = x + out
             if counts is not None and chosen is not None:
                 counts[li] += torch.bincount(chosen.flatten(), minlength=self.num_experts)

@@ -17,7 +17,7 @@ The HF modules do the math; this module only knows which of them a layer has and
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -60,6 +60,11 @@ def attention_inputs(
     return q, k, v
 
 
+def is_sparse(block: nn.Module) -> TypeGuard[modeling_qwen3_moe.Qwen3MoeSparseMoeBlock]:
+    """Whether a layer's MLP is a sparse MoE block (what attention-FFN disaggregation sends away)."""
+    return isinstance(block, modeling_qwen3_moe.Qwen3MoeSparseMoeBlock)
+
+
 def mlp(block: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One layer's MLP of the packed batch `h` [num_tokens, hidden] (normed), and the experts the router
     chose for each token ([num_tokens, top_k]) where the block is sparse, else None.
@@ -68,7 +73,7 @@ def mlp(block: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor |
     experts and their weights) and runs the experts on them (`experts`). The packed batch is rows already:
     the runner calls the two in that order itself, which is all the block's forward does, and keeps the
     router's choices."""
-    if isinstance(block, modeling_qwen3_moe.Qwen3MoeSparseMoeBlock):
+    if is_sparse(block):
         _, weights, chosen = block.gate(h)
         return block.experts(h, chosen, weights), chosen
     return block(h), None

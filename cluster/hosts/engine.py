@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any
 
 import ray
@@ -17,6 +17,7 @@ from actors.engine.kv_connector_worker import KVSource
 from cluster.clock_sync import Probe, probe
 from cluster.engines import build_engine, runner_for
 from cluster.hosts.common import remote_stream, serve_node_metrics
+from cluster.hosts.ffn import RemoteFfnRanks
 from dashboards.recorders import EngineMetrics
 from emulation.config import PoolConfig, TestbedConfig
 from messages import (
@@ -90,15 +91,17 @@ class EngineHost:
         pool: PoolConfig,
         prefill: dict[str, Any],
         link: Any = None,
+        ffn: Sequence[Any] = (),
     ) -> None:
         """`prefill`: the prefill engines' actors by id (a decode engine's peers); `link`: the shared
-        link's actor a prefill engine sends on (kv_transfer.link_scope=fabric), None: its own."""
+        link's actor a prefill engine sends on (kv_transfer.link_scope=fabric), None: its own; `ffn`:
+        its FFN ranks' actors (AFD with real compute: `hosts.ffn.ffn_actors`)."""
         self._args = (engine_id, role, cfg, pool)
         self._link = RemoteLink(link) if link is not None else None
         self._flush_s = cfg.clock.stream_flush_wall_s
         assert self._flush_s is not None  # resolved by live.deploy
         self._prefill = prefill
-        self._runner = runner_for(cfg, pool)
+        self._runner = runner_for(cfg, pool, RemoteFfnRanks(ffn) if ffn else None)
         if self._runner is not None:
             self._runner.warm_up()
         self._metrics = EngineMetrics(cfg, role, replica)
