@@ -31,12 +31,12 @@ from cluster.clock_sync import ClockOffset, check_uncertainty, measure_actor, sy
 from cluster.config_load import ConfigError
 from cluster.engines import chat_renderer
 from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost, ffn_actors
+from cluster.live_shutdown import ffn_handles, kill, shutdown
 from cluster.placement import EnginePlacement, engine_placement, rank_nodes, release
 from cluster.ray_connect import check_resources, connect, disconnect
 from dashboards.exposition import write_sd_file
 from emulation.config import TestbedConfig, replica_id
 from messages import ClientRequest, RequestResult
-from messages.stats import EncoderStats, EngineReport, LostEngine
 from workloads.render_tier import render_tier_for
 from workloads.replay import LoadedWorkload, Workload, load_workload, run_workload
 from workloads.summary import lag_summary
@@ -127,7 +127,7 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
                     eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None, ffn[eid]
                 )
     except BaseException:  # what was placed is freed (a joined cluster outlives this run)
-        for handle in [*(h for per in pools.values() for h in per.values()), *_ffn_handles(ffn)]:
+        for handle in [*(h for per in pools.values() for h in per.values()), *ffn_handles(ffn)]:
             ray.kill(handle)
         release(list(placements.values()))
         raise
@@ -295,53 +295,3 @@ def run_live(
             kill(dep)
         if started:
             disconnect()
-
-
-def shutdown(
-    dep: LiveDeployment, cfg: TestbedConfig
-) -> tuple[dict[str, EngineReport | LostEngine], dict[str, str], list[EncoderStats]]:
-    """Drain every live engine (dead ones are skipped), render replica and encoder (checked empty),
-    collect every actor's final metrics, kill all actors and withdraw their scrape targets; engine
-    reports and expositions by actor id, and the encoders' final totals."""
-    reports: dict[str, EngineReport | LostEngine] = {}
-    metrics: dict[str, str] = {}
-    encoder_stats: list[EncoderStats] = []
-    lost = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
-    for eid, handle in dep.engines.items():
-        try:
-            reports[eid] = ray.get(handle.drain.remote(), timeout=60)
-            metrics[eid] = ray.get(handle.metrics.remote(), timeout=60)
-        except lost as e:
-            reports[eid] = LostEngine(f"{type(e).__name__}: not drained")
-    with contextlib.suppress(*lost):
-        metrics["proxy"] = ray.get(dep.proxy.metrics.remote(), timeout=60)
-    for i, handle in enumerate(dep.renders):
-        with contextlib.suppress(*lost):
-            ray.get(handle.drain.remote(), timeout=60)
-            metrics[replica_id("render", i)] = ray.get(handle.metrics.remote(), timeout=60)
-    for i, handle in enumerate(dep.encoders):
-        with contextlib.suppress(*lost):
-            stats = ray.get(handle.drain.remote(), timeout=60)
-            metrics[replica_id("encoder", i)] = ray.get(handle.metrics.remote(), timeout=60)
-            encoder_stats.append(stats)
-    kill(dep)
-    write_sd_file(cfg.metrics.sd_file, cfg.design, {})
-    return reports, metrics, encoder_stats
-
-
-def kill(dep: LiveDeployment) -> None:
-    for handle in [
-        *dep.engines.values(),
-        dep.proxy,
-        *dep.spare_proxies,
-        *dep.renders,
-        *dep.encoders,
-        *([dep.link] if dep.link else []),
-        *_ffn_handles(dep.ffn),
-    ]:
-        ray.kill(handle)
-    release(list(dep.placements.values()))
-
-
-def _ffn_handles(ffn: dict[str, list[Any]]) -> list[Any]:
-    return [h for handles in ffn.values() for h in handles]
