@@ -5,7 +5,8 @@ The engine schedules all A attention ranks' requests as one step; each rank runs
 share, or the step's largest request if more: a request's tokens run on one rank). Of a rank's step,
 split into m micro-batches::
 
-    T_a   one micro-batch's attention at one layer: qkv_o and attention over all layers / L, times
+    T_a   one micro-batch's attention at one layer: qkv_o and attention over all layers / L, and its
+          output's all-reduce across the rank's tp GPUs (none at tp 1), times
           (1 + barrier_jitter x E[max of A/F standard normals]): the FFN rank waits for the slowest of
           the attention ranks it serves at every layer
     T_e   one micro-batch's experts at one MoE layer on the FFN rank serving it: routers and shared
@@ -17,8 +18,8 @@ split into m micro-batches::
           all-to-all is then part of T_e); dispatch: expert a copy to each distinct GPU holding one
           of its experts, the busiest FFN GPU taking its experts' share
     step  pipeline(T_a, T_e, T_c) over the MoE layers + what runs outside it on the attention side
-          (the dense layers with their attention, the LM head, TP all-reduces, once a micro-batch;
-          the CPU once a step)
+          (the dense layers with their attention and both all-reduces, the LM head, once a
+          micro-batch; the CPU once a step)
 
 Smaller micro-batches cost the experts: each reads the weights of every expert its tokens touch, so
 its GEMMs fall further under the roofline's ridge as m grows.
@@ -72,8 +73,8 @@ class AfdStepTime:
     pipeline: PipelineTime
     """The MoE layers' micro-batches through attention, the link and the experts."""
     outside_s: float
-    """What runs outside the pipeline on the attention side: dense-MLP layers (and their attention),
-    the LM head, tensor-parallel all-reduces, the CPU's work."""
+    """What runs outside the pipeline on the attention side: dense-MLP layers (their attention and
+    all-reduces), the LM head, the CPU's work."""
     cpu_s: float
     """Of `outside_s`, the CPU's."""
     attention_layer_s: float
@@ -152,11 +153,13 @@ class AfdLayout:
         micro = share_of(rank, m)
         groups = attention.groups(micro)
         side = {g.name: g.total_s for g in groups}
+        # One tensor-parallel all-reduce a layer's attention output (before it crosses), one more a
+        # dense layer's MLP: a MoE layer's MLP output comes back whole from the FFN rank.
+        all_reduce_s = attention.all_reduce_s(micro.num_new_tokens) / (2 * model.num_layers)
         t_a = (side["qkv_o"] + side["prefill_attention"] + side["decode_attention"]) / model.num_layers
+        t_a += all_reduce_s
         dense_layers = model.num_layers - model.num_moe_layers
-        outside = m * (
-            side["mlp"] + side["logits"] + dense_layers * t_a + attention.all_reduce_s(micro.num_new_tokens)
-        )
+        outside = m * (side["mlp"] + side["logits"] + dense_layers * (t_a + all_reduce_s))
         t_a *= 1 + afd.barrier_jitter * expected_max_of_normals(a // f)
         # An FFN rank's micro-batch: its A/F attention ranks' (the busiest one's at least).
         ffn_micro = share_of(shape, 1 / max(1 / (f * m), micro.num_new_tokens / shape.num_new_tokens))

@@ -92,4 +92,33 @@ MOE_MODELS: tuple[ModelProfile, ...] = (
         sliding_window=128,
         num_sliding_layers=18,
     ),
+    # mistralai/Mixtral-8x22B-v0.1 config.json: 56 layers, 8 experts (num_local_experts) of 16,384, top-2,
+    # GQA 48 q heads, 8 KV of 128; sliding_window null; vocabulary 32,000 (the Instruct-v0.1's is 32,768).
+    # 141B parameters, 39B active (Mistral AI's announcement); MegaScale-Infer's (arXiv 2504.02263) model.
+    ModelProfile(
+        "mixtral-8x22b",
+        num_layers=56,
+        num_heads=48,
+        num_kv_heads=8,
+        head_dim=128,
+        hidden_size=6144,
+        intermediate_size=16384,
+        vocab_size=32000,
+        moe=MoeGeometry(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16384),
+    ),
+    # databricks/dbrx-base config.json (dbrx-instruct shares it): d_model 6,144, 40 layers (n_layers), 48
+    # heads of 128, 8 KV heads (attn_config.kv_n_heads); 16 experts (ffn_config.moe_num_experts) of
+    # 10,752 (ffn_hidden_size), top-4 (moe_top_k); vocabulary 100,352, untied. 132B parameters, 36B active
+    # (its model card); MegaScale-Infer's (arXiv 2504.02263) model.
+    ModelProfile(
+        "dbrx",
+        num_layers=40,
+        num_heads=48,
+        num_kv_heads=8,
+        head_dim=128,
+        hidden_size=6144,
+        intermediate_size=10752,
+        vocab_size=100352,
+        moe=MoeGeometry(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=10752),
+    ),
 )

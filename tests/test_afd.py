@@ -234,3 +234,24 @@ def test_dispatch_to_the_experts_gpus_sends_a_copy_a_distinct_gpu_and_no_all_to_
     assert ffn.experts is not None
     inside_s = ffn.experts.all_to_all_s(4 * 64 / 3) / 58
     assert rank.ffn_layer_s - expert.ffn_layer_s == pytest.approx(inside_s) and inside_s > 0
+
+
+def test_tensor_parallel_attention_all_reduces_its_output_once_a_moe_layer_inside_t_a():
+    """Attention ranks of 2 GPUs: a MoE layer's attention output is all-reduced before it crosses
+    (inside T_a); its MLP output comes back whole. A dense layer all-reduces twice, outside the pipeline."""
+    from emulation.afd_layout import AfdLayout
+    from emulation.operators import OperatorRoofline
+    from emulation.profiles import GPUS
+
+    one = _layout(8, 2, micro_batches=2, ffn_ep=16)
+    two = AfdLayout(one.model, one.attention_gpu, one.ffn_gpu, one.afd, one.link, attention_tp=2)
+    step = two.step_time_of(_decodes(8 * 64))
+    attention = OperatorRoofline(MODELS["deepseek-v3"], GPUS["h800"], 2)
+    micro = _decodes(32)
+    per_all_reduce = attention.all_reduce_s(32) / (2 * 61)
+    assert per_all_reduce > 0
+    side = {g.name: g.total_s for g in attention.groups(micro)}
+    t_a = (side["qkv_o"] + side["decode_attention"]) / 61 + per_all_reduce
+    assert step.attention_layer_s == pytest.approx(t_a)
+    dense = 3 * (t_a + per_all_reduce)
+    assert step.outside_s == pytest.approx(2 * (side["mlp"] + side["logits"] + dense) + step.cpu_s)

@@ -37,6 +37,17 @@ CONFIGS = {
         "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
         "num_experts_per_tok": 4, "sliding_window": 128, "tie_word_embeddings": False,
     }),
+    "mixtral-8x22b": ("Mixtral", {
+        "vocab_size": 32000, "hidden_size": 6144, "intermediate_size": 16384, "num_hidden_layers": 56,
+        "num_attention_heads": 48, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    }),
+    "dbrx": ("Dbrx", {
+        "vocab_size": 100352, "d_model": 6144, "n_layers": 40, "n_heads": 48, "max_seq_len": 32768,
+        "attn_config": {"kv_n_heads": 8, "clip_qkv": 8, "rope_theta": 500000},
+        "ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4},
+        "tie_word_embeddings": False,
+    }),
 }  # fmt: skip
 # Published totals and active parameters (model cards; DeepSeek-V3 without its MTP module), and whether
 # the active count includes the embedding (gpt-oss's counts the unembedding only).
@@ -46,6 +57,8 @@ PUBLISHED = {
     "qwen3-30b-a3b": (30.5e9, 3.3e9, True),
     "mixtral-8x7b": (46.7e9, 12.9e9, True),
     "gpt-oss-120b": (116.83e9, 5.13e9, False),
+    "mixtral-8x22b": (141e9, 39e9, True),
+    "dbrx": (132e9, 36e9, True),
 }
 
 
