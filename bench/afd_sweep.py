@@ -134,7 +134,7 @@ def main() -> None:
     print(f"DeepSeek-V3 decode on H800, FFN ranks of {args.ffn_ep} GPUs, 3 micro-batches, "
           f"TPOT <= {args.tpot_ms:g} ms, {args.context}-token contexts")  # fmt: skip
     print(table(HEADERS, rows))
-    best = max(rows[: len(RATIOS)], key=lambda r: float(r[-1].replace(",", "") or 0))
+    best = max(rows[: len(RATIOS)], key=lambda r: 0.0 if r[-1] == "-" else float(r[-1].replace(",", "")))
     a = int(best[0].split(":")[0])
     print(f"\nmicro-batches at {a}:1")
     print(

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from emulation.config import PoolConfig, TestbedConfig
+from emulation.config import AfdConfig, PoolConfig, TestbedConfig
 from emulation.expert_parallel import ffn_weight_bytes_per_gpu
 from emulation.kv_cache import cdiv
 from emulation.moe import expert_popularity
-from emulation.profiles import GPUS, LINKS, MODELS, ModelProfile
+from emulation.profiles import GPUS, LINKS, MODELS, GpuProfile, ModelProfile
 
 
 def experts(cfg: TestbedConfig) -> Iterator[str]:
@@ -30,6 +30,8 @@ def experts(cfg: TestbedConfig) -> Iterator[str]:
                 yield from _pool_afd(cfg, key, pool, model, moe_models)
             else:
                 yield from _pool_experts(cfg, key, pool, model, moe_models)
+    if cfg.pools.encoder.afd is not None:
+        yield "pools.encoder.afd: the vision encoder has no experts to disaggregate; allowed: none (unset)"
     r = cfg.target.moe_routing
     if r.skew != "uniform" and model.moe is None:
         yield f"target.moe_routing.skew={r.skew!r}: target.model={model.name!r} is dense; allowed: uniform"
@@ -138,9 +140,39 @@ def _pool_afd(cfg: TestbedConfig, key: str, pool: PoolConfig, model: ModelProfil
     held = ffn_weight_bytes_per_gpu(model, afd)
     if held > usable:
         yield (
-            f"{k}: {model.name}'s experts take {held / 1e9:.1f} GB on each of an FFN rank's "
-            f"{afd.ffn_gpus_per_rank} x {ffn_gpu}, more than their {usable / 1e9:.1f} GB; allowed: a larger "
-            "ffn_ep or ffn_tp"
+            f"{k}.ffn_ep={afd.ffn_ep}: {model.name}'s experts take {held / 1e9:.1f} GB on each of an FFN "
+            f"rank's {afd.ffn_ep} x ffn_tp={afd.ffn_tp} {ffn_gpu}s, more than their {usable / 1e9:.1f} GB; "
+            "allowed: a larger ffn_ep or ffn_tp"
+        )
+    yield from _afd_spans(cfg, k, pool, afd, gpu)
+
+
+def _afd_spans(cfg: TestbedConfig, k: str, pool: PoolConfig, afd: AfdConfig, ffn_gpu: GpuProfile
+               ) -> Iterator[str]:  # fmt: skip
+    """An attention rank's and an expert's tensor-parallel GPUs share a node; an FFN rank's GPUs are
+    within the EP fabric's reach; the runner model has experts to send across when it computes."""
+    fabric = cfg.target.ep_fabric
+    for field, tp, gpu in ((k.removesuffix(".afd") + ".tp", pool.tp, GPUS[pool.gpu]),
+                           (f"{k}.ffn_tp", afd.ffn_tp, ffn_gpu)):  # fmt: skip
+        per_node = fabric.gpus_per_node or gpu.gpus_per_node
+        if tp > per_node:
+            yield (
+                f"{field}={tp}: a tensor-parallel group's GPUs share a node of {per_node}; allowed: at most "
+                f"{per_node}"
+            )
+    per_node = fabric.gpus_per_node or ffn_gpu.gpus_per_node
+    nodes = cdiv(afd.ffn_gpus_per_rank, per_node)
+    if nodes > fabric.max_nodes:
+        yield (
+            f"{k}.ffn_ep={afd.ffn_ep}: an FFN rank's {afd.ffn_gpus_per_rank} GPUs span {nodes} "
+            f"nodes of {per_node}; allowed: at most target.ep_fabric.max_nodes={fabric.max_nodes}"
+        )
+    r = cfg.runner
+    if r.compute == "real" and r.model_path is None and r.architecture != "qwen3_moe":
+        yield (
+            f"runner.architecture={r.architecture!r}: {k} sends each MoE layer's hidden states to the FFN "
+            "ranks, and this runner model has no experts (runner.compute='real'); allowed: qwen3_moe, or "
+            "runner.compute=skip"
         )
 
 

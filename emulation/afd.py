@@ -12,9 +12,10 @@ top_k copies.) A step of m micro-batches through L MoE layers, each micro-batch 
 T_e of experts and T_c on the link each way a layer, pipelines as MegaScale-Infer's ping-pong
 (arXiv 2504.02263)::
 
-    round trip    R = T_a + T_c + T_e + T_c            one micro-batch through one layer (A2F, F2A)
+    round trip    R = T_a + T_c + T_e + T_c (+ 2 x the link's latency)
+                                                       one micro-batch through one layer (A2F, F2A)
     stage         T_f = max(T_a, T_e, T_c)             the busiest resource (A2F and F2A are separate
-                                                       directions of the link)
+                                                       directions of the link; T_c its wire time)
     layer cycle   C = max(m · T_f, R)                  a micro-batch's next layer waits for its trip
     step          T = (L - 1) · C + (m - 1) · T_f + R
 
@@ -74,14 +75,17 @@ def pipeline(
     num_micro_batches: int,
     num_layers: int,
     f2a_s: float | None = None,
+    latency_s: float = 0.0,
 ) -> PipelineTime:
     """The ping-pong pipeline's step time (module docstring): `attention_s`, `ffn_s`, `comm_s` are one
-    micro-batch's attention, experts and A2F transfer at one layer; `f2a_s` its transfer back, if it
-    differs (FP8 out, BF16 back): the round trip takes both, the stage the slower direction."""
+    micro-batch's attention, experts and A2F wire time at one layer; `f2a_s` its wire time back, if it
+    differs (FP8 out, BF16 back): the round trip takes both, the stage the slower direction.
+    `latency_s`, the link's one-way latency, lengthens each round trip twice but occupies no stage
+    (the NIC is free while a message is in flight)."""
     m, layers = num_micro_batches, num_layers
     assert m >= 1 and layers >= 1, (m, layers)
     back_s = comm_s if f2a_s is None else f2a_s
-    total = _step_s(attention_s, ffn_s, comm_s, back_s, m, layers)
+    total = _step_s(attention_s, ffn_s, comm_s, back_s, m, layers, latency_s)
     busy_a, busy_e = m * layers * attention_s, m * layers * ffn_s
     return PipelineTime(
         total_s=total,
@@ -89,12 +93,12 @@ def pipeline(
         ffn_s=busy_e,
         attention_bubble_s=total - busy_a,
         ffn_bubble_s=total - busy_e,
-        communication_s=total - _step_s(attention_s, ffn_s, 0.0, 0.0, m, layers),
+        communication_s=total - _step_s(attention_s, ffn_s, 0.0, 0.0, m, layers, 0.0),
     )
 
 
-def _step_s(t_a: float, t_e: float, a2f: float, f2a: float, m: int, layers: int) -> float:
-    round_trip = t_a + a2f + t_e + f2a
+def _step_s(t_a: float, t_e: float, a2f: float, f2a: float, m: int, layers: int, latency: float) -> float:
+    round_trip = t_a + a2f + t_e + f2a + 2 * latency
     stage = maximum(maximum(t_a, t_e), maximum(a2f, f2a))  # elementwise over a window's steps
     cycle = maximum(m * stage, round_trip)
     return (layers - 1) * cycle + (m - 1) * stage + round_trip

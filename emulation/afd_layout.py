@@ -3,21 +3,23 @@ as its busiest attention rank runs it, the MoE layers pipelined with the FFN ran
 
 The engine schedules all A attention ranks' requests as one step; each rank runs its share (an even
 share, or the step's largest request if more: a request's tokens run on one rank). Of a rank's step,
-split into m micro-batches::
+split into m micro-batches (afd.num_micro_batches, or one a request on a rank with fewer)::
 
     T_a   one micro-batch's attention at one layer: qkv_o and attention over all layers / L, and its
           output's all-reduce across the rank's tp GPUs (none at tp 1), times
           (1 + barrier_jitter x E[max of A/F standard normals]): the FFN rank waits for the slowest of
           the attention ranks it serves at every layer
     T_e   one micro-batch's experts at one MoE layer on the FFN rank serving it: routers and shared
-          experts over the tokens of its A/F attention ranks (the sum of their micro-batches), routed
-          experts on its busiest GPU (ffn_ep of them, expert-parallel, with their all-to-all)
-    T_c   each way: latency + bytes / (NICs x bandwidth x link_bandwidth), the slower of the two ends:
+          experts (on every GPU of the rank) over the tokens of its A/F attention ranks (the sum of
+          their micro-batches), routed experts on its busiest GPU (ffn_ep of them, expert-parallel,
+          with their all-to-all), and with ffn_tp > 1 the all-reduce of each expert's output
+    T_c   each way: bytes / (NICs x bandwidth x link_bandwidth), the slower of the two ends (and the
+          link's latency, twice in each round trip, never in a stage: `afd.pipeline`):
           an attention rank sends its micro-batch over its tp NICs, an FFN rank takes A/F of them
           over its ffn_ep x ffn_tp NICs. dispatch: rank sends a token once (to the FFN rank, whose
           all-to-all is then part of T_e); dispatch: expert a copy to each distinct GPU holding one
           of its experts, the busiest FFN GPU taking its experts' share
-    step  pipeline(T_a, T_e, T_c) over the MoE layers + what runs outside it on the attention side
+    step  pipeline(T_a, T_e, T_c, latency) over the MoE layers + what runs outside it on the attention side
           (the dense layers with their attention and both all-reduces, the LM head, once a
           micro-batch; the CPU once a step)
 
@@ -88,11 +90,16 @@ class AfdStepTime:
     f2a_bytes: float
     """What the replica's attention ranks send to the experts and get back in the step, all layers and
     micro-batches."""
+    num_tokens: float
+    """The replica's step's tokens, all attention ranks' together."""
+    num_micro_batches: int = 1
+    """The micro-batches the step ran (afd.num_micro_batches, or fewer on a rank with fewer requests)."""
     attention_groups: tuple[GroupTime, ...] = ()
     """The attention side's operator groups over the step (its micro-batches together), one GPU's."""
     kv_write_bytes: float = 0.0
     expert_load: ExpertLoad | None = None
-    """What one micro-batch asks of an FFN rank's experts (the tokens of the A/F ranks it serves)."""
+    """What one micro-batch asks of an FFN rank's experts (the tokens of the A/F ranks it serves; its
+    `num_tokens` that micro-batch's, not the step's)."""
 
     @property
     def total_s(self) -> float:
@@ -145,11 +152,13 @@ class AfdLayout:
     def step_time_of(self, shape: StepShape) -> AfdStepTime:
         """The step of the replica's batch `shape` (all its attention ranks' requests)."""
         afd, model, attention = self.afd, self.model, self._attention
-        m, a, f = afd.num_micro_batches, afd.num_attention_ranks, afd.num_ffn_ranks
+        a, f = afd.num_attention_ranks, afd.num_ffn_ranks
         rank = busiest_rank(shape, a)
         cpu_s = attention.cpu_s(rank)
         if shape.num_new_tokens == 0:
-            return AfdStepTime(pipeline(0.0, 0.0, 0.0, 1, 1), cpu_s, cpu_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            return AfdStepTime(pipeline(0.0, 0.0, 0.0, 1, 1), cpu_s, cpu_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        # A rank with fewer requests than micro-batches runs one a request: a request is not split.
+        m = max(1, min(afd.num_micro_batches, math.floor(rank.num_requests + 1e-9)))
         micro = share_of(rank, m)
         groups = attention.groups(micro)
         side = {g.name: g.total_s for g in groups}
@@ -161,20 +170,23 @@ class AfdLayout:
         dense_layers = model.num_layers - model.num_moe_layers
         outside = m * (side["mlp"] + side["logits"] + dense_layers * (t_a + all_reduce_s))
         t_a *= 1 + afd.barrier_jitter * expected_max_of_normals(a // f)
-        # An FFN rank's micro-batch: its A/F attention ranks' (the busiest one's at least).
-        ffn_micro = share_of(shape, 1 / max(1 / (f * m), micro.num_new_tokens / shape.num_new_tokens))
+        # An FFN rank's micro-batch: the busiest attention rank's and those of the A/F - 1 others it
+        # serves, the rest of the step spread evenly over the other A - 1 ranks.
+        busiest = rank.num_new_tokens / shape.num_new_tokens
+        served = busiest + (a // f - 1) * (1 - busiest) / (a - 1) if a > 1 else 1.0
+        ffn_micro = share_of(shape, m / served)
         t_e, load = self._ffn_layer(ffn_micro)
-        a2f_s, f2a_s = (
-            self._transfer_s(micro, ffn_micro, nbytes, routed, load) for nbytes, routed in self._ways
-        )
-        piped = pipeline(t_a, t_e, a2f_s, m, model.num_moe_layers, f2a_s=f2a_s)
+        a2f_s, f2a_s = (self._wire_s(micro, ffn_micro, nbytes, routed, load) for nbytes, routed in self._ways)
+        latency_s = self.link.latency_s
+        piped = pipeline(t_a, t_e, a2f_s, m, model.num_moe_layers, f2a_s=f2a_s, latency_s=latency_s)
         a2f_bytes, f2a_bytes = (
-            self._bytes(shape.num_new_tokens, nbytes, routed) for nbytes, routed in self._ways
+            self._bytes(shape.num_new_tokens, nbytes, routed) * model.num_moe_layers
+            for nbytes, routed in self._ways
         )
         kv_write = rank.num_new_tokens * model.kv_bytes_per_token_per_gpu(self.attention_tp)
         return AfdStepTime(
-            piped, outside + cpu_s, cpu_s, t_a, t_e, a2f_s, f2a_s, a2f_bytes * model.num_moe_layers,
-            f2a_bytes * model.num_moe_layers, tuple(g.times(m) for g in groups), kv_write, load,
+            piped, outside + cpu_s, cpu_s, t_a, t_e, latency_s + a2f_s, latency_s + f2a_s, a2f_bytes,
+            f2a_bytes, shape.num_new_tokens, m, tuple(g.times(m) for g in groups), kv_write, load,
         )  # fmt: skip
 
     @property
@@ -212,11 +224,13 @@ class AfdLayout:
         """T_e and the expert load of one FFN-rank micro-batch `ffn_micro`."""
         ffn = self._ffn
         assert ffn.experts is not None
-        tokens = ffn_micro.num_new_tokens
-        routed = ffn.experts.routed(round(tokens))
+        tokens, model = ffn_micro.num_new_tokens, self.model
+        routed = ffn.experts.routed(math.ceil(tokens - 1e-9))  # whole tokens: a fraction still routes
         groups = ffn.expert_groups(share_of(ffn_micro, self.afd.ffn_ep), routed)
         total = sum(g.total_s for g in groups) + ffn.experts.all_to_all_s(tokens)
-        return total / self.model.num_moe_layers, routed.load
+        # each expert split ffn_tp ways: its output all-reduced across them, once a layer
+        all_reduce_s = ffn.all_reduce_s(tokens / self.afd.ffn_ep) / (2 * model.num_layers)
+        return total / model.num_moe_layers + all_reduce_s, routed.load
 
     def _bytes(self, num_tokens: float, nbytes: float, routed: bool) -> float:
         """One layer's bytes for `num_tokens` tokens one way, every copy of each."""
@@ -227,15 +241,16 @@ class AfdLayout:
             per_token += moe.num_experts_per_tok * ROUTING_BYTES_PER_CHOICE
         return num_tokens * self._copies_per_token * per_token
 
-    def _transfer_s(
+    def _wire_s(
         self, micro: StepShape, ffn_micro: StepShape, nbytes: float, routed: bool, load: ExpertLoad
     ) -> float:
-        """One micro-batch's transfer one way at one layer: the slower end's NICs. An FFN rank takes
-        its A/F attention ranks' micro-batches over its GPUs' NICs: evenly (dispatch: rank), or each GPU
-        its experts' share, the busiest GPU's the load's imbalance over the mean (dispatch: expert)."""
+        """One micro-batch's wire time one way at one layer (the link's latency apart): the slower
+        end's NICs. An FFN rank takes its A/F attention ranks' micro-batches over its GPUs' NICs: evenly
+        (dispatch: rank), or each GPU its experts' share, the busiest GPU's the load's imbalance over the
+        mean (dispatch: expert)."""
         nic = self.link.bytes_per_s * self.afd.link_bandwidth
         sent = self._bytes(micro.num_new_tokens, nbytes, routed) / (self.attention_tp * nic)
         taken = self._bytes(ffn_micro.num_new_tokens, nbytes, routed) / (self.afd.ffn_gpus_per_rank * nic)
         if self.afd.dispatch == "expert":
             taken *= load.imbalance
-        return self.link.latency_s + max(sent, taken)
+        return max(sent, taken)

@@ -126,7 +126,8 @@ def all_to_all_of(
 def weight_bytes_per_gpu(model: ModelProfile, pool: PoolConfig) -> float:
     """What one GPU of a replica of `pool` holds: its share of the dense weights (attention_tp ways)
     and of its rank's routed experts (their copies included: every rank has the same slots). With
-    AFD, an attention GPU's: the dense weights but the routers and shared experts (`ffn_weight_bytes`)."""
+    AFD, an attention GPU's: the dense weights less the routers and shared experts, which the FFN
+    ranks hold (`ffn_weight_bytes_per_gpu`)."""
     dense = (model.weight_bytes - model.routed_weight_bytes) / pool.attention_tp
     if pool.afd is not None:
         return dense - model.num_shared_params * model.weight_bytes_per_layer_param / pool.attention_tp
@@ -138,7 +139,7 @@ def weight_bytes_per_gpu(model: ModelProfile, pool: PoolConfig) -> float:
 
 
 def ffn_weight_bytes_per_gpu(model: ModelProfile, afd: AfdConfig) -> float:
-    """What one GPU of an AFD FFN rank holds: its share (ffn_ep x ffn_tp ways) of every routed expert,
-    shared expert and router."""
+    """What one GPU of an AFD FFN rank holds: its share (ffn_ep x ffn_tp ways) of the routed experts, and
+    every shared expert and router split ffn_tp ways (each GPU runs them for its own tokens)."""
     shared = model.num_shared_params * model.weight_bytes_per_layer_param
-    return (model.routed_weight_bytes + shared) / afd.ffn_gpus_per_rank
+    return model.routed_weight_bytes / afd.ffn_gpus_per_rank + shared / afd.ffn_tp

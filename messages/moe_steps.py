@@ -50,7 +50,7 @@ class MoeWork:
     """The step's tokens, all data-parallel attention ranks' together."""
     max_tokens_per_expert: Sequence[float] = ()
     mean_tokens_per_expert: Sequence[float] = ()
-    """tokens x top_k / routed experts."""
+    """tokens x top_k / routed experts (AFD: of one FFN rank's micro-batch, what its GEMMs see)."""
     imbalance: Sequence[float] = ()
     """The busiest EP rank's token-expert assignments over the mean rank's (1: balanced)."""
     all_to_all_s: Sequence[float] = ()
@@ -77,8 +77,9 @@ class MoeWork:
         if load is None:
             return None
         afd = _afd_figures(step) if isinstance(step, AfdStepTime) else (0.0,) * 6
+        tokens = step.num_tokens if isinstance(step, AfdStepTime) else load.num_tokens
         return cls(
-            per_step(load.num_tokens, num_steps),
+            per_step(tokens, num_steps),
             per_step(load.max_tokens_per_expert, num_steps),
             per_step(load.mean_tokens_per_expert, num_steps),
             per_step(load.imbalance, num_steps),

@@ -109,7 +109,8 @@ def test_an_afd_step_is_the_pipeline_of_its_sides_plus_what_runs_outside_it():
     groups = ffn.expert_groups(share_of(_decodes(128), 16), ffn_rank.routed(128))
     t_e = (sum(g.total_s for g in groups) + ffn_rank.all_to_all_s(128)) / 58
     assert step.ffn_layer_s == pytest.approx(t_e)
-    expected = pipeline(t_a, t_e, step.a2f_s, 2, 58, f2a_s=step.f2a_s)
+    wire_s = 32 * 7168 * 2 / 50e9  # the link's latency: in the round trip, not the stage
+    expected = pipeline(t_a, t_e, wire_s, 2, 58, f2a_s=wire_s, latency_s=20e-6)
     assert step.pipeline.total_s == pytest.approx(expected.total_s)
     cpu_s = 0.002 + 1.4e-5 * 64
     outside = 2 * (side["mlp"] + side["logits"] + 3 * t_a) + cpu_s
@@ -196,12 +197,25 @@ AFD_DSV3 = {
         ),
         (
             {"pools": {"mixed": {"afd": {"ffn_ep": 4}}}},
-            "pools.mixed.afd: deepseek-v3's experts take 164.1 GB on each of an FFN rank's 4 x h800, more "
-            "than their 72.0 GB; allowed: a larger ffn_ep or ffn_tp",
+            "pools.mixed.afd.ffn_ep=4: deepseek-v3's experts take 166.1 GB on each of an FFN rank's 4 x "
+            "ffn_tp=1 h800s, more than their 72.0 GB; allowed: a larger ffn_ep or ffn_tp",
         ),
         (
             {"pools": {"mixed": {"ep": 8}}},
             "pools.mixed.ep=8: with afd the experts are on the FFN ranks; allowed: the default",
+        ),
+        (
+            {"pools": {"mixed": {"tp": 16}}},
+            "pools.mixed.tp=16: a tensor-parallel group's GPUs share a node of 8; allowed: at most 8",
+        ),
+        (
+            {"runner": {"compute": "real"}},
+            "runner.architecture='qwen2': pools.mixed.afd sends each MoE layer's hidden states to the FFN "
+            "ranks, and this runner model has no experts",
+        ),
+        (
+            {"pools": {"encoder": {"afd": {"link": "nvlink"}}}},
+            "pools.encoder.afd: the vision encoder has no experts to disaggregate; allowed: none (unset)",
         ),
         (
             {"target": {"time_model": "aggregate"}},
@@ -255,3 +269,32 @@ def test_tensor_parallel_attention_all_reduces_its_output_once_a_moe_layer_insid
     assert step.attention_layer_s == pytest.approx(t_a)
     dense = 3 * (t_a + per_all_reduce)
     assert step.outside_s == pytest.approx(2 * (side["mlp"] + side["logits"] + dense) + step.cpu_s)
+
+
+def test_the_links_latency_lengthens_each_round_trip_not_the_stage():
+    """T_a 3, T_e 2, wire 1 each way, latency 0.5, m = 2 over 4 layers: R = 3 + 1 + 2 + 1 + 2 x 0.5 = 8,
+    the stage max(3, 2, 1) = 3: C = max(6, 8) = 8, T = 3·8 + 3 + 8 = 35 (without the latency: 31)."""
+    assert pipeline(3.0, 2.0, 1.0, 2, 4, latency_s=0.5).total_s == 35
+    assert pipeline(3.0, 2.0, 1.0, 2, 4).total_s == 31
+
+
+def test_a_rank_with_fewer_requests_than_micro_batches_runs_one_a_request():
+    """m = 3 asked: 8 ranks of 1 decode run 1 micro-batch, of 2 decodes 2, of 64 all 3; a lone decode's
+    experts still compute its token (routed work never rounds to nothing)."""
+    layout = _layout(8, 2, micro_batches=3, ffn_ep=16)
+    runs = {n: layout.step_time_of(_decodes(8 * n)) for n in (1, 2, 64)}
+    assert [runs[n].num_micro_batches for n in (1, 2, 64)] == [1, 2, 3]
+    lone = layout.step_time_of(_decodes(1))
+    assert lone.num_micro_batches == 1 and lone.expert_load is not None
+    assert lone.expert_load.num_tokens == 1 and lone.expert_load.rank_tokens > 0
+
+
+def test_an_ffn_rank_serves_the_busiest_attention_rank_and_its_share_of_the_rest():
+    """8 attention ranks, 2 FFN ranks; a 2,000-token prompt chunk beside 512 decodes: the chunk's rank is
+    the busiest (2,000 of 2,512 tokens), the other 3 ranks its FFN rank serves hold 3/7 of the rest:
+    2,000 + 512 x 3/7 = 2,219.4 tokens, over 3 micro-batches 740 each."""
+    from emulation.step_shape import StepItem, StepShape
+
+    shape = StepShape.of([StepItem(2000, 0, True), *[StepItem(1, 4095, True)] * 512])
+    step = _layout(8, 2, micro_batches=3, ffn_ep=16).step_time_of(shape)
+    assert step.expert_load is not None and step.expert_load.num_tokens == math.ceil((2000 + 512 * 3 / 7) / 3)

@@ -51,6 +51,7 @@ def test_every_computed_token_crosses_the_cut_at_every_moe_layer_each_way(afd_ru
         moved = sum_series([text], m.AFD_TRANSFER_BYTES.exposed, direction=direction)
         assert moved == tokens * model.num_moe_layers * model.hidden_size * nbytes
     assert sum(log.a2f_bytes) == pytest.approx(tokens * 48 * 2048)
+    assert sum(log.num_tokens) == tokens  # the step's tokens (tokens per expert: a micro-batch's)
     num_steps = sum_series([text], m.STEPS.exposed)
     for spec, labels in ((m.AFD_EXPOSED, {}), (m.AFD_BUBBLE, {"side": "attention"}),
                          (m.AFD_BUBBLE, {"side": "ffn"}), (m.AFD_FFN_UTILIZATION, {})):  # fmt: skip
