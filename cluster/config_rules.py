@@ -12,7 +12,7 @@ from pathlib import Path
 
 from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
 from cluster.config_rules_experts import experts
-from emulation.config import TestbedConfig
+from emulation.config import PoolConfig, TestbedConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS, cdiv, num_gpu_blocks
 from emulation.profiles import GPUS, MODELS
 from workloads.slo import SloError, parse_slo
@@ -53,7 +53,7 @@ def _pools(cfg: TestbedConfig) -> Iterator[str]:
         a_rank = " a rank" if pool.num_attention_ranks > 1 else ""
         if have - NUM_NULL_BLOCKS < need:
             yield (
-                f"pools.{name}: {cfg.target.model} on {pool.num_gpus} x {pool.gpu} leaves KV room for "
+                f"pools.{name}: {cfg.target.model} on {_kv_gpus(pool)} x {pool.gpu} leaves KV room for "
                 f"{have - NUM_NULL_BLOCKS} blocks{a_rank} (and vLLM's null block), a request needs {need}; "
                 "allowed: a larger tp or GPU, or shorter requests"
             )
@@ -190,3 +190,8 @@ def _faults(cfg: TestbedConfig) -> Iterator[str]:
             "faults.engine_hangs: a hung prefill engine holds its requests for ever without "
             "router.prefill_timeout_s; allowed: set it (emulated seconds)"
         )
+
+
+def _kv_gpus(pool: PoolConfig) -> int:
+    """The GPUs of a replica of `pool` that hold KV: all of them, or with AFD its attention ranks'."""
+    return pool.num_gpus if pool.afd is None else pool.num_attention_ranks * pool.tp
