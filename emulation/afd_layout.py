@@ -29,6 +29,7 @@ its GEMMs fall further under the roofline's ridge as m grows.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -169,6 +170,7 @@ class AfdLayout:
         t_a += all_reduce_s
         dense_layers = model.num_layers - model.num_moe_layers
         outside = m * (side["mlp"] + side["logits"] + dense_layers * (t_a + all_reduce_s))
+        busy_s = t_a  # the barrier's wait below is the rank's idle time, not its work
         t_a *= 1 + afd.barrier_jitter * expected_max_of_normals(a // f)
         # An FFN rank's micro-batch: the busiest attention rank's and those of the A/F - 1 others it
         # serves, the rest of the step spread evenly over the other A - 1 ranks.
@@ -179,6 +181,8 @@ class AfdLayout:
         a2f_s, f2a_s = (self._wire_s(micro, ffn_micro, nbytes, routed, load) for nbytes, routed in self._ways)
         latency_s = self.link.latency_s
         piped = pipeline(t_a, t_e, a2f_s, m, model.num_moe_layers, f2a_s=f2a_s, latency_s=latency_s)
+        busy_s *= m * model.num_moe_layers
+        piped = dataclasses.replace(piped, attention_s=busy_s, attention_bubble_s=piped.total_s - busy_s)
         a2f_bytes, f2a_bytes = (
             self._bytes(shape.num_new_tokens, nbytes, routed) * model.num_moe_layers
             for nbytes, routed in self._ways

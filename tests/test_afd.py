@@ -133,6 +133,11 @@ def test_the_barrier_waits_for_the_slowest_attention_rank_an_ffn_rank_serves():
     jittery = _layout(8, 2, barrier_jitter=0.1).step_time_of(shape)
     assert jittery.attention_layer_s == pytest.approx(calm.attention_layer_s * (1 + 0.1 * 1.0294), rel=1e-4)
     assert jittery.total_s > calm.total_s
+    # the wait is the attention rank's idle time, not its work
+    assert jittery.pipeline.attention_s == pytest.approx(calm.pipeline.attention_s)
+    assert jittery.pipeline.attention_bubble_s == pytest.approx(
+        jittery.total_s - jittery.outside_s - calm.pipeline.attention_s
+    )
 
 
 def test_a_window_of_decode_steps_times_as_its_steps_one_at_a_time():

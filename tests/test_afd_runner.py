@@ -185,3 +185,22 @@ def test_afd_with_compute_skip_builds_no_ffn_rank():
     )
     _, dep = run_requests(cfg, make_requests(2, 40, 4, forced=True))
     assert dep.engines[0].executor.runner is None
+
+
+def test_pd_with_both_pools_disaggregated_emits_the_collocated_tokens():
+    """Prefill and decode both attention-FFN disaggregated (prefill 2:1, decode 4:2): prompt chunks and
+    decodes cross at every layer, the KV handoff between the attention sides, the collocated run's tokens."""
+    prompts = make_requests(6, [30, 64, 90, 130, 170, 200], 8, seed=3, gap_s=0.3)
+    colo, _ = run_requests(make_config(COLLOCATED, MOE_TARGET), prompts)
+    afd = {"link": "rdma-400g", "num_micro_batches": 3}
+    pools = {
+        "mixed": {"replicas": 0},
+        "prefill": {"replicas": 1, "gpu": "h100-sxm", "afd": {**afd, "num_attention_ranks": 2}},
+        "decode": {
+            "replicas": 1, "gpu": "h100-sxm", "afd": {**afd, "num_attention_ranks": 4, "num_ffn_ranks": 2}
+        },
+    }  # fmt: skip
+    pd, dep = run_requests(make_config(MOE_TARGET, pools=pools), prompts)
+    assert all(e.executor.runner.ffn is not None for e in dep.engines)
+    assert [r.finished_reason for r in pd] == ["length"] * 6
+    assert [r.output_token_ids for r in pd] == [r.output_token_ids for r in colo]
