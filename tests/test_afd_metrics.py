@@ -60,6 +60,21 @@ def test_every_computed_token_crosses_the_cut_at_every_moe_layer_each_way(afd_ru
     assert not any(log.all_to_all_s)  # the FFN ranks' own all-to-alls are inside their step
 
 
+def test_an_afd_engine_exports_its_labelled_series_at_zero_before_any_step():
+    """As vLLM's labelled families are: a rate over a window where the series appeared is then 0, not
+    missing (its first scrape is not its final value)."""
+    from dashboards.recorders import EngineMetrics
+
+    values = sample_values(EngineMetrics(afd_config(macro_steps=False), "mixed", 0).exposition())
+    for name, label in (
+        ("testbed:afd_transfer_bytes_total", ("direction", "a2f")),
+        ("testbed:afd_transfer_bytes_total", ("direction", "f2a")),
+        ("testbed:afd_bubble_seconds_count", ("side", "attention")),
+        ("testbed:afd_bubble_seconds_count", ("side", "ffn")),
+    ):
+        assert [v for (n, labels), v in values.items() if n == name and label in labels] == [0.0], name
+
+
 def test_macro_steps_record_the_same_afd_steps(afd_run):
     many = run_virtual(afd_config(macro_steps=True))
     assert afd_run.engine_reports == many.engine_reports

@@ -116,6 +116,11 @@ class EngineMetrics(Registry):
             ((label, names),) = values.items()
             for name in names:
                 self.child(spec, **{label: name})
+        if getattr(cfg.pools, role).afd is not None:  # an AFD engine's labelled series at zero, too
+            for direction in ("a2f", "f2a"):
+                self.child(AFD_TRANSFER_BYTES, direction=direction)
+            for side in ("attention", "ffn"):
+                self.child(AFD_BUBBLE, side=side)
         self.child(ENGINE_SLEEP_STATE, sleep_state="awake").set(1)  # engines never sleep
         self.child(CACHE_CONFIG_INFO, **cache_config_info(cfg, role)).set(1)
         self._counted = SchedulerStats(0, 0, 0.0, 0, 0, 0, 0)
