@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
+import timeit
 from collections.abc import Callable
 
 import numpy as np
@@ -46,12 +46,7 @@ SHAPES = {"decode 16": [(1, 2000)] * 16, "prefill 512": [(512, 0)]}
 
 def _median_s(fn: Callable[[], object], repeat: int) -> float:
     fn()  # (warm)
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return statistics.median(timeit.repeat(fn, number=1, repeat=repeat))
 
 
 def _runner_items(shape: list[tuple[int, int]]) -> list[RunnerInput]:

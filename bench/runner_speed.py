@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
+import timeit
 
 import torch
 
@@ -28,12 +28,7 @@ TARGET = Roofline(MODELS["qwen2.5-7b"], GPUS["l40s"], eta_compute=0.47, eta_band
 
 
 def _p50(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return statistics.median(timeit.repeat(fn, number=1, repeat=repeat))
 
 
 def measure(hidden: int, layers: int, heads: int, kv_heads: int) -> dict:
