@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from collections.abc import Callable
+
+from afd_points import decodes, largest_batch  # bench/, beside this script
 
 from emulation.config import PoolConfig, TestbedConfig
-from emulation.step_shape import StepItem, StepShape
 from emulation.time_model import StepTimeModel, time_model_for
 
 RATIOS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -59,31 +59,20 @@ def ep_pool(ep: int) -> PoolConfig:
     )
 
 
-def decodes(num_ranks: int, batch: int, context: int) -> StepShape:
-    """A decode step of `batch` requests on each of `num_ranks` attention ranks."""
-    return StepShape.of([StepItem(1, context - 1, True)] * (num_ranks * batch))
-
-
-def best_batch(step_s: Callable[[int], float], tpot_s: float) -> int:
-    """The largest batch per rank (<= MAX_BATCH) whose step takes at most `tpot_s` (0: none does);
-    step time grows with the batch."""
-    lo, hi = 0, MAX_BATCH
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if step_s(mid) <= tpot_s:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+def best_batch(num_ranks: int, model: StepTimeModel, tpot_s: float, context: int) -> int:
+    """The largest batch per rank (<= MAX_BATCH) of decodes over `context`-token contexts whose step
+    takes at most `tpot_s` (0: none does)."""
+    step_s = lambda n: float(model.step_time_of(decodes(num_ranks * n, context - 1)).total_s)  # noqa: E731
+    return largest_batch(step_s, MAX_BATCH, tpot_s)[0]
 
 
 def afd_row(cfg: TestbedConfig, a: int, ffn_ep: int, m: int, tpot_s: float, context: int) -> list[str]:
     pool = afd_pool(cfg, a, ffn_ep, m)
     model: StepTimeModel = time_model_for(cfg, pool)
-    b = best_batch(lambda n: model.step_time_of(decodes(a, n, context)).total_s, tpot_s)
+    b = best_batch(a, model, tpot_s, context)
     if not b:
         return [f"{a}:1", str(pool.num_gpus), "0", *["-"] * 7]
-    step = model.step_time_of(decodes(a, b, context))
+    step = model.step_time_of(decodes(a * b, context - 1))
     p = step.pipeline  # type: ignore[attr-defined]  # an AfdStepTime
     return [
         f"{a}:1",
@@ -102,8 +91,8 @@ def afd_row(cfg: TestbedConfig, a: int, ffn_ep: int, m: int, tpot_s: float, cont
 def ep_row(cfg: TestbedConfig, ep: int, tpot_s: float, context: int) -> list[str]:
     pool = ep_pool(ep)
     model = time_model_for(cfg, pool)
-    b = best_batch(lambda n: model.step_time_of(decodes(ep, n, context)).total_s, tpot_s)
-    step = model.step_time_of(decodes(ep, b, context))
+    b = best_batch(ep, model, tpot_s, context)
+    step = model.step_time_of(decodes(ep * b, context - 1))
     return [f"EP{ep}", str(pool.num_gpus), str(b), f"{1000 * step.total_s:.1f}", *["-"] * 5,
             f"{ep * b / step.total_s / pool.num_gpus:,.0f}"]  # fmt: skip
 

@@ -38,17 +38,23 @@ ROUTING_BYTES_PER_CHOICE = 8
 """Routing metadata a token sends per chosen expert: its index and weight, 4 bytes each."""
 
 
+def cut_bytes_per_layer(model: ModelProfile, nbytes: float = 2.0, routing: bool = False) -> float:
+    """Bytes one token moves across the cut one way at one MoE layer: `nbytes` a hidden value (2: BF16,
+    1: FP8), plus its expert choices if the FFN side does not route itself (`routing`, A2F only)."""
+    assert model.moe is not None, f"{model.name} has no experts: nothing to disaggregate"
+    per_layer = model.hidden_size * nbytes
+    if routing:
+        per_layer += model.moe.num_experts_per_tok * ROUTING_BYTES_PER_CHOICE
+    return per_layer
+
+
 def cut_bytes_per_token(
     model: ModelProfile, a2f_bytes: float = 2.0, f2a_bytes: float = 2.0, routing: bool = False
 ) -> float:
     """Bytes one token moves across the attention-FFN cut in one forward pass, both ways, over all
-    MoE layers: `a2f_bytes` / `f2a_bytes` a hidden value each way (2: BF16, 1: FP8), plus the expert
-    choices if the FFN side does not route itself (`routing`)."""
-    assert model.moe is not None, f"{model.name} has no experts: nothing to disaggregate"
-    per_layer = model.hidden_size * (a2f_bytes + f2a_bytes)
-    if routing:
-        per_layer += model.moe.num_experts_per_tok * ROUTING_BYTES_PER_CHOICE
-    return model.num_moe_layers * per_layer
+    MoE layers (`cut_bytes_per_layer` out, with the choices if `routing`, and back)."""
+    out, back = cut_bytes_per_layer(model, a2f_bytes, routing), cut_bytes_per_layer(model, f2a_bytes)
+    return model.num_moe_layers * (out + back)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from emulation.afd import ROUTING_BYTES_PER_CHOICE, PipelineTime, pipeline
+from emulation.afd import PipelineTime, cut_bytes_per_layer, pipeline
 from emulation.all_to_all import distinct_holders_per_token
 from emulation.config import (
     AfdConfig,
@@ -238,12 +238,7 @@ class AfdLayout:
 
     def _bytes(self, num_tokens: float, nbytes: float, routed: bool) -> float:
         """One layer's bytes for `num_tokens` tokens one way, every copy of each."""
-        moe = self.model.moe
-        assert moe is not None
-        per_token = self.model.hidden_size * nbytes
-        if routed:
-            per_token += moe.num_experts_per_tok * ROUTING_BYTES_PER_CHOICE
-        return num_tokens * self._copies_per_token * per_token
+        return num_tokens * self._copies_per_token * cut_bytes_per_layer(self.model, nbytes, routed)
 
     def _wire_s(
         self, micro: StepShape, ffn_micro: StepShape, nbytes: float, routed: bool, load: ExpertLoad
