@@ -62,7 +62,10 @@ def ep_pool(ep: int) -> PoolConfig:
 def best_batch(num_ranks: int, model: StepTimeModel, tpot_s: float, context: int) -> int:
     """The largest batch per rank (<= MAX_BATCH) of decodes over `context`-token contexts whose step
     takes at most `tpot_s` (0: none does)."""
-    step_s = lambda n: float(model.step_time_of(decodes(num_ranks * n, context - 1)).total_s)  # noqa: E731
+
+    def step_s(n: int) -> float:
+        return float(model.step_time_of(decodes(num_ranks * n, context - 1)).total_s)
+
     return largest_batch(step_s, MAX_BATCH, tpot_s)[0]
 
 
