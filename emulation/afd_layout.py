@@ -165,7 +165,7 @@ class AfdLayout:
         side = {g.name: g.total_s for g in groups}
         # One tensor-parallel all-reduce a layer's attention output (before it crosses), one more a
         # dense layer's MLP: a MoE layer's MLP output comes back whole from the FFN rank.
-        all_reduce_s = attention.all_reduce_s(micro.num_new_tokens) / (2 * model.num_layers)
+        all_reduce_s = attention.all_reduce_s(micro.num_new_tokens) / model.num_all_reduces
         t_a = (side["qkv_o"] + side["prefill_attention"] + side["decode_attention"]) / model.num_layers
         t_a += all_reduce_s
         dense_layers = model.num_layers - model.num_moe_layers
@@ -233,7 +233,7 @@ class AfdLayout:
         groups = ffn.expert_groups(share_of(ffn_micro, self.afd.ffn_ep), routed)
         total = sum(g.total_s for g in groups) + ffn.experts.all_to_all_s(tokens)
         # each expert split ffn_tp ways: its output all-reduced across them, once a layer
-        all_reduce_s = ffn.all_reduce_s(tokens / self.afd.ffn_ep) / (2 * model.num_layers)
+        all_reduce_s = ffn.all_reduce_s(tokens / self.afd.ffn_ep) / model.num_all_reduces
         return total / model.num_moe_layers + all_reduce_s, routed.load
 
     def _bytes(self, num_tokens: float, nbytes: float, routed: bool) -> float:

@@ -11,6 +11,13 @@ Biases, norms and attention sinks (gpt-oss: one logit a head) are left out: unde
 profile's parameters and FLOPs. Sliding-window layers attend over at most `sliding_window` keys
 (`layer_mean_keys`); their KV is counted for every token, as vLLM's cache counts it without its hybrid
 KV cache manager (with it, a sliding layer keeps only its window's blocks).
+
+Hybrid models (`ssm`): of the num_layers token mixers, num_ssm_layers are state-space layers (Mamba2 or
+gated delta nets, `emulation.ssm`) with a fixed-size state a request instead of KV; the rest attend.
+Only the attention layers hold KV and attend; the SSM layers' projections are GEMM weights beside them
+(`num_mixer_params`) and their scan a group of its own (`ssm_work`). Nemotron-H interleaves mixer and
+MLP blocks; it is counted as num_layers mixers of which num_moe_layers are followed by a MoE block and
+the rest by none (`moe.num_dense_layers` with intermediate_size 0).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import numpy as np
 
 from emulation.mla import MlaGeometry
 from emulation.moe import MoeGeometry
+from emulation.ssm import HybridPage, SsmGeometry, hybrid_page
 
 
 @dataclass(frozen=True)
@@ -55,15 +63,43 @@ class ModelProfile:
     """Keys a query of a sliding-window layer attends to at most (gpt-oss: 128)."""
     num_sliding_layers: int = 0
     """Of num_layers, those attending over the sliding window (the rest attend to every key)."""
+    ssm: SsmGeometry | None = None
+    """Hybrid models: the state-space mixer of num_ssm_layers of the layers (None: every layer attends)."""
+    num_ssm_layers: int = 0
+    """Of num_layers, those whose mixer is `ssm` (a state a request, no KV)."""
+    attention_output_gate: bool = False
+    """Qwen3-Next: q_proj also projects a sigmoid gate on the attention output (as wide as the queries)."""
+
+    @cached_property
+    def num_attention_layers(self) -> int:
+        """Layers that attend and hold KV."""
+        return self.num_layers - self.num_ssm_layers
 
     @cached_property
     def attention_params(self) -> int:
-        """One layer's attention weights."""
+        """One attention layer's weights."""
         if self.mla is not None:
             return self.mla.attention_params(self.hidden_size, self.num_heads)
-        q = self.num_heads * self.head_dim
+        q = self.num_heads * self.head_dim * (2 if self.attention_output_gate else 1)
         kv = self.num_kv_heads * self.head_dim
-        return self.hidden_size * (q + 2 * kv) + q * self.hidden_size
+        return self.hidden_size * (q + 2 * kv) + self.num_heads * self.head_dim * self.hidden_size
+
+    @cached_property
+    def ssm_params(self) -> int:
+        """One SSM layer's projections (0 without SSM layers)."""
+        return 0 if self.ssm is None else self.ssm.projection_params(self.hidden_size)
+
+    @cached_property
+    def num_mixer_params(self) -> int:
+        """Every layer's token mixer: attention, or an SSM's projections."""
+        return self.num_attention_layers * self.attention_params + self.num_ssm_layers * self.ssm_params
+
+    @cached_property
+    def num_all_reduces(self) -> int:
+        """Tensor-parallel all-reduces a forward pass makes: after each mixer and each MLP block (2 a
+        layer; Nemotron-H: one a block)."""
+        mlp_blocks = self.num_moe_layers + (self.num_dense_mlp_layers if self.intermediate_size else 0)
+        return self.num_layers + mlp_blocks
 
     @cached_property
     def dense_mlp_params(self) -> int:
@@ -94,9 +130,7 @@ class ModelProfile:
     def num_dense_params(self) -> int:
         """Layer weights every token reads and computes: attention, dense MLPs, routers, shared experts."""
         return (
-            self.num_layers * self.attention_params
-            + self.num_dense_mlp_layers * self.dense_mlp_params
-            + self.num_shared_params
+            self.num_mixer_params + self.num_dense_mlp_layers * self.dense_mlp_params + self.num_shared_params
         )
 
     @cached_property
@@ -154,9 +188,10 @@ class ModelProfile:
 
     @cached_property
     def kv_bytes_per_token(self) -> int:
+        """One token's KV over the attention layers (SSM layers hold none)."""
         if self.mla is not None:
-            return self.num_layers * self.mla.kv_values_per_token * self.dtype_bytes
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+            return self.num_attention_layers * self.mla.kv_values_per_token * self.dtype_bytes
+        return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
         """One token's KV on each of `tp` GPUs: its share of the KV heads, at least one head (past
@@ -179,21 +214,22 @@ class ModelProfile:
             return keys
         assert self.sliding_window is not None
         windowed = np.minimum(keys, num_queries * self.sliding_window)
-        full = self.num_layers - self.num_sliding_layers
-        return (full * keys + self.num_sliding_layers * windowed) / self.num_layers  # type: ignore[no-any-return]
+        layers = self.num_attention_layers
+        full = layers - self.num_sliding_layers
+        return (full * keys + self.num_sliding_layers * windowed) / layers  # type: ignore[no-any-return]
 
     @cached_property
     def prefill_attention_flops_per_key(self) -> float:
         """FLOPs of one new token of a prompt chunk attending to one key, over heads and layers."""
         if self.mla is not None:
-            return float(self.num_layers * self.mla.prefill_flops_per_key(self.num_heads))
-        return 4.0 * self.num_heads * self.head_dim * self.num_layers
+            return float(self.num_attention_layers * self.mla.prefill_flops_per_key(self.num_heads))
+        return 4.0 * self.num_heads * self.head_dim * self.num_attention_layers
 
     @cached_property
     def decode_attention_flops_per_key(self) -> float:
         """FLOPs of one decoding token attending to one key, over heads and layers."""
         if self.mla is not None:
-            return float(self.num_layers * self.mla.decode_flops_per_key(self.num_heads))
+            return float(self.num_attention_layers * self.mla.decode_flops_per_key(self.num_heads))
         return self.prefill_attention_flops_per_key
 
     @cached_property
@@ -202,4 +238,46 @@ class ModelProfile:
         of the latent; none for GQA), over layers."""
         if self.mla is None:
             return 0.0
-        return float(self.num_layers * self.mla.context_flops_per_token(self.num_heads))
+        return float(self.num_attention_layers * self.mla.context_flops_per_token(self.num_heads))
+
+    def state_bytes_per_layer(self, tp: int = 1) -> int:
+        """One request's state in one SSM layer on one of `tp` ranks (0 without SSM layers)."""
+        return 0 if self.ssm is None else self.ssm.state(tp, self.dtype_bytes).nbytes
+
+    def state_bytes_per_gpu(self, tp: int = 1) -> int:
+        """One request's state over every SSM layer on one of `tp` ranks: what a P/D handoff ships of
+        it a rank, whatever the prompt's length."""
+        return self.num_ssm_layers * self.state_bytes_per_layer(tp)
+
+    def kv_bytes_per_token_per_layer(self, tp: int = 1) -> float:
+        """One token's KV in one attention layer on one of `tp` ranks."""
+        return self.kv_bytes_per_token_per_gpu(tp) / self.num_attention_layers
+
+    def page(self, tp: int = 1, block_size: int = 16) -> HybridPage:
+        """vLLM's one page size for a hybrid model at `tp` (`ssm.hybrid_page`); a model without SSM
+        layers keeps `block_size`."""
+        attention = int(self.kv_bytes_per_token_per_layer(tp))
+        if self.ssm is None:
+            return HybridPage(block_size, block_size * attention, 0)
+        return hybrid_page(self.state_bytes_per_layer(tp), attention, block_size)
+
+    def state_crossover_tokens(self, tp: int = 1) -> float:
+        """Prompt tokens past which the model's states weigh less than its attention KV (a P/D handoff
+        ships both: KV grows with the prompt, a state does not)."""
+        return self.state_bytes_per_gpu(tp) / self.kv_bytes_per_token_per_gpu(tp)
+
+    def ssm_work(self, num_prefill_tokens: float, num_chunks: float, num_decodes: float, tp: int = 1
+                 ) -> tuple[float, float]:  # fmt: skip
+        """FLOPs and bytes on one of `tp` GPUs of the SSM layers' scans in a step: `num_prefill_tokens`
+        of `num_chunks` prompt chunks and `num_decodes` decodes (emulation.ssm's counts; (0, 0) without
+        SSM layers). Each request reads and writes its state; a chunk also passes a state through memory
+        at each of its chunk boundaries (at least one a chunk)."""
+        if self.ssm is None:
+            return 0.0, 0.0
+        g, layers = self.ssm, self.num_ssm_layers
+        flops = layers / tp * (g.prefill_flops_per_token * num_prefill_tokens
+                               + g.decode_flops_per_token * num_decodes)  # fmt: skip
+        state = self.ssm.state(tp, self.dtype_bytes)
+        chunk_states = np.maximum(num_chunks, num_prefill_tokens / g.chunk_size)
+        nbytes = layers * 2 * (state.nbytes * (num_chunks + num_decodes) + state.ssm_bytes * chunk_states)
+        return flops, nbytes

@@ -48,14 +48,18 @@ class MoeGeometry:
     expert_weight_bytes: float | None = None
     """Bytes per routed-expert weight when they are stored differently from the other layer weights
     (gpt-oss: MXFP4, 4.25 bits); None: as the other layer weights."""
+    num_projections: int = 3
+    """Weight matrices of an expert: 3 gated (gate, up, down: SwiGLU), 2 for Nemotron-H's squared-ReLU
+    experts (up, down)."""
 
     def expert_params(self, hidden_size: int) -> int:
-        """One routed expert: gate, up and down projections."""
-        return 3 * hidden_size * self.moe_intermediate_size
+        """One routed expert's projections."""
+        return self.num_projections * hidden_size * self.moe_intermediate_size
 
     def shared_params(self, hidden_size: int) -> int:
         """One layer's shared experts and router (every token runs through both)."""
-        return 3 * hidden_size * self.shared_expert_intermediate_size + hidden_size * self.num_experts
+        shared = self.num_projections * hidden_size * self.shared_expert_intermediate_size
+        return shared + hidden_size * self.num_experts
 
 
 def expert_popularity(skew: str, num_experts: int, zipf_s: float = 1.0, loads_file: str | None = None,

@@ -10,18 +10,22 @@ holding at least one, so KV is replicated when tp > num_kv_heads), over a step o
     prefill_attention  4·H·d·L·keys(chunks) / tp     KV of the chunks' context and new tokens
     decode_attention   4·H·d·L·keys(decodes) / tp    KV each decode reads (its context + itself)
     logits             2·V·h·num_logits / tp         W_head / tp + num_logits·V·4B / tp (fp32)
+    ssm_proj           2·L_ssm·P_ssm·T / tp          L_ssm·P_ssm·2B / tp + activations      (hybrids only)
+    ssm_scan           ModelProfile.ssm_work         each request's state read and written  (hybrids only)
 
     t_group = max(FLOPs / (peak·η_compute), bytes / (bw·η_bandwidth))     (η per group: config)
 
 (per layer P_attn = h·(q + kv) + q·h and P_mlp = 3·h·i; h hidden, q = H·d query width, kv = 2·KVH·d,
-i MLP width, L layers, V vocabulary). Activations: the GEMMs' inputs and outputs, T x width x 2B each
-per layer, each read or written once, through HBM only when larger than the GPU's L2 (a decode
-batch's stay on chip between kernels; a long prompt chunk's do not). The LM head runs only when some
+i MLP width, L layers (a hybrid's attention layers), V vocabulary; P_ssm an SSM layer's projections).
+Activations: the GEMMs' inputs and outputs, T x width x 2B each per layer, each read or written once,
+through HBM only when larger than the GPU's L2 (a decode batch's stay on chip between kernels; a long
+prompt chunk's do not). The LM head runs only when some
 request needs logits. Unlike the aggregate roofline, the groups add: a decode's KV reads no longer
 hide under a prompt chunk's GEMMs, as separate kernels do not overlap.
 
-With tp > 1, two all-reduces per layer (after the attention output and the MLP down projection), each
-of T·h·2 bytes, ring algorithm over the TP link::
+With tp > 1, two all-reduces per layer (after the attention output and the MLP down projection; one a
+block in Nemotron-H: `ModelProfile.num_all_reduces`), each of T·h·2 bytes, ring algorithm over the TP
+link::
 
     t_all_reduce = 2·L · (2(tp-1)/tp · T·h·2B / (link_bw·η_ar) + latency)
 
@@ -175,18 +179,19 @@ class OperatorRoofline:
         """Every group's roofline on one GPU (a MoE target's: on its busiest EP rank)."""
         ex = self.experts
         rank = ex.busiest_rank(shape) if ex else shape
+        common = self._dense_groups(rank) + self.ssm_groups(rank)
         if ex is None:
-            return self._dense_groups(rank)
-        return self._dense_groups(rank) + self.expert_groups(rank, ex.routed(shape.num_new_tokens))
+            return common
+        return common + self.expert_groups(rank, ex.routed(shape.num_new_tokens))
 
     def _dense_groups(self, rank: StepShape) -> tuple[GroupTime, ...]:
         """The groups every model has, over one attention rank's share of the step."""
         m, tp, e = self.model, self.tp, self.eta
         t, dt, wb = rank.num_new_tokens, m.dtype_bytes, m.weight_bytes_per_layer_param
-        h, i, num_layers, mlp_layers = (
+        h, i, attn_layers, mlp_layers = (
             m.hidden_size,
             m.intermediate_size,
-            m.num_layers,
+            m.num_attention_layers,
             m.num_dense_mlp_layers,
         )
         q, kv = self._projection_widths()
@@ -203,8 +208,8 @@ class OperatorRoofline:
         prefill_kv_tokens = m.layer_mean_keys(context_tokens, num_chunks) + rank.num_prefill_tokens
         decode_keys = m.layer_mean_keys(rank.decode_keys_attended, rank.num_decodes)
         return (
-            self._gemm("qkv_o", 2.0 * num_layers * attn_params * t / tp,
-                       num_layers * (attn_params / tp * wb + attn_activations)),
+            self._gemm("qkv_o", 2.0 * attn_layers * attn_params * t / tp,
+                       attn_layers * (attn_params / tp * wb + attn_activations)),
             self._gemm("mlp", 2.0 * mlp_layers * mlp_params * t / tp,
                        mlp_layers * (mlp_params / tp * wb + mlp_activations)),
             self._group("prefill_attention", prefill_flops, kv_per_token * prefill_kv_tokens,
@@ -214,6 +219,24 @@ class OperatorRoofline:
             self._group("logits", 2.0 * vocab * h * rank.num_logits,
                         (vocab * h * dt + rank.num_logits * vocab * LOGIT_BYTES) if rank.num_logits else 0.0,
                         e.gemm_compute, e.weights_bandwidth),
+        )  # fmt: skip
+
+    def ssm_groups(self, rank: StepShape) -> tuple[GroupTime, ...]:
+        """A hybrid model's SSM layers (none otherwise): `ssm_proj`, their projections (GEMMs), and
+        `ssm_scan`, the scans and state traffic (`ModelProfile.ssm_work`), bound by memory and the
+        attention kernels' efficiencies (chunked scans are batched matrix products over short chunks)."""
+        m, tp, e = self.model, self.tp, self.eta
+        if m.ssm is None:
+            return ()
+        t, layers, params = rank.num_new_tokens, m.num_ssm_layers, m.ssm_params
+        inner = params // m.hidden_size  # in_proj's and out_proj's widths, together
+        activations = self._spilled(t, m.hidden_size, inner / tp, m.hidden_size)
+        num_chunks = rank.num_requests - rank.num_decodes
+        flops, nbytes = m.ssm_work(rank.num_prefill_tokens, num_chunks, rank.num_decodes, tp)
+        return (
+            self._gemm("ssm_proj", 2.0 * layers * params * t / tp,
+                       layers * (params / tp * m.weight_bytes_per_layer_param + activations)),
+            self._group("ssm_scan", flops, nbytes, e.attention_compute, e.kv_bandwidth),
         )  # fmt: skip
 
     def expert_groups(self, rank: StepShape, routed: RoutedWork) -> tuple[GroupTime, ...]:
@@ -245,13 +268,13 @@ class OperatorRoofline:
         return nbytes if nbytes > self.gpu.l2_cache_mb * 1e6 else 0.0
 
     def all_reduce_s(self, num_tokens: float) -> float:
-        """Two ring all-reduces per layer of `num_tokens` x hidden (none without TP)."""
+        """Two ring all-reduces per layer of `num_tokens` x hidden (`num_all_reduces`; none without TP)."""
         if self.tp == 1:
             return 0.0
         m, tp = self.model, self.tp
         message = num_tokens * m.hidden_size * m.dtype_bytes
         wire_s = 2 * (tp - 1) / tp * message / (self.gpu.tp_link_gbs * 1e9 * self.eta.all_reduce_bandwidth)
-        return 2 * m.num_layers * (wire_s + self.gpu.all_reduce_latency_s)
+        return m.num_all_reduces * (wire_s + self.gpu.all_reduce_latency_s)
 
     def _gemm(self, name: str, flops: float, nbytes: float) -> GroupTime:
         """A group of weight GEMMs: one-byte weights run at the GPU's FP8 peak."""

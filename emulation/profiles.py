@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from emulation.hybrid_models import HYBRID_MODELS
 from emulation.model_profile import ModelProfile
 from emulation.moe_models import MOE_MODELS
 
@@ -163,7 +164,7 @@ MODELS: dict[str, ModelProfile] = {
 MODELS["qwen2.5-vl-7b"] = dataclasses.replace(
     MODELS["qwen2.5-7b"], name="qwen2.5-vl-7b", vision_encoder="qwen2.5-vl-vit-7b"
 )
-MODELS.update((m.name, m) for m in MOE_MODELS)
+MODELS.update((m.name, m) for m in MOE_MODELS + HYBRID_MODELS)
 
 # The guide's box moved 512 blocks (8,192 tokens, 470 MB) in ~1.3 s without peer-to-peer: the cost is
 # per-block staging through the host, not bandwidth, so the fit puts it in per_block_overhead_s.

@@ -4,8 +4,8 @@ function of the batch.
 One engine step runs the scheduled tokens of several requests in one forward pass, taken as one
 roofline over the whole batch::
 
-    flops = 2·P_layers·new_tokens + attention(new_tokens, context) + 2·P_head·num_logits
-    bytes = step weights + KV read (context tokens of every scheduled request)
+    flops = 2·P_layers·new_tokens + attention(new_tokens, context) + 2·P_head·num_logits + SSM scans
+    bytes = step weights + KV read (context tokens of every scheduled request) + SSM state traffic
     t     = max(flops / (peak·η_c), bytes / (bw·η_b)) + overhead
 
 The KV the new tokens write (new_tokens · KV bytes per token) is not priced; it is the step's
@@ -13,7 +13,10 @@ The KV the new tokens write (new_tokens · KV bytes per token) is not priced; it
 
 Attention over `keys attended` (`emulation.step_shape`), 2 FLOPs per MAC for QK^T and again for PV::
 
-    flops = 4 · num_heads · head_dim · num_layers · keys attended
+    flops = 4 · num_heads · head_dim · attention layers · keys attended
+
+A hybrid model's SSM layers hold no KV; their scans and state reads and writes are
+`ModelProfile.ssm_work`'s, the same figures the per-operator model's `ssm_scan` group prices.
 
 Tensor parallelism multiplies peak compute and bandwidth by `tp`; its all-reduces are not modelled
 (the per-operator model, `emulation.operators`, has them).
@@ -123,12 +126,15 @@ class Roofline:
             return self._moe_step_time(shape, self.experts)
         keys = m.layer_mean_keys(shape.keys_attended, shape.num_new_tokens)  # (sliding windows)
         context = m.layer_mean_keys(shape.num_context_tokens, shape.num_requests)
+        num_chunks = shape.num_requests - shape.num_decodes
+        ssm_flops, ssm_bytes = m.ssm_work(shape.num_prefill_tokens, num_chunks, shape.num_decodes)
         flops = (
             2.0 * m.num_layer_params * shape.num_new_tokens
-            + 4.0 * m.num_heads * m.head_dim * m.num_layers * keys
+            + m.prefill_attention_flops_per_key * keys
             + 2.0 * m.num_head_params * shape.num_logits
+            + ssm_flops
         )
-        nbytes = 1.0 * (m.step_weight_bytes + context * m.kv_bytes_per_token)  # float(s)
+        nbytes = 1.0 * (m.step_weight_bytes + context * m.kv_bytes_per_token + ssm_bytes)  # float(s)
         # as the operator model counts it: KV heads replicated where tp exceeds them
         written = 1.0 * shape.num_new_tokens * m.kv_bytes_per_token_per_gpu(self.tp) * self.tp
         t, e_c, e_b = self.tp, self.eta_compute, self.eta_bandwidth
@@ -173,9 +179,12 @@ class Roofline:
             + m.context_flops_per_token * (rank.prefill_kv_tokens - rank.num_prefill_tokens)
             + 2.0 * m.num_head_params * rank.num_logits
         )
+        chunks = rank.num_requests - rank.num_decodes
+        ssm_flops, ssm_bytes = m.ssm_work(rank.num_prefill_tokens, chunks, rank.num_decodes)  # (hybrids)
+        bf16 += ranks * ssm_flops
         context = m.layer_mean_keys(rank.num_context_tokens, rank.num_requests)  # (sliding windows)
         kv = ranks * context * m.kv_bytes_per_token_per_gpu(ex.attention_tp) * ex.attention_tp
-        nbytes = m.step_weight_bytes * ranks + routed.weight_bytes * g + kv
+        nbytes = m.step_weight_bytes * ranks + routed.weight_bytes * g + kv + ranks * ssm_bytes
         return gemm, bf16, nbytes
 
 

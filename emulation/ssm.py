@@ -15,6 +15,23 @@ value_dim, ssm (value_heads / tp, value_dim, key_dim). The conv buffer takes the
 recurrent state its own (vLLM's Nemotron-H default: float32, "the only one known to have no accuracy
 issues"; others the conv's).
 
+Compute, per layer and new token (all heads; a rank runs 1/tp of them), multiply-adds counted twice::
+
+    Mamba2 chunked scan (SSD, chunk Q)  H·(Q+1)·P + G·(Q+1)·N + 4·H·N·P     causal scores C·Bᵀ within a chunk
+                                                                          (a token sees (Q+1)/2 on average),
+                                                                          their product with X, the chunk's
+                                                                          state B⊗X and the output C·state
+    Mamba2 decode (one token)           5·H·P·N                           decay and B⊗x into the state, C·h
+    gated delta net chunked (chunk Q)   Hv·((Q+1)·(Dk+Dv) + 6·Dk·Dv)      q·kᵀ and its product with v within a
+                                                                          chunk; k·S, the delta update, q·S
+    gated delta net decode              7·Hv·Dk·Dv                        k·S, the rank-1 update, q·S
+    convolution                         2·K·conv_dim                      a depthwise filter of K taps
+
+(H heads of P, N state, G groups; Hv value heads of Dv, Dk key dim; K conv_kernel). The projections
+around the mixer are GEMMs (`projection_params`). Bytes: a request's state is read and written once a
+step (a decode's whole work is that traffic), and a chunked scan also writes and reads back the state
+at every chunk boundary (its kernels pass chunk states through memory).
+
 One page size (vLLM's `_align_hybrid_block_size`, docs/design/hybrid_kv_cache_manager.md): the attention
 block size is raised until one block's KV holds a layer's state, the state's page padded to it::
 
@@ -28,8 +45,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Literal
-
-from emulation.kv_cache import cdiv
 
 MIN_ATTENTION_BLOCK = 16
 """The smallest block size the attention kernels take (vLLM's FlashAttention: multiples of 16)."""
@@ -70,13 +85,35 @@ class Mamba2Geometry:
     n_groups: int
     state_size: int
     conv_kernel: int
+    chunk_size: int
+    """Tokens per chunk of the chunked scan (chunk_size, mamba_chunk_size)."""
     ssm_dtype_bytes: int = 2
     kind: Literal["mamba2"] = "mamba2"
+
+    @property
+    def conv_dim(self) -> int:
+        return self.num_heads * self.head_dim + 2 * self.n_groups * self.state_size
+
+    def projection_params(self, hidden_size: int) -> int:
+        """in_proj (to z, x, B, C and dt) and out_proj: the mixer's GEMM weights."""
+        inner = self.num_heads * self.head_dim
+        return hidden_size * (inner + self.conv_dim + self.num_heads) + inner * hidden_size
+
+    @property
+    def prefill_flops_per_token(self) -> float:
+        h, p, n, q = self.num_heads, self.head_dim, self.state_size, self.chunk_size
+        scan = h * (q + 1) * p + self.n_groups * (q + 1) * n + 4 * h * n * p
+        return float(scan + 2 * self.conv_kernel * self.conv_dim)
+
+    @property
+    def decode_flops_per_token(self) -> float:
+        h, p, n = self.num_heads, self.head_dim, self.state_size
+        return float(5 * h * p * n + 2 * self.conv_kernel * self.conv_dim)
 
     def state(self, tp: int, dtype_bytes: int = 2) -> StateShape:
         """One request's state on one of `tp` ranks (`dtype_bytes`: the model's, the conv buffer's)."""
         groups = self.n_groups if self.n_groups % tp == 0 else tp  # vLLM: extra_groups_for_head_shards
-        conv_dim = self.num_heads * self.head_dim + 2 * groups * self.state_size
+        conv_dim = self.conv_dim + 2 * (groups - self.n_groups) * self.state_size
         return StateShape(
             (self.conv_kernel - 1, conv_dim // tp),
             (self.num_heads // tp, self.head_dim, self.state_size),
@@ -95,13 +132,34 @@ class GatedDeltaNetGeometry:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    chunk_size: int = 64
+    """Tokens per chunk of the chunked delta rule (vLLM's and transformers' kernels: 64)."""
     ssm_dtype_bytes: int = 2
     kind: Literal["gated_delta_net"] = "gated_delta_net"
 
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_head_dim * self.num_key_heads + self.value_head_dim * self.num_value_heads
+
+    def projection_params(self, hidden_size: int) -> int:
+        """in_proj_qkvz, in_proj_ba (a decay and a beta a value head) and out_proj."""
+        values = self.value_head_dim * self.num_value_heads
+        return hidden_size * (self.conv_dim + values + 2 * self.num_value_heads) + values * hidden_size
+
+    @property
+    def prefill_flops_per_token(self) -> float:
+        dk, dv, q = self.key_head_dim, self.value_head_dim, self.chunk_size
+        scan = self.num_value_heads * ((q + 1) * (dk + dv) + 6 * dk * dv)
+        return float(scan + 2 * self.conv_kernel * self.conv_dim)
+
+    @property
+    def decode_flops_per_token(self) -> float:
+        dk, dv = self.key_head_dim, self.value_head_dim
+        return float(7 * self.num_value_heads * dk * dv + 2 * self.conv_kernel * self.conv_dim)
+
     def state(self, tp: int, dtype_bytes: int = 2) -> StateShape:
-        conv_dim = 2 * self.key_head_dim * self.num_key_heads + self.value_head_dim * self.num_value_heads
         return StateShape(
-            (self.conv_kernel - 1, conv_dim // tp),
+            (self.conv_kernel - 1, self.conv_dim // tp),
             (self.num_value_heads // tp, self.value_head_dim, self.key_head_dim),
             dtype_bytes,
             self.ssm_dtype_bytes,
@@ -127,6 +185,6 @@ def hybrid_page(state_bytes: int, attention_bytes_per_token: int, block_size: in
     """The page for a layer state of `state_bytes` beside attention layers of `attention_bytes_per_token`
     a rank (KV, both K and V), the configured `block_size` the least (vLLM's none and align modes)."""
     align = max(MIN_ATTENTION_BLOCK, block_size)
-    raised = max(block_size, align * cdiv(state_bytes, align * attention_bytes_per_token))
+    raised = max(block_size, align * -(-state_bytes // (align * attention_bytes_per_token)))  # cdiv
     page = raised * attention_bytes_per_token
     return HybridPage(raised, page, page - state_bytes)
