@@ -23,7 +23,7 @@ from typing import Any
 from actors.engine.kv_transfer import KVReceiver
 from emulation.config import TestbedConfig
 from emulation.kv_cache import cdiv
-from emulation.profiles import LINKS, MODELS
+from emulation.profiles import LINKS
 from emulation.step_shape import StepItem, StepShape
 from emulation.time_model import time_model_for
 from messages import KVTransferParams
@@ -108,7 +108,7 @@ def _handoff_probe(cfg: TestbedConfig) -> tuple[float, float] | None:
     if not cfg.pools.prefill.replicas:
         return None
     n, bs, pools = cfg.workload.prompt_len, cfg.scheduler.block_size, cfg.pools
-    link, model = LINKS[cfg.kv_transfer.link], MODELS[cfg.target.model]
+    link, model = LINKS[cfg.kv_transfer.link], cfg.target.profile
     receiver = KVReceiver(
         cfg.kv_transfer,
         link=link,

@@ -74,7 +74,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         },
     )
     title = f"{configs[0].target.model}: {len(configs)} designs x {len(rates)} rates x {args.seeds} seeds"
-    report = write_report(out, result.results, records, title, _sweep_notes(configs, args))
+    hybrid = configs[0].target.profile.ssm is not None
+    report = write_report(out, result.results, records, title, _sweep_notes(configs, args), hybrid=hybrid)
     show(sweep_table(records, title), goodput_table(goodput))
     print(f"{len(points)} runs, {num_requests} requests in {wall_s:.1f} s wall; run directory: {out}")
     print(f"report: {report}")

@@ -222,7 +222,8 @@ def _run_designs(
             *notes,
             "final Prometheus exposition of every actor: metrics/<design>/<actor>.prom",
         ]
-    report = write_report(out, results, records, title, notes)
+    hybrid = not getattr(args, "target", None) and c.target.profile.ssm is not None
+    report = write_report(out, results, records, title, notes, hybrid=hybrid)
     show(run_table(records), *filter(None, [turns_table(results)]))
     print(f"run directory: {out}  (report: {report})")
     return 0

@@ -15,6 +15,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from cluster.config_rules import violations
+from cluster.config_rules_hybrid import resolve_block_size
 from emulation.config import TestbedConfig
 from emulation.config.errors import describe, fields_at
 
@@ -96,11 +97,16 @@ def apply_override(raw: dict[str, Any], text: str) -> None:
 
 
 def build_config(raw: dict[str, Any]) -> TestbedConfig:
-    """Validate a raw config: each field against its own bounds, then the rules relating fields."""
+    """Validate a raw config: each field against its own bounds, a hybrid target's block size raised
+    (unless set), then the rules relating fields."""
     try:
         cfg = _ADAPTER.validate_python(raw)
     except ValidationError as e:
         raise ConfigError(describe(TestbedConfig, e)) from None
+    resolved = resolve_block_size(cfg, configured="block_size" in (raw.get("scheduler") or {}))
+    if isinstance(resolved, str):
+        raise ConfigError(resolved)
+    cfg = resolved
     problem = next(violations(cfg), None)
     if problem is not None:
         raise ConfigError(problem)

@@ -17,7 +17,7 @@ from emulation.profiles import GPUS, LINKS, MODELS, GpuProfile, ModelProfile
 
 def experts(cfg: TestbedConfig) -> Iterator[str]:
     """Expert parallelism and AFD: only for a MoE target, filling its ranks evenly, within the fabric."""
-    model = MODELS[cfg.target.model]
+    model = cfg.target.profile
     moe_models = ", ".join(n for n, m in MODELS.items() if m.moe)
     for name, pool in (
         ("mixed", cfg.pools.mixed),

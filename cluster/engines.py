@@ -29,12 +29,13 @@ from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
 from actors.engine.kv_faults import KVLoadFaults
 from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue
+from actors.engine.mamba_align import block_aligned_split
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from dashboards.recorders import EncoderMetrics, EngineMetrics
 from emulation.config import PoolConfig, TestbedConfig
 from emulation.kv_cache import num_gpu_blocks, num_usable_blocks
-from emulation.profiles import LINKS, MODELS
+from emulation.profiles import LINKS
 from emulation.time_model import StepTimeModel, time_model_for
 from emulation.vision import encoder_roofline_for, vision_encoder_of
 from workloads.replay import Workload, needs_render
@@ -55,6 +56,12 @@ def runner_for(cfg: TestbedConfig, pool: PoolConfig, ffn: FfnRanks | None = None
     from actors.engine.runner_model import load_model
 
     r = cfg.runner
+    if r.architecture == "nemotron_h":
+        from actors.engine.hybrid_runner import HybridRunner
+
+        blocks = num_gpu_blocks(cfg, pool)
+        return HybridRunner(load_model(r), num_blocks=blocks, block_size=cfg.scheduler.block_size,
+                            num_threads=r.num_threads)  # fmt: skip
     connector = None
     if pool.afd is not None:
         ranks = ffn if ffn is not None else ffn_workers(cfg, pool.afd.num_ffn_ranks)
@@ -89,12 +96,24 @@ def vision_for(cfg: TestbedConfig) -> Any:
 
 def scheduler_for(cfg: TestbedConfig, pool: PoolConfig) -> Scheduler:
     """The scheduler of one replica of `pool`, over its KV blocks (publishing KV events for a
-    KV-aware router) and its encoder cache."""
-    s = cfg.scheduler
-    blocks = BlockManager(num_usable_blocks(cfg, pool), s.block_size, s.enable_prefix_caching)
+    KV-aware router; a hybrid target's also hold SSM states) and its encoder cache."""
+    s, model = cfg.scheduler, cfg.target.profile
+    num_state_groups = model.kv_cache_groups.num_state_groups
+    blocks = BlockManager(
+        num_usable_blocks(cfg, pool), s.block_size, s.enable_prefix_caching, num_state_groups=num_state_groups
+    )
     if cfg.router.policy == "kv_aware":
         blocks.publish_kv_events()
     ranks = pool.num_attention_ranks  # data-parallel attention: one scheduler for the replica's ranks
+    threshold = _long_prefill_threshold(s.long_prefill_token_threshold, s.max_num_batched_tokens, ranks)
+    block_aligned = None
+    if model.ssm is not None and s.enable_prefix_caching:  # vLLM's align mode
+        block_aligned = functools.partial(
+            block_aligned_split,
+            block_size=s.block_size,
+            max_prefill_tokens=threshold or s.max_num_batched_tokens * ranks,
+            internal_checkpoint=model.ssm.exports_prefill_checkpoint,
+        )
     return Scheduler(
         blocks,
         max_num_batched_tokens=s.max_num_batched_tokens * ranks,
@@ -102,10 +121,45 @@ def scheduler_for(cfg: TestbedConfig, pool: PoolConfig) -> Scheduler:
         max_num_batched_encoder_embeds=s.encoder_budget,
         encoder_cache=EncoderCache(s.encoder_cache_embeds),
         reserve_full_isl=s.reserve_full_isl,
-        long_prefill_token_threshold=_long_prefill_threshold(
-            s.long_prefill_token_threshold, s.max_num_batched_tokens, ranks
-        ),
+        long_prefill_token_threshold=threshold,
+        block_aligned=block_aligned,
     )
+
+
+def kv_scheduler_for(
+    engine_id: str, role: Role, cfg: TestbedConfig, pool: PoolConfig, scheduler: Scheduler
+) -> KVConnectorScheduler:
+    """The scheduler side of an engine's KV connector: the timing of transfers into it (from its peer
+    pool's TP), how long finished requests hold KV, the reuse rule, a hybrid's prefill backoff."""
+    kv = cfg.kv_transfer
+    peer = {"decode": cfg.pools.prefill, "prefill": cfg.pools.decode}.get(role, pool)  # who sends to it
+    receiver = KVReceiver(
+        kv,
+        link=LINKS[kv.link],
+        model=cfg.target.profile,
+        block_size=cfg.scheduler.block_size,
+        tp=pool.attention_tp,
+        peer_tp=peer.attention_tp,
+        slowdowns=cfg.faults.link_slowdowns,
+    )
+    # decode, bidirectional: a finished turn's blocks wait for the conversation's next turn
+    hold_timeout_s = (
+        kv.decoder_kv_blocks_ttl_s if role == "decode" and kv.bidirectional else kv.hold_timeout_s
+    )
+    return KVConnectorScheduler(
+        engine_id,
+        receiver=receiver,
+        scheduler=scheduler,
+        hold_timeout_s=hold_timeout_s,
+        reuse=kv.reuse,
+        prefill_backoff=prefill_backoff(cfg),
+    )
+
+
+def prefill_backoff(cfg: TestbedConfig) -> int:
+    """Prompt tokens a prefill engine leaves to decode: 1 for a hybrid target (vLLM's N-1 prefill), but
+    for the deliberate fault `faults.ssm_state_at_n`; 0 otherwise."""
+    return int(cfg.target.profile.ssm is not None and not cfg.faults.ssm_state_at_n)
 
 
 def _long_prefill_threshold(threshold: int, rank_budget: int, ranks: int) -> int:
@@ -141,25 +195,7 @@ def build_engine(
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision)
     stats = EngineStats(recorder=metrics, kv_consumer=role != "mixed")  # prefill and decode load KV
-    kv_link = LINKS[cfg.kv_transfer.link]
-    peer = {"decode": cfg.pools.prefill, "prefill": cfg.pools.decode}.get(role, pool)  # who sends to it
-    receiver = KVReceiver(
-        cfg.kv_transfer,
-        link=kv_link,
-        model=MODELS[cfg.target.model],
-        block_size=s.block_size,
-        tp=pool.attention_tp,
-        peer_tp=peer.attention_tp,
-        slowdowns=cfg.faults.link_slowdowns,
-    )
-    kv = cfg.kv_transfer
-    # decode, bidirectional: a finished turn's blocks wait for the conversation's next turn
-    hold_timeout_s = (
-        kv.decoder_kv_blocks_ttl_s if role == "decode" and kv.bidirectional else kv.hold_timeout_s
-    )
-    kv_scheduler = KVConnectorScheduler(
-        engine_id, receiver=receiver, scheduler=scheduler, hold_timeout_s=hold_timeout_s, reuse=kv.reuse
-    )
+    kv_scheduler = kv_scheduler_for(engine_id, role, cfg, pool, scheduler)
     f = cfg.faults
     faults = (
         KVLoadFaults(

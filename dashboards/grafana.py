@@ -149,6 +149,7 @@ def handoff() -> dashboard.Dashboard:
 
 
 def _handoff_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
+    per_transfer = rate(m.NIXL_BYTES.count)
     return [
         panel(
             "KV transfer time",
@@ -164,6 +165,14 @@ def _handoff_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
             "Bytes per transfer, and bytes moved per emulated second.",
             (mean(m.NIXL_BYTES), "bytes per transfer"),
             (rate(m.NIXL_BYTES.sum) + PER_SIM_S, "bytes per second"),
+        ),
+        panel(
+            "SSM state beside KV (hybrid targets)",
+            "bytes",
+            "Per handoff, the attention KV (grows with the prompt) and a hybrid target's SSM state (a fixed "
+            "size a request; 0 without SSM layers) that NIXL moved together: short prompts move more state.",
+            (f"({rate(m.NIXL_BYTES.sum)} - {rate(m.KV_TRANSFER_STATE_BYTES.sum)}) / {per_transfer}", "KV"),
+            (f"{rate(m.KV_TRANSFER_STATE_BYTES.sum)} / {per_transfer}", "SSM state"),
         ),
         panel(
             "Effective bandwidth",

@@ -5,7 +5,9 @@ plots: TTFT and ITL CDFs per design, per-request token timelines around each des
 KV handoff distribution (P/D designs), TTFT in parts (`report_plots`), SLO attainment and goodput against
 offered rate (sweeps), and for replayed sessions TTFT by turn and by context length, and (greedy, with a
 reference design) the share of each turn's tokens that diverged (`session_plots`); for a MoE target,
-each engine's expert load, EP imbalance and all-to-alls per step, with their means (`moe_plots`). Everything
+each engine's expert load, EP imbalance and all-to-alls per step, with their means (`moe_plots`); for a
+hybrid (attention + SSM) target, the KV and SSM state each handoff moved and the prefix hits against
+prompt tokens, with a table of their means (`hybrid_plots`). Everything
 is drawn from the per-request results table and the summary records (the MoE figure and table from the
 engines' step logs in engines.json, beside them), so every figure traces back to its rows. A run with no
 successful request (or none at all) still gets its report: the plots that need one are left out and the
@@ -30,6 +32,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dashboards.headline import headline
+from dashboards.hybrid_plots import hybrid_handoff_figure
 from dashboards.moe_plots import moe_steps_figure
 from dashboards.report_plots import (
     goodput_curves,
@@ -38,15 +41,19 @@ from dashboards.report_plots import (
     stall_timelines,
     ttft_stack,
 )
-from dashboards.report_tables import failures_table, goodput_table, moe_table, summary_table
+from dashboards.report_tables import failures_table, goodput_table, hybrid_table, moe_table, summary_table
 from dashboards.session_plots import divergence_by_turn, ttft_by_context, ttft_by_turn
 
 
 def report_figures(
-    results: pd.DataFrame, records: list[dict[str, Any]], engines: dict[str, Any] | None = None
+    results: pd.DataFrame,
+    records: list[dict[str, Any]],
+    engines: dict[str, Any] | None = None,
+    hybrid: bool = False,
 ) -> list[tuple[str, str, Figure | None]]:
     """(file name, caption, figure or None when it has nothing to show), in the page's order; `engines`:
-    engines.json's reports (design -> engine -> report), for a MoE target's figure."""
+    engines.json's reports (design -> engine -> report), for a MoE target's figure; `hybrid`: the target
+    has SSM layers (its figure is drawn without a state handoff too, as collocated)."""
     ttft_cdf, itl_cdf = latency_cdfs(results)
     return [
         ("ttft_cdf", "Time to first token, per design", ttft_cdf),
@@ -71,18 +78,28 @@ def report_figures(
             "MoE target, per engine: expert load, EP imbalance and all-to-all time per step",
             moe_steps_figure(engines or {}),
         ),
+        (
+            "hybrid_handoff",
+            "Hybrid target: KV and SSM state per handoff, and prefix hits, against prompt tokens",
+            hybrid_handoff_figure(results, hybrid),
+        ),
     ]
 
 
 def write_report(
-    out: Path, results: pd.DataFrame, records: list[dict[str, Any]], title: str, notes: list[str]
+    out: Path,
+    results: pd.DataFrame,
+    records: list[dict[str, Any]],
+    title: str,
+    notes: list[str],
+    hybrid: bool = False,
 ) -> Path:
     """Write `out/report.html` and `out/plots/*.png` (with `out/engines.json`, where the run wrote it, the
-    MoE figure and table); returns the HTML's path."""
+    MoE figure and table; `hybrid`: the target has SSM layers); returns the HTML's path."""
     (out / "plots").mkdir(parents=True, exist_ok=True)
     engines = _engines(out, records)
     sections = []
-    for name, caption, fig in report_figures(results, records, engines):
+    for name, caption, fig in report_figures(results, records, engines, hybrid):
         if fig is None:
             continue
         buf = io.BytesIO()
@@ -107,6 +124,7 @@ def write_report(
         goodput=goodput_table(records),
         failures=failures_table(results),
         moe=moe_table(engines),
+        hybrid=hybrid_table(results, hybrid),
         sections="\n".join(sections),
     )
     path = out / "report.html"
@@ -152,6 +170,7 @@ img {{ max-width: 100%; }}
 {goodput}
 {failures}
 {moe}
+{hybrid}
 {sections}
 <p>Per-request rows: <code>results.parquet</code>; resolved configs: <code>configs/</code>;
 summaries: <code>summary.json</code>.</p>

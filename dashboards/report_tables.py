@@ -1,5 +1,6 @@
 """The report's tables, as HTML: the summary (a row per design and rate, short headers, readable
-numbers), the goodput rates of a sweep, the failures by reason, and a MoE target's engines' steps."""
+numbers), the goodput rates of a sweep, the failures by reason, a MoE target's engines' steps, and a
+hybrid target's handoffs and prefix hits."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from dashboards.headline import ATTAINMENT, failure_counts
+from dashboards.hybrid_plots import handoffs, is_hybrid_run
 from dashboards.moe_plots import is_afd, moe_logs, moe_means
 from dashboards.numbers import MISSING, percent, readable
 from workloads.summary import sweep_goodput
@@ -150,3 +152,26 @@ def _afd_table(engines: dict[str, Any]) -> str:
                "FFN idle ms", "FFN utilisation"]  # fmt: skip
     caption = "<h2>Attention-FFN disaggregation per engine (means per step)</h2>"
     return caption + _table(headers, rows, "afd", group_col=0)
+
+
+def hybrid_table(results: pd.DataFrame, hybrid: bool = False) -> str:
+    """Hybrid targets (`hybrid_plots.is_hybrid_run`): per design, its handoffs' mean KV and SSM state
+    (MB), the state's share of the bytes moved, and the prefix-cache hit rate of its successful requests'
+    prompts. Empty otherwise."""
+    if not is_hybrid_run(results, hybrid):
+        return ""
+    moved = handoffs(results)
+    rows = []
+    for design, ok in results[results["ok"]].groupby("design", sort=False):
+        part = moved[moved["design"] == design]
+        kv, state = part["kv_bytes"], part["state_bytes"]
+        share = state.sum() / (kv.sum() + state.sum()) if len(part) else None
+        hit_rate = ok["prompt_cached_tokens"].sum() / ok["num_prompt_tokens"].sum()
+        mb = (readable(v.mean() / 1e6) for v in (kv, state))  # (no handoff: NaN, printed missing)
+        rows.append([str(design), f"{len(part):,}", *mb, percent(share), percent(hit_rate)])
+    if not rows:
+        return ""
+    headers = ["design", "handoffs", "KV MB per handoff", "SSM state MB per handoff", "state share",
+               "prefix hit rate"]  # fmt: skip
+    caption = "<h2>Hybrid target: handoffs (means) and prefix-cache hits</h2>"
+    return caption + _table(headers, rows, "hybrid")

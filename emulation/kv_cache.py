@@ -1,4 +1,5 @@
-"""KV cache sizing of one engine replica: how many blocks its GPUs hold, how many a request needs.
+"""KV cache sizing of one engine replica: how many blocks its GPUs hold, how many a request needs (a
+hybrid model's: `hybrid_num_blocks`).
 
 tokens     [t0 ... t15 | t16 ... t31 | t32 t33]      34 tokens, block_size 16
 blocks     [  block 0  |   block 1   | block 2 ]     cdiv(34, 16) = 3 (the last one partly full)
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from emulation.config import PoolConfig, TestbedConfig
 from emulation.expert_parallel import weight_bytes_per_gpu
-from emulation.profiles import GPUS, MODELS, GpuProfile, ModelProfile
+from emulation.profiles import GPUS, GpuProfile, ModelProfile
 
 
 def cdiv(a: int, b: int) -> int:
@@ -22,8 +23,31 @@ def kv_capacity_tokens(
     """Tokens of KV a replica of `pool` holds, as vLLM sizes its cache (activations not reserved): on
     each GPU, its share of memory minus what it holds of the weights (`weight_bytes_per_gpu`), over its
     share of a token's KV; each data-parallel attention rank holds its own requests' KV."""
-    usable = gpu.memory_gb * 1e9 * gpu_memory_utilization - weight_bytes_per_gpu(model, pool)
-    per_rank = max(0, int(usable // model.kv_bytes_per_token_per_gpu(pool.attention_tp)))
+    per_rank = max(0, int(_usable_bytes(model, gpu, pool, gpu_memory_utilization)
+                          // model.kv_bytes_per_token_per_gpu(pool.attention_tp)))  # fmt: skip
+    return per_rank * pool.num_attention_ranks
+
+
+def _usable_bytes(
+    model: ModelProfile, gpu: GpuProfile, pool: PoolConfig, gpu_memory_utilization: float
+) -> float:
+    """One GPU's memory for KV: its share of memory minus what it holds of the weights."""
+    return gpu.memory_gb * 1e9 * gpu_memory_utilization - weight_bytes_per_gpu(model, pool)
+
+
+def hybrid_num_blocks(
+    model: ModelProfile, gpu: GpuProfile, pool: PoolConfig, gpu_memory_utilization: float, block_size: int
+) -> int:
+    """Blocks of a hybrid model's one pool, as vLLM's hybrid KV cache manager sizes it: a block id holds
+    a page in each layer of one KV cache group (`ModelProfile.kv_cache_groups`), so each GPU's memory
+    goes in units of group_size pages::
+
+        num_blocks = usable bytes // (group_size · page bytes)        (per data-parallel attention rank)
+
+    A request takes blocks for its attention KV, as any model's, and one a Mamba group for its state."""
+    page = model.page(pool.attention_tp, block_size).page_bytes
+    usable = _usable_bytes(model, gpu, pool, gpu_memory_utilization)
+    per_rank = max(0, int(usable // (model.kv_cache_groups.group_size * page)))
     return per_rank * pool.num_attention_ranks
 
 
@@ -43,5 +67,7 @@ def num_gpu_blocks(cfg: TestbedConfig, pool: PoolConfig) -> int:
     s = cfg.scheduler
     if s.num_gpu_blocks_override is not None:
         return s.num_gpu_blocks_override
-    model, gpu = MODELS[cfg.target.model], GPUS[pool.gpu]
-    return kv_capacity_tokens(model, gpu, pool, cfg.target.gpu_memory_utilization) // s.block_size
+    model, gpu, util = cfg.target.profile, GPUS[pool.gpu], cfg.target.gpu_memory_utilization
+    if model.ssm is not None:
+        return hybrid_num_blocks(model, gpu, pool, util, s.block_size)
+    return kv_capacity_tokens(model, gpu, pool, util) // s.block_size

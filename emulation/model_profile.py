@@ -30,7 +30,7 @@ import numpy as np
 
 from emulation.mla import MlaGeometry
 from emulation.moe import MoeGeometry
-from emulation.ssm import HybridPage, SsmGeometry, hybrid_page
+from emulation.ssm import HybridPage, KVCacheGroups, SsmGeometry, hybrid_page, kv_cache_groups, scan_work
 
 
 @dataclass(frozen=True)
@@ -261,6 +261,14 @@ class ModelProfile:
             return HybridPage(block_size, block_size * attention, 0)
         return hybrid_page(self.state_bytes_per_layer(tp), attention, block_size)
 
+    @cached_property
+    def kv_cache_groups(self) -> KVCacheGroups:
+        """vLLM's KV cache groups (`ssm.kv_cache_groups`); a model without SSM layers has one group of
+        all its layers."""
+        if self.ssm is None:
+            return KVCacheGroups(self.num_layers, 1, 0)
+        return kv_cache_groups(self.num_attention_layers, self.num_ssm_layers)
+
     def state_crossover_tokens(self, tp: int = 1) -> float:
         """Prompt tokens past which the model's states weigh less than its attention KV (a P/D handoff
         ships both: KV grows with the prompt, a state does not)."""
@@ -268,16 +276,9 @@ class ModelProfile:
 
     def ssm_work(self, num_prefill_tokens: float, num_chunks: float, num_decodes: float, tp: int = 1
                  ) -> tuple[float, float]:  # fmt: skip
-        """FLOPs and bytes on one of `tp` GPUs of the SSM layers' scans in a step: `num_prefill_tokens`
-        of `num_chunks` prompt chunks and `num_decodes` decodes (emulation.ssm's counts; (0, 0) without
-        SSM layers). Each request reads and writes its state; a chunk also passes a state through memory
-        at each of its chunk boundaries (at least one a chunk)."""
+        """FLOPs and bytes on one of `tp` GPUs of the SSM layers' scans in a step of `num_prefill_tokens`
+        in `num_chunks` prompt chunks and `num_decodes` decodes (`ssm.scan_work`; (0, 0) without them)."""
         if self.ssm is None:
             return 0.0, 0.0
-        g, layers = self.ssm, self.num_ssm_layers
-        flops = layers / tp * (g.prefill_flops_per_token * num_prefill_tokens
-                               + g.decode_flops_per_token * num_decodes)  # fmt: skip
-        state = self.ssm.state(tp, self.dtype_bytes)
-        chunk_states = np.maximum(num_chunks, num_prefill_tokens / g.chunk_size)
-        nbytes = layers * 2 * (state.nbytes * (num_chunks + num_decodes) + state.ssm_bytes * chunk_states)
-        return flops, nbytes
+        return scan_work(self.ssm, self.num_ssm_layers, self.dtype_bytes, num_prefill_tokens, num_chunks,
+                         num_decodes, tp)  # fmt: skip

@@ -9,11 +9,13 @@ compute, memory bandwidth and capacity, a link is its bandwidth and fixed costs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from emulation.hybrid_models import HYBRID_MODELS
 from emulation.model_profile import ModelProfile
 from emulation.moe_models import MOE_MODELS
+from emulation.ssm import SsmGeometry
 
 __all__ = ["GPUS", "LINKS", "MODELS", "GpuProfile", "LinkProfile", "ModelProfile"]
 
@@ -187,3 +189,23 @@ LINKS: dict[str, LinkProfile] = {
         ),
     )
 }
+
+
+SSM_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+"""Bytes of a recurrent-state element by `target.mamba_ssm_cache_dtype`."""
+
+
+def target_model(model: str, mamba_ssm_cache_dtype: str = "auto") -> ModelProfile:
+    """The emulated target `model` (a name from MODELS) with its SSM state in `mamba_ssm_cache_dtype`
+    (auto: the profile's own); every reader of the target takes it from here."""
+    profile = MODELS[model]
+    if mamba_ssm_cache_dtype == "auto" or profile.ssm is None:
+        return profile
+    ssm = dataclasses.replace(profile.ssm, ssm_dtype_bytes=SSM_DTYPE_BYTES[mamba_ssm_cache_dtype])
+    return _with_ssm(profile, ssm)
+
+
+@functools.cache
+def _with_ssm(profile: ModelProfile, ssm: SsmGeometry) -> ModelProfile:
+    """One profile object per variant (its cached derived figures are computed once)."""
+    return dataclasses.replace(profile, ssm=ssm)

@@ -32,7 +32,7 @@ import numpy as np
 from emulation.config import PoolConfig, TestbedConfig
 from emulation.expert_parallel import ExpertParallel
 from emulation.moe import ExpertLoad
-from emulation.profiles import GPUS, MODELS, GpuProfile, ModelProfile
+from emulation.profiles import GPUS, GpuProfile, ModelProfile
 from emulation.step_shape import StepItem, StepShape, share_of
 
 
@@ -192,7 +192,7 @@ def roofline_for(cfg: TestbedConfig, pool: PoolConfig) -> Roofline:
     """The fitted time model of one replica of `pool` under `cfg`'s target."""
     t = cfg.target
     return Roofline(
-        MODELS[t.model],
+        t.profile,
         GPUS[pool.gpu],
         tp=pool.num_gpus,
         eta_compute=t.eta_compute,
@@ -205,7 +205,7 @@ def roofline_for(cfg: TestbedConfig, pool: PoolConfig) -> Roofline:
 def experts_for(cfg: TestbedConfig, pool: PoolConfig) -> ExpertParallel | None:
     """How a replica of `pool` lays out `cfg`'s target's experts (None for a dense target)."""
     t = cfg.target
-    model = MODELS[t.model]
+    model = t.profile
     if model.moe is None:
         return None
     return ExpertParallel(model, GPUS[pool.gpu], pool, t.moe_routing, t.ep_fabric)

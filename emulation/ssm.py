@@ -46,6 +46,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 MIN_ATTENTION_BLOCK = 16
 """The smallest block size the attention kernels take (vLLM's FlashAttention: multiples of 16)."""
 
@@ -89,6 +91,9 @@ class Mamba2Geometry:
     """Tokens per chunk of the chunked scan (chunk_size, mamba_chunk_size)."""
     ssm_dtype_bytes: int = 2
     kind: Literal["mamba2"] = "mamba2"
+    exports_prefill_checkpoint: bool = True
+    """A step can export the state at a block boundary inside its chunk (vLLM's Mamba2 layers), so the
+    scheduler need not split a prompt at its checkpoint."""
 
     @property
     def conv_dim(self) -> int:
@@ -136,6 +141,8 @@ class GatedDeltaNetGeometry:
     """Tokens per chunk of the chunked delta rule (vLLM's and transformers' kernels: 64)."""
     ssm_dtype_bytes: int = 2
     kind: Literal["gated_delta_net"] = "gated_delta_net"
+    exports_prefill_checkpoint: bool = False
+    """vLLM's Triton/FLA gated-delta-net kernels cannot (its FlashInfer prefill backend can)."""
 
     @property
     def conv_dim(self) -> int:
@@ -169,6 +176,27 @@ class GatedDeltaNetGeometry:
 SsmGeometry = Mamba2Geometry | GatedDeltaNetGeometry
 
 
+def scan_work(
+    ssm: SsmGeometry,
+    num_layers: int,
+    dtype_bytes: int,
+    num_prefill_tokens: float,
+    num_chunks: float,
+    num_decodes: float,
+    tp: int = 1,
+) -> tuple[float, float]:
+    """FLOPs and bytes on one of `tp` GPUs of `num_layers` SSM layers' scans in a step of
+    `num_prefill_tokens` in `num_chunks` prompt chunks and `num_decodes` decodes (the module's counts).
+    Each request reads and writes its state; a chunk also passes a state through memory at each of its
+    chunk boundaries (at least one a chunk). Elementwise on a window's arrays."""
+    flops = num_layers / tp * (ssm.prefill_flops_per_token * num_prefill_tokens
+                               + ssm.decode_flops_per_token * num_decodes)  # fmt: skip
+    state = ssm.state(tp, dtype_bytes)
+    chunk_states = np.maximum(num_chunks, num_prefill_tokens / ssm.chunk_size)
+    nbytes = num_layers * 2 * (state.nbytes * (num_chunks + num_decodes) + state.ssm_bytes * chunk_states)
+    return flops, nbytes
+
+
 @dataclass(frozen=True)
 class HybridPage:
     """vLLM's one page size for a hybrid model's layers (the module docstring)."""
@@ -179,6 +207,31 @@ class HybridPage:
     """Bytes of every page: an attention block's KV, or one layer's state padded to it."""
     padding_bytes: int
     """Of a state page, what no state fills (allocated, never sent)."""
+
+
+@dataclass(frozen=True)
+class KVCacheGroups:
+    """vLLM's KV cache groups of a hybrid model (`_get_kv_cache_groups_uniform_page_size`): each kind of
+    layer is cut into groups of `group_size` layers; a block id belongs to one group at a time and
+    holds a page in each of its layers, so a block costs group_size pages (a short group's slot is
+    unused)::
+
+        group_size = min(attention, ssm layers), or the larger if it is under 1.5x the smaller
+        Nemotron-3-Nano  6 attention + 23 Mamba   -> 6: 1 attention group, 4 Mamba groups (6 6 6 5)
+        Qwen3-Next       12 attention + 36 GDN    -> 12: 1 + 3
+        Granite-4.0-H    4 attention + 36 Mamba   -> 4: 1 + 9
+    """
+
+    group_size: int
+    num_attention_groups: int
+    num_state_groups: int
+    """Mamba groups: a request holds one running-state block in each."""
+
+
+def kv_cache_groups(num_attention_layers: int, num_ssm_layers: int) -> KVCacheGroups:
+    smaller, larger = sorted((num_attention_layers, num_ssm_layers))
+    size = larger if larger < 1.5 * smaller else smaller
+    return KVCacheGroups(size, -(-num_attention_layers // size), -(-num_ssm_layers // size))
 
 
 def hybrid_page(state_bytes: int, attention_bytes_per_token: int, block_size: int = 16) -> HybridPage:

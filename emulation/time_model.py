@@ -9,7 +9,7 @@ from emulation.afd_layout import AfdLayout
 from emulation.config import PoolConfig, TestbedConfig
 from emulation.moe import ExpertLoad
 from emulation.operators import OperatorRoofline
-from emulation.profiles import GPUS, LINKS, MODELS
+from emulation.profiles import GPUS, LINKS
 from emulation.roofline import experts_for, roofline_for
 from emulation.step_shape import StepShape
 
@@ -65,7 +65,7 @@ def time_model_for(cfg: TestbedConfig, pool: PoolConfig) -> StepTimeModel:
     if pool.afd is not None:
         return afd_layout_for(cfg, pool)
     if t.time_model == "operators":
-        model, gpu, experts = MODELS[t.model], GPUS[pool.gpu], experts_for(cfg, pool)
+        model, gpu, experts = t.profile, GPUS[pool.gpu], experts_for(cfg, pool)
         return OperatorRoofline(model, gpu, pool.attention_tp, t.operators, t.cpu_overhead, experts)
     return roofline_for(cfg, pool)
 
@@ -75,7 +75,7 @@ def afd_layout_for(cfg: TestbedConfig, pool: PoolConfig) -> AfdLayout:
     t, afd = cfg.target, pool.afd
     assert afd is not None and afd.link is not None  # config_rules: an AFD pool names its link
     return AfdLayout(
-        MODELS[t.model],
+        t.profile,
         GPUS[pool.gpu],
         GPUS[afd.ffn_gpu or pool.gpu],
         afd,

@@ -4,7 +4,7 @@ Tensors cross only where they are the point: KV in `KVPayload`, an image's patch
 (for the vision encoder). Times are emulated seconds.
 """
 
-from messages.kv import KVEvents, KVPayload, KVPull
+from messages.kv import KVEvents, KVPayload, KVPull, SsmState
 from messages.kv_transfer_params import KVTransferParams
 from messages.multimodal import EncodedImage, EncodeJob, MultiModalItem
 from messages.requests import (
@@ -37,6 +37,7 @@ __all__ = [
     "RenderedPrompt",
     "RequestResult",
     "RequestTimes",
+    "SsmState",
     "TokenIds",
     "token_ids_valid",
 ]

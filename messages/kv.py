@@ -34,6 +34,26 @@ class KVPull:
     takes); None: all the request holds from there."""
 
 
+@dataclass(frozen=True)
+class SsmState:
+    """A hybrid model's request state over all its SSM (Mamba2) layers, as of one token: float32 numpy,
+    vLLM's layout (`emulation/ssm.py`)::
+
+        conv  [L_ssm, conv_kernel - 1, conv_dim]                          the last K-1 inputs of the
+                                                                          causal convolution
+        ssm   [L_ssm, mamba_num_heads, mamba_head_dim, ssm_state_size]    the recurrent state
+
+    L_ssm: the Mamba2 layers in model order; conv_dim = heads x head_dim + 2 x n_groups x state_size.
+    It does not say which token it is as of: a state of the wrong one computes silently wrong."""
+
+    conv: np.ndarray = field(repr=False)
+    ssm: np.ndarray = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.ssm.nbytes
+
+
 @dataclass
 class KVPayload:
     """prefill -> decode: the runner's real KV of a request's prompt (numpy moves zero-copy in Ray)."""
@@ -44,3 +64,6 @@ class KVPayload:
     block on; None with compute skip."""
     wire_start_s: float
     """Emulated time the sender's link starts sending it: pulls from one prefill engine queue there."""
+    state: SsmState | None = None
+    """A hybrid model's SSM state as of the last token prefill computed (its prompt but the last, so
+    decode computes that one from it); None without SSM layers, or with compute skip."""

@@ -98,6 +98,9 @@ class RequestTimes:
     """Decode side: the engine noticed the completed transfer (a step boundary or push notification)."""
     kv_bytes: int = 0
     """Target-model KV bytes moved by the handoff."""
+    state_bytes: int = 0
+    """Hybrid targets: the SSM state's bytes the handoff moved beside `kv_bytes` (a fixed size a
+    request, whatever its prompt's length; page padding not sent)."""
 
 
 @dataclass

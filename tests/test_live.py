@@ -70,6 +70,20 @@ def test_pd_across_nodes_with_the_moe_runner_emits_the_collocated_greedy_tokens(
     assert tokens[0] == tokens[1] != tokens[2]
 
 
+def test_pd_across_nodes_with_the_hybrid_runner_hands_over_the_ssm_state(cluster):
+    """A hybrid target (Granite-4.0-H-Tiny: 400-token blocks at TP 1) with the tiny Nemotron-H runner:
+    prefill computes each prompt but its last token on one node, its KV and Mamba2 state (as of token
+    N-1) cross to decode on another, which computes the last token from it; the greedy tokens are
+    collocated's."""
+    hybrid = (*GREEDY, "runner.architecture=nemotron_h", "target.model=granite-4.0-h-tiny")
+    hybrid += ("scheduler.block_size=400",)  # (the guide's base sets 16)
+    pd, colo = run_live(design("pd-fast", *hybrid)), run_live(design("collocated", *hybrid))
+    assert pd.summary["completed"] == colo.summary["completed"] == 6
+    tokens = [r.results["output_token_ids"].map(list).tolist() for r in (pd, colo)]
+    assert tokens[0] == tokens[1]
+    assert (pd.results["state_bytes"] == 36 * 806_400).all()
+
+
 def test_an_expert_parallel_replica_spans_nodes_and_pd_gives_the_collocated_tokens(cluster):
     """Qwen3-30B-A3B with the tiny MoE runner, every pool 2 EP ranks with DP attention: decode's ranks
     of tp 2 (4 'decode' units) take 2 on each of two nodes, its engine in rank 0's; P/D emits

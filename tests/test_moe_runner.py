@@ -163,5 +163,5 @@ def test_an_unsupported_architecture_is_refused_in_one_line(tmp_path):
         load_model(RunnerConfig(device="cpu", model_path=str(tmp_path)))  # refused before any weights
     assert str(e.value) == (
         f"runner.model_path={str(tmp_path)!r}: architecture MixtralForCausalLM is not supported by the "
-        "runner; allowed: Qwen2ForCausalLM, Qwen3MoeForCausalLM"
+        "runner; allowed: Qwen2ForCausalLM, Qwen3MoeForCausalLM, NemotronHForCausalLM"
     )

@@ -4,6 +4,13 @@ A block's hash covers its own tokens *and* every token before it (`block_hash`),
 changes every later hash. Freed blocks keep their hash and stay findable until they are reused: the
 free queue is LRU, and a request frees its blocks tail first so that the prefix it shares with others is
 evicted last. Which block holds which hash is the `PrefixIndex`'s (hashed only when it can matter).
+
+A hybrid model's blocks (`num_state_groups` > 0: vLLM's hybrid KV cache manager, one pool of one page
+size) also hold SSM states: each request holds a running-state block in each Mamba group from its first
+allocation on (`Request.state_block_ids`: the state as of its last computed token, what a P/D handoff
+ships), and with prefix caching (vLLM's align mode) the state at its prompt's checkpoint is cached
+(`state_cache.py`); a hit reaches only as far as a cached state does, and holds that state's blocks
+until its first step has read them.
 """
 
 from __future__ import annotations
@@ -15,15 +22,22 @@ from actors.engine.block_hash import BlockHash
 from actors.engine.free_queue import FreeQueue
 from actors.engine.prefix_index import PrefixIndex
 from actors.engine.request import Request
+from actors.engine.state_cache import StateCache, checkpoint_position
 from emulation.kv_cache import cdiv
 from messages import KVEvents
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool, *, num_state_groups: int = 0
+    ) -> None:
+        """`num_state_groups`: a hybrid model's Mamba groups (`ModelProfile.kv_cache_groups`; 0: none)."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.num_state_groups = num_state_groups
+        self._states = StateCache()
+        """Hybrid models with prefix caching: prompt states cached at their checkpoints."""
         self._free = FreeQueue(num_blocks)
         self._ref_cnt: dict[int, int] = {}
         """block id -> the requests holding it, for cached blocks in use: only those can be shared (a
@@ -63,9 +77,16 @@ class BlockManager:
         by nothing: a request that is not admitted leaves them where they are in the free queue, as
         vLLM's `get_computed_blocks` leaves them until `allocate_slots` takes them.
 
-        At least one token is always left to compute, since the next token needs logits.
+        At least one token is always left to compute, since the next token needs logits. A hybrid
+        model's hit ends where a state is cached (vLLM: the Mamba hit within the attention hit), but
+        for a request whose state comes from a prefill engine (vLLM: the attention hit, state sent).
         """
-        return self._index.find(req) if self.enable_prefix_caching else []
+        if not self.enable_prefix_caching:
+            return []
+        hits = self._index.find(req)
+        if self.num_state_groups and hits and not req.is_remote_prefill:  # (its state comes with its KV)
+            return hits[: self._states.longest_hit(req.block_hashes, len(hits))]
+        return hits
 
     def record_prefix_cache_stats(self, req: Request, num_hit_tokens: int) -> None:
         """Count an admitted request's lookup (vLLM records at admission, so a request that waits is
@@ -97,22 +118,77 @@ class BlockManager:
         """
         hits = new_computed_blocks or []
         num_held = len(req.block_ids) + len(hits)
-        num_free = len(self._free) - (len(hits) - sum(map(self._ref_cnt.__contains__, hits)))
+        end = req.num_computed_tokens + num_new_tokens
+        state_hit = self._state_hit(req, hits)
+        checkpoint = self._checkpoint_in(req, end)
+        g = self.num_state_groups  # a hybrid's new state blocks: running ones at first, its checkpoint's
+        num_states = g * (not req.state_block_ids) + g * (checkpoint is not None)
+        touched = hits + state_hit
+        num_free = len(self._free) - (len(touched) - sum(map(self._ref_cnt.__contains__, touched)))
+        num_free -= num_states
         if full_sequence_must_fit and cdiv(req.num_tokens, self.block_size) - num_held > num_free:
             return False
-        end = req.num_computed_tokens + num_new_tokens
         need = cdiv(end, self.block_size) - num_held
         if need > num_free:
             return False
         if hits:
-            self._touch(hits)
+            self._touch(touched)
             req.block_ids = list(hits)
             req.num_published_blocks = len(hits)
+            req.state_hold = state_hit
+        if g and not req.state_block_ids:
+            req.state_block_ids = self._take(g)
+        if checkpoint is not None:
+            req.checkpoint = (checkpoint, self._take(g))
         if need > 0:
             self.append_blocks(req, need)
         if not delay_cache_blocks:
             self.cache_blocks(req, end)
         return True
+
+    def _state_hit(self, req: Request, hits: list[int]) -> list[int]:
+        """The blocks of the state cached where a hybrid's prefix hit `hits` ends (none otherwise)."""
+        if not (self.num_state_groups and hits) or req.is_remote_prefill:
+            return []
+        return list(self._states.get(req.block_hashes[len(hits) - 1]) or ())
+
+    def _checkpoint_in(self, req: Request, end: int) -> int | None:
+        """A hybrid's prompt checkpoint with prefix caching, if a step computing up to `end` reaches it
+        first and no state is cached there yet (None otherwise)."""
+        if not (self.num_state_groups and self.enable_prefix_caching) or req.checkpoint is not None:
+            return None
+        at = checkpoint_position(req.num_prompt_tokens, self.block_size)
+        if not at or not req.num_computed_tokens < at <= end:
+            return None
+        num = at // self.block_size
+        return at if self._states.get(self.block_hashes(req, num)[num - 1]) is None else None
+
+    def on_step_done(self, req: Request) -> None:
+        """`req` computed a step (hybrid models): the hit state it read is released, and the state at
+        its checkpoint, once computed, is cached (its blocks free and findable, as vLLM frees them)."""
+        if req.state_hold:
+            self._release(req.state_hold)
+            req.state_hold = []
+        if req.checkpoint is not None and req.num_computed_tokens >= req.checkpoint[0]:
+            at, ids = req.checkpoint
+            req.checkpoint = None
+            num = at // self.block_size
+            if self._states.put(self.block_hashes(req, num)[num - 1], ids):
+                self._free.push(ids)
+            else:  # another request cached this boundary first
+                self._free.push_front(ids)
+
+    def _release(self, blocks: list[int]) -> None:
+        """Drop one hold on cached `blocks`; those nobody holds go to the free queue's LRU end."""
+        unused = []
+        for block in blocks:
+            n = self._ref_cnt[block] - 1
+            if n:
+                self._ref_cnt[block] = n
+            else:
+                del self._ref_cnt[block]
+                unused.append(block)
+        self._free.push(unused)
 
     def append_blocks(self, req: Request, count: int) -> None:
         """Give `req` the `count` least recently used free blocks (there must be as many)."""
@@ -131,6 +207,8 @@ class BlockManager:
         """The `count` least recently used free blocks, the hashes they were cached under forgotten."""
         new = self._free.pop_oldest(count)
         self._index.forget(new)
+        if self.num_state_groups:
+            self._states.forget(new)
         return new
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
@@ -165,6 +243,18 @@ class BlockManager:
             self._index.freed(req, at + len(own))
         req.block_ids = []
         req.num_published_blocks = 0
+        if self.num_state_groups:
+            self._free_states(req)
+
+    def _free_states(self, req: Request) -> None:
+        """A hybrid request's state blocks: its running states and a checkpoint not reached (never
+        cached: reused first); a hit state it still holds is released."""
+        self._free.push_front(req.state_block_ids + (req.checkpoint[1] if req.checkpoint else []))
+        req.state_block_ids = []
+        req.checkpoint = None
+        if req.state_hold:
+            self._release(req.state_hold)
+            req.state_hold = []
 
     def _touch(self, blocks: list[int]) -> None:
         """Hold `blocks` (distinct) once more; those free leave the free queue."""

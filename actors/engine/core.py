@@ -32,7 +32,8 @@ from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker
 from actors.engine.kv_handoff import KVHandoff
 from actors.engine.request import Request, RequestStatus, check_request
-from actors.engine.scheduler import ScheduledBatch, Scheduler
+from actors.engine.scheduled_batch import ScheduledBatch
+from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams

@@ -14,8 +14,8 @@ import numpy as np
 
 from actors.engine.encoder_cache import EncoderCache
 from actors.engine.request import Request
-from actors.engine.scheduler import ScheduledBatch
-from messages import MultiModalItem
+from actors.engine.scheduled_batch import ScheduledBatch
+from messages import MultiModalItem, SsmState
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
     from actors.engine.runner import ModelRunner, RunnerInput
@@ -80,6 +80,16 @@ class Executor:
         if self.runner is not None and kv is not None:
             self.runner.write_kv(block_ids, kv)
 
+    def read_state(self, block: int) -> SsmState | None:
+        """A hybrid model's SSM state saved to `block` (None: compute skip, or no SSM layers)."""
+        read = getattr(self.runner, "read_state", None)
+        return None if read is None else read(block)  # type: ignore[no-any-return]
+
+    def write_state(self, block: int, state: SsmState | None) -> None:
+        write = getattr(self.runner, "write_state", None)
+        if write is not None and state is not None:
+            write(block, state)
+
     def assert_empty(self) -> None:
         if self.runner is not None:
             self.runner.assert_empty()
@@ -98,9 +108,25 @@ def runner_inputs(batch: ScheduledBatch) -> list[RunnerInput]:
             capacity=req.num_prompt_tokens + req.max_tokens,
             needs_logits=req.num_computed_tokens + n == req.num_tokens,
             embeds=image_rows(req, req.num_computed_tokens, n),
+            **state_fields(req, n),
         )
         for req, n in zip(batch.requests, batch.num_new_tokens, strict=True)
     ]
+
+
+def state_fields(req: Request, n: int) -> dict[str, Any]:
+    """A hybrid model's request's state blocks for a step of `n` tokens (none otherwise): its running
+    state saved to its first state block (one block stands for every Mamba group's: the runner keeps
+    the whole state), read from the hit's cached state it holds, else from its own block (a received
+    handoff's); its prompt's checkpoint, when this step reaches it."""
+    if not req.state_block_ids:
+        return {}
+    own = req.state_block_ids[0]
+    checkpoint = None
+    if req.checkpoint is not None and req.checkpoint[0] <= req.num_computed_tokens + n:
+        checkpoint = (req.checkpoint[0], req.checkpoint[1][0])
+    source = req.state_hold[0] if req.state_hold else own
+    return {"state_block": own, "state_source_block": source, "state_checkpoint": checkpoint}
 
 
 async def encoded(vision: Any, items: list[MultiModalItem], in_thread: bool) -> list[np.ndarray | None]:

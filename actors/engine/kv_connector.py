@@ -36,10 +36,14 @@ class KVConnectorScheduler:
         scheduler: Scheduler,
         hold_timeout_s: float,
         reuse: str = "verified",
+        prefill_backoff: int = 0,
     ) -> None:
         """`receiver`: the emulated timing of transfers into this engine. `hold_timeout_s`: how long a
         finished request's KV waits for its pull (prefill: the decode engine's; decode, bidirectional:
-        the conversation's next turn's). `reuse`: which of decode's blocks a pull back takes."""
+        the conversation's next turn's). `reuse`: which of decode's blocks a pull back takes.
+        `prefill_backoff`: prompt tokens a prefill request leaves for decode to compute (vLLM's
+        `_prefill_backoff`: 1 for a hybrid model, whose state decode continues from; else 0)."""
+        self.prefill_backoff = prefill_backoff
         self.engine_id = engine_id
         self.receiver = receiver
         self.scheduler = scheduler
@@ -89,6 +93,7 @@ class KVConnectorScheduler:
         plan = self.receiver.plan(params, req.times.kv_blocks_ready_s, first_block)
         req.times.kv_transfer_start_s = plan.start_s
         req.times.kv_bytes = plan.kv_bytes
+        req.times.state_bytes = plan.state_bytes
         return plan
 
     def _pull_back_tokens(self, req: Request) -> int:
@@ -138,6 +143,14 @@ class KVConnectorScheduler:
 
     # ---- prefill side ------------------------------------------------------------------------------
 
+    def on_new_request(self, req: Request) -> None:
+        """A prefill request of a hybrid model computes its prompt but the last token (vLLM's N-1
+        prefill): its SSM state as of token N-1 is what decode needs to compute token N itself, as it
+        does for every model; a state as of N, which includes token N, would take it in twice."""
+        n = self.prefill_backoff
+        if n and req.is_remote_decode and not req.is_remote_prefill and req.num_prompt_tokens > n:
+            req.truncate_prompt(n)
+
     def request_finished(
         self, req: Request, reason: FinishedReason, now: float
     ) -> tuple[KVTransferParams | None, bool]:
@@ -156,7 +169,9 @@ class KVConnectorScheduler:
             remote_request_id=req.request_id,
             remote_block_ids=tuple(req.block_ids),
             # the list itself: prompts are never changed, and an actor boundary copies it anyway
-            prompt_token_ids=req.prompt_token_ids,
+            prompt_token_ids=req.prompt_token_ids
+            if req.full_prompt_token_ids is None
+            else req.full_prompt_token_ids,
             kv_sent_s=now,
             prefill_compute_s=req.compute_s,
         ), holding

@@ -55,7 +55,7 @@ class KVConnectorWorker:
 
     async def read(self, req: Request, pull: KVPull) -> KVPayload:
         """A held request's KV from the pull's first block (its prompt's; a pull back: the blocks it
-        asks for), queued on this engine's link."""
+        asks for) and a hybrid's SSM state, queued on this engine's link."""
         first = pull.first_block
         if pull.num_blocks is None:
             block_ids, num_tokens = req.block_ids[first:], req.num_prompt_tokens - first * self.block_size
@@ -65,7 +65,8 @@ class KVConnectorWorker:
                 pull.num_blocks * self.block_size,
             )
         kv = self.executor.read_kv(block_ids, num_tokens)
-        return KVPayload(req.request_id, kv, await self.link.reserve(pull.start_s, pull.wire_s))
+        state = self.executor.read_state(req.state_block_ids[0]) if req.state_block_ids else None
+        return KVPayload(req.request_id, kv, await self.link.reserve(pull.start_s, pull.wire_s), state)
 
     async def load(self, req: Request, plan: TransferPlan) -> bool:
         """Fetch `req`'s KV from its prefill engine and write it into `req`'s blocks; False if `req` was
@@ -111,10 +112,12 @@ class KVConnectorWorker:
         req.times.kv_wire_start_s = plan.wire_start_s
         req.times.kv_wire_s = plan.time.wire_s
         self.executor.write_kv(req.block_ids[plan.first_block :], payload.kv)
+        if req.state_block_ids:  # a hybrid's state, as of the last token prefill computed
+            self.executor.write_state(req.state_block_ids[0], payload.state)
         xfer_s = plan.done_s - plan.start_s
         overrun_s = self.clock.now() - plan.done_s
         self.stats.on_kv_transfer_done(
-            xfer_s, plan.time.overhead_s, plan.kv_bytes, plan.num_blocks, overrun_s
+            xfer_s, plan.time.overhead_s, plan.kv_bytes, plan.num_blocks, overrun_s, plan.state_bytes
         )
 
     async def notify_done(self, req: Request) -> None:

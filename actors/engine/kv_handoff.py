@@ -83,7 +83,9 @@ class KVHandoff:
             self._background(self._load(req, plan))
 
     def on_added(self, req: Request) -> None:
-        """A new request: if prefill's notice overtook it, its KV can move once it has blocks."""
+        """A new request: a hybrid's prefill request leaves its last prompt token to decode; if
+        prefill's notice overtook it, its KV can move once it has blocks."""
+        self.kv_scheduler.on_new_request(req)
         early = self._early_pushes.pop(req.request_id, None)
         if early is not None:
             self.kv_scheduler.push_ready(req, early)

@@ -43,6 +43,8 @@ class TransferPlan:
     time: HandoffTime
     wire_start_s: float | None = None
     """When the sender's link starts sending it (None: not queued on the link yet)."""
+    state_bytes: int = 0
+    """A hybrid target's SSM state, sent beside the KV (`kv_bytes`)."""
 
     @property
     def done_s(self) -> float:
@@ -79,6 +81,10 @@ class KVReceiver:
         self.block_size = block_size
         self.split = tp_transfer(peer_tp, tp)
         self.kv_bytes_per_token = round(model.kv_bytes_per_token_per_gpu(tp) * tp)
+        self.state_bytes = model.state_bytes_per_gpu(tp) * tp
+        """A hybrid's state as this side holds it: each rank reads its slice of each sub-projection
+        (vLLM's DS conv layout), so a TP change moves the same bytes."""
+        self.num_state_blocks = model.kv_cache_groups.num_state_groups
 
     def plan(self, params: KVTransferParams, blocks_ready_s: float, first_block: int = 0) -> TransferPlan:
         """Emulated timing of pulling (or receiving the push of) the KV that `params` describes, from
@@ -91,21 +97,23 @@ class KVReceiver:
         assert params.remote_block_ids is not None
         num_blocks = len(params.remote_block_ids) - first_block
         kv_bytes = num_blocks * self.block_size * self.kv_bytes_per_token
-        lanes, descriptors = self.split.lanes, num_blocks * self.split.transfers_per_lane
+        state_bytes = self.state_bytes if not params.remote_block_hashes else 0  # (no pull back's)
+        lanes = self.split.lanes
+        descriptors = (num_blocks + self.num_state_blocks * bool(state_bytes)) * self.split.transfers_per_lane
         if self.cfg.mode == "pull":
             start_s = blocks_ready_s
         else:
             assert params.kv_sent_s is not None, "a push starts once prefill has sent"
             start_s = max(params.kv_sent_s, blocks_ready_s)
         link = self._link_at(start_s)
-        t = handoff_time(kv_bytes, descriptors, link, lanes)
+        t = handoff_time(kv_bytes + state_bytes, descriptors, link, lanes)
         if self.cfg.mode == "push" and self.cfg.layerwise:
             sent_s, compute_s = params.kv_sent_s, params.prefill_compute_s
             assert sent_s is not None and compute_s is not None
             hideable_s = min(compute_s, max(0.0, sent_s - blocks_ready_s))
             layers = self.model.num_layers
-            t = layerwise_handoff_time(kv_bytes, descriptors, link, hideable_s, layers, lanes)
-        return TransferPlan(first_block, num_blocks, start_s, kv_bytes, t)
+            t = layerwise_handoff_time(kv_bytes + state_bytes, descriptors, link, hideable_s, layers, lanes)
+        return TransferPlan(first_block, num_blocks, start_s, kv_bytes, t, state_bytes=state_bytes)
 
     def _link_at(self, start_s: float) -> LinkProfile:
         """The link a transfer starting at `start_s` sees: slowed inside a slowdown window."""

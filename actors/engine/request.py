@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from messages import EngineRequest, FinishedReason, KVTransferParams, RequestTimes, token_ids_valid
-from messages.token_ids import span
+from messages.token_ids import PromptIds, TokenIds, span
 
 
 def check_request(
@@ -52,9 +52,11 @@ class Request:
     __slots__ = (
         "block_hashes",
         "block_ids",
+        "checkpoint",
         "compute_s",
         "finished_reason",
         "forced_output_token_ids",
+        "full_prompt_token_ids",
         "kv_transfer_params",
         "max_tokens",
         "mm_embeds",
@@ -66,6 +68,8 @@ class Request:
         "pull_back_tokens",
         "remote_kv_loaded",
         "request_id",
+        "state_block_ids",
+        "state_hold",
         "status",
         "stop_token_ids",
         "times",
@@ -74,6 +78,9 @@ class Request:
     def __init__(self, req: EngineRequest, now_s: float) -> None:
         self.request_id = req.request_id
         self.prompt_token_ids = req.prompt_token_ids
+        self.full_prompt_token_ids: PromptIds | None = None
+        """Prefill side of a hybrid model: the prompt as sent, when this engine computes it but its last
+        token (`truncate_prompt`)."""
         self.max_tokens = req.max_tokens
         self.forced_output_token_ids = req.forced_output_token_ids
         self.stop_token_ids = frozenset(req.stop_token_ids)
@@ -93,6 +100,14 @@ class Request:
         """Chained hashes of the full blocks of tokens, extended as they are needed."""
         self.num_published_blocks = 0
         """Leading blocks of `block_ids` already in the prefix cache."""
+        self.state_block_ids: list[int] = []
+        """Hybrid models: its running SSM state, a block in each Mamba group (as of its last computed
+        token)."""
+        self.state_hold: list[int] = []
+        """Hybrid models: the cached state its prefix hit starts from, held until its first step."""
+        self.checkpoint: tuple[int, list[int]] | None = None
+        """Hybrid models, prefix caching: (position, blocks) where the step reaching its prompt's
+        checkpoint saves the state there, to be cached (`state_cache.py`)."""
         self.pull_back_tokens = 0
         """Pull back: the tokens of decode's leading blocks this request takes (set when admitted)."""
         self.remote_kv_loaded = False
@@ -118,6 +133,15 @@ class Request:
         if start >= n:
             return self.output_token_ids[start - n : end - n]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+
+    def truncate_prompt(self, num_tokens: int) -> None:
+        """Compute the prompt but its last `num_tokens` (vLLM's N-1 prefill for a hybrid model: decode
+        computes them from the state as of before them); the prompt as sent is kept."""
+        p = self.prompt_token_ids
+        self.full_prompt_token_ids = p
+        self.prompt_token_ids = (
+            TokenIds(p.array[:-num_tokens]) if isinstance(p, TokenIds) else p[:-num_tokens]
+        )
 
     def token_span(self, start: int, end: int) -> Sequence[int]:
         """`token_ids`, without an int each where the prompt is a `TokenIds` (for hashing)."""

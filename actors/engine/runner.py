@@ -49,6 +49,15 @@ class RunnerInput:
     needs_logits: bool
     embeds: list[tuple[int, np.ndarray]] = field(default_factory=list)
     """Image embeddings standing in for placeholder tokens: (index into token_ids, rows)."""
+    state_block: int | None = None
+    """Hybrid models: the block the request's SSM state as of this step's end is saved to (after the
+    step); None: not saved."""
+    state_source_block: int | None = None
+    """Hybrid models: the block holding its SSM state as of start_pos (a prefix hit's or a received
+    handoff's); read when the runner holds no working state for the request and start_pos > 0."""
+    state_checkpoint: tuple[int, int] | None = None
+    """Hybrid models: (position, block): also save its SSM state as of that position, within this
+    step's tokens (start_pos, start_pos + len(token_ids)], to that block (a prompt's cached state)."""
 
 
 class ModelRunner:

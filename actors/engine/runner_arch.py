@@ -3,10 +3,12 @@
 The runner does its own attention plumbing (`runner_layers.py`): q/k/v projections (Qwen2's with
 biases), Qwen3's per-head RMSNorm of q and k before the rotary embedding, grouped-query attention over
 every earlier token; and it routes the packed batch through Qwen3-MoE's sparse blocks (router, then
-experts). Another architecture's checkpoint would load and run, and may compute silently wrong
-(Mistral-style models slide a window; other MoE blocks add shared experts or route otherwise). So a
-model is refused unless its `config.json` names a supported architecture and no sliding window. Reads
-JSON only: the config edge checks it without loading torch.
+experts). Nemotron-H (`hybrid_runner.py`) runs its Mamba2 mixers per request with their state kept
+between steps, and its attention (no rotary embedding) as above. Another architecture's checkpoint
+would load and run, and may compute silently wrong (Mistral-style models slide a window; other MoE
+blocks add shared experts or route otherwise). So a model is refused unless its `config.json` names
+a supported architecture and no sliding window. Reads JSON only: the config edge checks it without
+loading torch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3MoeForCausalLM")
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3MoeForCausalLM", "NemotronHForCausalLM")
 
 
 class UnsupportedModelError(ValueError):

@@ -1,7 +1,8 @@
 """The runner model: a tiny causal LM with seeded weights, on local disk.
 
-`runner.architecture` picks it: qwen2 (dense) or qwen3_moe (transformers' Qwen3-MoE, every layer a
-sparse MoE block). Built once from a config, written with `save_pretrained`, and always loaded back with
+`runner.architecture` picks it: qwen2 (dense), qwen3_moe (transformers' Qwen3-MoE, every layer a
+sparse MoE block) or nemotron_h (transformers' Nemotron-H: Mamba2, attention, MoE and MLP layers, computed
+by `hybrid_runner.py`). Built once from a config, written with `save_pretrained`, and always loaded back with
 `from_pretrained(local_files_only=True)`, the same path a real checkpoint takes. Nothing downloads.
 """
 
@@ -14,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel, Qwen2Config, Qwen3MoeConfig
+from transformers import (
+    AutoModelForCausalLM,
+    NemotronHConfig,
+    PreTrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen3MoeConfig,
+)
 from transformers.utils import logging as hf_logging
 
 from actors.engine.runner_arch import check_runner_model
@@ -64,8 +72,40 @@ def tiny_qwen3_moe_config(cfg: RunnerConfig) -> Qwen3MoeConfig:
     )
 
 
+def tiny_nemotron_h_config(cfg: RunnerConfig) -> NemotronHConfig:
+    """Nemotron-H with the layers of `hybrid_override_pattern` (num_layers is not read); attention heads
+    of hidden / heads; a MoE layer's one shared expert as wide as a routed one; one routing group (the
+    released checkpoints' n_group = topk_group = 1)."""
+    return NemotronHConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        hybrid_override_pattern=cfg.hybrid_override_pattern,  # type: ignore[call-arg]
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.hidden_size // cfg.num_heads,
+        intermediate_size=cfg.intermediate_size,
+        mamba_num_heads=cfg.mamba_num_heads,
+        mamba_head_dim=cfg.mamba_head_dim,
+        n_groups=cfg.n_groups,
+        ssm_state_size=cfg.ssm_state_size,
+        conv_kernel=cfg.conv_kernel,
+        chunk_size=cfg.chunk_size,
+        n_routed_experts=cfg.num_experts,
+        num_experts_per_tok=cfg.num_experts_per_tok,
+        moe_intermediate_size=cfg.moe_intermediate_size,
+        moe_shared_expert_intermediate_size=cfg.moe_intermediate_size,
+        n_group=1,
+        topk_group=1,
+        max_position_embeddings=65536,
+        tie_word_embeddings=False,
+        mamba_ssm_cache_dtype="float32",
+    )
+
+
 def tiny_config(cfg: RunnerConfig) -> PreTrainedConfig:
     """The transformers config of `runner.architecture`'s tiny model."""
+    if cfg.architecture == "nemotron_h":
+        return tiny_nemotron_h_config(cfg)
     return tiny_qwen3_moe_config(cfg) if cfg.architecture == "qwen3_moe" else tiny_qwen2_config(cfg)
 
 
@@ -85,6 +125,9 @@ def model_dir(cfg: RunnerConfig) -> Path:
     if cfg.architecture != "qwen2":  # qwen2's key predates the field: its cached entries stay valid
         fields += [cfg.architecture, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size]
         fields += ["norm_topk_prob"]
+    if cfg.architecture == "nemotron_h":  # appended: qwen3_moe's key stays what it was
+        fields += [cfg.hybrid_override_pattern, cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.n_groups]
+        fields += [cfg.ssm_state_size, cfg.conv_kernel, cfg.chunk_size]
     key = json.dumps(fields)
     return cache_dir() / f"tiny-{cfg.architecture}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 

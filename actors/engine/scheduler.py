@@ -14,43 +14,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.encoder_cache import EncoderCache
-from actors.engine.encoder_inputs import encoder_inputs
 from actors.engine.request import Request, RequestStatus
-from emulation.step_shape import StepShape
-from messages import FinishedReason, MultiModalItem
-
-
-@dataclass
-class ScheduledBatch:
-    """What one step computes, with the batch totals the roofline needs."""
-
-    requests: list[Request] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    shape: StepShape = field(default_factory=StepShape)
-    """The totals the time model needs."""
-    new_remote_requests: list[Request] = field(default_factory=list)
-    """Decode side: requests that got their blocks this step and now wait for the remote KV."""
-    preempted: list[Request] = field(default_factory=list)
-    """Requests preempted while scheduling this step (their KV is gone; they will recompute)."""
-    pull_backs_taking_nothing: list[Request] = field(default_factory=list)
-    """Prefill side: pull backs that found nothing to take (decode may release what it held)."""
-    encoder_inputs: list[tuple[Request, MultiModalItem]] = field(default_factory=list)
-    """Images this step encodes (before the forward pass), each for the request whose chunk reaches it."""
-    num_encoder_embeds: int = 0
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return self.shape.num_new_tokens
-
-    def add(self, req: Request, n: int) -> None:
-        c = req.num_computed_tokens
-        self.requests.append(req)
-        self.num_new_tokens.append(n)
-        self.shape.add(n, c, c + n == req.num_tokens)
+from actors.engine.scheduled_batch import ScheduledBatch
+from messages import FinishedReason
 
 
 class Scheduler:
@@ -64,10 +33,13 @@ class Scheduler:
         encoder_cache: EncoderCache | None = None,
         reserve_full_isl: bool = True,
         long_prefill_token_threshold: int = 0,
+        block_aligned: Callable[[Request, int], int] | None = None,
     ) -> None:
         """`reserve_full_isl`: admit a waiting request only if its whole sequence fits in the free
         blocks (vLLM's default), not just its first chunk; `long_prefill_token_threshold`: the most
-        tokens one request computes in a step (vLLM's; 0: the budget)."""
+        tokens one request computes in a step (vLLM's; 0: the budget); `block_aligned`: a hybrid model's
+        prompt chunks cut to block boundaries (`mamba_align.py`; None: as the budget gives)."""
+        self.block_aligned = block_aligned
         self.blocks = blocks
         self.reserve_full_isl = reserve_full_isl
         self.max_num_new_tokens = long_prefill_token_threshold or max_num_batched_tokens
@@ -114,7 +86,7 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
             num_encoding = len(batch.encoder_inputs)
-            n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
+            n = self._cut(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
             if n == 0:
                 continue
             while not self.blocks.allocate_slots(req, n):
@@ -128,7 +100,7 @@ class Scheduler:
                 batch.add(req, n)
                 budget -= n
             else:  # preempted: it computes nothing this step
-                _drop_images(batch, num_encoding)
+                batch.drop_images(num_encoding)
         if not preempted:
             budget = self._schedule_waiting(batch, budget, now)
         return batch
@@ -160,10 +132,10 @@ class Scheduler:
             if fresh:
                 req.num_computed_tokens = len(hits) * self.blocks.block_size
             num_encoding = len(batch.encoder_inputs)
-            n = self._cut_for_images(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
+            n = self._cut(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
             must_fit = self.reserve_full_isl
             if n == 0 or not self.blocks.allocate_slots(req, n, hits, full_sequence_must_fit=must_fit):
-                _drop_images(batch, num_encoding)
+                batch.drop_images(num_encoding)
                 if fresh:
                     req.num_computed_tokens = 0
                 break
@@ -189,17 +161,14 @@ class Scheduler:
         whose KV has not moved (its blocks are allocated for the pull, budget or not)."""
         return req.is_remote_prefill and not req.remote_kv_loaded and req.status is RequestStatus.WAITING
 
-    def _cut_for_images(self, req: Request, n: int, batch: ScheduledBatch) -> int:
-        """`n`, or fewer where an image the chunk reaches cannot be encoded this step
-        (`encoder_inputs`); the images to encode join the batch."""
-        if not req.mm_items:
+    def _cut(self, req: Request, n: int, batch: ScheduledBatch) -> int:
+        """`n`, or fewer where the chunk must end on a block boundary (`block_aligned`) or an image it
+        reaches cannot be encoded this step (the images to encode join the batch)."""
+        if self.block_aligned is not None:
+            n = self.block_aligned(req, n)
+        if not n or not req.mm_items:
             return n
-        budget = self.max_num_batched_encoder_embeds - batch.num_encoder_embeds
-        n, items = encoder_inputs(req, n, self.encoder_cache, budget, batch.num_encoder_embeds == 0)
-        for item in items:
-            batch.encoder_inputs.append((req, item))
-            batch.num_encoder_embeds += item.num_tokens
-        return n
+        return batch.add_images(req, n, self.encoder_cache, self.max_num_batched_encoder_embeds)
 
     def _allocate_for_remote_kv(self, req: Request) -> bool:
         """Blocks for the whole prompt, the leading ones from this engine's own prefix cache (they need
@@ -234,6 +203,7 @@ class Scheduler:
         it computed; the requests that reached their end emit a token (the forced answer's, or
         `sampled`): returns each with its token and the reason it now stops (None: it goes on)."""
         emitted = []
+        states = self.blocks.num_state_groups
         for req, n, token in zip(batch.requests, batch.num_new_tokens, sampled, strict=True):
             if req.status is not RequestStatus.RUNNING:  # aborted while the step ran
                 continue
@@ -241,6 +211,8 @@ class Scheduler:
                 req.times.first_scheduled_s = start_s
             req.num_computed_tokens += n
             req.compute_s += step_s
+            if states:
+                self.blocks.on_step_done(req)
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk short of the end: no token yet
             forced = req.forced_output_token_ids
@@ -269,7 +241,7 @@ class Scheduler:
             req.times.kv_pull_back_failed = True
         else:
             req.times.kv_load_failed = True
-        req.times.kv_bytes = 0
+        req.times.kv_bytes = req.times.state_bytes = 0
         self.kv_received(req)
 
     def finish(self, req: Request, reason: FinishedReason) -> None:
@@ -299,13 +271,6 @@ class Scheduler:
         assert not self.recving, f"waiting for remote KV: {list(self.recving)}"
         assert not self.held, f"held for pickup: {list(self.held)}"
         self.blocks.assert_empty()
-
-
-def _drop_images(batch: ScheduledBatch, keep: int) -> None:
-    """Forget the images scheduled after the first `keep` (their request computes nothing now)."""
-    for _, item in batch.encoder_inputs[keep:]:
-        batch.num_encoder_embeds -= item.num_tokens
-    del batch.encoder_inputs[keep:]
 
 
 def stop_reason(req: Request, token: int) -> FinishedReason | None:

@@ -54,8 +54,11 @@ class EngineRecorder(Protocol):
         num_external_tokens: int,
     ) -> None: ...
 
-    def on_kv_transfer_done(self, xfer_s: float, post_s: float, kv_bytes: int, num_blocks: int) -> None:
-        """Decode side: a prompt's KV arrived (emulated transfer time and its fixed costs)."""
+    def on_kv_transfer_done(
+        self, xfer_s: float, post_s: float, kv_bytes: int, num_blocks: int, state_bytes: int = 0
+    ) -> None:
+        """Decode side: a prompt's KV arrived (emulated transfer time and its fixed costs), and a hybrid
+        target's SSM state of `state_bytes` with it."""
 
     def on_kv_transfer_failed(self) -> None: ...
 
@@ -211,11 +214,18 @@ class EngineStats(EngineCounters):
             )
 
     def on_kv_transfer_done(
-        self, xfer_s: float, post_s: float, kv_bytes: int, num_blocks: int, overrun_s: float
+        self,
+        xfer_s: float,
+        post_s: float,
+        kv_bytes: int,
+        num_blocks: int,
+        overrun_s: float,
+        state_bytes: int = 0,
     ) -> None:
+        """`state_bytes`: a hybrid target's SSM state, moved beside the `kv_bytes` of KV."""
         self.num_transfers += 1
         if self.recorder is not None:
-            self.recorder.on_kv_transfer_done(xfer_s, post_s, kv_bytes, num_blocks)
+            self.recorder.on_kv_transfer_done(xfer_s, post_s, kv_bytes, num_blocks, state_bytes)
         if overrun_s > 0:
             self.num_lagged_transfers += 1
             self._lag("kv_transfer", overrun_s)

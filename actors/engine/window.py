@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.request import Request, RequestStatus
-from actors.engine.scheduler import ScheduledBatch, Scheduler, stop_reason
+from actors.engine.scheduled_batch import ScheduledBatch
+from actors.engine.scheduler import Scheduler, stop_reason
 from emulation.step_shape import StepShape, decode_step, decode_steps
 from emulation.time_model import StepTimeModel
 from messages import FinishedReason
@@ -173,6 +174,10 @@ def steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:
         return False
     if last > 1 and batch.requests[-1].mm_items:  # its chunks would stop at images to encode
         return False
+    if last > 1 and sched.block_aligned is not None:  # its chunks would stop at block boundaries
+        return False
+    if sched.blocks.num_state_groups and any(r.state_hold or r.checkpoint for r in batch.requests):
+        return False  # a hybrid's state blocks change after this step
     return all(r.forced_output_token_ids is not None for r in batch.requests)
 
 

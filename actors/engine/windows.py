@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from actors.engine.clock import Clock
 from actors.engine.request import Request
-from actors.engine.scheduler import ScheduledBatch, Scheduler
+from actors.engine.scheduled_batch import ScheduledBatch
+from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams

@@ -34,6 +34,7 @@ from dashboards.metrics import (
     KV_HANDOFF,
     KV_HELD_BLOCKS,
     KV_PULL_BACK_FAILED,
+    KV_TRANSFER_STATE_BYTES,
     LAGGED_KV_TRANSFERS,
     LAGGED_STEPS,
     MAX_OVERRUN,
@@ -84,7 +85,6 @@ from dashboards.metrics import (
 )  # fmt: skip
 from dashboards.recorders.cache_config import cache_config_info
 from dashboards.recorders.registry import Registry, add_each, observe_many
-from emulation.profiles import MODELS
 from messages.moe_steps import MoeWork
 from messages.stats import KV_FETCH_STAGES, SchedulerStats, StepWork
 
@@ -97,9 +97,9 @@ class EngineMetrics(Registry):
     """An engine's series. The engine calls the hooks; nothing else writes to the registry."""
 
     def __init__(self, cfg: TestbedConfig, role: str, replica: int) -> None:
-        model = MODELS[cfg.target.model]
+        model = cfg.target.profile
         super().__init__(ENGINE_SERIES + (MOE_SERIES if model.moe is not None else ()), cfg, role, replica)
-        self._num_layers = model.num_layers
+        self._num_layers = model.num_attention_layers  # (KV descriptors: the layers holding KV)
         self._link = cfg.kv_transfer.link
         self._direction = "d2p" if role == "prefill" else "p2d"  # who pulls: prefill only pulls back
         self._connector = role in ("prefill", "decode")
@@ -268,11 +268,16 @@ class EngineMetrics(Registry):
             if n_out > 1:
                 self.child(TPOT).observe((t.last_token_s - t.first_token_s) / (n_out - 1))
 
-    def on_kv_transfer_done(self, xfer_s: float, post_s: float, kv_bytes: int, num_blocks: int) -> None:
-        """Decode side, pull mode: the prompt KV arrived. Descriptors: one per block, layer, K and V."""
+    def on_kv_transfer_done(
+        self, xfer_s: float, post_s: float, kv_bytes: int, num_blocks: int, state_bytes: int = 0
+    ) -> None:
+        """Decode side, pull mode: the prompt KV arrived (a hybrid target's: and its SSM state, which NIXL
+        moves with it). Descriptors: one per block, layer, K and V."""
         self.child(NIXL_XFER_TIME).observe(xfer_s)
         self.child(NIXL_POST_TIME).observe(post_s)
-        self.child(NIXL_BYTES).observe(kv_bytes)
+        self.child(NIXL_BYTES).observe(kv_bytes + state_bytes)
+        if state_bytes > 0:
+            self.child(KV_TRANSFER_STATE_BYTES).observe(state_bytes)
         self.child(NIXL_DESCRIPTORS).observe(num_blocks * self._num_layers * 2)
         self.child(KV_HANDOFF, link=self._link, direction=self._direction).observe(xfer_s)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from emulation.config.afd import AfdConfig
 from emulation.config.strict import STRICT
@@ -155,6 +155,12 @@ class SchedulerConfig:
         return self.encoder_cache_size or self.encoder_budget
 
 
+def _check_layer_pattern(pattern: str) -> str:
+    if not pattern or set(pattern) - set("M*E-"):
+        raise ValueError("one character a layer, at least one: M (Mamba2), * (attention), E (MoE), - (MLP)")
+    return pattern
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     __pydantic_config__ = STRICT
@@ -169,20 +175,42 @@ class RunnerConfig:
     in the cache."""
     hidden_size: Annotated[int, Field(ge=1)] = 64
     num_layers: Annotated[int, Field(ge=1)] = 2
+    """Decoder layers of the tiny model (nemotron_h: not read; its layers are hybrid_override_pattern's)."""
     num_heads: Annotated[int, Field(ge=1)] = 4
     num_kv_heads: Annotated[int, Field(ge=1)] = 2
     intermediate_size: Annotated[int, Field(ge=1)] = 256
     vocab_size: Annotated[int, Field(ge=1)] = 8192
-    architecture: Literal["qwen2", "qwen3_moe"] = "qwen2"
-    """The tiny model's architecture (built when model_path is None): qwen2 (dense), or qwen3_moe
+    architecture: Literal["qwen2", "qwen3_moe", "nemotron_h"] = "qwen2"
+    """The tiny model's architecture (built when model_path is None): qwen2 (dense), qwen3_moe
     (transformers' Qwen3-MoE: every layer a sparse MoE block of num_experts experts, top
-    num_experts_per_tok)."""
+    num_experts_per_tok), or nemotron_h (transformers' Nemotron-H: a hybrid of Mamba2, attention, MoE
+    and MLP layers in the order hybrid_override_pattern gives; attention without a rotary embedding)."""
     num_experts: Annotated[int, Field(ge=1)] = 8
-    """qwen3_moe: routed experts per layer."""
+    """qwen3_moe, nemotron_h: routed experts per MoE layer (nemotron_h: at least 2, its router scores
+    a group by its top two)."""
     num_experts_per_tok: Annotated[int, Field(ge=1)] = 2
-    """qwen3_moe: experts each token is routed to (top-k)."""
+    """qwen3_moe, nemotron_h: experts each token is routed to (top-k)."""
     moe_intermediate_size: Annotated[int, Field(ge=1)] = 64
-    """qwen3_moe: each expert's MLP width."""
+    """qwen3_moe, nemotron_h: each expert's MLP width (nemotron_h: its one shared expert's too)."""
+    hybrid_override_pattern: Annotated[str, AfterValidator(_check_layer_pattern)] = "M*ME-M*"
+    """nemotron_h: its layers, one character each, in order: M a Mamba2 mixer, * attention, E a MoE
+    block, - a dense MLP (the name and letters of Nemotron-H's config.json). Its length is the number
+    of layers (num_layers is not read)."""
+    mamba_num_heads: Annotated[int, Field(ge=1)] = 8
+    """nemotron_h: heads of each Mamba2 mixer (a multiple of n_groups)."""
+    mamba_head_dim: Annotated[int, Field(ge=1)] = 16
+    """nemotron_h: each Mamba2 head's width; the mixer's inner width is mamba_num_heads x this."""
+    n_groups: Annotated[int, Field(ge=1)] = 2
+    """nemotron_h: groups of heads sharing one B and C projection in a Mamba2 mixer (its gated norm
+    normalises per group too)."""
+    ssm_state_size: Annotated[int, Field(ge=1)] = 16
+    """nemotron_h: each Mamba2 head's recurrent state width (the state is head_dim x this per head)."""
+    conv_kernel: Annotated[int, Field(ge=2)] = 4
+    """nemotron_h: the Mamba2 causal convolution's width; a request's conv state keeps the last
+    conv_kernel - 1 inputs."""
+    chunk_size: Annotated[int, Field(ge=1)] = 8
+    """nemotron_h: tokens per chunk of the Mamba2 chunked scan in a prefill (numerics only: any chunking
+    computes the same state, to rounding)."""
     weights_seed: int = 0
     """Seed of the tiny model's weights (part of its cache key)."""
     num_threads: Annotated[int, Field(ge=1)] = 1

@@ -60,3 +60,7 @@ class FaultsConfig:
     """Prefill engines that stop answering at an emulated time (a wedged GPU or process): no error,
     no more steps; their requests wait until the proxy gives up on them (`router.prefill_timeout_s`,
     which these need) and retries them on another prefill engine. Live: the actor's step loop stops."""
+    ssm_state_at_n: bool = False
+    """Hybrid targets in P/D: prefill computes the whole prompt and hands over its SSM state as of the
+    last token (not N-1, as vLLM's NIXL connector does); decode then computes that token again on top
+    of a state that already holds it, and its output is silently wrong (real compute shows it)."""

@@ -10,7 +10,7 @@ from pydantic import Field
 from emulation.config.moe import EpFabricConfig, MoeRoutingConfig
 from emulation.config.named import named
 from emulation.config.strict import STRICT
-from emulation.profiles import MODELS
+from emulation.profiles import MODELS, ModelProfile, target_model
 
 
 @dataclass(frozen=True)
@@ -82,3 +82,12 @@ class TargetConfig:
     """Mixture-of-experts targets: which experts the tokens reach (the time model's expected loads)."""
     ep_fabric: EpFabricConfig = field(default_factory=EpFabricConfig)
     """Mixture-of-experts targets: the network expert-parallel all-to-alls cross."""
+    mamba_ssm_cache_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Hybrid targets: the dtype of the SSM layers' recurrent state (vLLM's --mamba-ssm-cache-dtype);
+    auto: the model's default (Nemotron-H float32, the others bfloat16). It sizes every state page,
+    handoff and decode's state traffic."""
+
+    @property
+    def profile(self) -> ModelProfile:
+        """The emulated model's profile, its state dtype applied: what every reader of the target uses."""
+        return target_model(self.model, self.mamba_ssm_cache_dtype)

@@ -1,0 +1,86 @@
+"""Hybrid targets served end to end: P/D hands over the SSM state as of token N-1 beside the KV (prefill
+computes the prompt but its last token, decode computes that one), state-aware prefix hits in align mode,
+and, with real compute (the tiny Nemotron-H runner), P/D's greedy tokens equal collocated's while the
+N variant (`faults.ssm_state_at_n`) diverges."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from emulation.profiles import MODELS
+from messages import ClientRequest
+from tests.factories import COLLOCATED, PD, make_config, make_requests, run_requests
+
+GRANITE = MODELS["granite-4.0-h-tiny"]  # 400-token blocks at TP 1: prompts past a block are short here
+HYBRID = {"target": {"model": GRANITE.name}}
+REAL = {
+    "runner": {"compute": "real", "device": "cpu", "architecture": "nemotron_h"},
+    "workload": {"output_policy": "greedy"},
+}
+SKIP = {"runner": {"compute": "skip"}}
+PROMPTS = make_requests(6, [30, 399, 400, 401, 650, 900], 8, vocab=128, seed=5, gap_s=0.2)
+
+
+def repeated(requests: list[ClientRequest], after_s: float) -> list[ClientRequest]:
+    """Each request again, `after_s` later (id suffixed "-again")."""
+    return [
+        dataclasses.replace(r, request_id=r.request_id + "-again", arrival_s=r.arrival_s + after_s)
+        for r in requests
+    ]
+
+
+def test_pd_moves_the_state_beside_the_kv_and_prefill_leaves_the_last_token():
+    """Each handoff moves 36 states of 806,400 B (bf16, TP 1) whatever the prompt's length, and the KV
+    of the blocks of its first N-1 tokens, all prefill computed (400-token blocks of 4 attention layers
+    x 2,048 B a token): the 401-token prompt moves one block, not two."""
+    cfg = make_config(PD, HYBRID, SKIP)
+    assert cfg.scheduler.block_size == 400
+    results, _ = run_requests(cfg, make_requests(6, [30, 399, 400, 401, 650, 900], 8, seed=5, forced=True))
+    assert all(r.finished_reason == "length" for r in results)
+    for r in results:
+        n = r.num_prompt_tokens
+        assert r.times.state_bytes == 36 * 806_400
+        assert r.times.kv_bytes == -(-(n - 1) // 400) * 400 * 4 * 2048
+
+
+def test_repeated_prompts_hit_where_a_state_is_cached():
+    """Collocated with prefix caching: a prompt repeated hits its first checkpoint's blocks
+    (floor((N - 1) / 400) · 400 tokens); one of a block or less never hits."""
+    cfg = make_config(COLLOCATED, HYBRID, SKIP)
+    prompts = make_requests(2, [900, 390], 4, seed=1, forced=True)
+    results, _ = run_requests(cfg, prompts + repeated(prompts, 5.0))
+    cached = {r.request_id: r.times.num_cached_tokens for r in results}
+    assert cached == {"r0": 0, "r1": 0, "r0-again": 800, "r1-again": 0}
+
+
+@pytest.fixture(scope="module")
+def collocated_tokens():
+    cfg = make_config(COLLOCATED, HYBRID, REAL, scheduler={"enable_prefix_caching": False})
+    results, _ = run_requests(cfg, PROMPTS)
+    return [r.output_token_ids for r in results]
+
+
+def test_pd_with_the_state_handoff_equals_collocated(collocated_tokens):
+    results, _ = run_requests(make_config(PD, HYBRID, REAL), PROMPTS)  # engines checked empty
+    assert all(r.finished_reason == "length" for r in results)
+    assert [r.output_token_ids for r in results] == collocated_tokens
+
+
+def test_prefix_hits_on_cached_states_keep_the_greedy_tokens(collocated_tokens):
+    """Each prompt twice, the second after the first finished: the repeats start from the state cached
+    at their checkpoint (chunked through the block boundaries) and emit the same tokens."""
+    results, _ = run_requests(make_config(COLLOCATED, HYBRID, REAL), PROMPTS + repeated(PROMPTS, 10.0))
+    again = [r for r in results if r.request_id.endswith("-again")]
+    assert [r.times.num_cached_tokens for r in again] == [0, 0, 0, 400, 400, 800]
+    assert [r.output_token_ids for r in again] == collocated_tokens
+
+
+def test_handing_over_the_state_after_token_n_diverges(collocated_tokens):
+    """The deliberate fault: prefill computes all N tokens, decode computes token N again on a state that
+    holds it already; the output differs (the check above can fail)."""
+    cfg = make_config(PD, HYBRID, REAL, faults={"ssm_state_at_n": True})
+    results, _ = run_requests(cfg, PROMPTS)
+    got = [r.output_token_ids for r in results]
+    assert sum(a != b for a, b in zip(got, collocated_tokens, strict=True)) >= len(PROMPTS) // 2
