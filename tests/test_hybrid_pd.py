@@ -11,7 +11,7 @@ import pytest
 
 from emulation.profiles import MODELS
 from messages import ClientRequest
-from tests.factories import COLLOCATED, PD, make_config, make_requests, run_requests
+from tests.factories import COLLOCATED, PD, SIX_TURN, make_config, make_requests, run_requests
 
 GRANITE = MODELS["granite-4.0-h-tiny"]  # 400-token blocks at TP 1: prompts past a block are short here
 HYBRID = {"target": {"model": GRANITE.name}}
@@ -84,3 +84,23 @@ def test_handing_over_the_state_after_token_n_diverges(collocated_tokens):
     results, _ = run_requests(cfg, PROMPTS)
     got = [r.output_token_ids for r in results]
     assert sum(a != b for a, b in zip(got, collocated_tokens, strict=True)) >= len(PROMPTS) // 2
+
+
+def test_a_tp_change_moves_what_the_decode_ranks_hold():
+    """Prefill TP 1, decode TP 2: each decode rank reads its slice of each sub-projection (vLLM's DS conv
+    layout), so the state moved is what decode holds: Granite's single group is replicated over its two
+    ranks (conv 3 x 1,792 a rank, vLLM's extra groups), 36 x 403,968 B x 2 ranks."""
+    pools = {"mixed": {"replicas": 0}, "prefill": {"replicas": 1}, "decode": {"replicas": 1, "tp": 2}}
+    cfg = make_config(HYBRID, SKIP, pools=pools)
+    results, _ = run_requests(cfg, make_requests(3, [500, 900, 1300], 4, seed=2, forced=True))
+    assert [r.times.state_bytes for r in results] == [36 * 403_968 * 2] * 3
+
+
+def test_a_multi_turn_chat_on_hybrid_pd_reuses_each_earlier_prompts_checkpoint():
+    """Six turns of one chat: each turn's prefill (its prompt but the last token) hits the state its
+    previous turn cached at that prompt's checkpoint, on block multiples only."""
+    cfg = make_config(PD, HYBRID, SKIP, workload={"kind": "multi_turn"}, multi_turn=SIX_TURN)
+    results, _ = run_requests(cfg, None)
+    assert len(results) == 6 and all(r.finished_reason == "length" for r in results)
+    hits = [r.prefill_times.num_cached_tokens for r in results]
+    assert hits[0] == 0 and all(h > 0 and h % 400 == 0 for h in hits[1:])

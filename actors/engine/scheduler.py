@@ -1,9 +1,9 @@
 """One scheduler for every role (vLLM v1 semantics): computed tokens catch up with known tokens.
 
 Each step shares `max_num_batched_tokens` among, in order:
-  1. running requests one token behind (decodes),
-  2. running requests further behind (partial prefills, chunked),
-  3. waiting requests, oldest first, up to `max_num_seqs` running, after a prefix-cache lookup.
+  1. running requests, in the order they started running (decodes and partial prefills alike: a
+     decode behind a prompt chunk gets what the chunk leaves, as in vLLM's v1 scheduler),
+  2. waiting requests, oldest first, up to `max_num_seqs` running, after a prefix-cache lookup.
 When blocks run out for a running request, the newest running request is preempted (its blocks freed,
 to be recomputed from scratch). Roles differ only at the edges: a prefill request (`do_remote_decode`)
 keeps its blocks after finishing until the decode side has pulled them; a decode request
@@ -78,9 +78,7 @@ class Scheduler:
         batch = ScheduledBatch()
         budget, cap = self.max_num_batched_tokens, self.max_num_new_tokens
         preempted = False
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        partials = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
-        for req in decodes + partials:
+        for req in list(self.running):
             if budget == 0:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
