@@ -56,7 +56,9 @@ def _scheduler(cfg: TestbedConfig) -> Iterator[str]:
 def _pools(cfg: TestbedConfig) -> Iterator[str]:
     s = cfg.scheduler
     p = cfg.pools
-    need = cdiv(cfg.workload.prompt_len + cfg.workload.output_len, s.block_size)
+    # a hybrid's request also holds a state block a Mamba group, and its checkpoint's while caching it
+    states = cfg.target.profile.kv_cache_groups.num_state_groups * (1 + s.enable_prefix_caching)
+    need = cdiv(cfg.workload.prompt_len + cfg.workload.output_len, s.block_size) + states
     for name, pool in (("mixed", p.mixed), ("prefill", p.prefill), ("decode", p.decode)):
         if not pool.replicas:
             continue
@@ -73,12 +75,13 @@ def _pools(cfg: TestbedConfig) -> Iterator[str]:
         # As vLLM refuses at start-up: a request of max_model_len tokens must fit in the KV cache
         # (else one could wait for blocks that never come free).
         key = "scheduler.num_gpu_blocks_override" if s.num_gpu_blocks_override else f"pools.{name}"
-        if have * s.block_size < s.max_model_len:
+        if (have - states) * s.block_size < s.max_model_len:
+            beside = " beside a request's states" if states else ""
             yield (
-                f"{key}: {have} blocks{a_rank} of {s.block_size} hold {have * s.block_size} tokens of KV, "
-                "less "
+                f"{key}: {have} blocks{a_rank} of {s.block_size} hold {(have - states) * s.block_size} "
+                f"tokens of KV{beside}, less "
                 f"than scheduler.max_model_len={s.max_model_len}; allowed: at least "
-                f"{cdiv(s.max_model_len, s.block_size)} blocks, or a smaller max_model_len"
+                f"{cdiv(s.max_model_len, s.block_size) + states} blocks, or a smaller max_model_len"
             )
     collocated = p.mixed.replicas > 0 and p.prefill.replicas == 0 and p.decode.replicas == 0
     disagg = p.mixed.replicas == 0 and p.prefill.replicas > 0 and p.decode.replicas > 0

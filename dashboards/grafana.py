@@ -150,6 +150,7 @@ def handoff() -> dashboard.Dashboard:
 
 def _handoff_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
     per_transfer = rate(m.NIXL_BYTES.count)
+    state = f"({rate(m.KV_TRANSFER_STATE_BYTES.sum)} or vector(0))"  # (only hybrid targets' engines have it)
     return [
         panel(
             "KV transfer time",
@@ -171,8 +172,8 @@ def _handoff_panels() -> list[timeseries.Panel]:  # a table of panels, not logic
             "bytes",
             "Per handoff, the attention KV (grows with the prompt) and a hybrid target's SSM state (a fixed "
             "size a request; 0 without SSM layers) that NIXL moved together: short prompts move more state.",
-            (f"({rate(m.NIXL_BYTES.sum)} - {rate(m.KV_TRANSFER_STATE_BYTES.sum)}) / {per_transfer}", "KV"),
-            (f"{rate(m.KV_TRANSFER_STATE_BYTES.sum)} / {per_transfer}", "SSM state"),
+            (f"({rate(m.NIXL_BYTES.sum)} - {state}) / {per_transfer}", "KV"),
+            (f"{state} / {per_transfer}", "SSM state"),
         ),
         panel(
             "Effective bandwidth",

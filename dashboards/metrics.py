@@ -191,7 +191,7 @@ KV_HELD_BLOCKS = _g("testbed:kv_held_blocks", "Prefill side: KV blocks of finish
 KV_HANDOFF = _h("testbed:kv_handoff_seconds", "KV handoff time per request (transfer start to done) by link and direction (p2d: prefill to decode; d2p: a conversation's blocks pulled back, bidirectional).", HANDOFF_BUCKETS, ("link", "direction"))  # fmt: skip
 KV_CONVERSATION_BLOCKS = _g("testbed:kv_conversation_held_blocks", "Decode side, bidirectional: KV blocks of finished turns kept for their conversation's next turn.")  # fmt: skip
 KV_PULL_BACK_FAILED = _c("testbed:kv_pull_back_failed", "Bidirectional: pull backs that found decode's blocks gone (expired, engine lost) and recomputed.")  # fmt: skip
-KV_TRANSFER_STATE_BYTES = _h("testbed:kv_transfer_state_bytes", "Decode side, hybrid (attention + SSM) targets: SSM state bytes a handoff moved beside the attention KV, a fixed size a request (vllm:nixl_bytes_transferred observes both together; no observation for a target without SSM layers).", NIXL_BYTES_BUCKETS)  # fmt: skip
+KV_TRANSFER_STATE_BYTES = _h("testbed:kv_transfer_state_bytes", "Decode side, hybrid (attention + SSM) targets: SSM state bytes a handoff moved beside the attention KV, a fixed size a request (vllm:nixl_bytes_transferred observes both together; exported by engines of hybrid targets only).", NIXL_BYTES_BUCKETS)  # fmt: skip
 # Client-side (proxy): what the user sees, end to end through every role.
 KV_HANDOFF_PARTS = _h("testbed:kv_handoff_part_seconds", "A P/D request's path from prefill's token to decode's first, by part (they add up).", HANDOFF_BUCKETS, ("part",))  # fmt: skip
 CLIENT_TTFT = _h("testbed:time_to_first_token_seconds", "Client-visible time to first token (proxy).", TTFT_BUCKETS)  # fmt: skip
@@ -235,8 +235,10 @@ ENGINE_SERIES = (
     ITERATION_TOKENS, NIXL_XFER_TIME, NIXL_POST_TIME, NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS,
     NIXL_FAILED_NOTIFICATIONS, NIXL_KV_EXPIRED, NIXL_AFTER_EXPIRY, TIME_SCALE, STEPS, LAGGED_STEPS, LAGGED_KV_TRANSFERS, MAX_OVERRUN, BUSY, STEP_CPU, KV_HANDOFF,
     KV_CONVERSATION_BLOCKS, KV_PULL_BACK_FAILED,
-    KV_HELD_BLOCKS, KV_TRANSFER_STATE_BYTES,
+    KV_HELD_BLOCKS,
 )  # fmt: skip
+HYBRID_SERIES = (KV_TRANSFER_STATE_BYTES,)
+"""An engine of a hybrid (attention + SSM) target exports these beside `ENGINE_SERIES`."""
 # Render tier: CPU seconds of real work (CPU ms per 1k tokens = cpu rate / tokens rate), calls per replica.
 RENDER_CPU = _c("testbed:render_cpu_seconds", "CPU seconds spent rendering (templates), processing images (decode, resize, hash) or derendering (detokenize + parse).", ("op",))  # fmt: skip
 RENDER_TOKENS = _c("testbed:render_tokens", "Tokens rendered (prompt), visual tokens of processed images, or tokens derendered (output).", ("op",))  # fmt: skip
@@ -275,4 +277,6 @@ ENCODER_SERIES = (
     MM_CACHE_QUERIES,
     MM_CACHE_HITS,
 )
-ALL_SERIES = tuple(dict.fromkeys(ENGINE_SERIES + MOE_SERIES + PROXY_SERIES + RENDER_SERIES + ENCODER_SERIES))
+ALL_SERIES = tuple(
+    dict.fromkeys(ENGINE_SERIES + MOE_SERIES + HYBRID_SERIES + PROXY_SERIES + RENDER_SERIES + ENCODER_SERIES)
+)

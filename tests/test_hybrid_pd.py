@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 
+from cluster.config_load import ConfigError
 from emulation.profiles import MODELS
 from messages import ClientRequest
 from tests.factories import COLLOCATED, PD, SIX_TURN, make_config, make_requests, run_requests
@@ -104,3 +105,53 @@ def test_a_multi_turn_chat_on_hybrid_pd_reuses_each_earlier_prompts_checkpoint()
     assert len(results) == 6 and all(r.finished_reason == "length" for r in results)
     hits = [r.prefill_times.num_cached_tokens for r in results]
     assert hits[0] == 0 and all(h > 0 and h % 400 == 0 for h in hits[1:])
+
+
+def test_decode_never_computes_on_a_state_it_did_not_get(collocated_tokens):
+    """Decode's own cache holding all of a repeat's first N-1 tokens (attention blocks only: decode caches
+    no prompt states) falls back to a hit on a cached state, none here, so the KV and state are loaded;
+    failed loads recompute from the start (an attention hit has no state); a decode request preempted
+    after its load comes back on its own cached state or none. Each way, collocated's tokens."""
+    prompts = make_requests(2, [801, 1201], 6, vocab=128, seed=3, gap_s=0.2)
+    colo, _ = run_requests(
+        make_config(COLLOCATED, HYBRID, REAL, scheduler={"enable_prefix_caching": False}), prompts
+    )
+    results, dep = run_requests(make_config(PD, HYBRID, REAL), prompts + repeated(prompts, 10.0))
+    assert [r.output_token_ids for r in results] == [r.output_token_ids for r in colo] * 2
+    assert all(r.times.state_bytes == 36 * 806_400 for r in results)
+    decode = next(e for e in dep.engines if e.role == "decode")
+    assert len(decode.scheduler.blocks._states) == 0  # decode loads prompts: it caches no checkpoint
+    shared = make_requests(3, [1000, 802, 802], 8, vocab=128, seed=11, gap_s=3.0)
+    for r in shared[1:]:
+        r.prompt_token_ids[:800] = shared[0].prompt_token_ids[:800]
+    colo, _ = run_requests(
+        make_config(COLLOCATED, HYBRID, REAL, scheduler={"enable_prefix_caching": False}), shared
+    )
+    failing = {
+        "kv_transfer": {"load_failure_policy": "recompute"},
+        "faults": {"kv_transfer_failures": [2, 3]},
+    }
+    results, _ = run_requests(make_config(PD, HYBRID, REAL, failing), shared)
+    assert [r.times.kv_load_failed for r in results] == [False, True, True]
+    assert [r.output_token_ids for r in results] == [r.output_token_ids for r in colo]
+
+
+def test_a_decode_request_preempted_after_its_load_resumes_on_a_valid_state():
+    prompts = make_requests(3, 790, 60, vocab=128, seed=7, gap_s=0.05)
+    colo, _ = run_requests(
+        make_config(COLLOCATED, HYBRID, REAL, scheduler={"enable_prefix_caching": False}), prompts
+    )
+    tight = {"num_gpu_blocks_override": 35, "max_model_len": 1200, "reserve_full_isl": False}
+    cfg = make_config(PD, HYBRID, REAL, scheduler=tight, workload={"prompt_len": 790, "output_len": 60})
+    results, dep = run_requests(cfg, prompts)
+    decode = next(e for e in dep.engines if e.role == "decode")
+    assert decode.scheduler.num_preemptions >= 1
+    assert [r.output_token_ids for r in results] == [r.output_token_ids for r in colo]
+
+
+def test_a_pool_must_hold_a_requests_states_too():
+    """Granite's 9 Mamba groups: a 908-token request needs 3 KV blocks, 9 running-state blocks and 9 for
+    its checkpoint; 11 usable blocks cannot admit it (a run would wait for ever), so the config says so."""
+    tight = {"num_gpu_blocks_override": 12, "max_model_len": 4000}
+    with pytest.raises(ConfigError, match=r"^pools\.mixed: .* KV room for 11 blocks .* a request needs 21;"):
+        make_config(COLLOCATED, HYBRID, SKIP, scheduler=tight, workload={"prompt_len": 900, "output_len": 8})

@@ -79,14 +79,21 @@ class BlockManager:
 
         At least one token is always left to compute, since the next token needs logits. A hybrid
         model's hit ends where a state is cached (vLLM: the Mamba hit within the attention hit), but
-        for a request whose state comes from a prefill engine (vLLM: the attention hit, state sent).
+        for a request whose state comes from a prefill engine (`_state_comes_with_kv`).
         """
         if not self.enable_prefix_caching:
             return []
         hits = self._index.find(req)
-        if self.num_state_groups and hits and not req.is_remote_prefill:  # (its state comes with its KV)
+        if self.num_state_groups and hits and not self._state_comes_with_kv(req, len(hits)):
             return hits[: self._states.longest_hit(req.block_hashes, len(hits))]
         return hits
+
+    def _state_comes_with_kv(self, req: Request, num_hit_blocks: int) -> bool:
+        """Whether a hybrid request's state will arrive from a prefill engine: it awaits remote KV beyond
+        its hit of `num_hit_blocks` (vLLM's NIXL connector moves the state unconditionally; a hit that
+        leaves nothing to load falls back to a hit on its own cached state, as vLLM's does)."""
+        waiting = req.is_remote_prefill and not req.remote_kv_loaded
+        return waiting and num_hit_blocks * self.block_size < req.remote_kv_end
 
     def record_prefix_cache_stats(self, req: Request, num_hit_tokens: int) -> None:
         """Count an admitted request's lookup (vLLM records at admission, so a request that waits is
@@ -148,7 +155,7 @@ class BlockManager:
 
     def _state_hit(self, req: Request, hits: list[int]) -> list[int]:
         """The blocks of the state cached where a hybrid's prefix hit `hits` ends (none otherwise)."""
-        if not (self.num_state_groups and hits) or req.is_remote_prefill:
+        if not (self.num_state_groups and hits) or self._state_comes_with_kv(req, len(hits)):
             return []
         return list(self._states.get(req.block_hashes[len(hits) - 1]) or ())
 
@@ -156,6 +163,8 @@ class BlockManager:
         """A hybrid's prompt checkpoint with prefix caching, if a step computing up to `end` reaches it
         first and no state is cached there yet (None otherwise)."""
         if not (self.num_state_groups and self.enable_prefix_caching) or req.checkpoint is not None:
+            return None
+        if req.is_remote_prefill and not req.remote_kv_loaded:  # it loads its prompt, never computes it
             return None
         at = checkpoint_position(req.num_prompt_tokens, self.block_size)
         if not at or not req.num_computed_tokens < at <= end:

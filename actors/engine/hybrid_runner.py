@@ -159,7 +159,8 @@ class HybridRunner(ModelRunner):
         for i, (it, cache) in enumerate(zip(items, caches, strict=True)):
             n = len(it.token_ids)
             cut = n if it.state_checkpoint is None else it.state_checkpoint[0] - it.start_pos
-            if 0 < cut < n:
+            assert 0 < cut <= n, f"{it.request_id}: a checkpoint at {cut} of a step of {n} tokens"
+            if cut < n:
                 outs.append(mixer(h[None, offset : offset + cut], cache_params=cache)[0])
                 checkpoints.setdefault(i, []).append(self._layer_state(cache, li))
                 outs.append(mixer(h[None, offset + cut : offset + n], cache_params=cache)[0])

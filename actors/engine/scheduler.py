@@ -240,6 +240,8 @@ class Scheduler:
         else:
             req.times.kv_load_failed = True
         req.times.kv_bytes = req.times.state_bytes = 0
+        if self.blocks.num_state_groups:  # a hybrid's hit had no state of its own: from the start
+            req.times.num_cached_tokens = 0
         self.kv_received(req)
 
     def finish(self, req: Request, reason: FinishedReason) -> None:

@@ -26,6 +26,7 @@ from dashboards.metrics import (
     EXTERNAL_PREFIX_CACHE_QUERIES,
     FINISHED_REASONS,
     GENERATION_TOKENS,
+    HYBRID_SERIES,
     INFERENCE_TIME,
     ITERATION_TOKENS,
     ITL,
@@ -98,7 +99,8 @@ class EngineMetrics(Registry):
 
     def __init__(self, cfg: TestbedConfig, role: str, replica: int) -> None:
         model = cfg.target.profile
-        super().__init__(ENGINE_SERIES + (MOE_SERIES if model.moe is not None else ()), cfg, role, replica)
+        series = ENGINE_SERIES + (MOE_SERIES if model.moe is not None else ())
+        super().__init__(series + (HYBRID_SERIES if model.ssm is not None else ()), cfg, role, replica)
         self._num_layers = model.num_attention_layers  # (KV descriptors: the layers holding KV)
         self._link = cfg.kv_transfer.link
         self._direction = "d2p" if role == "prefill" else "p2d"  # who pulls: prefill only pulls back
