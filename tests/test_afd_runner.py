@@ -16,6 +16,7 @@ from actors.engine.runner_model import load_model, model_dir
 from actors.ffn.worker import FfnWorker, LocalFfnRanks
 from emulation.config import RunnerConfig
 from tests.factories import COLLOCATED, make_config, make_requests, run_requests
+from tests.runner_checks import prompt
 
 MOE = RunnerConfig(device="cpu", architecture="qwen3_moe")
 
@@ -54,10 +55,6 @@ def outputs_of(model):
     finally:
         for h in hooks:
             h.remove()
-
-
-def prompt(n, seed):
-    return torch.randint(0, 8192, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def test_the_ffn_rank_holds_only_the_moe_blocks_loaded_apart_from_the_engines_model():

@@ -5,17 +5,18 @@ the KV and the state as of N-1 prompt tokens emits collocated's greedy tokens, o
 
 import hashlib
 import json
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 
-from actors.engine.hybrid_runner import HybridRunner, SsmState
+from actors.engine.hybrid_runner import HybridRunner
 from actors.engine.runner import RunnerInput
 from actors.engine.runner_arch import check_runner_model
 from actors.engine.runner_model import load_model, model_dir
 from emulation.config import RunnerConfig
+from messages import SsmState
+from tests.runner_checks import hf_logits, logits_of, prompt
 
 HYBRID = RunnerConfig(
     device="cpu",
@@ -34,26 +35,6 @@ def model(tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("TESTBED_CACHE", str(tmp_path_factory.mktemp("cache")))
         return load_model(HYBRID)
-
-
-def prompt(n, seed=0):
-    return torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-@contextmanager
-def logits_of(runner):
-    """The logits the runner's steps computed (rows: the items that asked, in order), one per step."""
-    steps = []
-    hook = runner.model.lm_head.register_forward_hook(lambda _m, _i, out: steps.append(out.clone()))
-    try:
-        yield steps
-    finally:
-        hook.remove()
-
-
-def hf_logits(model, tokens):
-    with torch.inference_mode():
-        return model(torch.tensor([tokens])).logits[0, -1]
 
 
 def hf_greedy(model, tokens, n):
@@ -111,7 +92,7 @@ def test_prompt_whole_or_in_chunks_matches_hf_forward_state_and_greedy_generate(
     """Chunks of 5, 7 and 3 tokens cross the mixer's scan chunks (8) and continue from the state the
     last step left; the state saved after the prompt is the model's own cache's (less the conv input
     no later output reads)."""
-    p = prompt(N)
+    p = prompt(N, 0, vocab=128)
     with torch.inference_mode():
         out = model(torch.tensor([p]), use_cache=True)
     expected = hf_greedy(model, p, 6)
@@ -139,7 +120,7 @@ def test_batched_prefills_and_decodes_of_different_lengths_match_hf_forward(mode
     step's logits are those of HF's forward over the whole sequence so far (no cache)."""
     runner = HybridRunner(model, num_blocks=32, block_size=BS)
     runner.warm_up()
-    seqs = {"r0": prompt(11, 1), "r1": prompt(19, 2)}
+    seqs = {"r0": prompt(11, 1, vocab=128), "r1": prompt(19, 2, vocab=128)}
     blocks = {"r0": list(range(0, 6)), "r1": list(range(10, 17))}
     done = dict.fromkeys(seqs, 0)
     with logits_of(runner) as steps:
@@ -147,7 +128,7 @@ def test_batched_prefills_and_decodes_of_different_lengths_match_hf_forward(mode
             items = [RunnerInput(r, s[done[r] :], done[r], blocks[r], 26, True) for r, s in seqs.items()]
             tokens = runner.execute(items)
             for (r, s), tok, row in zip(seqs.items(), tokens, steps[-1], strict=True):
-                ref = hf_logits(model, s)
+                ref = hf_logits(model, s)[-1]
                 torch.testing.assert_close(row, ref, atol=1e-5, rtol=1e-5)
                 assert tok == int(ref.argmax())
                 done[r] = len(s)
@@ -159,7 +140,7 @@ def test_batched_prefills_and_decodes_of_different_lengths_match_hf_forward(mode
 
 def test_a_request_resuming_on_a_state_saved_in_the_same_step_runs_after_it(model):
     """b's KV prefix is in the pool already; its state is the one a saves in this step: b waits for it."""
-    p = prompt(12, 3)
+    p = prompt(12, 3, vocab=128)
     runner = HybridRunner(model, num_blocks=16, block_size=BS)
     runner.execute([RunnerInput("kv", p[:8], 0, [2, 3], 8, False)])
     runner.release("kv")
@@ -170,7 +151,7 @@ def test_a_request_resuming_on_a_state_saved_in_the_same_step_runs_after_it(mode
                 RunnerInput("b", p[8:], 8, [2, 3, 4], 12, True, state_source_block=9),
             ]
         )
-    torch.testing.assert_close(steps[0][0], hf_logits(model, p), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(steps[0][0], hf_logits(model, p)[-1], atol=1e-5, rtol=1e-5)
     with pytest.raises(LookupError, match=r"request 'c' resumes at token 8 with no SSM state"):
         runner.execute([RunnerInput("c", p[8:], 8, [2, 3, 4], 12, True, state_source_block=5)])
 
@@ -188,7 +169,7 @@ def handoff(model, computed, kv_tokens, decodes):
     of the first `kv_tokens` and that state, computes the rest of the prompt from token `kv_tokens` on
     (saving its state after that step) and decodes greedily. Returns D's tokens, the state P sent and
     D's state after the prompt."""
-    p = prompt(N, 7)
+    p = prompt(N, 7, vocab=128)
     prefill = HybridRunner(model, num_blocks=16, block_size=BS)
     prefill.execute([RunnerInput("r", p[:computed], 0, [0, 1, 2, 3], computed, False, state_block=3)])
     kv, sent = prefill.read_kv([0, 1, 2, 3], kv_tokens), prefill.read_state(3)
@@ -212,7 +193,7 @@ def handoff(model, computed, kv_tokens, decodes):
 
 
 def test_pd_handoff_of_state_and_kv_at_n_minus_1_emits_collocated_tokens(model):
-    p = prompt(N, 7)
+    p = prompt(N, 7, vocab=128)
     tokens, sent, after = handoff(model, N - 1, N - 1, 8)
     assert tokens == hf_greedy(model, p, 8)
     assert_state_close(sent.ssm, state_as_of(model, p[:-1]).ssm)
@@ -224,7 +205,7 @@ def test_pd_handoff_of_state_and_kv_at_n_minus_1_emits_collocated_tokens(model):
 def test_pd_handoff_of_the_state_as_of_n_applies_the_last_token_twice_and_diverges(model):
     """The state as of all N tokens with the KV of N-1: D recomputes token N on top, so its state has
     seen that token twice; its attention's KV is right, its state and greedy tokens are not."""
-    p = prompt(N, 7)
+    p = prompt(N, 7, vocab=128)
     tokens, sent, after = handoff(model, N, N - 1, 8)
     as_of_n = state_as_of(model, p)
     assert_state_close(sent.ssm, as_of_n.ssm)

@@ -4,7 +4,6 @@ emits collocated's greedy tokens; other architectures are refused."""
 import copy
 import hashlib
 import json
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
 from actors.engine.runner_model import load_model, model_dir
 from emulation.config import RunnerConfig
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_requests
+from tests.runner_checks import hf_logits, logits_of, prompt
 
 MOE = RunnerConfig(device="cpu", architecture="qwen3_moe")
 
@@ -29,26 +29,6 @@ def model():
         if name.endswith("norm.weight"):
             p.copy_(1 + 0.5 * torch.randn(p.shape, generator=gen))
     return m
-
-
-def prompt(n, seed=0):
-    return torch.randint(0, 8192, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-@contextmanager
-def logits_of(runner):
-    """The logits the runner's steps computed (rows: the items that asked, in order), one list per step."""
-    steps = []
-    hook = runner.model.lm_head.register_forward_hook(lambda _m, _i, out: steps.append(out.clone()))
-    try:
-        yield steps
-    finally:
-        hook.remove()
-
-
-def hf_logits(model, tokens):
-    with torch.inference_mode():
-        return model(torch.tensor([tokens])).logits[0]
 
 
 def test_the_tiny_moe_model_is_qwen3_moe_sparse_everywhere_and_cached_apart_from_qwen2():

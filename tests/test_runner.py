@@ -9,15 +9,12 @@ import torch
 from actors.engine.runner import ModelRunner, RunnerInput
 from actors.engine.runner_model import load_model, model_dir
 from emulation.config import RunnerConfig
+from tests.runner_checks import prompt
 
 
 @pytest.fixture(scope="module")
 def model():
     return load_model(RunnerConfig(device="cpu"))
-
-
-def prompt(n, seed=0):
-    return torch.randint(0, 8192, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def test_model_is_loaded_from_a_local_directory(model, tmp_path, monkeypatch):

@@ -32,11 +32,10 @@ from actors.engine.scheduler import Scheduler
 from emulation.config import RunnerConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS
 from messages import EngineRequest
-from tests.vllm_peer import run_script, vllm_version
+from tests.vllm_peer import Scenario, run_script, scheduler_scenario, vllm_version
 
 pytestmark = [pytest.mark.full, pytest.mark.timeout(2400)]  # the first test may install vLLM (minutes)
 
-Scenario = dict[str, Any]
 Record = dict[str, Any]
 
 BLOCK_SIZE = 16
@@ -94,19 +93,16 @@ def _scenario(
     requests: list[dict[str, Any]],
     aborts: list[dict[str, Any]] | None = None,
 ) -> Scenario:
-    return {
-        "name": name,
-        "block_size": BLOCK_SIZE,
-        "num_gpu_blocks": num_gpu_blocks,
-        "max_num_batched_tokens": budget,
-        "max_num_seqs": max_num_seqs,
-        "max_model_len": 2048,
-        "enable_prefix_caching": True,
-        "reserve_full_isl": reserve_full_isl,
-        "requests": requests,
-        "aborts": aborts or [],
-        "max_steps": 2000,
-    }
+    return scheduler_scenario(
+        name,
+        requests,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks=num_gpu_blocks,
+        budget=budget,
+        max_num_seqs=max_num_seqs,
+        reserve_full_isl=reserve_full_isl,
+        aborts=aborts,
+    )
 
 
 def _tokens(start: int, n: int) -> list[int]:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import pytest
 
@@ -154,3 +154,34 @@ def run_script(name: str, *args: str, timeout: float = 900.0) -> str:
     if proc.returncode != 0:
         raise AssertionError(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc.stdout
+
+
+Scenario = dict[str, Any]
+"""A scheduler scenario, in the peer scripts' format (`vllm_peer_scripts/step_scheduler.py`)."""
+
+
+def scheduler_scenario(
+    name: str,
+    requests: list[dict[str, Any]],
+    *,
+    block_size: int,
+    num_gpu_blocks: int,
+    budget: int,
+    max_num_seqs: int,
+    reserve_full_isl: bool,
+    aborts: list[dict[str, Any]] | None = None,
+) -> Scenario:
+    """A scenario both schedulers step through: prefix caching on, a model length no request reaches."""
+    return {
+        "name": name,
+        "block_size": block_size,
+        "num_gpu_blocks": num_gpu_blocks,
+        "max_num_batched_tokens": budget,
+        "max_num_seqs": max_num_seqs,
+        "max_model_len": 2048,
+        "enable_prefix_caching": True,
+        "reserve_full_isl": reserve_full_isl,
+        "requests": requests,
+        "aborts": aborts or [],
+        "max_steps": 2000,
+    }

@@ -27,13 +27,10 @@ step, as `step_scheduler.py`'s, plus::
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
 
 import step_scheduler  # beside this script: sets vLLM's environment before importing it
 import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -45,32 +42,11 @@ def build_scheduler(model_dir: str, sc: dict[str, Any]) -> Scheduler:
     """vLLM's synchronous `Scheduler` over `num_gpu_blocks` blocks (its null block among them) shared by
     one full-attention group and `num_state_groups` Mamba groups, all of `block_size` tokens."""
     bs = sc["block_size"]
-    model_config = ModelConfig(
-        model=model_dir,
-        tokenizer=model_dir,
-        skip_tokenizer_init=True,
-        dtype="float32",
-        seed=0,
-        max_model_len=sc["max_model_len"],
-    )
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=sc["max_num_seqs"],
-        max_num_batched_tokens=sc["max_num_batched_tokens"],
-        max_model_len=sc["max_model_len"],
-        is_encoder_decoder=False,
-        enable_chunked_prefill=True,
-        async_scheduling=False,
-        scheduler_reserve_full_isl=sc["reserve_full_isl"],
-    )
-    cache_config = CacheConfig(block_size=bs, enable_prefix_caching=True)
-    vllm_config = VllmConfig(
-        model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config
-    )
+    vllm_config = step_scheduler.scheduler_vllm_config(model_dir, sc)
     # What `MambaModelConfig.verify_and_update_config` sets for a hybrid model with prefix caching
     # (the tiny config is not a hybrid one, so it is set here).
     vllm_config.cache_config.mamba_cache_mode = "align"
     vllm_config.cache_config.mamba_block_size = bs
-    vllm_config.cache_config.num_gpu_blocks = sc["num_gpu_blocks"]
     internal = sc["internal_checkpoint"]
     attention = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
     mamba = MambaSpec(
@@ -218,16 +194,5 @@ def run(model_dir: str, sc: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-def main() -> None:
-    model_dir, path = sys.argv[1], sys.argv[2]
-    with open(path) as f:
-        scenarios = json.load(f)
-    if isinstance(scenarios, dict):
-        json.dump(run(model_dir, scenarios), sys.stdout)
-    else:
-        json.dump([run(model_dir, sc) for sc in scenarios], sys.stdout)
-    sys.stdout.write("\n")
-
-
 if __name__ == "__main__":
-    main()
+    step_scheduler.main(run)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -57,9 +58,9 @@ TOKEN = 7
 """The token every caught-up request samples (the tiny model's vocabulary has it; it is no stop token)."""
 
 
-def build_scheduler(model_dir: str, sc: dict[str, Any]) -> Scheduler:
-    """vLLM's synchronous `Scheduler` over exactly `num_gpu_blocks` blocks (its null block among them),
-    configured as vLLM's own unit tests build one (`tests/v1/core/utils.py:create_scheduler`)."""
+def scheduler_vllm_config(model_dir: str, sc: dict[str, Any]) -> VllmConfig:
+    """The engine config a scenario's scheduler runs under: its budget, sequences, model length, block
+    size and prefix caching, synchronous, chunked prefill on; `num_gpu_blocks` exactly."""
     model_config = ModelConfig(
         model=model_dir,
         tokenizer=model_dir,
@@ -84,13 +85,20 @@ def build_scheduler(model_dir: str, sc: dict[str, Any]) -> Scheduler:
     vllm_config = VllmConfig(
         model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config
     )
+    vllm_config.cache_config.num_gpu_blocks = sc["num_gpu_blocks"]
+    return vllm_config
+
+
+def build_scheduler(model_dir: str, sc: dict[str, Any]) -> Scheduler:
+    """vLLM's synchronous `Scheduler` over exactly `num_gpu_blocks` blocks (its null block among them),
+    configured as vLLM's own unit tests build one (`tests/v1/core/utils.py:create_scheduler`)."""
+    vllm_config = scheduler_vllm_config(model_dir, sc)
     spec = FullAttentionSpec(block_size=sc["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_cache_config = KVCacheConfig(
         num_blocks=sc["num_gpu_blocks"],
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
     )
-    vllm_config.cache_config.num_gpu_blocks = sc["num_gpu_blocks"]
     scheduler = Scheduler(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
@@ -225,14 +233,15 @@ def spy_on_preemptions(scheduler: Scheduler) -> list[str]:
     return order
 
 
-def main() -> None:
+def main(run_one: Callable[[str, dict[str, Any]], list[dict[str, Any]]] = run) -> None:
+    """MODEL_DIR SCENARIOS.json: each scenario's records (`run_one`), as JSON on stdout."""
     model_dir, path = sys.argv[1], sys.argv[2]
     with open(path) as f:
         scenarios = json.load(f)
     if isinstance(scenarios, dict):
-        json.dump(run(model_dir, scenarios), sys.stdout)
+        json.dump(run_one(model_dir, scenarios), sys.stdout)
     else:
-        json.dump([run(model_dir, sc) for sc in scenarios], sys.stdout)
+        json.dump([run_one(model_dir, sc) for sc in scenarios], sys.stdout)
     sys.stdout.write("\n")
 
 
