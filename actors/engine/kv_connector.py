@@ -168,10 +168,9 @@ class KVConnectorScheduler:
             remote_engine_id=self.engine_id,
             remote_request_id=req.request_id,
             remote_block_ids=tuple(req.block_ids),
-            # the list itself: prompts are never changed, and an actor boundary copies it anyway
-            prompt_token_ids=req.prompt_token_ids
-            if req.full_prompt_token_ids is None
-            else req.full_prompt_token_ids,
+            # the list itself (the prompt as sent, where a hybrid's was truncated): prompts are never
+            # changed, and an actor boundary copies it anyway
+            prompt_token_ids=req.full_prompt_token_ids or req.prompt_token_ids,
             kv_sent_s=now,
             prefill_compute_s=req.compute_s,
         ), holding
