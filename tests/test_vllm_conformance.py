@@ -222,6 +222,11 @@ def run_testbed(sc: Scenario, reserve_full_isl: bool | None = None) -> list[Reco
 
     `reserve_full_isl` overrides the scenario's on this side only (to show the comparison can fail)."""
     side = EmulatedSide(sc, sc["reserve_full_isl"] if reserve_full_isl is None else reserve_full_isl)
+    return step_until_done(side, sc)
+
+
+def step_until_done(side: EmulatedSide, sc: Scenario) -> list[Record]:
+    """`side`'s records, a step at a time until every request of `sc` arrived and finished."""
     last_arrival = max(r["arrival_step"] for r in sc["requests"])
     records = []
     for step in range(sc["max_steps"]):

@@ -58,7 +58,7 @@ from actors.engine.runner_model import ensure_model
 from actors.engine.scheduler import Scheduler
 from emulation.config import RunnerConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS, cdiv
-from tests.test_vllm_conformance import EmulatedSide, _request, first_difference
+from tests.test_vllm_conformance import EmulatedSide, _request, first_difference, step_until_done
 from tests.vllm_peer import Scenario, run_script, scheduler_scenario, vllm_version
 
 pytestmark = [pytest.mark.full, pytest.mark.timeout(2400)]  # the first test may install vLLM (minutes)
@@ -265,14 +265,7 @@ class HybridSide(EmulatedSide):
 
 
 def run_testbed(sc: Scenario) -> list[Record]:
-    side = HybridSide(sc)
-    last_arrival = max(r["arrival_step"] for r in sc["requests"])
-    records = []
-    for step in range(sc["max_steps"]):
-        records.append(side.step(step))
-        if step >= last_arrival and not side.sched.num_unfinished:
-            break
-    return records
+    return step_until_done(HybridSide(sc), sc)
 
 
 def previous_states(sc: Scenario, record: Record) -> int:
