@@ -84,8 +84,6 @@ class Proxy:
         def time_scale() -> float:  # wall seconds per emulated second (what a prefill timeout waits)
             return self.clock.time_scale if self.clock is not None else 1.0
 
-        decode_policy = cfg.policy if cfg.policy in ("round_robin", "session_affinity") else "least_loaded"
-
         def pool(name: str, engines: Sequence[EngineClient], policy: str | None = None) -> EnginePool | None:
             if not engines:
                 return None
@@ -101,7 +99,7 @@ class Proxy:
 
         self._mixed = pool("mixed", mixed)
         self._prefill = pool("prefill", prefill)
-        self._decode = pool("decode", decode, decode_policy)
+        self._decode = pool("decode", decode, cfg.policy_for("decode"))
 
     def kill(self, why: str) -> None:
         """Die and come back at once, as a supervisor restarts a crashed proxy (`faults.proxy_kills`): every

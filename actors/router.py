@@ -21,12 +21,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
+from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, prompt_block_hashes
 from actors.engine.health import EngineDeadError
 from emulation.config import RouterConfig
 from emulation.kv_cache import cdiv
-from messages import ClientRequest, KVEvents
-from messages.token_ids import span
+from messages import BlockStored, ClientRequest, KVEvents
 
 
 class Router:
@@ -81,7 +80,10 @@ class Router:
         hashes: list[BlockHash] = []
         overlaps = [0] * len(self._active_blocks)
         if self.policy == "kv_estimated":
-            hashes = hash_blocks(creq.prompt_token_ids, self.block_size, mm_items=creq.mm_items)
+            tokens = creq.prompt_token_ids
+            hashes = prompt_block_hashes(
+                tokens, self.block_size, 0, len(tokens) // self.block_size, mm_items=creq.mm_items
+            )
             overlaps = [self._overlap(i, hashes) for i in range(len(overlaps))]
         elif self.policy == "kv_aware":
             for catch_up in self.before_read:
@@ -134,8 +136,12 @@ class Router:
         """An engine's prefix cache changed (`kv_aware`): blocks it now holds, and blocks it evicted."""
         if self.policy != "kv_aware":  # decode's pool in P/D is routed by load: nothing to index
             return
-        self._held[engine].update(events.stored)
-        self._held[engine].difference_update(events.removed)
+        held = self._held[engine]
+        for event in events.events:
+            if isinstance(event, BlockStored):
+                held.update(event.block_hashes)
+            else:
+                held.difference_update(event.block_hashes)
 
     def _overlaps(self, creq: ClientRequest) -> list[int]:
         """Each engine's `_overlap` with the prompt, hashing its blocks only as far as some engine
@@ -151,7 +157,7 @@ class Router:
                     break
                 lo, hi = len(hashes), min(num_full, 2 * len(hashes) + 1)
                 parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
-                hashes += hash_blocks(span(tokens, lo * bs, hi * bs), bs, parent, creq.mm_items, lo * bs)
+                hashes += prompt_block_hashes(tokens, bs, lo, hi, parent, creq.mm_items)
             overlaps.append(num)
         return overlaps
 

@@ -94,15 +94,15 @@ def vision_for(cfg: TestbedConfig) -> Any:
     return None if vit is None else load_vision_model(cfg.runner, vit.patch_size)
 
 
-def scheduler_for(cfg: TestbedConfig, pool: PoolConfig) -> Scheduler:
-    """The scheduler of one replica of `pool`, over its KV blocks (publishing KV events for a
-    KV-aware router; a hybrid target's also hold SSM states) and its encoder cache."""
+def scheduler_for(cfg: TestbedConfig, pool: PoolConfig, role: Role = "mixed") -> Scheduler:
+    """The scheduler of one replica of `role`'s `pool`, over its KV blocks (publishing KV events where
+    a KV-aware router reads them; a hybrid target's also hold SSM states) and its encoder cache."""
     s, model = cfg.scheduler, cfg.target.profile
     num_state_groups = model.kv_cache_groups.num_state_groups
     blocks = BlockManager(
         num_usable_blocks(cfg, pool), s.block_size, s.enable_prefix_caching, num_state_groups=num_state_groups
     )
-    if cfg.router.policy == "kv_aware":
+    if cfg.router.policy_for(role) == "kv_aware":
         blocks.publish_kv_events()
     ranks = pool.num_attention_ranks  # data-parallel attention: one scheduler for the replica's ranks
     threshold = _long_prefill_threshold(s.long_prefill_token_threshold, s.max_num_batched_tokens, ranks)
@@ -190,7 +190,7 @@ def build_engine(
     that step an engine in lockstep with another give every step the same time)."""
     s = cfg.scheduler
     time_model = time_model or time_model_for(cfg, pool)
-    scheduler = scheduler_for(cfg, pool)
+    scheduler = scheduler_for(cfg, pool, role)
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision)

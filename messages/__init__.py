@@ -4,7 +4,7 @@ Tensors cross only where they are the point: KV in `KVPayload`, an image's patch
 (for the vision encoder). Times are emulated seconds.
 """
 
-from messages.kv import KVEvents, KVPayload, KVPull, SsmState
+from messages.kv import BlockRemoved, BlockStored, KVEvents, KVPayload, KVPull, SsmState
 from messages.kv_transfer_params import KVTransferParams
 from messages.multimodal import EncodedImage, EncodeJob, MultiModalItem
 from messages.requests import (
@@ -21,6 +21,8 @@ from messages.result import RequestResult
 from messages.token_ids import PromptIds, TokenIds
 
 __all__ = [
+    "BlockRemoved",
+    "BlockStored",
     "ClientRequest",
     "EncodeJob",
     "EncodedImage",

@@ -8,13 +8,27 @@ import numpy as np
 
 
 @dataclass
-class KVEvents:
-    """engine -> router: block hashes the engine's prefix cache gained and lost since its last batch
-    (vLLM's BlockStored / BlockRemoved, net: a block stored and evicted within one batch is only
-    removed). Hashes are the stable chained ones (`block_hash`), comparable across actors."""
+class BlockStored:
+    """Blocks entered into an engine's prefix cache (vLLM's BlockStored event)."""
 
-    stored: list[bytes]
-    removed: list[bytes]
+    block_hashes: list[bytes]
+    """The stable chained hashes (`block_hash`), comparable across actors."""
+
+
+@dataclass
+class BlockRemoved:
+    """Blocks evicted from an engine's prefix cache (vLLM's BlockRemoved event)."""
+
+    block_hashes: list[bytes]
+
+
+@dataclass
+class KVEvents:
+    """engine -> router: what the engine's prefix cache gained and lost since its last batch, in the
+    order it happened (vLLM's KVEventBatch): a router applying them in order holds what the engine
+    holds."""
+
+    events: list[BlockStored | BlockRemoved]
 
 
 @dataclass

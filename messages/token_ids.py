@@ -15,13 +15,39 @@ from typing import overload
 import numpy as np
 
 
+class TraceBlocks:
+    """How a trace prompt's tokens were made: whole trace blocks of `block_len` tokens, each drawn
+    from its hash ID, so prompts whose first k hash IDs (in one namespace) agree agree in their first
+    k·block_len tokens, and so in every block hash there. `nodes[i]` names the chain of the prompt's
+    hash IDs 0..i (equal chains, one node). `memo`, shared by every prompt of the trace, holds by
+    (node, block_size) the chained hashes of the engine blocks inside that chain's last trace block,
+    from its start: whichever router or engine hashes them first, in a prompt of any turn, does it
+    for all (`block_hash.prompt_block_hashes`)::
+
+        hash IDs     [  7  ][  8  ][  9  ]          nodes   n(7)  n(7,8)  n(7,8,9)
+        engine       |..|..|..|..|..|..|..|        memo[(n(7,8), 16)] = hashes of the 4 blocks in 8
+    """
+
+    __slots__ = ("block_len", "memo", "nodes")
+
+    def __init__(self, block_len: int, nodes: list[int], memo: dict[tuple[int, int], list[bytes]]) -> None:
+        self.block_len = block_len
+        self.nodes = nodes
+        self.memo = memo
+
+
 class TokenIds(Sequence[int]):
-    """Immutable token IDs over an int32 array; equal to a list (or TokenIds) of the same IDs."""
+    """Immutable token IDs over an int32 array; equal to a list (or TokenIds) of the same IDs.
+    `trace`: how a trace prompt's IDs were drawn (in process only: a copy sent elsewhere drops it)."""
 
-    __slots__ = ("array",)
+    __slots__ = ("array", "trace")
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: np.ndarray, trace: TraceBlocks | None = None) -> None:
         self.array = np.ascontiguousarray(array, dtype=np.int32)
+        self.trace = trace
+
+    def __reduce__(self) -> tuple[type[TokenIds], tuple[np.ndarray]]:
+        return (TokenIds, (self.array,))  # the trace's memo is the process's own
 
     def __len__(self) -> int:
         return len(self.array)

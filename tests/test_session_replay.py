@@ -7,7 +7,7 @@ import pytest
 from actors.engine.block_hash import hash_blocks
 from actors.router import Router
 from emulation.config import RouterConfig
-from messages import ClientRequest, KVEvents
+from messages import BlockRemoved, BlockStored, ClientRequest, KVEvents
 from tests.factories import SIX_TURN, TRACES, make_config, run_requests
 from workloads.results import results_frame
 from workloads.traces import load_trace
@@ -104,11 +104,11 @@ def test_kv_aware_router_follows_events_and_counts_active_blocks():
     router.finished("a")
     hashes = hash_blocks(prompt, 16)
     other = 1 - first
-    router.on_kv_events(other, KVEvents(stored=hashes, removed=[]))
+    router.on_kv_events(other, KVEvents([BlockStored(hashes)]))
     assert router.pick(_req("b", prompt + [1] * 16)) == other  # 4 blocks to prefill fewer there
     router.finished("b")
-    router.on_kv_events(other, KVEvents(stored=[], removed=hashes[2:]))  # evicted: 2 blocks left
-    router.on_kv_events(first, KVEvents(stored=hashes[:3], removed=[]))
+    router.on_kv_events(other, KVEvents([BlockRemoved(hashes[2:])]))  # evicted: 2 blocks left
+    router.on_kv_events(first, KVEvents([BlockStored(hashes[:3])]))
     assert router.pick(_req("c", prompt)) == first
 
 
@@ -154,7 +154,7 @@ def test_router_temperature_samples_by_seed_and_favours_the_cheaper_engine():
             2, cfg=RouterConfig(policy="kv_aware", temperature=0.5), block_size=16, now=lambda: 0.0, seed=seed
         )
         prompt = list(range(320))  # 20 blocks, all held by engine 1
-        router.on_kv_events(1, KVEvents(stored=hash_blocks(prompt, 16), removed=[]))
+        router.on_kv_events(1, KVEvents([BlockStored(hash_blocks(prompt, 16))]))
         out = []
         for i in range(200):
             out.append(router.pick(_req(f"r{i}", prompt, max_tokens=1)))

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import xxhash
 
 from messages import MultiModalItem
-from messages.token_ids import bytes_of
+from messages.token_ids import TokenIds, bytes_of, span
 
 BlockHash = bytes
 
@@ -54,6 +54,48 @@ def hash_blocks(
         parent = xxhash.xxh3_128_digest(parent + block)
         hashes.append(parent)
     return hashes
+
+
+def prompt_block_hashes(
+    tokens: Sequence[int],
+    block_size: int,
+    lo: int,
+    hi: int,
+    parent: BlockHash = ROOT_BLOCK_HASH,
+    mm_items: Sequence[MultiModalItem] = (),
+) -> list[BlockHash]:
+    """The hashes of full blocks `lo`..`hi`-1 of a prompt's `tokens`, chained on from `parent` (block
+    `lo`-1's hash; the root for block 0): `hash_blocks` of them, read from the trace's memo where the
+    prompt was drawn from a trace's hash IDs (`TraceBlocks`), so a trace's shared prefixes are hashed
+    once in a run, not once per turn, engine and router. The same bytes either way.
+    """
+    trace = tokens.trace if isinstance(tokens, TokenIds) else None
+    if trace is None or mm_items or trace.block_len % block_size:
+        return hash_blocks(
+            span(tokens, lo * block_size, hi * block_size), block_size, parent, mm_items, lo * block_size
+        )
+    per, memo = trace.block_len // block_size, trace.memo
+    out: list[BlockHash] = []
+    j = lo
+    while j < hi:  # a trace block at a time: [first, end) of its engine blocks
+        first = j - j % per
+        end = min(hi, first + per)
+        key = (trace.nodes[first // per], block_size)
+        known = memo.get(key, ())
+        if first + len(known) > j:  # the memo reaches past j
+            taken = known[j - first : end - first]
+            out += taken
+            j += len(taken)
+            if j == end:
+                continue
+        new = hash_blocks(
+            span(tokens, j * block_size, end * block_size), block_size, out[-1] if out else parent
+        )
+        if first + len(known) == j:  # what it knew continues with these
+            memo[key] = [*known, *new]
+        out += new
+        j = end
+    return out
 
 
 def _image_keys(mm_items: Sequence[MultiModalItem], lo: int, block_size: int) -> bytes:

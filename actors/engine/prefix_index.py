@@ -19,13 +19,12 @@ entered as they filled. KV events need every hash at once: with them on, every b
 from __future__ import annotations
 
 from collections import deque
-from itertools import compress, repeat
-from operator import not_
+from itertools import repeat
 
-from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks
+from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks, prompt_block_hashes
 from actors.engine.free_queue import FreeQueue
 from actors.engine.request import Request
-from messages import KVEvents
+from messages import BlockRemoved, BlockStored, KVEvents
 
 
 class PrefixIndex:
@@ -47,14 +46,14 @@ class PrefixIndex:
         """A request holding blocks of its unhashed sequence -> that sequence."""
         self._freed_unhashed: deque[_Unhashed] = deque()
         """Unhashed sequences whose blocks are free, in the order freed (dropped once all are reused)."""
-        self._events: dict[BlockHash, bool] | None = None
-        """Net prefix-cache changes not yet published (hash -> stored), when KV events are on."""
+        self._events: list[BlockStored | BlockRemoved] | None = None
+        """Prefix-cache changes not yet published, in order, when KV events are on."""
 
     def publish_kv_events(self) -> None:
         """Record every block stored in and evicted from the prefix cache (for a KV-aware router)."""
         for seq in list(self._unhashed.values()):
             self._hash_in(seq)
-        self._events = {}
+        self._events = []
 
     @property
     def publishes_kv_events(self) -> bool:
@@ -64,15 +63,20 @@ class PrefixIndex:
         """The changes since the last call, or None (none, or events off)."""
         if not self._events:
             return None
-        hashes, stored = list(self._events), list(self._events.values())
-        events = KVEvents(list(compress(hashes, stored)), list(compress(hashes, map(not_, stored))))
-        self._events = {}
+        events = KVEvents(self._events)
+        self._events = []
         return events
 
     def _extend_hashes(self, req: Request, num_tokens: int) -> None:
         """Hash the full blocks among the first `num_tokens` tokens not hashed yet."""
         bs, hashes = self.block_size, req.block_hashes
         num_full = num_tokens // bs
+        num_prompt = min(num_full, req.num_prompt_tokens // bs)  # full blocks of prompt alone
+        if num_prompt > len(hashes):
+            parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
+            hashes += prompt_block_hashes(
+                req.prompt_token_ids, bs, len(hashes), num_prompt, parent, req.mm_items
+            )
         if num_full > len(hashes):
             tokens = req.token_span(len(hashes) * bs, num_full * bs)
             parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
@@ -115,8 +119,8 @@ class PrefixIndex:
         if self._hash_of:
             gone = list(filter(None, map(self._hash_of.pop, blocks, repeat(None))))
             deque(map(self._cached.__delitem__, gone), maxlen=0)
-            if self._events is not None:
-                self._events.update(dict.fromkeys(gone, False))
+            if self._events is not None and gone:
+                self._events.append(BlockRemoved(gone))
         freed, num_read = self._freed_unhashed, self._free.num_read
         while freed and freed[0].num_live(num_read) == 0:  # every block reused
             if self._unhashed.get(freed[0].key) is freed[0]:
@@ -196,8 +200,8 @@ class PrefixIndex:
         if held:
             self._ref_cnt.update(dict.fromkeys(new.values(), 1))
         self._hash_of.update(zip(new.values(), new.keys(), strict=True))
-        if self._events is not None:
-            self._events.update(dict.fromkeys(new, True))
+        if self._events is not None and new:
+            self._events.append(BlockStored(list(new)))
 
     def assert_empty(self) -> None:
         assert not self._unhashed_of, "a request left holding unhashed blocks"

@@ -140,7 +140,7 @@ class Request:
         p = self.prompt_token_ids
         self.full_prompt_token_ids = p
         self.prompt_token_ids = (
-            TokenIds(p.array[:-num_tokens]) if isinstance(p, TokenIds) else p[:-num_tokens]
+            TokenIds(p.array[:-num_tokens], p.trace) if isinstance(p, TokenIds) else p[:-num_tokens]
         )
 
     def token_span(self, start: int, end: int) -> Sequence[int]:

@@ -46,6 +46,13 @@ class RouterConfig:
     would) and the request retried on another (within max_prefill_retries). None: wait for ever (a
     hung engine holds its requests). Leave room for the longest prompt's queueing and compute."""
 
+    def policy_for(self, role: str) -> str:
+        """The policy routing the pool of `role` (mixed, prefill, decode): `policy`, but decode in P/D
+        under a KV policy goes to the least loaded (its prompt KV comes with the request)."""
+        if role == "decode" and self.policy not in ("round_robin", "session_affinity"):
+            return "least_loaded"
+        return self.policy
+
 
 @dataclass(frozen=True)
 class RenderConfig:

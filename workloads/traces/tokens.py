@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from messages.token_ids import PromptIds, TokenIds
+from messages.token_ids import PromptIds, TokenIds, TraceBlocks
 from workloads.traces.session import ChatPrompt, HashPrompt, Prompt, TokenPrompt
 
 
@@ -45,6 +45,10 @@ class TokenSynthesizer:
         and then as its own; it is made (drawn, rendered) once."""
         self._blocks: dict[str, dict[int, np.ndarray]] = {}
         """namespace -> hash ID -> its tokens."""
+        self._nodes: dict[tuple[str | int, int], int] = {}
+        """(namespace or the node before, hash ID) -> the node naming that chain of hash IDs."""
+        self._hash_memo: dict[tuple[int, int], list[bytes]] = {}
+        """Every prompt's `TraceBlocks.memo`: block hashes by (node, block size)."""
 
     def blocks(self, namespace: str, hash_ids: Sequence[int]) -> list[np.ndarray]:
         """The tokens of each hash ID (cached: a trace's shared blocks are drawn once; the new ones at
@@ -78,8 +82,22 @@ class TokenSynthesizer:
             assert self.render_chat is not None, "a chat trace needs the render tier (render_chat)"
             return self.render_chat(list(prompt.messages))
         assert isinstance(prompt, HashPrompt), "a follow-up's history is the session's, not the trace's"
-        blocks = self.blocks(prompt.namespace + salt, prompt.hash_ids)
-        return TokenIds(np.concatenate(blocks)[: prompt.num_tokens]) if blocks else []
+        namespace = prompt.namespace + salt
+        blocks = self.blocks(namespace, prompt.hash_ids)
+        if not blocks:
+            return []
+        assert self.block_size is not None  # (a trace with hash IDs has one)
+        trace = TraceBlocks(self.block_size, self._chain(namespace, prompt.hash_ids), self._hash_memo)
+        return TokenIds(np.concatenate(blocks)[: prompt.num_tokens], trace)
+
+    def _chain(self, namespace: str, hash_ids: Sequence[int]) -> list[int]:
+        """The node of each prefix of `hash_ids` (`TraceBlocks.nodes`)."""
+        nodes, chain = self._nodes, []
+        node: str | int = namespace
+        for h in hash_ids:
+            node = nodes.setdefault((node, h), len(nodes))
+            chain.append(node)
+        return chain  # type: ignore[return-value]  # every node after the namespace is an int
 
     def answer(
         self,

@@ -1,0 +1,111 @@
+"""Check: a change that only makes the testbed faster leaves every run it replays exactly as it was.
+
+    .venv/bin/python bench/same_runs.py --save runs/same-runs.before.json   # on the build before
+    .venv/bin/python bench/same_runs.py --check runs/same-runs.before.json  # on the change
+
+Replays, in virtual mode with compute skip, the designs, routers and traces speed work is checked on:
+the guide sweep's three designs at two rates and two seeds; the Mooncake conversation window on the
+agentic-h200 preset, collocated and P/D, round robin and KV-aware; the WEKA Claude Code sessions on its
+collocated design with every router; the hybrid preset's designs (state handoff). Per run it records the
+summary, every engine's report (counters, scheduler stats), a digest of each column of the per-request
+results and a digest of every role's final Prometheus exposition (less the `_created` series, which
+are wall-clock stamps). `--check` prints each figure that differs and exits 1 if any does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cluster.config_load import load_designs
+from cluster.outcome import RunOutput
+from cluster.virtual import run_virtual
+from emulation.config import TestbedConfig
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+MOONCAKE = TRACES / "mooncake_fast25" / "conversation_trace.window_0s_1200s.jsonl"
+WEKA = TRACES / "weka_claude_code"
+SKIP = "runner.compute=skip"
+
+
+def configs() -> Iterator[tuple[str, TestbedConfig]]:
+    """(run name, config) for every run checked."""
+    for rate in (0.4, 1.5):
+        for seed in (0, 1):
+            sets = [SKIP, "workload.num_requests=100", f"workload.rate={rate}", f"seed={seed}"]
+            for cfg in load_designs("guide-l40s", None, sets):
+                yield f"guide/{cfg.design}/rate={rate}/seed={seed}", cfg
+    for design in ("collocated", "pd"):
+        for policy in ("round_robin", "kv_aware"):
+            sets = [SKIP, f"replay.trace={MOONCAKE}", f"router.policy={policy}"]
+            yield f"mooncake/{design}/{policy}", load_designs("agentic-h200", [design], sets)[0]
+    for policy in ("kv_aware", "kv_estimated", "session_affinity", "round_robin"):
+        sets = [SKIP, f"replay.trace={WEKA}", f"router.policy={policy}"]
+        yield f"weka/collocated/{policy}", load_designs("agentic-h200", ["collocated"], sets)[0]
+    for cfg in load_designs("qwen3-next-h200", None, [SKIP, "workload.num_requests=60"]):
+        yield f"hybrid/{cfg.design}", cfg
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint(out: RunOutput) -> dict[str, Any]:
+    """What must not move: summary, engine reports, per-request columns, metrics."""
+    df = out.results.sort_values("request_id").reset_index(drop=True)
+    metrics = {
+        actor: _digest("\n".join(line for line in text.splitlines() if "_created" not in line))
+        for actor, text in sorted(out.metrics.items())
+    }
+    engines = {k: dataclasses.asdict(r) for k, r in out.engine_reports.items()}
+    return {
+        "summary": json.loads(json.dumps(out.summary, default=str)),
+        "engines": json.loads(json.dumps(engines, default=str)),
+        "results": {c: _digest(df[c].to_csv(index=False)) for c in df.columns},
+        "metrics": metrics,
+    }
+
+
+def differences(before: Any, after: Any, where: str = "") -> Iterator[str]:
+    """Every leaf that differs, by its path."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        for key in sorted(set(before) | set(after)):
+            yield from differences(before.get(key), after.get(key), f"{where}/{key}")
+    elif before != after:
+        yield f"{where}: {before!r} -> {after!r}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--save", metavar="FILE", help="record this build's runs")
+    mode.add_argument("--check", metavar="FILE", help="compare this build's runs with a record")
+    p.add_argument("--only", default="", help="run names starting with this prefix only")
+    args = p.parse_args()
+    runs: dict[str, Any] = {}
+    for name, cfg in configs():
+        if not name.startswith(args.only):
+            continue
+        start = time.perf_counter()
+        runs[name] = fingerprint(run_virtual(cfg))
+        print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
+    if args.save:
+        Path(args.save).write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+        return 0
+    before = json.loads(Path(args.check).read_text())
+    diffs = [d for name in runs for d in differences(before.get(name), runs[name], name)]
+    for line in diffs:
+        print(line)
+    print(f"{len(runs)} runs: " + ("identical" if not diffs else f"{len(diffs)} figures differ"))
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
