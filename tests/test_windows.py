@@ -16,7 +16,7 @@ from actors.engine.window import _new_blocks
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
 from dashboards.exposition import sample_values
-from dashboards.recorders import observe_many
+from dashboards.recorders.registry import Observed
 from emulation.operators import OperatorRoofline
 from emulation.profiles import GPUS, MODELS
 from emulation.roofline import Roofline
@@ -128,20 +128,31 @@ def test_window_step_times_are_single_steps_bit_for_bit(model: object) -> None:
 
 
 @pytest.mark.parametrize("many_values", [False, True], ids=["few", "many"])
-def test_observe_many_is_observe_each(many_values: bool) -> None:
-    values = [0.0, 0.001, 0.02, 0.02, 0.5, 7.0, 1e9] * (20 if many_values else 1)  # counted by numpy
-    registries = CollectorRegistry(), CollectorRegistry()
-    one, many = (Histogram("h", "", registry=r, buckets=(0.01, 0.02, 1.0)) for r in registries)
+def test_running_histogram_exposes_what_observing_each_does(many_values: bool) -> None:
+    values = [0.0, 0.001, 0.02, 0.02, 0.5, 7.0, 1e9, 0.1 + 0.2] * (20 if many_values else 1)  # by numpy
+    a, b = CollectorRegistry(), CollectorRegistry()
+    one, many = (Histogram("h", "", registry=r, buckets=(0.01, 0.02, 1.0)) for r in (a, b))
+    running = Observed(many)
+
+    def samples() -> list[dict]:
+        running.sync()
+        out = [
+            {(s.name, s.labels.get("le")): s.value for m in r.collect() for s in m.samples} for r in (a, b)
+        ]
+        assert out[0].pop(("h_created", None)) <= out[1].pop(("h_created", None))  # when made
+        return out
+
     for v in values:
         one.observe(v)
-    observe_many(many, values)
-    samples = [
-        {(s.name, s.labels.get("le")): s.value for m in r.collect() for s in m.samples} for r in registries
-    ]
-    assert samples[0].pop(("h_sum", None)) == pytest.approx(samples[1].pop(("h_sum", None)), rel=1e-12)
-    assert samples[0].pop(("h_created", None)) <= samples[1].pop(("h_created", None))  # when made
-    assert samples[0] == samples[1]
-    assert samples[0][("h_bucket", "0.02")] == 4 * (20 if many_values else 1)
+    running.observe_many(values[:3])
+    running.observe_many(values[3:])
+    exact, mine = samples()
+    assert exact == mine  # the sum to the bit
+    assert mine[("h_bucket", "0.02")] == 4 * (20 if many_values else 1)
+    one.observe(float("nan"))
+    running.observe(float("nan"))  # in no bucket, as prometheus_client's
+    exact, mine = samples()
+    assert exact.pop(("h_sum", None)) != exact[("h_count", None)] and exact == {k: mine[k] for k in exact}
 
 
 def test_window_blocks_come_in_the_order_single_steps_take_them() -> None:

@@ -7,7 +7,6 @@ in-process roles, and every run writes the final exposition beside its results.
 
 from dashboards.recorders.engine import EngineMetrics
 from dashboards.recorders.proxy import ProxyMetrics
-from dashboards.recorders.registry import observe_many
 from dashboards.recorders.roles import EncoderMetrics, RenderMetrics
 
-__all__ = ["EncoderMetrics", "EngineMetrics", "ProxyMetrics", "RenderMetrics", "observe_many"]
+__all__ = ["EncoderMetrics", "EngineMetrics", "ProxyMetrics", "RenderMetrics"]

@@ -85,7 +85,7 @@ from dashboards.metrics import (
     WAITING_REASONS,
 )  # fmt: skip
 from dashboards.recorders.cache_config import cache_config_info
-from dashboards.recorders.registry import Registry, add_each, observe_many
+from dashboards.recorders.registry import Registry
 from messages.moe_steps import MoeWork
 from messages.stats import KV_FETCH_STAGES, SchedulerStats, StepWork
 
@@ -144,17 +144,17 @@ class EngineMetrics(Registry):
     ) -> None:
         """After steps of `num_scheduled_tokens` (their outputs stamped); `cpu_s` of each `step_s`
         was CPU work; `work`, the steps' on each GPU (vLLM's MFU estimate)."""
-        observe_many(self.child(ITERATION_TOKENS), num_scheduled_tokens)
+        self.child(ITERATION_TOKENS).observe_many(num_scheduled_tokens)
         self.child(STEPS).inc(len(step_s))
-        add_each(self.child(BUSY)._value, step_s)
-        add_each(self.child(STEP_CPU)._value, cpu_s)
+        self.child(BUSY).add_each(step_s)
+        self.child(STEP_CPU).add_each(cpu_s)
         for spec, amounts in (
             (ESTIMATED_FLOPS, work.flops),
             (ESTIMATED_READ_BYTES, work.read_bytes),
             (ESTIMATED_WRITE_BYTES, work.write_bytes),
         ):
             if amounts:
-                add_each(self.child(spec)._value, amounts)
+                self.child(spec).add_each(amounts)
         if work.moe is not None:
             self._on_moe_steps(work.moe)
 
@@ -166,19 +166,19 @@ class EngineMetrics(Registry):
             (MOE_EP_IMBALANCE, moe.imbalance),
             (MOE_ALL_TO_ALL, moe.all_to_all_s),
         ):
-            observe_many(self.child(spec), values)
-        add_each(self.child(MOE_DBO_HIDDEN)._value, moe.overlap_s)
+            self.child(spec).observe_many(values)
+        self.child(MOE_DBO_HIDDEN).add_each(moe.overlap_s)
         if any(moe.a2f_bytes):
             self._on_afd_steps(moe)
 
     def _on_afd_steps(self, moe: MoeWork) -> None:
         """Attention-FFN disaggregation: the bytes across the cut, what they exposed, the bubbles."""
-        add_each(self.child(AFD_TRANSFER_BYTES, direction="a2f")._value, moe.a2f_bytes)
-        add_each(self.child(AFD_TRANSFER_BYTES, direction="f2a")._value, moe.f2a_bytes)
-        observe_many(self.child(AFD_EXPOSED), moe.afd_exposed_s)
-        observe_many(self.child(AFD_BUBBLE, side="attention"), moe.attention_bubble_s)
-        observe_many(self.child(AFD_BUBBLE, side="ffn"), moe.ffn_bubble_s)
-        observe_many(self.child(AFD_FFN_UTILIZATION), moe.ffn_utilization)
+        self.child(AFD_TRANSFER_BYTES, direction="a2f").add_each(moe.a2f_bytes)
+        self.child(AFD_TRANSFER_BYTES, direction="f2a").add_each(moe.f2a_bytes)
+        self.child(AFD_EXPOSED).observe_many(moe.afd_exposed_s)
+        self.child(AFD_BUBBLE, side="attention").observe_many(moe.attention_bubble_s)
+        self.child(AFD_BUBBLE, side="ffn").observe_many(moe.ffn_bubble_s)
+        self.child(AFD_FFN_UTILIZATION).observe_many(moe.ffn_utilization)
 
     def on_state(self, stats: SchedulerStats) -> None:
         """Gauges, and the counters the scheduler, block manager and encoder cache keep as totals (at
@@ -234,7 +234,7 @@ class EngineMetrics(Registry):
         self._gen.inc()
 
     def on_next_tokens(self, itls_s: Sequence[float]) -> None:
-        observe_many(self._itl, itls_s)
+        self._itl.observe_many(itls_s)
         self._gen.inc(len(itls_s))
 
     def on_request_finished(

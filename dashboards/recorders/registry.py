@@ -1,4 +1,11 @@
-"""An actor's registry of `dashboards.metrics` series, bound to its labels, and a bulk `observe`.
+"""An actor's registry of `dashboards.metrics` series, bound to its labels.
+
+The hooks write to plain running values (`Total`, `Level`, `Observed`), copied into prometheus_client's
+series whenever the registry is collected (a scrape, an exposition): prometheus_client takes a lock
+and checks its arguments at every `inc` and `observe`, which in a virtual replay of a trace, hundreds
+of thousands of them, cost more than the events they record. The running values add up exactly as
+prometheus_client's own would (the same float additions, in the same order), so the exposition is the
+same to the bit.
 
 Counters and histograms carry prometheus_client's `_created` samples (the wall-clock time each series
 was created), as vLLM 0.32's do: it never calls `disable_created_metrics()`. In the text format they
@@ -9,10 +16,9 @@ samples meets them (`dashboards.exposition`).
 from __future__ import annotations
 
 import bisect
-import collections
 import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +29,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 
 from dashboards.metrics import (
     TIME_SCALE,
@@ -35,16 +42,106 @@ if TYPE_CHECKING:
     from emulation.config import TestbedConfig
 
 
+class Total:
+    """A counter series' running total: `inc` adds as prometheus_client's `Counter.inc` does."""
+
+    __slots__ = ("series", "value")
+
+    def __init__(self, series: Any) -> None:
+        self.series = series
+        self.value = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self.value += amount
+
+    def add_each(self, amounts: Iterable[float]) -> None:
+        """`inc` each of `amounts`, in order."""
+        self.value = functools.reduce(operator.add, amounts, self.value)
+
+    def sync(self) -> None:
+        self.series._value.set(self.value)
+
+
+class Level:
+    """A gauge series' value."""
+
+    __slots__ = ("series", "value")
+
+    def __init__(self, series: Any) -> None:
+        self.series = series
+        self.value = 0.0
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+    def sync(self) -> None:
+        self.series._value.set(float(self.value))
+
+
+class Observed:
+    """A histogram series' bucket counts and sum: `observe` counts a value in the first bucket whose
+    bound is at least it (a NaN in none) and adds it to the sum, as prometheus_client's does."""
+
+    __slots__ = ("bounds", "counts", "series", "sum")
+
+    def __init__(self, series: Any) -> None:
+        self.series = series
+        self.bounds: list[float] = list(series._upper_bounds)
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.sum += amount
+        if amount == amount:  # (not NaN)
+            self.counts[bisect.bisect_left(self.bounds, amount)] += 1
+
+    def observe_many(self, values: Sequence[float]) -> None:
+        """`observe` each of `values`, in order: the sum one value at a time (the same bits), the
+        buckets counted at once."""
+        if len(values) > 64:  # (numpy's per-call cost outweighs its loop below that)
+            counts = np.bincount(np.searchsorted(self.bounds, values), minlength=len(self.bounds))
+            self.counts = [int(a + b) for a, b in zip(self.counts, counts.tolist(), strict=True)]
+            self.sum = functools.reduce(operator.add, values, self.sum)
+        else:
+            for v in values:
+                self.observe(v)
+
+    def sync(self) -> None:
+        self.series._sum.set(self.sum)
+        for bucket, n in zip(self.series._buckets, self.counts, strict=True):
+            bucket.set(float(n))
+
+
+class _SyncedRegistry(CollectorRegistry):
+    """A CollectorRegistry that copies its running values into their series before each collection."""
+
+    def __init__(self, running: dict[Any, Total | Level | Observed]) -> None:
+        super().__init__(auto_describe=True)
+        self._running = running
+
+    def collect(self) -> Iterable[Metric]:
+        for value in list(self._running.values()):
+            value.sync()
+        yield from super().collect()
+
+
 class Registry:
     """A registry holding `specs`, each bound to one actor's common labels (extra labels stay open)."""
 
     def __init__(self, specs: tuple[MetricSpec, ...], cfg: TestbedConfig, role: str, replica: int) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._plain: dict[str, Any] = {}
+        """The series without extra labels, by name."""
+        self.registry: CollectorRegistry = _SyncedRegistry(self._children)
         name = cfg.target.served_model_name or cfg.target.model
         self.labels = {"model_name": name, "engine": str(replica), "role": role, "replica": str(replica)}
         max_model_len = cfg.scheduler.max_model_len
         self._metrics: dict[str, Counter | Gauge | Histogram] = {}
-        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         # Series without extra labels are exported at zero from the start, as vLLM's are: a rate of
         # "nothing happened" is 0, not missing data.
         for spec in specs:
@@ -66,42 +163,20 @@ class Registry:
             self.child(TIME_SCALE).set(cfg.clock.scale if cfg.clock.mode == "live" else 1.0)
 
     def child(self, spec: MetricSpec, **extra: str) -> Any:
-        """The series of `spec` for this actor (and `extra` label values); created at zero if new.
-
-        Cached: prometheus_client's `labels()` lookup costs more than the observation itself.
-        """
+        """The running value of `spec`'s series for this actor (and `extra` label values): a `Total`,
+        `Level` or `Observed`; the series is created at zero if new."""
+        if not extra and (running := self._plain.get(spec.name)) is not None:  # (most hooks' case)
+            return running
         key = (spec.name, tuple(extra.items()))
-        series = self._children.get(key)
-        if series is None:
+        running = self._children.get(key)
+        if running is None:
             common = {k: self.labels[k] for k in spec.common}
-            series = self._children[key] = self._metrics[spec.name].labels(**common, **extra)
-        return series
+            series = self._metrics[spec.name].labels(**common, **extra)
+            kind = {"counter": Total, "gauge": Level}.get(spec.kind, Observed)
+            running = self._children[key] = kind(series)
+            if not extra:
+                self._plain[spec.name] = running
+        return running
 
     def exposition(self) -> str:
         return generate_latest(self.registry).decode()
-
-
-def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
-    """`histogram.observe(v)` for each of `values`, one increment a bucket: prometheus_client has no
-    bulk observe, so this adds to the same bucket and sum values `observe` adds to, the sum one value
-    at a time (the same bits as observing each)."""
-    if len(values) <= 1:  # none, or one: observed as itself (cheaper than counting)
-        for v in values:
-            histogram.observe(v)
-        return
-    bounds = histogram._upper_bounds  # each value's bucket: the first bound >= it (`amount <= bound`)
-    if len(values) > 64:  # (numpy's per-call cost outweighs its loop below that)
-        counts = dict(enumerate(np.bincount(np.searchsorted(bounds, values), minlength=len(bounds))))
-    else:
-        counts = collections.Counter(map(functools.partial(bisect.bisect_left, bounds), values))
-    add_each(histogram._sum, values)
-    for i, n in counts.items():
-        if n:
-            histogram._buckets[i].inc(int(n))
-
-
-def add_each(value: Any, amounts: Sequence[float]) -> None:
-    """Add `amounts` to a prometheus_client value one at a time, in order, as an `inc` each would (so
-    a window's steps add up to the bits its steps one at a time do); recorders run on their actor's
-    loop only, so nothing writes the value between its get and set."""
-    value.set(functools.reduce(operator.add, amounts, value.get()))

@@ -60,7 +60,7 @@ class EncoderMetrics(Registry):
 
     def _set_totals(self, stats: EncoderStats) -> None:
         """The counters, set to the encoder's own totals (the values the run's summary reads)."""
-        self.child(STEPS)._value.set(float(stats.num_steps))
-        self.child(BUSY)._value.set(stats.busy_s)
-        self.child(MM_CACHE_QUERIES)._value.set(float(stats.num_mm_cache_queries))
-        self.child(MM_CACHE_HITS)._value.set(float(stats.num_mm_cache_hits))
+        self.child(STEPS).value = float(stats.num_steps)
+        self.child(BUSY).value = stats.busy_s
+        self.child(MM_CACHE_QUERIES).value = float(stats.num_mm_cache_queries)
+        self.child(MM_CACHE_HITS).value = float(stats.num_mm_cache_hits)
