@@ -123,9 +123,15 @@ class BlockManager:
             tokens     | <- num_computed_tokens ->  | <- num_new_tokens ->   |
                                                    (full_sequence_must_fit: up to num_tokens)
         """
+        end = req.num_computed_tokens + num_new_tokens
+        simple = not (new_computed_blocks or full_sequence_must_fit or self.num_state_groups)
+        if simple and end <= len(req.block_ids) * self.block_size:
+            # The usual decode: within the blocks it holds, nothing to take (as below, sooner).
+            if not delay_cache_blocks:
+                self.cache_blocks(req, end)
+            return True
         hits = new_computed_blocks or []
         num_held = len(req.block_ids) + len(hits)
-        end = req.num_computed_tokens + num_new_tokens
         state_hit = self._state_hit(req, hits)
         checkpoint = self._checkpoint_in(req, end)
         g = self.num_state_groups  # a hybrid's new state blocks: running ones at first, its checkpoint's

@@ -104,12 +104,16 @@ class Observed:
         """`observe` each of `values`, in order: the sum one value at a time (the same bits), the
         buckets counted at once."""
         if len(values) > 64:  # (numpy's per-call cost outweighs its loop below that)
-            counts = np.bincount(np.searchsorted(self.bounds, values), minlength=len(self.bounds))
-            self.counts = [int(a + b) for a, b in zip(self.counts, counts.tolist(), strict=True)]
+            more = np.bincount(np.searchsorted(self.bounds, values), minlength=len(self.bounds)).tolist()
+            self.counts = list(map(operator.add, self.counts, more))
             self.sum = functools.reduce(operator.add, values, self.sum)
         else:
+            bounds, tally, total = self.bounds, self.counts, self.sum
             for v in values:
-                self.observe(v)
+                total += v
+                if v == v:  # (not NaN)
+                    tally[bisect.bisect_left(bounds, v)] += 1
+            self.sum = total
 
     def sync(self) -> None:
         self.series._sum.set(self.sum)
