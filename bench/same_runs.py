@@ -6,10 +6,11 @@
 Replays, in virtual mode with compute skip, the designs, routers and traces speed work is checked on:
 the guide sweep's three designs at two rates and two seeds; the Mooncake conversation window on the
 agentic-h200 preset, collocated and P/D, round robin and KV-aware; the WEKA Claude Code sessions on its
-collocated design with every router; the hybrid preset's designs (state handoff). Per run it records the
-summary, every engine's report (counters, scheduler stats), a digest of each column of the per-request
-results and a digest of every role's final Prometheus exposition (less the `_created` series, which
-are wall-clock stamps). `--check` prints each figure that differs and exits 1 if any does.
+collocated design with every router; the hybrid preset's designs (state handoff); a MoE and an AFD
+preset's designs. Per run it records the summary, every engine's report (counters, scheduler stats), a
+digest of each column of the per-request results and a digest of every role's final Prometheus
+exposition (less the `_created` series, which are wall-clock stamps). `--check` prints each figure that
+differs and exits 1 if any does.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def configs() -> Iterator[tuple[str, TestbedConfig]]:
         yield f"weka/collocated/{policy}", load_designs("agentic-h200", ["collocated"], sets)[0]
     for cfg in load_designs("qwen3-next-h200", None, [SKIP, "workload.num_requests=60"]):
         yield f"hybrid/{cfg.design}", cfg
+    for preset in ("qwen3-30b-a3b-h100", "deepseek-v3-afd-h800"):  # MoE and AFD steps' work
+        for cfg in load_designs(preset, None, [SKIP, "workload.num_requests=200"]):
+            yield f"moe/{preset}/{cfg.design}", cfg
 
 
 def _digest(text: str) -> str:
@@ -96,8 +100,10 @@ def main() -> int:
         start = time.perf_counter()
         runs[name] = fingerprint(run_virtual(cfg))
         print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
-    if args.save:
-        Path(args.save).write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+    if args.save:  # (with --only: into the record there, the other runs kept)
+        path = Path(args.save)
+        kept = json.loads(path.read_text()) if args.only and path.exists() else {}
+        path.write_text(json.dumps({**kept, **runs}, indent=1, sort_keys=True) + "\n")
         return 0
     before = json.loads(Path(args.check).read_text())
     diffs = [d for name in runs for d in differences(before.get(name), runs[name], name)]

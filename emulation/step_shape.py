@@ -14,7 +14,7 @@ one splits attention by kind and counts the requests (CPU work per request).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -107,11 +107,15 @@ def decode_step(shape: StepShape, i: int) -> StepShape:
 def _decoded_ahead(shape: StepShape, i: int) -> StepShape:
     assert shape.num_decodes == shape.num_new_tokens, "decode-only steps: one new token a request"
     grow = i * shape.num_decodes
-    return replace(  # arrays where the fields say int, for `decode_steps`: read elementwise
-        shape,
-        num_context_tokens=shape.num_context_tokens + grow,
+    return StepShape(  # arrays where the fields say int, for `decode_steps`: read elementwise
+        num_new_tokens=shape.num_new_tokens,
+        num_logits=shape.num_logits,
+        num_requests=shape.num_requests,
         keys_attended=shape.keys_attended + grow,
+        num_context_tokens=shape.num_context_tokens + grow,
+        num_decodes=shape.num_decodes,
         decode_keys_attended=shape.decode_keys_attended + grow,
+        max_num_new_tokens=shape.max_num_new_tokens,
     )
 
 

@@ -37,7 +37,7 @@ engines.json (or an actor's report) however long the run."""
 def per_step(value: float, num_steps: int) -> list[float]:
     """`value` as one float a step: an array's elements, or the value repeated."""
     if isinstance(value, np.ndarray) and value.ndim == 1:
-        return [float(v) for v in value.tolist()]
+        return value.astype(np.float64).tolist()  # type: ignore[no-any-return]  # floats
     return [float(value)] * num_steps
 
 

@@ -3,6 +3,7 @@ is the run a step at a time, each token streamed, gives, exactly."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -20,7 +21,7 @@ from dashboards.recorders.registry import Observed
 from emulation.operators import OperatorRoofline
 from emulation.profiles import GPUS, MODELS
 from emulation.roofline import Roofline
-from emulation.step_shape import StepItem, StepShape, decode_steps
+from emulation.step_shape import StepItem, StepShape, decode_step, decode_steps
 from messages import EngineRequest
 
 MOONCAKE = (
@@ -173,3 +174,14 @@ def test_window_blocks_come_in_the_order_single_steps_take_them() -> None:
             for i in range(max(1, len(req.block_ids) * bs - req.num_computed_tokens), num_steps, bs)
         )
         assert _new_blocks(requests, [], bs, num_steps) == [(i, r, 1) for i, r in expected]
+
+
+def test_a_decode_step_ahead_keeps_every_field() -> None:
+    values = {f.name: 10 + i for i, f in enumerate(dataclasses.fields(StepShape))}
+    values["num_decodes"] = values["num_new_tokens"]  # decode-only
+    shape = StepShape(**values)
+    ahead = decode_step(shape, 3)
+    grown = ("keys_attended", "num_context_tokens", "decode_keys_attended")
+    assert {f: getattr(ahead, f) - values[f] for f in values} == {
+        f: 3 * values["num_decodes"] if f in grown else 0 for f in values
+    }
