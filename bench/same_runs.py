@@ -37,12 +37,15 @@ SKIP = "runner.compute=skip"
 
 
 def configs() -> Iterator[tuple[str, TestbedConfig]]:
-    """(run name, config) for every run checked."""
+    """(run name, config) for every run checked (those named `.../no-metrics` record none, as a
+    sweep's points)."""
     for rate in (0.4, 1.5):
         for seed in (0, 1):
             sets = [SKIP, "workload.num_requests=100", f"workload.rate={rate}", f"seed={seed}"]
             for cfg in load_designs("guide-l40s", None, sets):
                 yield f"guide/{cfg.design}/rate={rate}/seed={seed}", cfg
+                if seed == 1:
+                    yield f"guide/{cfg.design}/rate={rate}/seed={seed}/no-metrics", cfg
     for design in ("collocated", "pd"):
         for policy in ("round_robin", "kv_aware"):
             sets = [SKIP, f"replay.trace={MOONCAKE}", f"router.policy={policy}"]
@@ -98,7 +101,7 @@ def main() -> int:
         if not name.startswith(args.only):
             continue
         start = time.perf_counter()
-        runs[name] = fingerprint(run_virtual(cfg))
+        runs[name] = fingerprint(run_virtual(cfg, metrics=not name.endswith("/no-metrics")))
         print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
     if args.save:  # (with --only: into the record there, the other runs kept)
         path = Path(args.save)

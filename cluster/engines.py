@@ -194,7 +194,8 @@ def build_engine(
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision)
-    stats = EngineStats(recorder=metrics, kv_consumer=role != "mixed")  # prefill and decode load KV
+    moe = cfg.target.profile.moe is not None
+    stats = EngineStats(recorder=metrics, moe_target=moe, kv_consumer=role != "mixed")  # P, D load KV
     kv_scheduler = kv_scheduler_for(engine_id, role, cfg, pool, scheduler)
     f = cfg.faults
     faults = (

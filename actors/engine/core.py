@@ -49,7 +49,7 @@ from messages import (
     KVPull,
     KVTransferParams,
 )
-from messages.stats import EngineReport, StepWork
+from messages.stats import NO_WORK, EngineReport, StepWork
 
 Role = Literal["mixed", "prefill", "decode"]
 
@@ -249,7 +249,8 @@ class EngineCore:
                 self._finish(req, stop, end)
         overrun = await self.clock.sleep_until(end)
         n = batch.num_scheduled_tokens
-        self.stats.on_step(encode_s + step.total_s, n, overrun, step.overhead_s, StepWork.of(step))
+        work = StepWork.of(step) if self.stats.reads_work else NO_WORK
+        self.stats.on_step(encode_s + step.total_s, n, overrun, step.overhead_s, work)
         self.stats.on_state(self.scheduler)
         return end
 

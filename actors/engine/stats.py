@@ -85,6 +85,8 @@ class EngineStats(EngineCounters):
 
     recorder: EngineRecorder | None = field(default=None, kw_only=True)
     """None: nothing is recorded (a run whose metrics nobody reads, as a sweep's points)."""
+    moe_target: bool = field(default=False, kw_only=True)
+    """The target is a mixture of experts: its steps' work is logged (`report`'s `moe_steps`)."""
     kv_consumer: bool = field(default=False, kw_only=True)
     """The engine has a KV connector that loads KV (prefill and decode roles): its waiting requests'
     KV loads are counted by stage (`SchedulerStats.num_kv_fetch_reqs_by_stage`)."""
@@ -96,6 +98,11 @@ class EngineStats(EngineCounters):
     steps that emitted any (its last ones): when the steps ended, for the MoE step log."""
     _moe_log: MoeStepLog = field(default_factory=MoeStepLog)
     """A MoE target's steps over emulated time, for its report (empty for a dense target's)."""
+
+    @property
+    def reads_work(self) -> bool:
+        """Whether `on_steps` reads its steps' `work` (their estimate costs a window's planning time)."""
+        return self.recorder is not None or self.moe_target
 
     def report(self, role: str, sched: Scheduler, num_unfinished: int, health: EngineHealth) -> EngineReport:
         """An engine's report: a copy of these counters, the scheduler's state and the engine's health."""

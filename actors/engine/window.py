@@ -39,7 +39,7 @@ from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduled_batch import ScheduledBatch
 from actors.engine.scheduler import Scheduler, stop_reason
 from emulation.step_shape import StepShape, decode_step, decode_steps
-from emulation.time_model import StepTimeModel
+from emulation.time_model import StepTimeModel, TimedStep
 from messages import FinishedReason
 from messages.stats import StepWork
 
@@ -58,13 +58,21 @@ class Window:
     num_steps: int
     chunks: list[int] = field(default_factory=list)
     """The prompt chunk the batch's last request computes at each step (none: decodes only)."""
-    work: StepWork = field(default_factory=StepWork)
-    """Each step's work on each GPU, as the time model estimates it."""
+    timed: TimedStep | list[TimedStep] | None = None
+    """The time model's figures of its steps: of all at once (decodes), or of each (a chunk beside)."""
     committed: bool = False
 
     def cut_before(self, sim_t: float) -> None:
         """Keep only the steps that start before `sim_t` (the first one always: it is under way)."""
         self.num_steps = max(1, min(self.num_steps, bisect.bisect_left(self.starts, sim_t)))
+
+    def work(self) -> StepWork:
+        """Its steps' work on each GPU, as the time model estimates it (read only where recorded: a
+        MoE target's step log, the metrics)."""
+        t = self.timed
+        assert t is not None
+        work = StepWork.of_each(t) if isinstance(t, list) else StepWork.of(t, len(self.ends))
+        return work.first(self.num_steps)
 
     @property
     def last_start(self) -> float:
@@ -106,7 +114,7 @@ def plan_window(
     cpu = times.overhead_s
     cpu_s = cpu.tolist() if hasattr(cpu, "tolist") else [cpu] * num_steps
     ends = list(itertools.accumulate(step_s, initial=start))  # end_i = end_(i-1) + t_i, as steps do
-    window = Window(batch, ends[:-1], ends[1:], step_s, cpu_s, num_steps, work=StepWork.of(times, num_steps))
+    window = Window(batch, ends[:-1], ends[1:], step_s, cpu_s, num_steps, timed=times)
     window.cut_before(horizon)
     return window if window.num_steps > 1 else None
 
@@ -153,7 +161,7 @@ def _plan_chunks(
     ends = starts[1:]
     if len(ends) <= 1:
         return None
-    return Window(batch, starts[:-1], ends, step_s, cpu_s, len(ends), chunks, StepWork.of_each(times))
+    return Window(batch, starts[:-1], ends, step_s, cpu_s, len(ends), chunks, times)
 
 
 def steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:

@@ -16,6 +16,7 @@ from actors.engine.streams import OutputStreams
 from actors.engine.window import Window, commit, plan_window, steady
 from emulation.time_model import StepTimeModel
 from messages import FinishedReason
+from messages.stats import NO_WORK
 
 
 class Windows:
@@ -77,7 +78,7 @@ class Windows:
         self._window = None
         await self.clock.sleep_until(window.end)
         k = window.num_steps
-        work = window.work.first(k)
+        work = window.work() if self.stats.reads_work else NO_WORK
         self.stats.on_steps(window.step_s[:k], window.num_scheduled_tokens, window.cpu_s[:k], work)
         self.stats.on_state(self.scheduler)
         return window.end
