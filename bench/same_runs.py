@@ -85,7 +85,7 @@ def differences(before: Any, after: Any, where: str = "") -> Iterator[str]:
     if isinstance(before, dict) and isinstance(after, dict):
         for key in sorted(set(before) | set(after)):
             yield from differences(before.get(key), after.get(key), f"{where}/{key}")
-    elif before != after:
+    elif before != after and not (before != before and after != after):  # (NaN is NaN)
         yield f"{where}: {before!r} -> {after!r}"
 
 

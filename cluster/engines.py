@@ -94,7 +94,7 @@ def vision_for(cfg: TestbedConfig) -> Any:
     return None if vit is None else load_vision_model(cfg.runner, vit.patch_size)
 
 
-def scheduler_for(cfg: TestbedConfig, pool: PoolConfig, role: Role = "mixed") -> Scheduler:
+def scheduler_for(cfg: TestbedConfig, pool: PoolConfig, role: Role) -> Scheduler:
     """The scheduler of one replica of `role`'s `pool`, over its KV blocks (publishing KV events where
     a KV-aware router reads them; a hybrid target's also hold SSM states) and its encoder cache."""
     s, model = cfg.scheduler, cfg.target.profile

@@ -286,3 +286,19 @@ def test_waiting_requests_are_split_by_reason_and_kv_loads_by_stage(monkeypatch)
         assert max(s.num_kv_fetch_reqs_by_stage[stage] for s in decode) > 0, KV_FETCH_STAGES[stage]
     assert all(s.num_kv_fetch_reqs_by_stage == (0, 0, 0) for s in seen["mixed"])
     assert max(s.num_waiting_reqs for s in seen["mixed"]) > 0
+
+
+def test_running_values_reach_every_collection():
+    """A scrape of some families (`name[]`), a whole one, and one series whatever its labels' order."""
+    from dashboards.recorders import ProxyMetrics
+
+    rec = ProxyMetrics(make_config(COLLOCATED))
+    rec.on_routed("mixed", "mixed-0", 3, 10)
+    assert rec.child(m.ROUTED, routed_to="mixed-0", pool="mixed") is rec.child(
+        m.ROUTED, pool="mixed", routed_to="mixed-0"
+    )
+    some = rec.registry.restricted_registry([m.ROUTED_OVERLAP_BLOCKS.name + "_total"])
+    values = {s.name: s.value for f in some.collect() for s in f.samples if not s.name.endswith("_created")}
+    assert values == {m.ROUTED_OVERLAP_BLOCKS.name + "_total": 3.0}
+    rec.on_routed("mixed", "mixed-0", 2, 10)
+    assert sum_series([rec.exposition()], m.ROUTED_OVERLAP_BLOCKS.name + "_total") == 5.0

@@ -145,7 +145,7 @@ def test_a_data_parallel_attention_replica_holds_its_ranks_limits_and_a_request_
         pools={"mixed": {"replicas": 1, "gpu": "h100-sxm", "ep": 4, "dp_attention": True}},
         scheduler={"max_num_batched_tokens": 2048, "max_num_seqs": 64},
     )
-    s = scheduler_for(cfg, cfg.pools.mixed)
+    s = scheduler_for(cfg, cfg.pools.mixed, "mixed")
     assert (s.max_num_batched_tokens, s.max_num_seqs, s.max_num_new_tokens) == (8192, 256, 2048)
     add(s, 6000, "long")
     assert step(s).num_new_tokens == [2048]

@@ -67,8 +67,10 @@ def prompt_block_hashes(
     """The hashes of full blocks `lo`..`hi`-1 of a prompt's `tokens`, chained on from `parent` (block
     `lo`-1's hash; the root for block 0): `hash_blocks` of them, read from the trace's memo where the
     prompt was drawn from a trace's hash IDs (`TraceBlocks`), so a trace's shared prefixes are hashed
-    once in a run, not once per turn, engine and router. The same bytes either way.
+    once in a run, not once per turn, engine and router. The same bytes either way, for a `parent`
+    that is these tokens' own chain (the memo holds the chain from the root).
     """
+    assert lo > 0 or parent == ROOT_BLOCK_HASH, "a prompt's chain starts at the root"
     trace = tokens.trace if isinstance(tokens, TokenIds) else None
     if trace is None or mm_items or trace.block_len % block_size:
         return hash_blocks(

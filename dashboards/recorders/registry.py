@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import functools
 import operator
+import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,9 +77,6 @@ class Level:
     def set(self, value: float) -> None:
         self.value = value
 
-    def inc(self, amount: float = 1) -> None:
-        self.value += amount
-
     def sync(self) -> None:
         self.series._value.set(float(self.value))
 
@@ -122,16 +120,27 @@ class Observed:
 
 
 class _SyncedRegistry(CollectorRegistry):
-    """A CollectorRegistry that copies its running values into their series before each collection."""
+    """A CollectorRegistry that copies its running values into their series before each collection
+    (whole, or of some families: a scrape's `name[]`). Live, an actor's loop and its metrics thread
+    may collect at once: one copy at a time, so that no series is set back to an older value."""
 
     def __init__(self, running: dict[Any, Total | Level | Observed]) -> None:
         super().__init__(auto_describe=True)
         self._running = running
+        self._syncing = threading.Lock()
+
+    def sync(self) -> None:
+        with self._syncing:
+            for value in list(self._running.values()):
+                value.sync()
 
     def collect(self) -> Iterable[Metric]:
-        for value in list(self._running.values()):
-            value.sync()
+        self.sync()
         yield from super().collect()
+
+    def restricted_registry(self, names: Iterable[str]) -> Any:
+        self.sync()
+        return super().restricted_registry(names)
 
 
 class Registry:
@@ -171,7 +180,7 @@ class Registry:
         `Level` or `Observed`; the series is created at zero if new."""
         if not extra and (running := self._plain.get(spec.name)) is not None:  # (most hooks' case)
             return running
-        key = (spec.name, tuple(extra.items()))
+        key = (spec.name, tuple(sorted(extra.items())))  # (one series whatever the labels' order)
         running = self._children.get(key)
         if running is None:
             common = {k: self.labels[k] for k in spec.common}
