@@ -124,9 +124,8 @@ class BlockManager:
                                                    (full_sequence_must_fit: up to num_tokens)
         """
         end = req.num_computed_tokens + num_new_tokens
-        simple = not (new_computed_blocks or full_sequence_must_fit or self.num_state_groups)
-        if simple and end <= len(req.block_ids) * self.block_size:
-            # The usual decode: within the blocks it holds, nothing to take (as below, sooner).
+        no_hit_nor_state = not (new_computed_blocks or full_sequence_must_fit or self.num_state_groups)
+        if no_hit_nor_state and end <= len(req.block_ids) * self.block_size:  # (the usual decode)
             if not delay_cache_blocks:
                 self.cache_blocks(req, end)
             return True
@@ -154,7 +153,7 @@ class BlockManager:
         if checkpoint is not None:
             req.checkpoint = (checkpoint, self._take(g))
         if need > 0:
-            self.append_blocks(req, need)
+            req.block_ids += self._take(need)
         if not delay_cache_blocks:
             self.cache_blocks(req, end)
         return True
@@ -205,13 +204,9 @@ class BlockManager:
                 unused.append(block)
         self._free.push(unused)
 
-    def append_blocks(self, req: Request, count: int) -> None:
-        """Give `req` the `count` least recently used free blocks (there must be as many)."""
-        req.block_ids += self._take(count)
-
     def append_block_runs(self, runs: list[tuple[Request, int]]) -> None:
-        """Give each run's request its next `count` least recently used free blocks, run after run:
-        what that many `append_blocks` calls give, in one."""
+        """Give each run's request its next `count` least recently used free blocks, run after run (as
+        many `allocate_slots` would, in one)."""
         new = self._take(sum(count for _, count in runs))
         at = 0
         for req, count in runs:
