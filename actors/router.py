@@ -134,7 +134,7 @@ class Router:
 
     def on_kv_events(self, engine: int, events: KVEvents) -> None:
         """An engine's prefix cache changed (`kv_aware`): blocks it now holds, and blocks it evicted."""
-        if self.policy != "kv_aware":  # decode's pool in P/D is routed by load: nothing to index
+        if self.policy != "kv_aware":  # (only engines a kv_aware router reads publish them)
             return
         held = self._held[engine]
         for event in events.events:

@@ -167,8 +167,8 @@ def build_deployment(
         encoders=encoder_pool(cfg, encoders),
     )
     engines = [e for engines in pools.values() for e in engines]
-    if cfg.router.policy == "kv_aware":  # in process: the KV events go straight to the routers
-        for e in engines:
+    for e in engines:  # in process: the KV events go straight to the routers that read them
+        if cfg.router.policy_for(e.role) == "kv_aware":
             proxy.listen_kv_events(e)
     tier = render_tier_for(cfg)
     return Deployment(

@@ -93,11 +93,12 @@ class TokenSynthesizer:
     def _chain(self, namespace: str, hash_ids: Sequence[int]) -> list[int]:
         """The node of each prefix of `hash_ids` (`TraceBlocks.nodes`)."""
         nodes, chain = self._nodes, []
-        node: str | int = namespace
+        before: str | int = namespace
         for h in hash_ids:
-            node = nodes.setdefault((node, h), len(nodes))
+            node = nodes.setdefault((before, h), len(nodes))
             chain.append(node)
-        return chain  # type: ignore[return-value]  # every node after the namespace is an int
+            before = node
+        return chain
 
     def answer(
         self,
