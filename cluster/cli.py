@@ -3,6 +3,7 @@
 testbed run   --preset guide-l40s [--design collocated] [--rate 0.4] [--set key=value ...] [--out DIR]
 testbed replay --trace PATH [--router kv_aware] [--mode live] ...       (see cluster/cli_run.py)
 testbed sweep --preset guide-l40s --rates 0.2,0.4 --seeds 5 --num-requests 100 [--out DIR]
+testbed plan  --preset guide-l40s --slo 'ttft:p90<=2s,tpot:p90<=50ms' [--vary KEY=V1,V2 ...] (docs/plan.md)
 testbed presets (the presets, what each emulates, and their designs)
 testbed dashboards up [--host 127.0.0.1] [--port 9090] | testbed dashboards down
 testbed serve --preset guide-l40s --design pd-fast [--host 127.0.0.1] [--port 8000] [--api-key KEY]
@@ -22,6 +23,8 @@ from cluster.cli_args import add_replay_args, add_run_args
 from cluster.cli_run import ERRORS, cmd_replay, cmd_run, configs_of, out_dir
 from cluster.config_load import ConfigError, available_presets, dump_config, preset_designs
 from cluster.outcome import clean_json, write_json
+from cluster.plan.cli import ERRORS as PLAN_ERRORS
+from cluster.plan.cli import add_plan_parser, cmd_plan
 from dashboards.report import write_report
 from emulation.config import TestbedConfig
 
@@ -234,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rates", default="0.2,0.4,0.6,1.0,1.5,2.0", help="comma-separated req/s")
     s.add_argument("--seeds", type=int, default=1, help="seeds per point (base seed, base+1, ...)")
     s.add_argument("--jobs", type=int, default=os.cpu_count(), help="parallel processes")
+    add_plan_parser(sub, _config_args)
     return p
 
 
@@ -247,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             "dashboards": cmd_dashboards,
             "serve": cmd_serve,
             "presets": cmd_presets,
+            "plan": cmd_plan,
         }
         return commands[args.command](args)
-    except ERRORS as e:
+    except (*ERRORS, *PLAN_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

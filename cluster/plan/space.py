@@ -1,0 +1,114 @@
+"""The search space: every design of the source, crossed with the axes the user varies.
+
+    --vary scheduler.max_num_batched_tokens=2048,4096      every design, each value
+    --vary pd-fast:kv_transfer.link=rdma-400g,guide-testbox one design only
+    --set KEY=VALUE                                         pins a field for all (as elsewhere)
+
+A combination the config rules refuse (a P/D field on a collocated design, a pool that cannot hold
+one request's KV) is left out and listed with the rule's own line; a candidate over the GPU budget
+too. An empty space is an error.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from cluster.config_load import ConfigError, load_designs
+from emulation.config import TestbedConfig
+
+
+@dataclass(frozen=True)
+class Axis:
+    key: str
+    """A dotted config key (`scheduler.max_num_batched_tokens`)."""
+    values: tuple[str, ...]
+    """YAML texts, as `--set` takes them."""
+    design: str | None = None
+    """Only this design varies along it; None: every design."""
+
+    @property
+    def label(self) -> str:
+        """How a candidate's name shows it: the key without its section (`max_num_batched_tokens`,
+        `prefill.replicas`)."""
+        parts = self.key.split(".")
+        return ".".join(parts[1:]) if len(parts) > 1 else self.key
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    """The design and the axis values that made it (`pd-fast max_num_batched_tokens=4096`)."""
+    cfg: TestbedConfig
+    settings: tuple[str, ...] = field(default=())
+    """The `KEY=VALUE` overrides beyond the design's own, pins first."""
+
+    @property
+    def gpus(self) -> dict[str, int]:
+        """GPU name -> GPUs the candidate's pools take."""
+        out: dict[str, int] = {}
+        pools = self.cfg.pools
+        for pool in (pools.prefill, pools.decode, pools.mixed, pools.encoder):
+            if pool.replicas:
+                out[pool.gpu] = out.get(pool.gpu, 0) + pool.replicas * pool.num_gpus
+        return out
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(self.gpus.values())
+
+
+def load_key(cfg: TestbedConfig) -> str:
+    """The field that sets the offered load: a trace's speedup, else the arrival rate."""
+    return "replay.speedup" if cfg.workload.kind == "trace" else "workload.rate"
+
+
+def with_load(cfg: TestbedConfig, load: float, seed: int) -> TestbedConfig:
+    if cfg.workload.kind == "trace":
+        return replace(cfg, replay=replace(cfg.replay, speedup=load), seed=seed)
+    return replace(cfg, workload=replace(cfg.workload, rate=load), seed=seed)
+
+
+def parse_axis(text: str, designs: Sequence[str]) -> Axis:
+    key, sep, values = text.partition("=")
+    design, colon, dotted = key.strip().rpartition(":")
+    if not sep or not dotted or not values.strip():
+        raise ConfigError(f"--vary: {text!r} is malformed; expected [DESIGN:]dotted.key=V1,V2,...")
+    if colon and design not in designs:
+        raise ConfigError(f"--vary: design {design!r} in {text!r} is not one of: {', '.join(designs)}")
+    items = tuple(v.strip() for v in values.split(","))
+    if any(not v for v in items):
+        raise ConfigError(f"--vary: {text!r} has an empty value")
+    return Axis(dotted, items, design if colon else None)
+
+
+def build_space(
+    source: str,
+    designs: Sequence[str],
+    pins: Sequence[str],
+    axes: Sequence[Axis],
+    max_gpus: int | None,
+) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """The candidates in a stable order (designs, then axis values as given), and those left out
+    with why."""
+    candidates, left_out = [], []
+    for design in designs:
+        mine = [a for a in axes if a.design in (None, design)]
+        for values in itertools.product(*(a.values for a in mine)):
+            settings = tuple(f"{a.key}={v}" for a, v in zip(mine, values, strict=True))
+            name = " ".join([design, *(f"{a.label}={v}" for a, v in zip(mine, values, strict=True))])
+            try:
+                (cfg,) = load_designs(source, [design], [*pins, *settings])
+            except ConfigError as e:
+                left_out.append((name, str(e)))
+                continue
+            cand = Candidate(name, cfg, (*pins, *settings))
+            if max_gpus is not None and cand.num_gpus > max_gpus:
+                left_out.append((name, f"takes {cand.num_gpus} GPUs, over --max-gpus {max_gpus}"))
+                continue
+            candidates.append(cand)
+    if not candidates:
+        why = "; ".join(f"{n}: {r}" for n, r in left_out[:3]) or "no design"
+        raise ConfigError(f"search space: empty, every candidate was left out ({why})")
+    return candidates, left_out

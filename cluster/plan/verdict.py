@@ -1,0 +1,206 @@
+"""What the runs say of each candidate under one target: its row of the ranked table, and the
+sentences that explain the recommendation, or why no candidate meets the target.
+
+Per candidate, at its goodput load (or, if it meets the target at no load, at the lowest load):
+goodput (completed requests per emulated second, pooled over the seeds), per GPU and per dollar,
+output tokens per second per GPU and per user (1 / median TPOT), each term's percentile, the term
+that binds (the one furthest past its bound at the next load up, where the target is first missed),
+the busiest pool (its engines' share of the span spent in steps) and the handoff's share of the
+median TTFT (P/D only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cluster.plan.floors import floors_s
+from cluster.plan.prices import usd_per_hour
+from cluster.plan.search import Outcome, Search
+from workloads.slo_targets import SloTarget
+
+HANDOFF_SHARE_TO_SAY = 0.3
+"""A P/D winner's handoff above this share of its median TTFT is worth a sentence."""
+
+
+@dataclass(frozen=True)
+class Row:
+    candidate: int
+    name: str
+    num_gpus: int
+    usd_per_hour: float | None
+    goodput_load: float | None
+    """The highest load of the grid that meets the target; None: none does."""
+    goodput_rps: float | None
+    """Completed requests per emulated second at that load (over the seeds' pooled span)."""
+    output_tps_per_gpu: float | None
+    tps_per_user: float | None
+    values_s: dict[str, float]
+    """Each term's percentile at the goodput load (infeasible: the lowest load)."""
+    binding: str | None
+    binding_ratio: float | None
+    """Its value over its bound where it binds (> 1: missed)."""
+    bottleneck: str | None
+    busy_share: float | None
+    handoff_share: float | None
+    num_seeds: int
+    dropped: str | None
+
+    @property
+    def rps_per_gpu(self) -> float | None:
+        return None if self.goodput_rps is None else self.goodput_rps / self.num_gpus
+
+    @property
+    def requests_per_usd(self) -> float | None:
+        if self.goodput_rps is None or not self.usd_per_hour:
+            return None
+        return self.goodput_rps * 3600.0 / self.usd_per_hour
+
+
+def build_row(
+    search: Search, target: SloTarget, c: int, outcome: Outcome, prices: Mapping[str, float]
+) -> Row:
+    cand, seeds, g = search.candidates[c], outcome.seeds, outcome.goodput_index
+    at = max(g, 0)
+    probed = bool(seeds) and all((c, at, s) in search.runs for s in seeds)
+    frame = search.pooled(c, at, seeds) if probed else None
+    probes = [search.runs[(c, at, s)] for s in seeds] if probed else []
+    span = sum(p.duration_s for p in probes)
+    ok = frame[frame["ok"]] if frame is not None else None
+    rps = len(ok) / span if ok is not None and span > 0 and g >= 0 else None
+    tpot = float(np.nanmedian(ok["tpot_s"])) if ok is not None and ok["tpot_s"].notna().any() else math.nan
+    busy: dict[str, float] = {}
+    for p in probes:
+        for role, share in p.busy_share.items():
+            busy[role] = busy.get(role, 0.0) + share / len(probes)
+    bottleneck = max(busy, key=lambda r: busy[r]) if busy else None
+    handoff = None
+    if ok is not None and cand.cfg.pools.prefill.replicas and len(ok):
+        handoff = float(ok["handoff_s"].median() / ok["ttft_s"].median())
+    where = g + 1 if g + 1 < len(search.loads) else g  # where the target is first missed
+    binding, ratio = None, None
+    if seeds and where >= 0 and all((c, where, s) in search.runs for s in seeds):
+        ratios = target.ratios(search.pooled(c, where, seeds))
+        binding = max(ratios, key=lambda k: ratios[k])
+        ratio = ratios[binding]
+    tokens = float(ok["num_output_tokens"].sum()) if ok is not None else 0.0
+    return Row(
+        candidate=c,
+        name=cand.name,
+        num_gpus=cand.num_gpus,
+        usd_per_hour=usd_per_hour(cand.gpus, prices),
+        goodput_load=search.loads[g] if g >= 0 else None,
+        goodput_rps=rps,
+        output_tps_per_gpu=tokens / span / cand.num_gpus if rps is not None else None,
+        tps_per_user=1.0 / tpot if tpot > 0 else None,
+        values_s=target.values_s(frame) if frame is not None else {},
+        binding=binding,
+        binding_ratio=ratio,
+        bottleneck=bottleneck,
+        busy_share=busy.get(bottleneck) if bottleneck else None,
+        handoff_share=handoff,
+        num_seeds=len(seeds),
+        dropped=outcome.dropped,
+    )
+
+
+def rank(rows: Sequence[Row], by_cost: bool) -> list[Row]:
+    """Best first: those that met the target by goodput per GPU (or per dollar), survivors of the last
+    halving round ahead of those dropped earlier; then those that met it nowhere."""
+
+    def key(r: Row) -> tuple[int, int, float, int]:
+        value = r.requests_per_usd if by_cost else r.rps_per_gpu
+        return (value is None, r.dropped is not None, -(value or 0.0), r.candidate)
+
+    return sorted(rows, key=key)
+
+
+def explain(rows: Sequence[Row], target: SloTarget, search: Search, load_unit: str) -> list[str]:
+    """A few sentences on the recommendation, or on why there is none."""
+    best = rows[0]
+    if best.goodput_load is None:
+        return infeasible(rows, target, search, load_unit)
+    lines = [
+        f"Recommended: {best.name}: meets {target.name} up to {best.goodput_load:g} {load_unit} "
+        f"({best.goodput_rps:.3g} req/s on {best.num_gpus} GPU(s), {best.rps_per_gpu:.3g} req/s per GPU)."
+    ]
+    runner_up = next((r for r in rows[1:] if r.goodput_load is not None), None)
+    if runner_up is not None and runner_up.rps_per_gpu:
+        less = 1.0 - runner_up.rps_per_gpu / best.rps_per_gpu  # type: ignore[operator]
+        lines.append(f"Next best: {runner_up.name}, {less:.0%} less goodput per GPU.")
+    if best.binding is not None and best.goodput_load != search.loads[-1]:
+        value = best.binding_ratio * _bound(target, best.binding)  # type: ignore[operator]
+        lines.append(
+            f"What binds: one load step up, {best.binding} reaches {_ms(value)} against "
+            f"{_ms(_bound(target, best.binding))}."
+        )
+    elif best.goodput_load == search.loads[-1]:
+        lines.append("It meets the target at the grid's highest load: widen --loads to find its limit.")
+    if best.bottleneck is not None:
+        lines.append(f"Busiest pool: {best.bottleneck} ({best.busy_share:.0%} of the span in steps).")
+    if best.handoff_share is not None and best.handoff_share >= HANDOFF_SHARE_TO_SAY:
+        link = search.candidates[best.candidate].cfg.kv_transfer.link
+        lines.append(
+            f"The KV handoff is {best.handoff_share:.0%} of the median TTFT on {link}: a faster fabric "
+            "would buy more than more GPUs, or stay collocated."
+        )
+    return lines
+
+
+def infeasible(rows: Sequence[Row], target: SloTarget, search: Search, load_unit: str) -> list[str]:
+    """No candidate meets the target at any load: which terms none meets, the closest candidates,
+    and the floor that rules the target out where one is known."""
+    lines = [
+        f"No candidate meets {target.name} at any load of the grid (lowest: {search.loads[0]:g} {load_unit})."
+    ]
+    measured = [r for r in rows if r.values_s]
+    for term in target.terms:
+        floor = _lowest_floor(search, term.metric)
+        out_of_reach = floor is not None and floor[0] > term.bound_s
+        if any(r.values_s[term.name] <= term.bound_s for r in measured) or not (measured or out_of_reach):
+            continue
+        line = f"No candidate meets {term.name}<={_ms(term.bound_s)}"
+        closest = min(measured, key=lambda r: r.values_s[term.name], default=None)
+        if closest is not None:
+            line += f": the closest, {closest.name}, reaches {_ms(closest.values_s[term.name])}"
+        if floor is not None and out_of_reach:
+            line += f"; the floor is {_ms(floor[0])} ({floor[1]}), so no load reaches it"
+        elif floor is not None:
+            line += f"; its floor is {_ms(floor[0])} ({floor[1]}): queueing and batch-mates add the rest"
+        lines.append(line + ".")
+    by_worst = sorted(measured, key=lambda r: max(r.values_s[t.name] / t.bound_s for t in target.terms))
+    if by_worst:
+        names = ", ".join(
+            f"{r.name} ({max(r.values_s[t.name] / t.bound_s for t in target.terms):.2f}x its bounds)"
+            for r in by_worst[:3]
+        )
+        lines.append(f"Closest candidates at the lowest load: {names}.")
+    return lines
+
+
+def _lowest_floor(search: Search, metric: str) -> tuple[float, str] | None:
+    """The lowest floor of `metric` over the candidates, and where it comes from."""
+    found = []
+    for cand in search.candidates:
+        floors = floors_s(cand.cfg)
+        if floors and metric in floors:
+            what = (
+                f"one {cand.cfg.workload.prompt_len}-token prompt's prefill alone on {cand.name}"
+                if metric == "ttft"
+                else f"a lone request's {metric} on {cand.name}"
+            )
+            found.append((floors[metric], what))
+    return min(found) if found else None
+
+
+def _bound(target: SloTarget, term_name: str) -> float:
+    return next(t.bound_s for t in target.terms if t.name == term_name)
+
+
+def _ms(seconds: float) -> str:
+    if math.isinf(seconds):
+        return "never (requests failed)"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"

@@ -1,0 +1,232 @@
+"""`testbed plan`: percentile SLO targets, the search against an exhaustive one on reduced spaces
+(the guide's designs x chunk sizes x rates; WEKA sessions under routers x P:D ratios), the
+recommended YAML run as it is, the answer to a target no candidate meets, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from cluster.cli import main
+from cluster.config_load import load_designs
+from cluster.plan.floors import floors_s, prefill_floor_s
+from cluster.plan.search import Probe, Search
+from cluster.plan.space import Candidate
+from workloads.slo_targets import SloTargetError, parse_slo_target, percentile_s
+
+from .factories import TRACES
+
+
+def _results(ttft: list[float], ok: list[bool] | None = None) -> pd.DataFrame:
+    ok = ok if ok is not None else [True] * len(ttft)
+    times = [[t, t + 0.02, t + 0.05] for t in ttft]
+    return pd.DataFrame(
+        {
+            "ok": ok,
+            "ttft_s": ttft,
+            "tpot_s": [0.025] * len(ttft),
+            "e2el_s": [t + 0.05 for t in ttft],
+            "max_gap_s": [0.03] * len(ttft),
+            "token_times_s": times,
+            "handoff_s": [0.0] * len(ttft),
+            "num_output_tokens": [3] * len(ttft),
+        }
+    )
+
+
+# -- SLO targets ----------------------------------------------------------------------------------
+
+
+def test_a_targets_percentile_counts_failed_requests_as_infinitely_late():
+    df = _results([float(i) for i in range(1, 11)])  # TTFT 1..10 s
+    assert percentile_s(df, "ttft", 90) == 9.0 and percentile_s(df, "ttft", 100) == 10.0
+    assert percentile_s(df, "itl", 50) == pytest.approx(0.02)  # pooled gaps: 0.02 and 0.03
+    target = parse_slo_target("ttft:p90<=9s,tpot:p50<=30ms")
+    assert target.met(df)
+    failed = _results([float(i) for i in range(1, 11)], ok=[True] * 8 + [False] * 2)
+    assert percentile_s(failed, "ttft", 90) == math.inf and not target.met(failed)
+    assert target.ratios(df) == {"ttft:p90": 1.0, "tpot:p50": pytest.approx(25 / 30)}
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("ttft<=2s", ["'ttft<=2s'", "a percentile is required", "ttft:p90<=2s"]),
+        ("ttfb:p90<=2s", ["'ttfb'", "allowed: ttft, tpot, itl, gap, e2el"]),
+        ("ttft:p0<=2s", ["p0", "(0, 100]"]),
+        ("ttft:p90<=0s", ["0s", "> 0"]),
+    ],
+)
+def test_a_bad_target_is_one_line_naming_it(text, needles):
+    with pytest.raises(SloTargetError) as e:
+        parse_slo_target(text)
+    assert "\n" not in str(e.value) and str(e.value).startswith("--slo:")
+    for needle in needles:
+        assert needle in str(e.value), (needle, str(e.value))
+
+
+# -- the search's logic, on made-up probes ----------------------------------------------------------
+
+
+class _TableSearch(Search):
+    """A Search whose replays are looked up in a table of TTFTs (candidate, load index) -> seconds,
+    so that the bisection and the halving can be checked against every possible answer."""
+
+    table: dict[tuple[int, int], float]
+    num_probes = 0
+
+    def ensure(self, keys):
+        for c, li, s in keys:
+            if (c, li, s) not in self.runs:
+                self.num_probes += 1
+                self.runs[(c, li, s)] = Probe(_results([self.table[(c, li)] + 0.01 * s] * 4), {}, 1.0)
+
+
+def _table_search(num_candidates: int, num_loads: int, rng: random.Random) -> _TableSearch:
+    cfg = load_designs("guide-l40s", ["collocated"])[0]
+    cands = [Candidate(f"c{i}", cfg) for i in range(num_candidates)]
+    search = _TableSearch(cands, [0.1 * (i + 1) for i in range(num_loads)], [0, 1, 2])
+    search.table = {}
+    for c in range(num_candidates):  # TTFT grows with load: the target (<= 1 s) holds up to a knee
+        knee = rng.randint(-1, num_loads - 1)
+        for li in range(num_loads):
+            search.table[(c, li)] = 0.5 if li <= knee else 2.0
+    return search
+
+
+def test_bisection_finds_what_replaying_every_load_finds_in_logarithmic_probes():
+    rng = random.Random(7)
+    target = parse_slo_target("ttft:p90<=1s")
+    for num_loads in (1, 2, 5, 8, 13):
+        search = _table_search(6, num_loads, rng)
+        found = search.bisect(target, range(6), (0,), {})
+        assert search.num_probes <= 6 * math.ceil(math.log2(num_loads + 1))
+        assert {c: lo for c, (lo, hi) in found.items()} == search.exhaustive(target, range(6))
+        assert all(hi == lo + 1 for lo, hi in found.values())
+
+
+def test_halving_keeps_the_best_and_gives_it_every_seed():
+    target = parse_slo_target("ttft:p90<=1s")
+    search = _table_search(8, 10, random.Random(3))
+    outcomes = search.halving(target, range(8), lambda c, g: float(g))
+    best = max(outcomes, key=lambda c: outcomes[c].goodput_index)
+    assert outcomes[best].seeds == (0, 1, 2) and outcomes[best].dropped is None
+    exhaustive = search.exhaustive(target, range(8))
+    assert outcomes[best].goodput_index == max(exhaustive.values())
+    assert sum(o.dropped is not None for o in outcomes.values()) >= 4
+
+
+# -- floors -----------------------------------------------------------------------------------------
+
+
+def test_floors_are_the_prompt_alone_in_chunks_and_a_lone_decode():
+    cfg = load_designs("guide-l40s", ["pd-fast"])[0]
+    floors = floors_s(cfg)
+    assert floors is not None
+    one_chunk = prefill_floor_s(cfg, cfg.pools.prefill, 2048)
+    # four 2,048-token chunks, each attending to those before it: more than four first chunks
+    assert floors["ttft"] > 4 * one_chunk
+    assert floors["tpot"] == floors["itl"] == floors["gap"] > 0
+    assert floors["e2el"] == pytest.approx(floors["ttft"] + 255 * floors["tpot"])
+    weka = f"replay.trace={TRACES / 'weka_claude_code'}"
+    trace = load_designs("agentic-h200", ["pd"], [weka])[0]
+    assert floors_s(trace) is None  # a trace's floors depend on its prefix hits
+
+
+# -- the command, on real replays -------------------------------------------------------------------
+
+GUIDE = ["plan", "--preset", "guide-l40s", "--num-requests", "24", "--seeds", "3", "--jobs", "2"]
+GUIDE += ["--loads", ",".join(f"{0.2 * i:.1f}" for i in range(1, 17))]  # 0.2 to 3.2 req/s
+GUIDE += ["--vary", "scheduler.max_num_batched_tokens=1024,4096"]
+
+
+def _plan(tmp_path, argv, name):
+    out = tmp_path / name
+    assert main([*argv, "--out", str(out)]) == 0
+    return json.loads((out / "plan.json").read_text()), out
+
+
+def test_plan_picks_what_an_exhaustive_sweep_picks_with_a_fifth_of_the_replays(tmp_path, capsys):
+    plan, out = _plan(tmp_path, GUIDE, "plan")
+    ref, _ = _plan(tmp_path, [*GUIDE, "--exhaustive"], "exhaustive")
+    top, ref_top = plan["targets"][0]["rows"][0], ref["targets"][0]["rows"][0]
+    assert top["candidate"] == ref_top["candidate"]
+    loads = plan["loads"]
+    assert abs(loads.index(top["goodput_load"]) - loads.index(ref_top["goodput_load"])) <= 1
+    assert ref["num_runs"] == ref["num_runs_exhaustive"] == 6 * 16 * 3
+    assert plan["num_runs"] * 5 <= ref["num_runs"]
+    text = capsys.readouterr().out
+    assert "Recommended: " + top["candidate"] in text and "What binds" in text
+    for f in ["candidates.csv", "results.parquet", "plots/pareto_tokens.png", "plots/goodput_cost.png"]:
+        assert (out / f).stat().st_size > 0, f
+    assert len(list((out / "configs").glob("*.yaml"))) == 6
+    # the recommended design runs as written, at the load the plan found
+    cfg = yaml.safe_load((out / "recommended.yaml").read_text())
+    assert cfg["workload"]["rate"] == top["goodput_load"]
+    run = tmp_path / "run"
+    assert main(["run", "--config", str(out / "recommended.yaml"), "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary[0]["completed"] == 24
+
+
+@pytest.mark.full  # ~40 s: 64 replays of agentic sessions
+def test_plan_over_weka_sessions_picks_what_an_exhaustive_sweep_picks(tmp_path):
+    argv = ["plan", "--preset", "agentic-h200", "--trace", str(TRACES / "weka_claude_code")]
+    argv += ["--set", "replay.max_turns=3", "--design", "pd", "--seeds", "1", "--jobs", "2"]
+    argv += ["--slo", "ttft:p90<=1500ms,itl:p99<=60ms", "--loads", "1,2,4,8,16,32,64"]
+    argv += ["--vary", "router.policy=round_robin,kv_aware"]
+    argv += ["--vary", "pools.prefill.replicas=1,2", "--vary", "pools.decode.replicas=1,2"]
+    plan, _ = _plan(tmp_path, argv, "plan")
+    ref, _ = _plan(tmp_path, [*argv, "--exhaustive"], "exhaustive")
+    top, ref_top = plan["targets"][0]["rows"][0], ref["targets"][0]["rows"][0]
+    assert top["candidate"] == ref_top["candidate"]
+    assert plan["num_runs"] < ref["num_runs"] == 8 * 7
+
+
+def test_a_target_no_candidate_meets_is_answered_with_the_floor(tmp_path, capsys):
+    argv = ["plan", "--preset", "guide-l40s", "--num-requests", "24", "--seeds", "1", "--loads", "0.2,0.4"]
+    argv += ["--slo", "ttft:p90<=300ms,tpot:p90<=50ms"]
+    plan, out = _plan(tmp_path, argv, "plan")
+    lines = plan["targets"][0]["explanation"]
+    assert lines[0].startswith("No candidate meets ttft:p90<=300ms,tpot:p90<=50ms")
+    ttft = next(line for line in lines if line.startswith("No candidate meets ttft:p90<=300 ms"))
+    assert "the floor is" in ttft and "8192-token prompt's prefill alone" in ttft
+    assert "Closest candidates" in lines[-1] or any(
+        "floor:" in str(r["dropped"]) for r in plan["targets"][0]["rows"]
+    )
+    assert not (out / "recommended.yaml").exists()
+    assert all(r["goodput_load"] is None for r in plan["targets"][0]["rows"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (["--slo", "ttft<=2s"], ["--slo", "'ttft<=2s'", "a percentile is required"]),
+        (["--preset", "deepseek-v3-h800", "--rank", "cost"], ["--rank cost", "'h800'", "--price h800=USD"]),
+        (["--price", "h100=2"], ["--price", "'h100'", "allowed:"]),
+        (["--max-gpus", "1"], ["search space: empty", "over --max-gpus 1"]),
+        (["--vary", "pools.mixed.replicas=0", "--design", "collocated"], ["search space: empty"]),
+        (["--loads", "0.4,0.2"], ["--loads='0.4,0.2'", "ascending"]),
+        (["--vary", "nope:scheduler.block_size=16"], ["--vary", "'nope'", "collocated"]),
+    ],
+)
+def test_bad_plan_input_is_one_line(tmp_path, capsys, extra, needles):
+    assert main(["plan", *extra, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def test_frontier_keeps_only_points_no_other_beats_on_both_axes():
+    from dashboards.plan_plots import frontier
+
+    pts = pd.DataFrame({"tps_per_user": [10, 20, 30, 15], "tps_per_gpu": [100, 80, 40, 60]})
+    assert frontier(pts)["tps_per_user"].tolist() == [10, 20, 30]
+    assert np.all(np.diff(frontier(pts)["tps_per_gpu"]) < 0)

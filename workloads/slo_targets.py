@@ -1,0 +1,112 @@
+"""SLO targets with percentiles, as a capacity plan states them: `ttft:p90<=2s,tpot:p90<=50ms`.
+
+A target holds when every term's percentile over a run's requests is within its bound. Unlike
+`workloads.slo` (each request checked against bounds, the share that meets them reported), a target
+is one yes or no per run, the question a design search asks at each offered load: "does this design
+keep p90 TTFT under 2 s at 1.5 req/s?"
+
+What each metric's percentile is taken over (a request that failed or was rejected counts as an
+infinitely late one, so that a design cannot meet a target by dropping requests):
+
+    ttft, tpot, e2el  one value per request (the results table's `ttft_s`, `tpot_s`, `e2el_s`;
+                      a one-token answer has no TPOT and is left out of tpot)
+    gap               one value per request: its worst inter-token gap (`max_gap_s`)
+    itl               every inter-token gap of every request, pooled (vLLM's bench ITL percentiles)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+METRICS = ("ttft", "tpot", "itl", "gap", "e2el")
+_PER_REQUEST = {"ttft": "ttft_s", "tpot": "tpot_s", "gap": "max_gap_s", "e2el": "e2el_s"}
+_TERM = re.compile(r"^(\w+):p(\d+(?:\.\d+)?)<=([0-9]*\.?[0-9]+)(ms|s)$")
+
+
+class SloTargetError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SloTerm:
+    metric: str
+    """One of METRICS."""
+    percentile: float
+    """In (0, 100]: 90 bounds the 90th percentile, 100 the worst."""
+    bound_s: float
+    """The percentile's upper bound, seconds."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}:p{self.percentile:g}"
+
+
+@dataclass(frozen=True)
+class SloTarget:
+    """A named set of percentile bounds, all of which a run must meet."""
+
+    name: str
+    terms: tuple[SloTerm, ...]
+
+    def values_s(self, results: pd.DataFrame) -> dict[str, float]:
+        """Each term's percentile over `results` (one run's table, or several seeds' concatenated),
+        seconds; inf when the requests that failed alone push it past every finite value."""
+        return {t.name: percentile_s(results, t.metric, t.percentile) for t in self.terms}
+
+    def ratios(self, results: pd.DataFrame) -> dict[str, float]:
+        """Each term's value over its bound: > 1 misses it."""
+        values = self.values_s(results)
+        return {t.name: values[t.name] / t.bound_s for t in self.terms}
+
+    def met(self, results: pd.DataFrame) -> bool:
+        return len(results) > 0 and all(r <= 1.0 for r in self.ratios(results).values())
+
+
+def percentile_s(results: pd.DataFrame, metric: str, percentile: float) -> float:
+    """`metric`'s `percentile` over a results table (see the module's docstring), the smallest value
+    with at least that share of the population at or below it (numpy's `inverted_cdf`)."""
+    ok = results["ok"].to_numpy(dtype=bool)
+    num_failed = int((~ok).sum())
+    if metric == "itl":
+        gaps = [np.diff(np.asarray(t, dtype=float)) for t in results.loc[ok, "token_times_s"]]
+        values = np.concatenate([*gaps, np.empty(0)])
+    else:
+        values = results.loc[ok, _PER_REQUEST[metric]].to_numpy(dtype=float)
+        values = values[~np.isnan(values)]
+    population = np.concatenate([values, np.full(num_failed, math.inf)])
+    if not len(population):
+        return 0.0  # nothing to bound (e.g. tpot when every answer is one token)
+    return float(np.percentile(population, percentile, method="inverted_cdf"))
+
+
+def parse_slo_target(text: str) -> SloTarget:
+    """`metric:pNN<=NUMBER(ms|s)` terms joined by commas; one line naming what is wrong otherwise."""
+    terms = []
+    for raw in text.split(","):
+        term = raw.replace(" ", "")
+        m = _TERM.match(term)
+        if not m:
+            hint = (
+                " (a percentile is required, e.g. ttft:p90<=2s)" if "<=" in term and ":p" not in term else ""
+            )
+            raise SloTargetError(
+                f"--slo: term {raw.strip()!r} in {text!r} is not `metric:pNN<=NUMBER(ms|s)`{hint}"
+            )
+        metric, pct, value, unit = m.groups()
+        if metric not in METRICS:
+            raise SloTargetError(
+                f"--slo: metric {metric!r} in {text!r} is unknown; allowed: {', '.join(METRICS)}"
+            )
+        percentile = float(pct)
+        if not 0 < percentile <= 100:
+            raise SloTargetError(f"--slo: percentile p{pct} in {text!r} must be in (0, 100]")
+        bound_s = float(value) / (1000.0 if unit == "ms" else 1.0)
+        if bound_s <= 0:
+            raise SloTargetError(f"--slo: bound {value}{unit} in {text!r} must be > 0")
+        terms.append(SloTerm(metric, percentile, bound_s))
+    return SloTarget(name=text.replace(" ", ""), terms=tuple(terms))
