@@ -24,6 +24,12 @@ DEFAULT_SLO = "ttft:p90<=2s,tpot:p90<=50ms"
 DEFAULT_LOADS = {
     "workload.rate": "0.1,0.2,0.3,0.4,0.5,0.6,0.8,1.0,1.2,1.5,2.0",
     "replay.speedup": "0.5,1,1.5,2,3,4,6,8",
+    "multi_turn.conversation_rate": "0.05,0.1,0.2,0.3,0.4,0.6,0.8,1.0",
+}
+LOAD_UNITS = {
+    "workload.rate": "req/s",
+    "replay.speedup": "x trace speed",
+    "multi_turn.conversation_rate": "conv/s",
 }
 ERRORS = (SloTargetError, PriceError)
 
@@ -87,7 +93,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     candidates, left_out = build_space(source, [c.design for c in first], pins, axes, args.max_gpus)
     key = load_key(candidates[0].cfg)
     loads = parse_loads(args.loads or DEFAULT_LOADS[key])
-    unit = "req/s" if key == "workload.rate" else "x trace speed"
+    unit = LOAD_UNITS[key]
     by_cost = args.rank == "cost"
     if by_cost:
         for cand in candidates:
@@ -143,6 +149,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"\n{len(candidates)} candidates, {len(search.runs)} replays (exhaustive: {num_exhaustive}) in "
         f"{wall_s:.1f} s wall; run directory: {out}"
     )
+    print(f"report: {paths['report']}")
     if "recommended" in paths:
         print(f"recommended design: {paths['recommended']}  (testbed run --config {paths['recommended']})")
     return 0

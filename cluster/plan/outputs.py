@@ -19,6 +19,7 @@ from cluster.plan.search import Search
 from cluster.plan.space import Candidate, with_load
 from cluster.plan.verdict import Row
 from dashboards.plan_plots import pareto_plots
+from dashboards.plan_report import write_plan_report
 from workloads.slo_targets import SloTarget
 
 
@@ -112,6 +113,16 @@ def write_outputs(
             }
         ),
     )
+    notes = [
+        f"{info['num_candidates']} candidates ({len(info['left_out'])} left out), loads {info['loads']} "
+        f"({info['load_key']}), seeds {info['seeds']}; {info['method']}",
+        f"{info['num_runs']} replays (every candidate x load x seed: {info['num_runs_exhaustive']}) in "
+        f"{info['wall_s']:.1f} s wall",
+        *(f"left out: {x['candidate']}: {x['why']}" for x in info["left_out"]),
+    ]
+    tables = [(t.name, lines, pd.DataFrame([_row_dict(r) for r in rs])) for t, rs, lines in verdicts]
+    plots = [paths[k] for k in ("pareto_tokens", "goodput_cost") if k in paths]
+    paths["report"] = write_plan_report(out, f"testbed plan: {info['source']}", tables, plots, notes)
     return paths
 
 

@@ -60,13 +60,20 @@ class Candidate:
 
 
 def load_key(cfg: TestbedConfig) -> str:
-    """The field that sets the offered load: a trace's speedup, else the arrival rate."""
-    return "replay.speedup" if cfg.workload.kind == "trace" else "workload.rate"
+    """The field that sets the offered load: a trace's speedup, a conversation scenario's start rate,
+    else the arrival rate."""
+    kind = cfg.workload.kind
+    return {"trace": "replay.speedup", "multi_turn": "multi_turn.conversation_rate"}.get(
+        kind, "workload.rate"
+    )
 
 
 def with_load(cfg: TestbedConfig, load: float, seed: int) -> TestbedConfig:
-    if cfg.workload.kind == "trace":
+    kind = cfg.workload.kind
+    if kind == "trace":
         return replace(cfg, replay=replace(cfg.replay, speedup=load), seed=seed)
+    if kind == "multi_turn":
+        return replace(cfg, multi_turn=replace(cfg.multi_turn, conversation_rate=load), seed=seed)
     return replace(cfg, workload=replace(cfg.workload, rate=load), seed=seed)
 
 
