@@ -67,14 +67,17 @@ def pareto_plots(points: pd.DataFrame, candidates: pd.DataFrame, title: str, out
     fig, ax = plt.subplots(figsize=(7.5, 5))
     y = candidates["goodput_rps"].fillna(0.0)
     ax.scatter(x, y, s=28, color="tab:blue")
+    seen: dict[tuple[float, float], int] = {}  # candidates on the same spot: labels stacked
     for xi, yi, name, best in zip(x, y, candidates["name"], candidates["recommended"], strict=True):
+        k = seen[(xi, yi)] = seen.get((xi, yi), -1) + 1
+        weight = "bold" if best else "normal"
         ax.annotate(
             str(name),
             (xi, yi),
             fontsize=7,
-            xytext=(3, 3),
+            xytext=(3, 3 + 9 * k),
             textcoords="offset points",
-            fontweight="bold" if best else "normal",
+            fontweight=weight,
         )
     ax.set_xlabel("price, USD per hour" if priced else "GPUs")
     ax.set_ylabel("goodput, requests/s (0: meets the target at no load)")

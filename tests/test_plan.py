@@ -34,6 +34,7 @@ def _results(ttft: list[float], ok: list[bool] | None = None) -> pd.DataFrame:
             "e2el_s": [t + 0.05 for t in ttft],
             "max_gap_s": [0.03] * len(ttft),
             "token_times_s": times,
+            "p99_itl_s": [0.03] * len(ttft),
             "handoff_s": [0.0] * len(ttft),
             "num_output_tokens": [3] * len(ttft),
         }
@@ -52,6 +53,7 @@ def test_a_targets_percentile_counts_failed_requests_as_infinitely_late():
     failed = _results([float(i) for i in range(1, 11)], ok=[True] * 8 + [False] * 2)
     assert percentile_s(failed, "ttft", 90) == math.inf and not target.met(failed)
     assert target.ratios(df) == {"ttft:p90": 1.0, "tpot:p50": pytest.approx(25 / 30)}
+    assert target.attainment(df) == 0.9 and target.attainment(failed) == 0.8  # ttft 10 s over 9 s
 
 
 @pytest.mark.parametrize(
@@ -166,6 +168,8 @@ def test_plan_picks_what_an_exhaustive_sweep_picks_with_a_fifth_of_the_replays(t
     for f in ["candidates.csv", "results.parquet", "plots/pareto_tokens.png", "plots/goodput_cost.png"]:
         assert (out / f).stat().st_size > 0, f
     assert len(list((out / "configs").glob("*.yaml"))) == 6
+    assert plan["recommended_ray_units"] == {"mixed": 2}  # collocated: two engines of one GPU
+    assert "Recommended: " in (out / "report.html").read_text()
     # the recommended design runs as written, at the load the plan found
     cfg = yaml.safe_load((out / "recommended.yaml").read_text())
     assert cfg["workload"]["rate"] == top["goodput_load"]
@@ -230,3 +234,25 @@ def test_frontier_keeps_only_points_no_other_beats_on_both_axes():
     pts = pd.DataFrame({"tps_per_user": [10, 20, 30, 15], "tps_per_gpu": [100, 80, 40, 60]})
     assert frontier(pts)["tps_per_user"].tolist() == [10, 20, 30]
     assert np.all(np.diff(frontier(pts)["tps_per_gpu"]) < 0)
+
+
+@pytest.mark.full  # a local Ray: ~40 s
+def test_the_recommended_design_runs_live_on_a_local_ray(tmp_path):
+    argv = ["plan", "--preset", "guide-l40s", "--design", "collocated,pd-fast", "--num-requests", "16"]
+    plan, out = _plan(tmp_path, [*argv, "--seeds", "1", "--loads", "0.4,0.8,1.2"], "plan")
+    live = tmp_path / "live"
+    run = ["run", "--config", str(out / "recommended.yaml"), "--mode", "live", "--num-requests", "4"]
+    assert main([*run, "--compute", "skip", "--time-scale", "1", "--out", str(live)]) == 0
+    summary = json.loads((live / "summary.json").read_text())[0]
+    assert (
+        summary["completed"] == 4
+        and summary["design"] == plan["targets"][0]["rows"][0]["candidate"].split()[0]
+    )
+
+
+def test_the_same_seed_gives_the_same_plan(tmp_path):
+    argv = ["plan", "--preset", "guide-l40s", "--num-requests", "16", "--seeds", "2"]
+    argv += ["--loads", "0.4,0.8,1.6"]
+    first, _ = _plan(tmp_path, argv, "a")
+    second, _ = _plan(tmp_path, argv, "b")
+    assert first["targets"] == second["targets"] and first["num_runs"] == second["num_runs"]

@@ -66,6 +66,16 @@ class SloTarget:
     def met(self, results: pd.DataFrame) -> bool:
         return len(results) > 0 and all(r <= 1.0 for r in self.ratios(results).values())
 
+    def attainment(self, results: pd.DataFrame) -> float:
+        """The share of requests within every term's bound on their own (itl: the request's p99
+        gap), failed ones not: the per-request view `workloads.slo` reports for SLO sets."""
+        met = results["ok"].to_numpy(dtype=bool).copy()
+        for t in self.terms:
+            column = "p99_itl_s" if t.metric == "itl" else _PER_REQUEST[t.metric]
+            values = results[column].to_numpy(dtype=float)
+            met &= np.isnan(values) | (values <= t.bound_s)
+        return float(met.mean()) if len(met) else 0.0
+
 
 def percentile_s(results: pd.DataFrame, metric: str, percentile: float) -> float:
     """`metric`'s `percentile` over a results table (see the module's docstring), the smallest value

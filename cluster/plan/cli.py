@@ -136,6 +136,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "num_runs": len(search.runs),
         "num_runs_exhaustive": num_exhaustive,
         "wall_s": wall_s,
+        "recommended_ray_units": candidates[verdicts[0][1][0].candidate].ray_units,
     }
     paths = write_outputs(out, search, verdicts, info)
     from dashboards.console import show
@@ -151,6 +152,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     print(f"report: {paths['report']}")
     if "recommended" in paths:
+        units = ", ".join(f"{k}: {v}" for k, v in info["recommended_ray_units"].items())
+        print(f"live, it needs a Ray cluster offering {{{units}}} resource units (docs/live-and-ray-up.md)")
         print(f"recommended design: {paths['recommended']}  (testbed run --config {paths['recommended']})")
     return 0
 

@@ -34,7 +34,7 @@ def plan_table(rows: list[Row], target: SloTarget, load_unit: str, by_cost: bool
         "req/s/GPU",
         *(["req/$"] if priced else []),
     ]
-    columns += ["tok/s/GPU", "tok/s/user", "binds", "busiest pool", "handoff/TTFT", "dropped"]
+    columns += ["tok/s/GPU", "tok/s/user", "attained", "binds", "busiest pool", "handoff/TTFT", "dropped"]
     for col in columns:
         left = col in ("candidate", "binds", "busiest pool", "dropped")
         t.add_column(col, justify="left" if left else "right", no_wrap=col == "candidate")
@@ -45,11 +45,12 @@ def plan_table(rows: list[Row], target: SloTarget, load_unit: str, by_cost: bool
             str(i),
             r.name,
             str(r.num_gpus),
-            _num(r.goodput_load) if r.goodput_load is not None else "none",
+            _goodput(r),
             _num(r.rps_per_gpu),
             *([_num(r.requests_per_usd)] if priced else []),
             _num(r.output_tps_per_gpu),
             _num(r.tps_per_user),
+            f"{r.attainment:.0%}" if r.attainment is not None else "-",
             binds,
             busy,
             f"{r.handoff_share:.0%}" if r.handoff_share is not None else "-",
@@ -159,6 +160,7 @@ def _row_dict(r: Row) -> dict[str, Any]:
         "requests_per_usd": r.requests_per_usd,
         "output_tps_per_gpu": r.output_tps_per_gpu,
         "tps_per_user": r.tps_per_user,
+        "slo_attainment": r.attainment,
         "binding": r.binding,
         "binding_ratio": r.binding_ratio,
         "bottleneck": r.bottleneck,
@@ -166,8 +168,18 @@ def _row_dict(r: Row) -> dict[str, Any]:
         "handoff_share_of_ttft": r.handoff_share,
         "num_seeds": r.num_seeds,
         "dropped": r.dropped,
+        "goodput_under": r.goodput_under,
         **{f"{k}_s": v for k, v in r.values_s.items()},
     }
+
+
+def _goodput(r: Row) -> str:
+    """The goodput load; a bounded candidate's bracket (`0.4-0.8`, `< 0.8`)."""
+    if r.goodput_under is not None:
+        return (
+            f"< {r.goodput_under:g}" if r.goodput_load is None else f"{r.goodput_load:g}-{r.goodput_under:g}"
+        )
+    return _num(r.goodput_load) if r.goodput_load is not None else "none"
 
 
 def _num(x: float | None) -> str:

@@ -10,7 +10,8 @@ halved as successive halving does: round k replays every survivor with the first
 before found (probe it, then its neighbour, then bisect), and keeps the better half (ties at the cut
 kept) until a round has used every seed. Candidates whose latency floor alone misses the target
 are dropped before any replay (`floors`). `exhaustive` replays every candidate at every load and
-seed instead: the reference the search is checked against.
+seed instead: the reference the search is checked against, its goodput the highest load up to
+which every load meets the target.
 
 Every run is a fresh virtual replay (`run_virtual`, no metrics) in a worker process; runs are
 cached by (candidate, load, seed), so the rounds and the targets share them.
@@ -32,7 +33,8 @@ from messages.stats import EngineReport
 from workloads.replay import LoadedWorkload, Workload, workload_for
 from workloads.slo_targets import SloTarget
 
-COLUMNS = ["ok", "ttft_s", "tpot_s", "e2el_s", "max_gap_s", "token_times_s", "handoff_s", "num_output_tokens"]
+COLUMNS = ["ok", "ttft_s", "tpot_s", "e2el_s", "max_gap_s", "p99_itl_s", "token_times_s", "handoff_s"]
+COLUMNS += ["num_output_tokens"]
 """What a run sends back of its results table: what the targets and the verdict read."""
 
 
@@ -86,6 +88,8 @@ class Outcome:
     seeds: tuple[int, ...]
     """The seeds the conclusion pools."""
     dropped: str | None = None
+    goodput_under: float | None = None
+    """Branch and bound stopped it with its bracket open: its goodput is below this load."""
     """Why it left the search early (a floor, a halving round); None: it reached the last round."""
 
 
@@ -174,12 +178,15 @@ class Search:
         return (lo + hi) // 2
 
     def exhaustive(self, target: SloTarget, members: Sequence[int]) -> dict[int, int]:
-        """Goodput index over every seed with every load replayed: the highest load that meets the
-        target (no monotonicity assumed)."""
+        """Goodput index over every seed with every load replayed: the highest load up to which every
+        load meets the target. Not the highest that meets it: near its limit a design's tail can
+        meet a target at one load and miss it at a lower one (a few long prompts landing together
+        or not), and a plan cannot promise a load above one it missed."""
         seeds = list(self.seeds)
-        self.ensure([(c, li, s) for c in members for li in range(len(self.loads)) for s in seeds])
+        loads = range(len(self.loads))
+        self.ensure([(c, li, s) for c in members for li in loads for s in seeds])
         return {
-            c: max((li for li in range(len(self.loads)) if self.meets(target, c, li, seeds)), default=-1)
+            c: next((li - 1 for li in loads if not self.meets(target, c, li, seeds)), len(self.loads) - 1)
             for c in members
         }
 
@@ -196,8 +203,10 @@ class Search:
             keep = 1 if last else math.ceil(len(alive) / 2)
             brackets = self.bisect(target, alive, seeds, hints, score, keep)
             for c, (lo, hi) in brackets.items():
-                bounded = f"bounded: goodput under {self.loads[hi]:g}" if hi - lo > 1 else None
-                outcomes[c] = Outcome(lo, seeds, dropped=bounded if last else None)
+                bounded = last and hi - lo > 1
+                outcomes[c] = Outcome(lo, seeds)
+                if bounded:
+                    outcomes[c].dropped, outcomes[c].goodput_under = "bounded below the best", self.loads[hi]
             if last:
                 break
             scores = {c: score(c, brackets[c][0]) for c in alive}

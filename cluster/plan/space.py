@@ -58,6 +58,23 @@ class Candidate:
     def num_gpus(self) -> int:
         return sum(self.gpus.values())
 
+    @property
+    def ray_units(self) -> dict[str, int]:
+        """The custom resource units live mode asks a Ray cluster for, one per emulated GPU, by pool
+        resource (`mixed`, `prefill`, `decode`; `ffn` for AFD's FFN ranks): what a `ray up` cluster
+        file's worker types must offer to host it."""
+        out: dict[str, int] = {}
+        for role, pool in self.cfg.pools.by_role():
+            if not pool.replicas:
+                continue
+            if pool.afd is not None:
+                ffn = pool.replicas * pool.afd.num_ffn_ranks * pool.afd.ffn_gpus_per_rank
+                out["ffn"] = out.get("ffn", 0) + ffn
+                out[role] = pool.replicas * pool.afd.num_attention_ranks * pool.tp
+            else:
+                out[role] = pool.replicas * pool.ep * pool.tp
+        return out
+
 
 def load_key(cfg: TestbedConfig) -> str:
     """The field that sets the offered load: a trace's speedup, a conversation scenario's start rate,

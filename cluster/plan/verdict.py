@@ -40,6 +40,8 @@ class Row:
     tps_per_user: float | None
     values_s: dict[str, float]
     """Each term's percentile at the goodput load (infeasible: the lowest load)."""
+    attainment: float | None
+    """The share of requests within every bound on their own there."""
     binding: str | None
     binding_ratio: float | None
     """Its value over its bound where it binds (> 1: missed)."""
@@ -48,6 +50,8 @@ class Row:
     handoff_share: float | None
     num_seeds: int
     dropped: str | None
+    goodput_under: float | None
+    """Stopped by branch and bound: the goodput is below this load (and at least `goodput_load`)."""
 
     @property
     def rps_per_gpu(self) -> float | None:
@@ -97,6 +101,7 @@ def build_row(
         output_tps_per_gpu=tokens / span / cand.num_gpus if rps is not None else None,
         tps_per_user=1.0 / tpot if tpot > 0 else None,
         values_s=target.values_s(frame) if frame is not None else {},
+        attainment=target.attainment(frame) if frame is not None else None,
         binding=binding,
         binding_ratio=ratio,
         bottleneck=bottleneck,
@@ -104,6 +109,7 @@ def build_row(
         handoff_share=handoff,
         num_seeds=len(seeds),
         dropped=outcome.dropped,
+        goodput_under=outcome.goodput_under,
     )
 
 
