@@ -124,6 +124,30 @@ def test_halving_keeps_the_best_and_gives_it_every_seed():
     assert sum(o.dropped is not None for o in outcomes.values()) >= 4
 
 
+# -- shapes ----------------------------------------------------------------------------------------
+
+
+def test_auto_shapes_fill_the_budget_with_each_designs_kind():
+    from cluster.plan.shapes import parse_shapes, shapes_for
+    from cluster.plan.space import build_space
+
+    first = load_designs("guide-l40s", ["collocated", "pd-fast"])
+    shapes = {c.design: shapes_for(c, parse_shapes("auto", 4), 4) for c in first}
+    cands, left_out = build_space("guide-l40s", ["collocated", "pd-fast"], [], [], 4, shapes)
+    names = [c.name for c in cands]
+    assert names[:4] == [f"collocated c{n}" for n in range(1, 5)]
+    assert sorted(names[4:]) == sorted(
+        f"pd-fast p{p}d{d}" for p in range(1, 4) for d in range(1, 4) if p + d <= 4
+    )
+    assert all(c.num_gpus <= 4 for c in cands) and not left_out
+    pd = next(c for c in cands if c.name == "pd-fast p1d3")
+    assert pd.cfg.kv_transfer.link == "rdma-400g" and pd.ray_units == {"prefill": 1, "decode": 3}
+    listed = {c.design: shapes_for(c, parse_shapes("c2,p2d2", None), None) for c in first}
+    assert [label for label, _ in listed["collocated"]] == ["c2"] and [lb for lb, _ in listed["pd-fast"]] == [
+        "p2d2"
+    ]
+
+
 # -- floors -----------------------------------------------------------------------------------------
 
 
@@ -218,6 +242,8 @@ def test_a_target_no_candidate_meets_is_answered_with_the_floor(tmp_path, capsys
         (["--vary", "pools.mixed.replicas=0", "--design", "collocated"], ["search space: empty"]),
         (["--loads", "0.4,0.2"], ["--loads='0.4,0.2'", "ascending"]),
         (["--vary", "nope:scheduler.block_size=16"], ["--vary", "'nope'", "collocated"]),
+        (["--shapes", "auto"], ["--shapes auto", "--max-gpus"]),
+        (["--shapes", "c2,x3"], ["--shapes", "'x3'", "allowed: cN", "pPdD"]),
     ],
 )
 def test_bad_plan_input_is_one_line(tmp_path, capsys, extra, needles):

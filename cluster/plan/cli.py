@@ -16,6 +16,7 @@ from cluster.plan.floors import floors_s
 from cluster.plan.outputs import plan_table, write_outputs
 from cluster.plan.prices import PriceError, parse_prices
 from cluster.plan.search import Outcome, Search
+from cluster.plan.shapes import parse_shapes, shapes_for
 from cluster.plan.space import Candidate, build_space, load_key, parse_axis
 from cluster.plan.verdict import build_row, explain, rank
 from workloads.slo_targets import SloTarget, SloTargetError, parse_slo_target
@@ -54,6 +55,10 @@ def add_plan_parser(
     )
     p.add_argument("--loads", help="the load grid, ascending: req/s (a trace: speedups); default by workload")
     p.add_argument("--seeds", type=int, default=3, help="seeds a final answer pools")
+    p.add_argument(
+        "--shapes",
+        help="engine counts: cN (collocated), pPdD (P/D), comma-separated, or auto (all within --max-gpus)",
+    )
     p.add_argument("--max-gpus", type=int, help="the GPU budget: larger candidates are left out")
     p.add_argument(
         "--price", action="append", metavar="GPU=USD", help="a GPU's price per hour (overrides the table)"
@@ -90,7 +95,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     requested = [d for d in (args.design or "").split(",") if d] or None
     first = load_designs(source, requested, pins)
     axes = [parse_axis(a, [c.design for c in first]) for a in args.vary or []]
-    candidates, left_out = build_space(source, [c.design for c in first], pins, axes, args.max_gpus)
+    shapes = None
+    if args.shapes:
+        wanted = parse_shapes(args.shapes, args.max_gpus)
+        shapes = {c.design: shapes_for(c, wanted, args.max_gpus) for c in first}
+    candidates, left_out = build_space(source, [c.design for c in first], pins, axes, args.max_gpus, shapes)
     key = load_key(candidates[0].cfg)
     loads = parse_loads(args.loads or DEFAULT_LOADS[key])
     unit = LOAD_UNITS[key]
@@ -116,7 +125,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for target in targets:
         outcomes = _search(search, target, prices, by_cost, args.exhaustive)
         rows = rank([build_row(search, target, c, o, prices) for c, o in outcomes.items()], by_cost)
-        verdicts.append((target, rows, explain(rows, target, search, unit)))
+        verdicts.append((target, rows, explain(rows, target, search, unit, by_cost)))
     wall_s = time.perf_counter() - start
     out = out_dir(args, "plan")
     num_exhaustive = len(candidates) * len(loads) * len(seeds)

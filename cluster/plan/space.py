@@ -12,10 +12,11 @@ too. An empty space is an error.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cluster.config_load import ConfigError, load_designs
+from cluster.plan.shapes import Shape
 from emulation.config import TestbedConfig
 
 
@@ -113,15 +114,19 @@ def build_space(
     pins: Sequence[str],
     axes: Sequence[Axis],
     max_gpus: int | None,
+    shapes: Mapping[str, list[Shape]] | None = None,
 ) -> tuple[list[Candidate], list[tuple[str, str]]]:
-    """The candidates in a stable order (designs, then axis values as given), and those left out
-    with why."""
+    """The candidates in a stable order (designs, their shapes, then axis values as given), and those
+    left out with why. `shapes`: each design's pool shapes (`cluster.plan.shapes`); none: as it is."""
     candidates, left_out = [], []
     for design in designs:
         mine = [a for a in axes if a.design in (None, design)]
-        for values in itertools.product(*(a.values for a in mine)):
-            settings = tuple(f"{a.key}={v}" for a, v in zip(mine, values, strict=True))
-            name = " ".join([design, *(f"{a.label}={v}" for a, v in zip(mine, values, strict=True))])
+        for (shape, shaped), values in itertools.product(
+            (shapes or {}).get(design, [("", ())]), itertools.product(*(a.values for a in mine))
+        ):
+            settings = (*shaped, *(f"{a.key}={v}" for a, v in zip(mine, values, strict=True)))
+            labels = [f"{a.label}={v}" for a, v in zip(mine, values, strict=True)]
+            name = " ".join([design, *([shape] if shape else []), *labels])
             try:
                 (cfg,) = load_designs(source, [design], [*pins, *settings])
             except ConfigError as e:

@@ -57,6 +57,13 @@ class Row:
     def rps_per_gpu(self) -> float | None:
         return None if self.goodput_rps is None else self.goodput_rps / self.num_gpus
 
+    def score(self, by_cost: bool) -> float | None:
+        """What the search ranks by: the goodput load per GPU, or per dollar an hour."""
+        if self.goodput_load is None:
+            return None
+        per = self.usd_per_hour if by_cost else self.num_gpus
+        return self.goodput_load / per if per else None
+
     @property
     def requests_per_usd(self) -> float | None:
         if self.goodput_rps is None or not self.usd_per_hour:
@@ -114,17 +121,20 @@ def build_row(
 
 
 def rank(rows: Sequence[Row], by_cost: bool) -> list[Row]:
-    """Best first: those that met the target by goodput per GPU (or per dollar), survivors of the last
-    halving round ahead of those dropped earlier; then those that met it nowhere."""
+    """Best first: those that met the target by goodput load per GPU (or per dollar), as the search
+    scored them, ties by the requests per GPU they completed there; survivors of the last round
+    ahead of those dropped earlier; then those that met it nowhere."""
 
-    def key(r: Row) -> tuple[int, int, float, int]:
-        value = r.requests_per_usd if by_cost else r.rps_per_gpu
-        return (value is None, r.dropped is not None, -(value or 0.0), r.candidate)
+    def key(r: Row) -> tuple[bool, bool, float, float, int]:
+        score = r.score(by_cost)
+        return (score is None, r.dropped is not None, -(score or 0.0), -(r.rps_per_gpu or 0.0), r.candidate)
 
     return sorted(rows, key=key)
 
 
-def explain(rows: Sequence[Row], target: SloTarget, search: Search, load_unit: str) -> list[str]:
+def explain(
+    rows: Sequence[Row], target: SloTarget, search: Search, load_unit: str, by_cost: bool = False
+) -> list[str]:
     """A few sentences on the recommendation, or on why there is none."""
     best = rows[0]
     if best.goodput_load is None:
@@ -134,9 +144,15 @@ def explain(rows: Sequence[Row], target: SloTarget, search: Search, load_unit: s
         f"({best.goodput_rps:.3g} req/s on {best.num_gpus} GPU(s), {best.rps_per_gpu:.3g} req/s per GPU)."
     ]
     runner_up = next((r for r in rows[1:] if r.goodput_load is not None), None)
-    if runner_up is not None and runner_up.rps_per_gpu:
-        less = 1.0 - runner_up.rps_per_gpu / best.rps_per_gpu  # type: ignore[operator]
-        lines.append(f"Next best: {runner_up.name}, {less:.0%} less goodput per GPU.")
+    per = "dollar" if by_cost else "GPU"
+    if runner_up is not None and runner_up.score(by_cost) == best.score(by_cost):
+        lines.append(
+            f"It ties with {runner_up.name} on goodput per {per}; it completed more requests per GPU there "
+            f"({best.rps_per_gpu:.3g} against {runner_up.rps_per_gpu:.3g})."
+        )
+    elif runner_up is not None:
+        less = 1.0 - runner_up.score(by_cost) / best.score(by_cost)  # type: ignore[operator]
+        lines.append(f"Next best: {runner_up.name}, {less:.0%} less goodput per {per}.")
     if best.binding is not None and best.goodput_load != search.loads[-1]:
         value = best.binding_ratio * _bound(target, best.binding)  # type: ignore[operator]
         lines.append(
