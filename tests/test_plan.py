@@ -124,6 +124,23 @@ def test_halving_keeps_the_best_and_gives_it_every_seed():
     assert sum(o.dropped is not None for o in outcomes.values()) >= 4
 
 
+def test_branch_and_bound_stops_only_those_that_cannot_be_best():
+    """Scores per GPU differ by candidate (c + 1 GPUs): many stop with brackets open, some to the grid's
+    top; the best by score is the exhaustive search's best."""
+    target = parse_slo_target("ttft:p90<=1s")
+    for seed in range(5):
+        search = _table_search(8, 10, random.Random(seed))
+
+        def score(c, g, search=search):
+            return search.loads[g] / (c + 1) if g >= 0 else -1.0
+
+        outcomes = search.halving(target, range(8), score)
+        exhaustive = search.exhaustive(target, range(8))
+        best = max(outcomes, key=lambda c: (score(c, outcomes[c].goodput_index), -c))
+        assert score(best, outcomes[best].goodput_index) == max(score(c, g) for c, g in exhaustive.items())
+        assert outcomes[best].dropped is None and outcomes[best].goodput_index == exhaustive[best]
+
+
 # -- shapes ----------------------------------------------------------------------------------------
 
 
@@ -239,7 +256,13 @@ def test_a_target_no_candidate_meets_is_answered_with_the_floor(tmp_path, capsys
         (["--preset", "deepseek-v3-h800", "--rank", "cost"], ["--rank cost", "'h800'", "--price h800=USD"]),
         (["--price", "h100=2"], ["--price", "'h100'", "allowed:"]),
         (["--max-gpus", "1"], ["search space: empty", "over --max-gpus 1"]),
-        (["--vary", "pools.mixed.replicas=0", "--design", "collocated"], ["search space: empty"]),
+        (
+            ["--vary", "pools.mixed.replicas=0,2", "--design", "collocated"],
+            ["=0: no design takes it", "pools"],
+        ),
+        (["--vary", "scheduler.nope=1,2"], ["scheduler.nope", "is not a field", "allowed at scheduler"]),
+        (["--jobs", "0"], ["--jobs=0", ">= 1"]),
+        (["--rank", "cost", "--price", "l40s=inf"], ["--price", "'l40s=inf'", "> 0"]),
         (["--loads", "0.4,0.2"], ["--loads='0.4,0.2'", "ascending"]),
         (["--vary", "nope:scheduler.block_size=16"], ["--vary", "'nope'", "collocated"]),
         (["--shapes", "auto"], ["--shapes auto", "--max-gpus"]),

@@ -11,7 +11,12 @@ infinitely late one, so that a design cannot meet a target by dropping requests)
     ttft, tpot, e2el  one value per request (the results table's `ttft_s`, `tpot_s`, `e2el_s`;
                       a one-token answer has no TPOT and is left out of tpot)
     gap               one value per request: its worst inter-token gap (`max_gap_s`)
-    itl               every inter-token gap of every request, pooled (vLLM's bench ITL percentiles)
+    itl               every inter-token gap of every request, pooled (vLLM's bench ITL percentiles;
+                      a failed request counts as many late gaps as a completed one has on average)
+
+Percentiles are numpy's `inverted_cdf`, the smallest value with at least that share of the
+population at or below it, not the interpolated ones of `testbed run`'s summary: a p90 target holds
+exactly when at least 90 % are within it.
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-METRICS = ("ttft", "tpot", "itl", "gap", "e2el")
-_PER_REQUEST = {"ttft": "ttft_s", "tpot": "tpot_s", "gap": "max_gap_s", "e2el": "e2el_s"}
+from workloads.slo import COLUMNS
+from workloads.summary import gaps
+
+METRICS = tuple(COLUMNS)
+_PER_REQUEST = {m: c for m, c in COLUMNS.items() if m != "itl"}
+"""The results-table column of each metric taken once per request."""
 _TERM = re.compile(r"^(\w+):p(\d+(?:\.\d+)?)<=([0-9]*\.?[0-9]+)(ms|s)$")
 
 
@@ -71,8 +80,7 @@ class SloTarget:
         gap), failed ones not: the per-request view `workloads.slo` reports for SLO sets."""
         met = results["ok"].to_numpy(dtype=bool).copy()
         for t in self.terms:
-            column = "p99_itl_s" if t.metric == "itl" else _PER_REQUEST[t.metric]
-            values = results[column].to_numpy(dtype=float)
+            values = results[COLUMNS[t.metric]].to_numpy(dtype=float)
             met &= np.isnan(values) | (values <= t.bound_s)
         return float(met.mean()) if len(met) else 0.0
 
@@ -83,12 +91,13 @@ def percentile_s(results: pd.DataFrame, metric: str, percentile: float) -> float
     ok = results["ok"].to_numpy(dtype=bool)
     num_failed = int((~ok).sum())
     if metric == "itl":
-        gaps = [np.diff(np.asarray(t, dtype=float)) for t in results.loc[ok, "token_times_s"]]
-        values = np.concatenate([*gaps, np.empty(0)])
+        values = gaps([t for t in results.loc[ok, "token_times_s"] if len(t) > 1])
+        # a failed request stands for as many late gaps as a completed one has, on average
+        num_late = num_failed * max(1, round(len(values) / max(1, int(ok.sum()))))
     else:
         values = results.loc[ok, _PER_REQUEST[metric]].to_numpy(dtype=float)
-        values = values[~np.isnan(values)]
-    population = np.concatenate([values, np.full(num_failed, math.inf)])
+        values, num_late = values[~np.isnan(values)], num_failed
+    population = np.concatenate([values, np.full(num_late, math.inf)])
     if not len(population):
         return 0.0  # nothing to bound (e.g. tpot when every answer is one token)
     return float(np.percentile(population, percentile, method="inverted_cdf"))

@@ -15,7 +15,7 @@ from workloads.latency import flat_stamps, percentiles
 from workloads.slo import COLUMNS, Slo, parse_slo
 
 
-def _gaps(token_times: list[list[float]]) -> np.ndarray:
+def gaps(token_times: list[list[float]]) -> np.ndarray:
     """Every request's inter-token gaps, request after request: one difference over all the stamps,
     less those across two requests (numpy per request costs more than the arithmetic)."""
     if not token_times:
@@ -60,7 +60,7 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
     """One record: bench-serve keys (ms, req/s), worst gap, handoff, SLO attainment and goodput."""
     ok = df[df["ok"]]
     rejected = df["finished_reason"] == "rejected"
-    itls = _gaps([t for t in ok["token_times_s"] if len(t) > 1])
+    itls = gaps([t for t in ok["token_times_s"] if len(t) > 1])
     last = ok["token_times_s"].map(lambda t: t[-1])
     duration = float(last.max() - df["arrival_s"].min()) if len(ok) else math.nan
     ttft, itl, tpot = ok["ttft_s"], itls, ok["tpot_s"]

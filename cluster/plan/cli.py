@@ -9,6 +9,8 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from cluster.cli_run import out_dir, overrides
 from cluster.config_load import ConfigError, load_designs
@@ -17,8 +19,8 @@ from cluster.plan.outputs import plan_table, write_outputs
 from cluster.plan.prices import PriceError, parse_prices
 from cluster.plan.search import Outcome, Search
 from cluster.plan.shapes import parse_shapes, shapes_for
-from cluster.plan.space import Candidate, build_space, load_key, parse_axis
-from cluster.plan.verdict import build_row, explain, rank
+from cluster.plan.space import Axis, Candidate, build_space, load_key, parse_axis
+from cluster.plan.verdict import Row, build_row, explain, rank
 from workloads.slo_targets import SloTarget, SloTargetError, parse_slo_target
 
 DEFAULT_SLO = "ttft:p90<=2s,tpot:p90<=50ms"
@@ -86,32 +88,21 @@ def parse_loads(text: str) -> list[float]:
 def cmd_plan(args: argparse.Namespace) -> int:
     targets = [parse_slo_target(t) for t in args.slo or [DEFAULT_SLO]]
     prices = parse_prices(args.price or [])
-    if args.seeds < 1:
-        raise ConfigError(f"--seeds={args.seeds}: must be >= 1")
-    if args.max_gpus is not None and args.max_gpus < 1:
-        raise ConfigError(f"--max-gpus={args.max_gpus}: must be >= 1")
+    for flag, value in (("--seeds", args.seeds), ("--jobs", args.jobs), ("--max-gpus", args.max_gpus)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag}={value}: must be >= 1")
     source = args.config or args.preset
     pins = (["workload.kind=trace"] if args.trace else []) + overrides(args)
-    requested = [d for d in (args.design or "").split(",") if d] or None
-    first = load_designs(source, requested, pins)
-    axes = [parse_axis(a, [c.design for c in first]) for a in args.vary or []]
-    shapes = None
-    if args.shapes:
-        wanted = parse_shapes(args.shapes, args.max_gpus)
-        shapes = {c.design: shapes_for(c, wanted, args.max_gpus) for c in first}
-    candidates, left_out = build_space(source, [c.design for c in first], pins, axes, args.max_gpus, shapes)
+    candidates, left_out, axes = _space(args, source, pins)
     key = load_key(candidates[0].cfg)
     loads = parse_loads(args.loads or DEFAULT_LOADS[key])
-    unit = LOAD_UNITS[key]
     by_cost = args.rank == "cost"
-    if by_cost:
-        for cand in candidates:
-            missing = [g for g in cand.gpus if g not in prices]
-            if missing:
-                raise ConfigError(
-                    f"--rank cost: GPU {missing[0]!r} ({cand.name}) has no price; "
-                    f"give --price {missing[0]}=USD"
-                )
+    for cand in candidates if by_cost else []:
+        missing = [g for g in cand.gpus if g not in prices]
+        if missing:
+            raise ConfigError(
+                f"--rank cost: GPU {missing[0]!r} ({cand.name}) has no price; give --price {missing[0]}=USD"
+            )
     seeds = [candidates[0].cfg.seed + i for i in range(args.seeds)]
     num_runs = [0]
 
@@ -124,15 +115,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     verdicts = []
     for target in targets:
         outcomes = _search(search, target, prices, by_cost, args.exhaustive)
-        rows = rank([build_row(search, target, c, o, prices) for c, o in outcomes.items()], by_cost)
-        verdicts.append((target, rows, explain(rows, target, search, unit, by_cost)))
-    wall_s = time.perf_counter() - start
-    out = out_dir(args, "plan")
-    num_exhaustive = len(candidates) * len(loads) * len(seeds)
+        rows = rank([build_row(search, target, c, o, prices, by_cost) for c, o in outcomes.items()])
+        verdicts.append((target, rows, explain(rows, target, search, LOAD_UNITS[key], by_cost)))
+    best = verdicts[0][1][0]
     info = {
         "source": source,
         "pins": pins,
         "axes": [{"key": a.key, "values": list(a.values), "design": a.design} for a in axes],
+        "shapes": args.shapes,
         "load_key": key,
         "loads": loads,
         "seeds": seeds,
@@ -143,28 +133,66 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "num_candidates": len(candidates),
         "left_out": [{"candidate": n, "why": w} for n, w in left_out],
         "num_runs": len(search.runs),
-        "num_runs_exhaustive": num_exhaustive,
-        "wall_s": wall_s,
-        "recommended_ray_units": candidates[verdicts[0][1][0].candidate].ray_units,
+        "num_runs_exhaustive": len(candidates) * len(loads) * len(seeds),
+        "wall_s": time.perf_counter() - start,
+        "recommended_ray_units": candidates[best.candidate].ray_units if best.score is not None else None,
     }
-    paths = write_outputs(out, search, verdicts, info)
+    out = out_dir(args, "plan")
+    _print(verdicts, info, write_outputs(out, search, verdicts, info), out, LOAD_UNITS[key], by_cost)
+    return 0
+
+
+def _space(
+    args: argparse.Namespace, source: str, pins: list[str]
+) -> tuple[list[Candidate], list[tuple[str, str]], list[Axis]]:
+    """The candidates (the source's designs, their shapes, the axes), those left out, the axes."""
+    requested = [d for d in (args.design or "").split(",") if d] or None
+    first = load_designs(source, requested, pins)
+    designs = [c.design for c in first]
+    axes = [parse_axis(a, designs) for a in args.vary or []]
+    for axis in axes:  # a value no design takes is a typo, not a combination the rules refuse
+        mine = [d for d in designs if axis.design in (None, d)]
+        for value in axis.values:
+            errors = []
+            for design in mine:
+                try:
+                    load_designs(source, [design], [*pins, f"{axis.key}={value}"])
+                except ConfigError as e:
+                    errors.append(str(e))
+            if len(errors) == len(mine):
+                raise ConfigError(f"--vary {axis.key}={value}: no design takes it ({errors[0]})")
+    shapes = None
+    if args.shapes is not None:
+        wanted = parse_shapes(args.shapes, args.max_gpus)
+        shapes = {c.design: shapes_for(c, wanted, args.max_gpus) for c in first}
+    candidates, left_out = build_space(source, designs, pins, axes, args.max_gpus, shapes)
+    return candidates, left_out, axes
+
+
+def _print(
+    verdicts: list[tuple[SloTarget, list[Row], list[str]]],
+    info: dict[str, Any],
+    paths: dict[str, Path],
+    out: Path,
+    unit: str,
+    by_cost: bool,
+) -> None:
     from dashboards.console import show
 
     show(*(plan_table(rows, t, unit, by_cost) for t, rows, _ in verdicts))
     for t, _, lines in verdicts:
         print(f"\n{t.name}:\n  " + "\n  ".join(lines))
-    for name, why in left_out:
-        print(f"left out: {name}: {why}")
+    for item in info["left_out"]:
+        print(f"left out: {item['candidate']}: {item['why']}")
     print(
-        f"\n{len(candidates)} candidates, {len(search.runs)} replays (exhaustive: {num_exhaustive}) in "
-        f"{wall_s:.1f} s wall; run directory: {out}"
+        f"\n{info['num_candidates']} candidates, {info['num_runs']} replays (exhaustive: "
+        f"{info['num_runs_exhaustive']}) in {info['wall_s']:.1f} s wall; run directory: {out}"
     )
     print(f"report: {paths['report']}")
     if "recommended" in paths:
         units = ", ".join(f"{k}: {v}" for k, v in info["recommended_ray_units"].items())
         print(f"live, it needs a Ray cluster offering {{{units}}} resource units (docs/live-and-ray-up.md)")
         print(f"recommended design: {paths['recommended']}  (testbed run --config {paths['recommended']})")
-    return 0
 
 
 def _search(
@@ -184,9 +212,7 @@ def _search(
         return {**outcomes, **{c: Outcome(g, seeds) for c, g in found.items()}}
 
     def score(c: int, g: int) -> float:
-        cand = search.candidates[c]
-        per = sum(prices[gpu] * n for gpu, n in cand.gpus.items()) if by_cost else cand.num_gpus
-        return search.loads[g] / per if g >= 0 else -1.0
+        return search.candidates[c].score(search.loads[g], prices, by_cost) if g >= 0 else -1.0
 
     return {**outcomes, **search.halving(target, members, score)}
 

@@ -9,15 +9,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from rich.table import Table
 
 from cluster.config_load import dump_config
 from cluster.outcome import clean_json, write_json
-from cluster.plan.search import Search
+from cluster.plan.search import BOUNDED, Search
 from cluster.plan.space import Candidate, with_load
-from cluster.plan.verdict import Row
+from cluster.plan.verdict import Row, tokens_per_user_s
 from dashboards.plan_plots import pareto_plots
 from dashboards.plan_report import write_plan_report
 from workloads.slo_targets import SloTarget
@@ -133,15 +132,15 @@ def _points(search: Search, target: SloTarget) -> pd.DataFrame:
     for (c, li, s), p in search.runs.items():
         cand: Candidate = search.candidates[c]
         ok = p.results[p.results["ok"]]
-        tpot = float(np.nanmedian(ok["tpot_s"])) if ok["tpot_s"].notna().any() else math.nan
-        if p.duration_s <= 0 or not tpot > 0:
+        per_user = tokens_per_user_s(ok)
+        if p.duration_s <= 0 or per_user is None:
             continue
         rows.append(
             {
                 "candidate": cand.name,
                 "load": search.loads[li],
                 "seed": s,
-                "tps_per_user": 1.0 / tpot,
+                "tps_per_user": per_user,
                 "tps_per_gpu": float(ok["num_output_tokens"].sum()) / p.duration_s / cand.num_gpus,
                 "met": target.met(p.results),
             }
@@ -174,15 +173,16 @@ def _row_dict(r: Row) -> dict[str, Any]:
 
 
 def _goodput(r: Row) -> str:
-    """The goodput load; a bounded candidate's bracket (`0.4-0.8`, `< 0.8`)."""
-    if r.goodput_under is not None:
-        return (
-            f"< {r.goodput_under:g}" if r.goodput_load is None else f"{r.goodput_load:g}-{r.goodput_under:g}"
-        )
+    """The goodput load; a bounded candidate's open bracket (`0.4 to < 0.8`, `< 0.8`, `>= 0.4`)."""
+    if r.dropped == BOUNDED:
+        low = f"{r.goodput_load:g}" if r.goodput_load is not None else None
+        if r.goodput_under is None:
+            return f">= {low}" if low else "not probed"
+        return f"{low} to < {r.goodput_under:g}" if low else f"< {r.goodput_under:g}"
     return _num(r.goodput_load) if r.goodput_load is not None else "none"
 
 
 def _num(x: float | None) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
-    return f"{x:.3g}"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"

@@ -16,6 +16,7 @@ The H800 and the Ascend 910C have no public on-demand price in reach: give one t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from emulation.profiles import GPUS
@@ -45,7 +46,7 @@ def parse_prices(items: Sequence[str]) -> dict[str, float]:
             usd = float(value) if sep else float("nan")
         except ValueError:
             usd = float("nan")
-        if not usd > 0:
+        if not (usd > 0 and math.isfinite(usd)):
             raise PriceError(f"--price: {item!r} needs GPU=USD_PER_HOUR with a price > 0, e.g. h200=3.5")
         prices[gpu] = usd
     return prices

@@ -7,11 +7,13 @@
 Bisection assumes a design that meets a target at some load meets it at every lower one. Seeds are
 halved as successive halving does: round k replays every survivor with the first 2^k seeds
 (pooled: a target holds over all their requests together), starting from the goodput the round
-before found (probe it, then its neighbour, then bisect), and keeps the better half (ties at the cut
-kept) until a round has used every seed. Candidates whose latency floor alone misses the target
-are dropped before any replay (`floors`). `exhaustive` replays every candidate at every load and
-seed instead: the reference the search is checked against, its goodput the highest load up to
-which every load meets the target.
+before found (probe it, then gallop 1, 2, 4 loads away in the direction its outcome points, then
+bisect), and keeps the better half (ties at the cut kept) until a round has used every seed. Inside
+a round, branch and bound stops a candidate whose best possible score is under the keep-th best
+already met (the last round keeps one: only the top needs its exact goodput). Candidates whose
+latency floor alone misses the target are dropped before any replay (`floors`). `exhaustive`
+replays every candidate at every load and seed instead: the reference the search is checked
+against, its goodput the highest load up to which every load meets the target.
 
 Every run is a fresh virtual replay (`run_virtual`, no metrics) in a worker process; runs are
 cached by (candidate, load, seed), so the rounds and the targets share them.
@@ -50,8 +52,9 @@ class Probe:
 
 
 _TRACES: dict[str, Workload] = {}
-"""A worker's traces by what decides them (a trace's speedup applies as it replays): each is parsed
-once per worker, not once per replay (~0.6 s of a 3.5 s WEKA replay)."""
+"""Traces by what decides them (a trace's speedup applies as it replays, the seed may sample it):
+each is parsed once, in the search's process before its workers fork, not once per replay (~0.6 s of
+a 3.5 s WEKA replay)."""
 
 
 def _workload(cfg: TestbedConfig) -> LoadedWorkload | None:
@@ -59,7 +62,6 @@ def _workload(cfg: TestbedConfig) -> LoadedWorkload | None:
         return None  # synthetic arrivals and conversation starts depend on the load
     key = repr((replace(cfg.replay, speedup=1.0), cfg.seed, cfg.runner.vocab_size))
     if key not in _TRACES:
-        _TRACES.clear()  # one trace per plan
         _TRACES[key] = workload_for(cfg)
     return LoadedWorkload(_TRACES[key], {})  # the summary's trace keys: not read here
 
@@ -75,6 +77,9 @@ def run_probe(cfg: TestbedConfig) -> Probe:
     return Probe(out.results[COLUMNS].reset_index(drop=True), shares, duration)
 
 
+BOUNDED = "bounded below the best"
+"""`Outcome.dropped` of a candidate branch and bound stopped in the last round."""
+
 Key = tuple[int, int, int]
 """(candidate index, load index, seed)."""
 
@@ -88,13 +93,18 @@ class Outcome:
     seeds: tuple[int, ...]
     """The seeds the conclusion pools."""
     dropped: str | None = None
+    """Why it left the search early (a floor, a halving round, branch and bound); None: it reached
+    the last round with its goodput found."""
     goodput_under: float | None = None
-    """Branch and bound stopped it with its bracket open: its goodput is below this load."""
-    """Why it left the search early (a floor, a halving round); None: it reached the last round."""
+    """Branch and bound stopped it with its bracket open below this load (None: open to the grid's
+    top; its goodput is at least `goodput_index`'s load)."""
 
 
 @dataclass
 class Search:
+    """The candidates, the load grid and the seeds, and every replay run so far: `ensure` runs the
+    missing ones in parallel; the methods below decide which to ask for."""
+
     candidates: Sequence[Candidate]
     loads: Sequence[float]
     seeds: Sequence[int]
@@ -113,6 +123,8 @@ class Search:
         if self.on_runs:
             self.on_runs(len(missing))
         cfgs = [with_load(self.candidates[c].cfg, self.loads[li], s) for c, li, s in missing]
+        for cfg in cfgs:
+            _workload(cfg)  # traces parsed here, inherited by the forked workers
         for key, probe in zip(missing, run_in_processes(run_probe, cfgs, self.jobs), strict=True):
             self.runs[key] = probe
 
@@ -203,10 +215,10 @@ class Search:
             keep = 1 if last else math.ceil(len(alive) / 2)
             brackets = self.bisect(target, alive, seeds, hints, score, keep)
             for c, (lo, hi) in brackets.items():
-                bounded = last and hi - lo > 1
                 outcomes[c] = Outcome(lo, seeds)
-                if bounded:
-                    outcomes[c].dropped, outcomes[c].goodput_under = "bounded below the best", self.loads[hi]
+                if last and hi - lo > 1:
+                    outcomes[c].dropped = BOUNDED
+                    outcomes[c].goodput_under = self.loads[hi] if hi < len(self.loads) else None
             if last:
                 break
             scores = {c: score(c, brackets[c][0]) for c in alive}

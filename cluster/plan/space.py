@@ -59,6 +59,11 @@ class Candidate:
     def num_gpus(self) -> int:
         return sum(self.gpus.values())
 
+    def score(self, load: float, prices: Mapping[str, float], by_cost: bool) -> float:
+        """What the search ranks by: `load` per GPU, or per dollar an hour (every GPU priced)."""
+        per = sum(prices[g] * n for g, n in self.gpus.items()) if by_cost else self.num_gpus
+        return load / per
+
     @property
     def ray_units(self) -> dict[str, int]:
         """The custom resource units live mode asks a Ray cluster for, one per emulated GPU, by pool
@@ -105,6 +110,8 @@ def parse_axis(text: str, designs: Sequence[str]) -> Axis:
     items = tuple(v.strip() for v in values.split(","))
     if any(not v for v in items):
         raise ConfigError(f"--vary: {text!r} has an empty value")
+    if len(set(items)) < len(items):
+        raise ConfigError(f"--vary: {text!r} repeats a value")
     return Axis(dotted, items, design if colon else None)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from cluster.plan.floors import floors_s
 from cluster.plan.prices import usd_per_hour
@@ -34,6 +35,8 @@ class Row:
     usd_per_hour: float | None
     goodput_load: float | None
     """The highest load of the grid that meets the target; None: none does."""
+    score: float | None
+    """The goodput load per GPU or per dollar an hour, as the search ranked it (`Candidate.score`)."""
     goodput_rps: float | None
     """Completed requests per emulated second at that load (over the seeds' pooled span)."""
     output_tps_per_gpu: float | None
@@ -57,13 +60,6 @@ class Row:
     def rps_per_gpu(self) -> float | None:
         return None if self.goodput_rps is None else self.goodput_rps / self.num_gpus
 
-    def score(self, by_cost: bool) -> float | None:
-        """What the search ranks by: the goodput load per GPU, or per dollar an hour."""
-        if self.goodput_load is None:
-            return None
-        per = self.usd_per_hour if by_cost else self.num_gpus
-        return self.goodput_load / per if per else None
-
     @property
     def requests_per_usd(self) -> float | None:
         if self.goodput_rps is None or not self.usd_per_hour:
@@ -72,7 +68,7 @@ class Row:
 
 
 def build_row(
-    search: Search, target: SloTarget, c: int, outcome: Outcome, prices: Mapping[str, float]
+    search: Search, target: SloTarget, c: int, outcome: Outcome, prices: Mapping[str, float], by_cost: bool
 ) -> Row:
     cand, seeds, g = search.candidates[c], outcome.seeds, outcome.goodput_index
     at = max(g, 0)
@@ -82,7 +78,7 @@ def build_row(
     span = sum(p.duration_s for p in probes)
     ok = frame[frame["ok"]] if frame is not None else None
     rps = len(ok) / span if ok is not None and span > 0 and g >= 0 else None
-    tpot = float(np.nanmedian(ok["tpot_s"])) if ok is not None and ok["tpot_s"].notna().any() else math.nan
+    per_user = tokens_per_user_s(ok) if ok is not None else None
     busy: dict[str, float] = {}
     for p in probes:
         for role, share in p.busy_share.items():
@@ -104,9 +100,10 @@ def build_row(
         num_gpus=cand.num_gpus,
         usd_per_hour=usd_per_hour(cand.gpus, prices),
         goodput_load=search.loads[g] if g >= 0 else None,
+        score=cand.score(search.loads[g], prices, by_cost) if g >= 0 else None,
         goodput_rps=rps,
         output_tps_per_gpu=tokens / span / cand.num_gpus if rps is not None else None,
-        tps_per_user=1.0 / tpot if tpot > 0 else None,
+        tps_per_user=per_user,
         values_s=target.values_s(frame) if frame is not None else {},
         attainment=target.attainment(frame) if frame is not None else None,
         binding=binding,
@@ -120,14 +117,26 @@ def build_row(
     )
 
 
-def rank(rows: Sequence[Row], by_cost: bool) -> list[Row]:
+def tokens_per_user_s(ok: pd.DataFrame) -> float | None:
+    """Output tokens per second one user sees: 1 / the completed requests' median TPOT."""
+    tpot = ok["tpot_s"].dropna()
+    median = float(np.median(tpot)) if len(tpot) else math.nan
+    return 1.0 / median if median > 0 else None
+
+
+def rank(rows: Sequence[Row]) -> list[Row]:
     """Best first: those that met the target by goodput load per GPU (or per dollar), as the search
     scored them, ties by the requests per GPU they completed there; survivors of the last round
     ahead of those dropped earlier; then those that met it nowhere."""
 
     def key(r: Row) -> tuple[bool, bool, float, float, int]:
-        score = r.score(by_cost)
-        return (score is None, r.dropped is not None, -(score or 0.0), -(r.rps_per_gpu or 0.0), r.candidate)
+        return (
+            r.score is None,
+            r.dropped is not None,
+            -(r.score or 0.0),
+            -(r.rps_per_gpu or 0.0),
+            r.candidate,
+        )
 
     return sorted(rows, key=key)
 
@@ -143,15 +152,13 @@ def explain(
         f"Recommended: {best.name}: meets {target.name} up to {best.goodput_load:g} {load_unit} "
         f"({best.goodput_rps:.3g} req/s on {best.num_gpus} GPU(s), {best.rps_per_gpu:.3g} req/s per GPU)."
     ]
-    runner_up = next((r for r in rows[1:] if r.goodput_load is not None), None)
+    # the next one whose goodput is known exactly: one that reached the last round
+    runner_up = next((r for r in rows[1:] if r.score is not None and r.dropped is None), None)
     per = "dollar" if by_cost else "GPU"
-    if runner_up is not None and runner_up.score(by_cost) == best.score(by_cost):
-        lines.append(
-            f"It ties with {runner_up.name} on goodput per {per}; it completed more requests per GPU there "
-            f"({best.rps_per_gpu:.3g} against {runner_up.rps_per_gpu:.3g})."
-        )
+    if runner_up is not None and runner_up.score == best.score:
+        lines.append(f"It ties with {runner_up.name} on goodput per {per}; it completed more requests there.")
     elif runner_up is not None:
-        less = 1.0 - runner_up.score(by_cost) / best.score(by_cost)  # type: ignore[operator]
+        less = 1.0 - runner_up.score / best.score  # type: ignore[operator]
         lines.append(f"Next best: {runner_up.name}, {less:.0%} less goodput per {per}.")
     if best.binding is not None and best.goodput_load != search.loads[-1]:
         value = best.binding_ratio * _bound(target, best.binding)  # type: ignore[operator]
