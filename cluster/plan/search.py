@@ -131,6 +131,12 @@ class Search:
     def pooled(self, c: int, li: int, seeds: Sequence[int]) -> pd.DataFrame:
         return pd.concat([self.runs[(c, li, s)].results for s in seeds], ignore_index=True)
 
+    def probes(self, c: int, li: int, seeds: Sequence[int]) -> list[Probe] | None:
+        """The replays of candidate `c` at load index `li` over `seeds`; None unless all were run."""
+        if not seeds or li < 0 or any((c, li, s) not in self.runs for s in seeds):
+            return None
+        return [self.runs[(c, li, s)] for s in seeds]
+
     def meets(self, target: SloTarget, c: int, li: int, seeds: Sequence[int]) -> bool:
         return target.met(self.pooled(c, li, seeds))
 

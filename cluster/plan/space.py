@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cluster.config_load import ConfigError, load_designs
+from cluster.plan.prices import usd_per_hour
 from cluster.plan.shapes import Shape
 from emulation.config import TestbedConfig
 
@@ -61,8 +62,11 @@ class Candidate:
 
     def score(self, load: float, prices: Mapping[str, float], by_cost: bool) -> float:
         """What the search ranks by: `load` per GPU, or per dollar an hour (every GPU priced)."""
-        per = sum(prices[g] * n for g, n in self.gpus.items()) if by_cost else self.num_gpus
-        return load / per
+        if not by_cost:
+            return load / self.num_gpus
+        usd = usd_per_hour(self.gpus, prices)
+        assert usd is not None  # cost ranking requires every GPU priced (checked at the edge)
+        return load / usd
 
     @property
     def ray_units(self) -> dict[str, int]:

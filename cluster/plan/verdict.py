@@ -72,9 +72,8 @@ def build_row(
 ) -> Row:
     cand, seeds, g = search.candidates[c], outcome.seeds, outcome.goodput_index
     at = max(g, 0)
-    probed = bool(seeds) and all((c, at, s) in search.runs for s in seeds)
-    frame = search.pooled(c, at, seeds) if probed else None
-    probes = [search.runs[(c, at, s)] for s in seeds] if probed else []
+    probes = search.probes(c, at, seeds) or []
+    frame = search.pooled(c, at, seeds) if probes else None
     span = sum(p.duration_s for p in probes)
     ok = frame[frame["ok"]] if frame is not None else None
     rps = len(ok) / span if ok is not None and span > 0 and g >= 0 else None
@@ -89,7 +88,7 @@ def build_row(
         handoff = float(ok["handoff_s"].median() / ok["ttft_s"].median())
     where = g + 1 if g + 1 < len(search.loads) else g  # where the target is first missed
     binding, ratio = None, None
-    if seeds and where >= 0 and all((c, where, s) in search.runs for s in seeds):
+    if search.probes(c, where, seeds):
         ratios = target.ratios(search.pooled(c, where, seeds))
         binding = max(ratios, key=lambda k: ratios[k])
         ratio = ratios[binding]
