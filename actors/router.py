@@ -6,6 +6,9 @@
          = overlap_weight x (prompt blocks - leading blocks it holds) + blocks of requests routed there
                                                                        and not finished
 
+where a leading block held only in an engine's offload tier (host, disk) counts `offload_hit_weight`
+(llm-d's precise prefix scorer: GPU 1, CPU 0.8), not 1.
+
 and the lowest wins (ties: the fewest active blocks, then round robin). `kv_aware` knows what each
 engine holds from the engines' KV events (block hashes stored and removed, piggybacked on their output
 batches: never a message per block); `kv_estimated` assumes a routed prompt's blocks stay cached on its
@@ -67,7 +70,9 @@ class Router:
         self._inflight: dict[str, tuple[int, int]] = {}
         """request id -> (engine, its blocks)"""
         self._held: list[set[BlockHash]] = [set() for _ in range(n)]
-        """What each engine holds, by its KV events (`kv_aware`)."""
+        """What each engine holds in its GPU prefix cache, by its KV events (`kv_aware`)."""
+        self._offloaded: list[dict[str, set[BlockHash]]] = [{} for _ in range(n)]
+        """What each engine holds in each of its offload tiers, by medium (`kv_aware`)."""
         self._estimated: list[dict[BlockHash, float]] = [{} for _ in range(n)]
         """What each engine is assumed to hold: hash -> when the entry expires (`kv_estimated`)."""
         self.excluded: dict[int, str] = {}
@@ -79,21 +84,23 @@ class Router:
         engine holds its blocks); call `finished` when it ends."""
         hashes: list[BlockHash] = []
         overlaps = [0] * len(self._active_blocks)
+        scores: Sequence[float] = overlaps
         if self.policy == "kv_estimated":
             tokens = creq.prompt_token_ids
             hashes = prompt_block_hashes(
                 tokens, self.block_size, 0, len(tokens) // self.block_size, mm_items=creq.mm_items
             )
             overlaps = [self._overlap(i, hashes) for i in range(len(overlaps))]
+            scores = overlaps
         elif self.policy == "kv_aware":
             for catch_up in self.before_read:
                 catch_up()
-            overlaps = self._overlaps(creq)
+            overlaps, scores = self._overlaps(creq)
         if len(self.excluded) == len(self._active_blocks):
             why = "; ".join(self.excluded.values())
             raise EngineDeadError(f"every engine of the pool is dead or unresponsive; {why}")
         if engine is None or engine in self.excluded:
-            engine = self._choose(creq, overlaps)
+            engine = self._choose(creq, scores)
         blocks = cdiv(len(creq.prompt_token_ids) + creq.max_tokens, self.block_size)
         self._active_blocks[engine] += blocks
         self._inflight[creq.request_id] = (engine, blocks)
@@ -104,11 +111,11 @@ class Router:
             self.on_routed(engine, overlaps[engine], cdiv(len(creq.prompt_token_ids), self.block_size))
         return engine
 
-    def _choose(self, creq: ClientRequest, overlaps: list[int]) -> int:
+    def _choose(self, creq: ClientRequest, scores: Sequence[float]) -> int:
         if self.policy in ("kv_aware", "kv_estimated"):
-            return self._lowest_cost(creq, overlaps, self.cfg.overlap_weight)
+            return self._lowest_cost(creq, scores, self.cfg.overlap_weight)
         if self.policy == "least_loaded":
-            return self._lowest_cost(creq, overlaps, 0.0)
+            return self._lowest_cost(creq, scores, 0.0)
         if self.policy == "session_affinity" and creq.session_id is not None:
             engine = self._sessions.get(creq.session_id)
             if engine is None or engine in self.excluded:
@@ -136,20 +143,23 @@ class Router:
         """An engine's prefix cache changed (`kv_aware`): blocks it now holds, and blocks it evicted."""
         if self.policy != "kv_aware":  # (only engines a kv_aware router reads publish them)
             return
-        held = self._held[engine]
         for event in events.events:
+            if event.medium == "gpu":
+                held = self._held[engine]
+            else:
+                held = self._offloaded[engine].setdefault(event.medium, set())
             if isinstance(event, BlockStored):
                 held.update(event.block_hashes)
             else:
                 held.difference_update(event.block_hashes)
 
-    def _overlaps(self, creq: ClientRequest) -> list[int]:
-        """Each engine's `_overlap` with the prompt, hashing its blocks only as far as some engine
-        holds them (in growing runs: a long match takes few calls, a miss little)."""
+    def _overlaps(self, creq: ClientRequest) -> tuple[list[int], list[float]]:
+        """Each engine's `_overlap` with the prompt and its `_score`, hashing the prompt's blocks only
+        as far as some engine holds them (in growing runs: a long match takes few calls, a miss little)."""
         tokens, bs = creq.prompt_token_ids, self.block_size
         num_full = len(tokens) // bs
         hashes: list[BlockHash] = []
-        overlaps = []
+        overlaps, scores = [], []
         for engine in range(len(self._held)):
             while True:
                 num = self._overlap(engine, hashes)
@@ -159,19 +169,34 @@ class Router:
                 parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
                 hashes += prompt_block_hashes(tokens, bs, lo, hi, parent, creq.mm_items)
             overlaps.append(num)
-        return overlaps
+            scores.append(self._score(engine, hashes[:num]))
+        return overlaps, scores
 
     def _overlap(self, engine: int, hashes: Sequence[BlockHash]) -> int:
-        """Leading blocks of the prompt `engine` holds (chained hashes: a match covers all before it)."""
+        """Leading blocks of the prompt `engine` holds, in any tier (chained hashes: a match covers all
+        before it)."""
         if self.policy == "kv_aware":
-            return sum(1 for _ in itertools.takewhile(self._held[engine].__contains__, hashes))
-        held, now = self._estimated[engine], self.now()
-        return sum(1 for _ in itertools.takewhile(lambda h: held.get(h, -math.inf) > now, hashes))
+            gpu, tiers = self._held[engine], list(self._offloaded[engine].values())
+            if not tiers:
+                return sum(1 for _ in itertools.takewhile(gpu.__contains__, hashes))
+            return sum(
+                1 for _ in itertools.takewhile(lambda h: h in gpu or any(h in t for t in tiers), hashes)
+            )
+        estimated, now = self._estimated[engine], self.now()
+        return sum(1 for _ in itertools.takewhile(lambda h: estimated.get(h, -math.inf) > now, hashes))
 
-    def _lowest_cost(self, creq: ClientRequest, overlaps: list[int], w: float) -> int:
+    def _score(self, engine: int, hashes: Sequence[BlockHash]) -> float:
+        """What `engine`'s overlap `hashes` is worth: 1 a block in its GPU prefix cache, the offload hit
+        weight a block only in an offload tier (llm-d: a block counts its best tier's weight)."""
+        if not self._offloaded[engine]:
+            return float(len(hashes))
+        num_gpu = sum(map(self._held[engine].__contains__, hashes))
+        return num_gpu + self.cfg.offload_hit_weight * (len(hashes) - num_gpu)
+
+    def _lowest_cost(self, creq: ClientRequest, scores: Sequence[float], w: float) -> int:
         num_blocks = cdiv(len(creq.prompt_token_ids), self.block_size)
-        alive = [i for i in range(len(overlaps)) if i not in self.excluded]  # (some: `pick` checked)
-        costs = np.array([w * (num_blocks - overlaps[i]) + self._active_blocks[i] for i in alive])
+        alive = [i for i in range(len(scores)) if i not in self.excluded]  # (some: `pick` checked)
+        costs = np.array([w * (num_blocks - scores[i]) + self._active_blocks[i] for i in alive])
         if self.cfg.temperature > 0 and costs.max() > costs.min():
             logits = -(costs - costs.min()) / (costs.max() - costs.min()) / self.cfg.temperature
             p = np.exp(logits - logits.max())

@@ -32,6 +32,7 @@ def violations(cfg: TestbedConfig) -> Iterator[str]:
         _multi_turn,
         _runner,
         _rest,
+        _offload,
         _faults,
     ):
         yield from rules(cfg)
@@ -182,6 +183,30 @@ def _rest(cfg: TestbedConfig) -> Iterator[str]:
         path = getattr(cfg.render, key)
         if path is not None and not Path(path).exists():
             yield f"render.{key}={path!r}: no such file or directory"
+
+
+def _offload(cfg: TestbedConfig) -> Iterator[str]:
+    """KV offload tiers: within the host memory of the GPUs they serve, of a target they can hold."""
+    o = cfg.kv_offload
+    if not o.enabled:
+        return
+    if not cfg.scheduler.enable_prefix_caching:
+        yield "kv_offload: needs scheduler.enable_prefix_caching=True (tiers find blocks by hash)"
+    if cfg.target.profile.ssm is not None:
+        yield (
+            f"kv_offload: {cfg.target.model} is hybrid and offloading its SSM states is not emulated; "
+            "allowed: host_gb and disk_gb 0"
+        )
+    pools = [(role, pool) for role, pool in cfg.pools.by_role() if pool.replicas > 0]
+    host_gb = {role: _kv_gpus(pool) * GPUS[pool.gpu].host_memory_gb for role, pool in pools}
+    if pools and o.host_gb > (most := min(host_gb.values())):
+        role = min(host_gb, key=host_gb.__getitem__)
+        pool = getattr(cfg.pools, role)
+        yield (
+            f"kv_offload.host_gb={o.host_gb:g}: more than the host memory of a {role} replica's GPUs "
+            f"({_kv_gpus(pool)} x {pool.gpu} at {GPUS[pool.gpu].host_memory_gb:g} GB, "
+            f"GpuProfile.host_memory_gb); allowed: 0 to {most:g}"
+        )
 
 
 def _faults(cfg: TestbedConfig) -> Iterator[str]:

@@ -28,6 +28,8 @@ from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
 from actors.engine.kv_faults import KVLoadFaults
+from actors.engine.kv_offload import KVOffload
+from actors.engine.kv_tier import KVTier
 from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue
 from actors.engine.mamba_align import block_aligned_split
 from actors.engine.scheduler import Scheduler
@@ -35,7 +37,7 @@ from actors.engine.stats import EngineStats
 from dashboards.recorders import EncoderMetrics, EngineMetrics
 from emulation.config import PoolConfig, TestbedConfig
 from emulation.kv_cache import num_gpu_blocks, num_usable_blocks
-from emulation.profiles import LINKS
+from emulation.profiles import GPUS, LINKS
 from emulation.time_model import StepTimeModel, time_model_for
 from emulation.vision import encoder_roofline_for, vision_encoder_of
 from workloads.replay import Workload, needs_render
@@ -156,6 +158,35 @@ def kv_scheduler_for(
     )
 
 
+def offload_for(
+    cfg: TestbedConfig,
+    pool: PoolConfig,
+    role: Role,
+    scheduler: Scheduler,
+    executor: Executor,
+    stats: EngineStats,
+) -> KVOffload | None:
+    """The offloading connector of one replica of `pool` over its tiers (host memory, then disk), each
+    sized in blocks of the replica's KV (every GPU's share of a block); None without tiers."""
+    o = cfg.kv_offload
+    if not (o.host_gb or o.disk_gb):
+        return None
+    tp, gpu = pool.attention_tp, GPUS[pool.gpu]
+    block_bytes = round(cfg.target.profile.kv_bytes_per_token_per_gpu(tp) * tp) * cfg.scheduler.block_size
+    tiers = [
+        KVTier(medium, int(gb * 1e9) // block_bytes, link=LINKS[link], block_bytes=block_bytes, lanes=lanes)
+        for medium, gb, link, lanes in (
+            ("host", o.host_gb, o.host_link or gpu.host_link, tp),  # each GPU copies its share
+            ("disk", o.disk_gb, o.disk_link, 1),
+        )
+        if gb > 0
+    ]
+    offload = KVOffload(tiers, scheduler=scheduler, executor=executor, stats=stats, prompt_only=o.prompt_only)
+    if cfg.router.policy_for(role) == "kv_aware":
+        offload.publish_kv_events()
+    return offload
+
+
 def prefill_backoff(cfg: TestbedConfig) -> int:
     """Prompt tokens a prefill engine leaves to decode: 1 for a hybrid target (vLLM's N-1 prefill), but
     for the deliberate fault `faults.ssm_state_at_n`; 0 otherwise."""
@@ -195,7 +226,10 @@ def build_engine(
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision)
     moe = cfg.target.profile.moe is not None
-    stats = EngineStats(recorder=metrics, moe_target=moe, kv_consumer=role != "mixed")  # P, D load KV
+    # P, D and engines with offload tiers load KV
+    stats = EngineStats(
+        recorder=metrics, moe_target=moe, kv_consumer=role != "mixed" or cfg.kv_offload.enabled
+    )
     kv_scheduler = kv_scheduler_for(engine_id, role, cfg, pool, scheduler)
     f = cfg.faults
     faults = (
@@ -222,6 +256,7 @@ def build_engine(
         max_model_len=s.max_model_len,
         encoder_roofline=encoder_roofline,
         macro_steps=cfg.runner.macro_steps,
+        offload=offload_for(cfg, pool, role, scheduler, executor, stats),
         admission=Admission(
             engine_id,
             scheduler=scheduler,

@@ -19,8 +19,8 @@ TESTBED_LABELS = ("role", "replica")
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
-"""vLLM's cache tiers (`CacheHitSource`); the testbed's hits come from `device` (its own prefix cache)
-and `p2p` (KV pulled from a peer engine)."""
+"""vLLM's cache tiers (`CacheHitSource`); the testbed's hits come from `device` (its own prefix cache),
+`p2p` (KV pulled from a peer engine), `host` and `disk` (its offload tiers)."""
 WAITING_REASONS = ("capacity", "deferred")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
@@ -59,6 +59,8 @@ MOE_TOKENS_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0
 MOE_IMBALANCE_BUCKETS = (1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0)
 """The busiest EP rank over the mean rank: 1 is balanced (and every step of ep=1); big steps land near 1,
 single decodes over many ranks far above (DeepSeek-V3, ep 32, one token: 6.2); at most ep."""
+OFFLOAD_SIZE_BUCKETS = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)
+"""vLLM's offloading connector's transfer sizes, bytes."""
 UTILIZATION_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 """A share of a step, 0 to 1."""
 MOE_ALL_TO_ALL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -187,6 +189,16 @@ LAGGED_KV_TRANSFERS = _c("testbed:lagged_kv_transfers", "KV pulls whose real mov
 MAX_OVERRUN = _g("testbed:max_overrun_seconds", "Worst overrun of a step or KV pull so far, emulated seconds.")  # fmt: skip
 BUSY = _c("testbed:busy_seconds", "Emulated seconds the engine spent in steps (utilisation = its rate).")
 STEP_CPU = _c("testbed:step_cpu_seconds", "Of the busy seconds, the CPU work on the steps' path (scheduling, inputs, sampling, outputs: the time model's overhead).")  # fmt: skip
+# ---- KV offloading: vLLM's offloading connector's names, the tiers' occupancy per tier ---------------
+KV_OFFLOAD_LOAD_BYTES = _c("vllm:kv_offload_load_bytes", "Total bytes loaded from offload storage to GPU.")
+KV_OFFLOAD_LOAD_TIME = _c("vllm:kv_offload_load_time", "Total load time from offload storage to GPU, in seconds.")  # fmt: skip
+KV_OFFLOAD_LOAD_SIZE = _h("vllm:kv_offload_load_size", "Histogram of KV offload load operation size, in bytes.", OFFLOAD_SIZE_BUCKETS)  # fmt: skip
+KV_OFFLOAD_STORE_BYTES = _c("vllm:kv_offload_store_bytes", "Total bytes stored from GPU to offload storage.")
+KV_OFFLOAD_STORE_TIME = _c("vllm:kv_offload_store_time", "Total store time from GPU to offload storage, in seconds.")  # fmt: skip
+KV_OFFLOAD_STORE_SIZE = _h("vllm:kv_offload_store_size", "Histogram of KV offload store operation size, in bytes.", OFFLOAD_SIZE_BUCKETS)  # fmt: skip
+KV_OFFLOAD_TIER_USAGE = _g("testbed:kv_offload_tier_usage_perc", "Fraction of an offload tier's blocks holding KV (0-1).", ("tier",))  # fmt: skip
+KV_OFFLOAD_TIER_EVICTED = _c("testbed:kv_offload_evicted_blocks", "Blocks an offload tier evicted, least recently used first, to store others.", ("tier",))  # fmt: skip
+KV_OFFLOAD_TIER_FULL = _c("testbed:kv_offload_stores_skipped_full", "Stores an offload tier skipped: every block it could evict was being loaded or stored.", ("tier",))  # fmt: skip
 KV_HELD_BLOCKS = _g("testbed:kv_held_blocks", "Prefill side: KV blocks of finished requests held until decode's completion notice.")  # fmt: skip
 KV_HANDOFF = _h("testbed:kv_handoff_seconds", "KV handoff time per request (transfer start to done) by link and direction (p2d: prefill to decode; d2p: a conversation's blocks pulled back, bidirectional).", HANDOFF_BUCKETS, ("link", "direction"))  # fmt: skip
 KV_CONVERSATION_BLOCKS = _g("testbed:kv_conversation_held_blocks", "Decode side, bidirectional: KV blocks of finished turns kept for their conversation's next turn.")  # fmt: skip
@@ -238,6 +250,12 @@ ENGINE_SERIES = (
     KV_HELD_BLOCKS,
 )  # fmt: skip
 HYBRID_SERIES = (KV_TRANSFER_STATE_BYTES,)
+OFFLOAD_SERIES = (
+    KV_OFFLOAD_LOAD_BYTES, KV_OFFLOAD_LOAD_TIME, KV_OFFLOAD_LOAD_SIZE, KV_OFFLOAD_STORE_BYTES,
+    KV_OFFLOAD_STORE_TIME, KV_OFFLOAD_STORE_SIZE, KV_OFFLOAD_TIER_USAGE, KV_OFFLOAD_TIER_EVICTED,
+    KV_OFFLOAD_TIER_FULL,
+)  # fmt: skip
+"""An engine with KV offload tiers (`kv_offload`) exports these beside `ENGINE_SERIES`."""
 """An engine of a hybrid (attention + SSM) target exports these beside `ENGINE_SERIES`."""
 # Render tier: CPU seconds of real work (CPU ms per 1k tokens = cpu rate / tokens rate), calls per replica.
 RENDER_CPU = _c("testbed:render_cpu_seconds", "CPU seconds spent rendering (templates), processing images (decode, resize, hash) or derendering (detokenize + parse).", ("op",))  # fmt: skip

@@ -34,6 +34,7 @@ from matplotlib.figure import Figure
 from dashboards.headline import headline
 from dashboards.hybrid_plots import hybrid_handoff_figure
 from dashboards.moe_plots import moe_steps_figure
+from dashboards.offload_plots import hits_by_tier
 from dashboards.report_plots import (
     goodput_curves,
     handoff_histogram,
@@ -73,6 +74,7 @@ def report_figures(
             ttft_by_context(results),
         ),
         ("divergence", "Greedy tokens against the reference design, by turn", divergence_by_turn(results)),
+        ("prompt_sources", "KV offloading: where prompt tokens came from, by tier", hits_by_tier(results)),
         (
             "moe_steps",
             "MoE target, per engine: expert load, EP imbalance and all-to-all time per step",

@@ -7,9 +7,12 @@ be exported by every testbed engine with vLLM's type, label names (plus the test
 testbed does not: the list cannot go stale either way.
 
 Families vLLM exports only with a feature the testbed does not emulate switched on (speculative
-decoding, LoRA, `--kv-cache-metrics`, NaN checks, watermarking, offloading connectors) do not appear
-after plain traffic and are not listed; the HTTP server's families (`http_requests_total`, ...) come from
-the API front end, not from the engine.
+decoding, LoRA, `--kv-cache-metrics`, NaN checks, watermarking) do not appear after plain traffic and
+are not listed. With an offloading connector vLLM also exports its lookup delays
+(`vllm:kv_offload_lookup_{sync,async}_delay_seconds`: a lookup here takes no emulated time), its CPU
+tier's pinned share (`vllm:kv_offload_cpu_cache_*usage_perc`; the testbed gauges each tier's occupancy
+instead) and its config info; the testbed's offload tiers export vLLM's transfer families only. The
+HTTP server's families (`http_requests_total`, ...) come from the API front end, not from the engine.
 """
 
 from __future__ import annotations

@@ -46,6 +46,12 @@ class GpuProfile:
     """GPUs one scale-up link joins (an HGX node)."""
     scale_out_gbs: float = 50.0
     """Per-GPU, per-direction bandwidth between nodes, GB/s (one 400 Gb/s RDMA NIC per GPU)."""
+    host_memory_gb: float = 256.0
+    """Host DRAM of its node per GPU, GB: what a KV offload tier of its engine may take at most. DGX
+    H100, H200, A100 and B200 nodes have 2 TB for 8 GPUs (NVIDIA's datasheets); other parts are
+    assumed (their entries say so)."""
+    host_link: str = "pcie5-host"
+    """The GPU's path to host memory, a name from LINKS: the PCIe generation it attaches with."""
 
 
 @dataclass(frozen=True)
@@ -75,13 +81,26 @@ GPUS: dict[str, GpuProfile] = {
     for g in (
         # FP8 dense peaks from NVIDIA's datasheets (half the "with sparsity" figures): L40S 733, H100 and
         # H200 SXM 1,979 TFLOP/s; the A100 has no FP8 (one-byte weights are upcast to BF16 there).
-        GpuProfile("l40s", 362.0, 864.0, 48.0, l2_cache_mb=96.0, peak_fp8_tflops=733.0),
+        # L40S: PCIe 4.0; no DGX node, so 1 TB for 8 GPUs is assumed (a two-socket PCIe server).
+        GpuProfile(
+            "l40s",
+            362.0,
+            864.0,
+            48.0,
+            l2_cache_mb=96.0,
+            peak_fp8_tflops=733.0,
+            host_memory_gb=128.0,
+            host_link="pcie4-host",
+        ),
         GpuProfile("h100-sxm", 989.0, 3350.0, 80.0, tp_link_gbs=450.0, peak_fp8_tflops=1979.0),
         GpuProfile("h200", 989.0, 4800.0, 141.0, tp_link_gbs=450.0, peak_fp8_tflops=1979.0),
-        GpuProfile("a100-80gb", 312.0, 2039.0, 80.0, l2_cache_mb=40.0, tp_link_gbs=300.0),
+        GpuProfile(
+            "a100-80gb", 312.0, 2039.0, 80.0, l2_cache_mb=40.0, tp_link_gbs=300.0, host_link="pcie4-host"
+        ),
         # H800 SXM: H100 SXM's compute and HBM (989 / 1,979 dense BF16 / FP8 TFLOP/s, 3,352 GB/s, 80 GB),
         # NVLink cut to 400 GB/s both ways, one 400 Gb/s CX7 InfiniBand NIC per GPU (DeepSeek, arXiv
-        # 2505.09343 section 4.1; DeepSeek-V3 report section 3.2.2 measured ~160 and ~50 GB/s).
+        # 2505.09343 section 4.1; DeepSeek-V3 report section 3.2.2 measured ~160 and ~50 GB/s); host
+        # memory and PCIe as an HGX H100's (assumed).
         GpuProfile("h800", 989.0, 3352.0, 80.0, tp_link_gbs=200.0, peak_fp8_tflops=1979.0),
         # HGX/DGX B200: 2,250 / 4,500 dense BF16 / FP8 TFLOP/s, 8 TB/s, 180 GB as DGX B200 exposes it
         # (TensorRT-LLM's perf overview), NVLink 5 at 1.8 TB/s both ways; NIC: a 400 Gb/s CX7 per GPU.
@@ -90,6 +109,7 @@ GPUS: dict[str, GpuProfile] = {
         # (derived from CloudMatrix-Infer's tokens/s per TFLOPS, arXiv 2506.12708); a CloudMatrix384
         # supernode joins 384 NPUs by its UB network at 392 GB/s per NPU each way, RDMA 400 Gb/s per
         # NPU between supernodes. Secondary sources (Huawei publishes little): re-check on your system.
+        # Host memory and its path: the defaults (assumed).
         GpuProfile(
             "ascend-910c",
             752.0,
@@ -180,6 +200,13 @@ LINKS: dict[str, LinkProfile] = {
         # 400 Gb/s RDMA with NIXL-class fixed costs: an 8k-token Qwen2.5-7B KV moves in ~20 ms.
         LinkProfile("rdma-400g", link_gbps=400.0, latency_s=5e-6, per_transfer_overhead_s=10e-3),
         LinkProfile("nvlink", link_gbps=3200.0, latency_s=2e-6, per_transfer_overhead_s=0.5e-3),
+        # A GPU's copies to and from pinned host memory (KV offloading): PCIe 4.0 and 5.0 x16 carry 32
+        # and 64 GB/s a direction raw; about 25 and 50 GB/s is what copies reach (an assumption to
+        # re-measure with nvbandwidth on your system), one copy launch per transfer.
+        LinkProfile("pcie4-host", link_gbps=200.0, latency_s=5e-6, per_transfer_overhead_s=20e-6),
+        LinkProfile("pcie5-host", link_gbps=400.0, latency_s=5e-6, per_transfer_overhead_s=20e-6),
+        # A local NVMe SSD (PCIe 4.0 x4): ~7 GB/s sequential reads on datasheets, ~0.1 ms an access.
+        LinkProfile("nvme-gen4", link_gbps=56.0, latency_s=100e-6, per_transfer_overhead_s=50e-6),
         LinkProfile(
             "guide-testbox",
             link_gbps=200.0,

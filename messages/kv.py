@@ -9,17 +9,21 @@ import numpy as np
 
 @dataclass
 class BlockStored:
-    """Blocks entered into an engine's prefix cache (vLLM's BlockStored event)."""
+    """Blocks entered into an engine's prefix cache or one of its offload tiers (vLLM's BlockStored event)."""
 
     block_hashes: list[bytes]
     """The stable chained hashes (`block_hash`), comparable across actors."""
+    medium: str = "gpu"
+    """Which of the engine's tiers (vLLM's event `medium`): gpu, or an offload tier (host, disk), so
+    that a router weighs a hit by where it is."""
 
 
 @dataclass
 class BlockRemoved:
-    """Blocks evicted from an engine's prefix cache (vLLM's BlockRemoved event)."""
+    """Blocks evicted from an engine's prefix cache or an offload tier (vLLM's BlockRemoved event)."""
 
     block_hashes: list[bytes]
+    medium: str = "gpu"
 
 
 @dataclass

@@ -101,6 +101,19 @@ class RequestTimes:
     state_bytes: int = 0
     """Hybrid targets: the SSM state's bytes the handoff moved beside `kv_bytes` (a fixed size a
     request, whatever its prompt's length; page padding not sent)."""
+    num_host_tokens: int = 0
+    """Prompt tokens loaded from this engine's host-memory offload tier (after its GPU prefix hit)."""
+    num_disk_tokens: int = 0
+    """Prompt tokens loaded from this engine's disk offload tier."""
+    offload_load_start_s: float | None = None
+    """Its blocks were allocated and the load from the offload tiers began (it waited meanwhile)."""
+    offload_load_done_s: float | None = None
+    """The load from the offload tiers completed (emulated; the engine notices it at a step boundary)."""
+    offload_load_bytes: int = 0
+    """Target-model KV bytes loaded from the offload tiers."""
+    offload_store_bytes: int = 0
+    """Target-model KV bytes of its blocks stored into the offload tiers when it ended (those the tiers
+    lacked, summed over the tiers)."""
 
 
 @dataclass

@@ -20,6 +20,8 @@ _PREFILL_COLUMNS = {
     "kv_pull_back_failed": "prefill_kv_pull_back_failed",
     "kv_bytes": "prefill_pulled_back_bytes",
     "num_preemptions": "prefill_num_preemptions",
+    "num_host_tokens": "prefill_host_tokens",
+    "num_disk_tokens": "prefill_disk_tokens",
 }
 """P/D: the prefill engine's times kept beside the producing (decode) engine's."""
 
@@ -60,10 +62,13 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     handoff = {f"handoff_{part}_s": [p[part] if p else float("nan") for p in parts] for part in HANDOFF_PARTS}
     df = pd.concat([df, pd.DataFrame(handoff, index=df.index)], axis=1)
     df["ok"] = df["finished_reason"].isin(["length", "stop"])
-    # Where the prompt was computed (prefill in P/D), how much of it the prefix cache served.
+    # Where the prompt was computed (prefill in P/D), how much of it its offload tiers and the caches
+    # altogether (GPU prefix cache, then the tiers) served.
+    host = df["prefill_host_tokens"].fillna(df["num_host_tokens"])
+    df["prompt_offloaded_tokens"] = (host + df["prefill_disk_tokens"].fillna(df["num_disk_tokens"])).fillna(0)
     cached = df["prefill_cached_tokens"].fillna(df["num_cached_tokens"])
     server_cached = df["server_num_cached_tokens"].astype("float64")  # None where no server gave one
-    df["prompt_cached_tokens"] = cached.fillna(server_cached).fillna(0)
+    df["prompt_cached_tokens"] = cached.fillna(server_cached).fillna(0) + df["prompt_offloaded_tokens"]
     # The prompt tokens computed where the prompt was computed: not cached there, nor pulled back.
     pulled = df["prefill_pulled_back_tokens"].fillna(0)
     df["prompt_computed_tokens"] = df["num_prompt_tokens"] - df["prompt_cached_tokens"] - pulled

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import AsyncGenerator, Callable
 from typing import Literal
 
@@ -31,6 +30,7 @@ from actors.engine.health import EngineHealth
 from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker
 from actors.engine.kv_handoff import KVHandoff
+from actors.engine.kv_offload import KVOffload
 from actors.engine.request import Request, RequestStatus, check_request
 from actors.engine.scheduled_batch import ScheduledBatch
 from actors.engine.scheduler import Scheduler
@@ -74,10 +74,12 @@ class EngineCore:
         encoder_roofline: EncoderRoofline | None = None,
         macro_steps: bool = False,
         admission: Admission | None = None,
+        offload: KVOffload | None = None,
     ) -> None:
         """`encoder_roofline`: the vision encoder's time, run in this engine's steps (None: text only,
         images refused). `macro_steps`: run steady stretches of steps as one event (`window`) where the
-        clock is virtual and nothing computes. `admission`: its limits (None: none, as vLLM)."""
+        clock is virtual and nothing computes. `admission`: its limits (None: none, as vLLM).
+        `offload`: its KV offload tiers' connector (None: GPU KV only)."""
         self.engine_id = engine_id
         self.role = role
         self.clock = clock
@@ -97,7 +99,7 @@ class EngineCore:
         self.health = EngineHealth(engine_id)
         self.streams = OutputStreams()
         self.windows = _windows(self, allowed=macro_steps and clock.virtual and executor.runner is None)
-        self.kv = _kv_handoff(self)
+        self.kv = _kv_handoff(self, offload)
 
     # ---- client side -------------------------------------------------------------------------------
 
@@ -120,7 +122,7 @@ class EngineCore:
         self.scheduler.add(req)
         self.step_clock.wake()
         try:
-            async for out in stream.outputs(req.request_id, self.scheduler.blocks.take_kv_events):
+            async for out in stream.outputs(req.request_id, self.kv.take_kv_events):
                 if self.health.dead is not None and out.finished_reason == "error":
                     raise self.health.dead  # as a dead actor's stream breaks (the proxy may retry elsewhere)
                 yield out
@@ -168,8 +170,7 @@ class EngineCore:
         self.step_clock.wake()
         if self._loop_task is not None:
             await self._loop_task
-        self.kv.expire_held(math.inf)
-        self.kv.clear()
+        self.kv.drain()
 
     async def run(self) -> None:
         """The step loop, until drained. If it breaks, every request in it fails visibly, later ones
@@ -207,8 +208,7 @@ class EngineCore:
             self.kv.expire_held(now)
             for req, refusal in self.admission.expired(now):
                 self._finish(req, "rejected", now, refusal.why, refusal.limit)
-            for req in self.kv_scheduler.notice_loaded(now):
-                self.kv.notify_done(req)
+            self.kv.notice_loaded(now)
             batch = self._schedule(now)
             if batch is None or batch.num_scheduled_tokens == 0:
                 self.stats.on_state(self.scheduler)
@@ -227,8 +227,7 @@ class EngineCore:
             self.executor.release(req.request_id)
         for req in batch.pull_backs_taking_nothing:
             self.kv.notify_done(req)
-        for req in batch.new_remote_requests:
-            self.kv.start_load(req, now)
+        self.kv.start_loads(batch, now)
         return batch
 
     async def _step(self, batch: ScheduledBatch, start: float) -> float:
@@ -257,7 +256,7 @@ class EngineCore:
     def listen_kv_events(self, listener: Callable[[KVEvents], None]) -> Callable[[], None]:
         """In process (a composition root calls it): this engine's KV events go to `listener` as its
         outputs leave; returns what to call before reading them (`Windows.read_in_process`)."""
-        self.streams.hand_over_kv_events(self.scheduler.blocks.take_kv_events, listener)
+        self.streams.hand_over_kv_events(self.kv.take_kv_events, listener)
         return self.windows.read_in_process()
 
     def _upcoming(self, since: float) -> list[float]:
@@ -266,7 +265,7 @@ class EngineCore:
         by `since` was seen (only a freed block or a finished request, which wake the loop, change what
         that schedule did with it): counting it would make an idle engine spin."""
         times = [r.times.queued_s for r in self.scheduler.waiting if r.times.queued_s > since]
-        return times + self.kv_scheduler.upcoming(since) + self.admission.next_deadline(since)
+        return times + self.kv.upcoming(since) + self.admission.next_deadline(since)
 
     def _finish(
         self,
@@ -276,7 +275,7 @@ class EngineCore:
         error: str | None = None,
         rejected_by: str | None = None,
     ) -> None:
-        params, holding = self.kv_scheduler.request_finished(req, reason, now)
+        params, holding = self.kv.request_finished(req, reason, now)
         if holding or (reason == "rejected" and req.is_remote_prefill):  # the prefill side may free it now
             self.kv.notify_done(req)
         req.times.finished_s = now
@@ -304,6 +303,7 @@ class EngineCore:
         self.streams.assert_empty(self.engine_id)
         self.scheduler.assert_empty()
         self.executor.assert_empty()
+        self.kv.assert_empty()
 
 
 # The rooms the core builds around its collaborators (they call back into it: `_finish`, `abort`), and
@@ -332,7 +332,7 @@ def _refused(core: EngineCore, req: Request, refusal: Refusal) -> EngineOutput:
     return EngineOutput(req.request_id, [], [], "rejected", None, req.times, why, rejected_by=limit)
 
 
-def _kv_handoff(core: EngineCore) -> KVHandoff:
+def _kv_handoff(core: EngineCore, offload: KVOffload | None) -> KVHandoff:
     return KVHandoff(
         core.engine_id,
         scheduler=core.scheduler,
@@ -341,4 +341,5 @@ def _kv_handoff(core: EngineCore) -> KVHandoff:
         stats=core.stats,
         step_clock=core.step_clock,
         abort=core.abort,
+        offload=offload,
     )

@@ -49,7 +49,7 @@ class KVConnectorScheduler:
         self.scheduler = scheduler
         self.hold_timeout_s = hold_timeout_s
         self.reuse = reuse
-        scheduler.pull_back_rule = self._pull_back_tokens
+        scheduler.external.pull_back_rule = self._pull_back_tokens
         self._loaded: dict[str, Request] = {}
         """Decode side: requests whose KV is in this engine's blocks, not yet noticed by a step."""
         self._holding: set[str] = set()
@@ -123,6 +123,17 @@ class KVConnectorScheduler:
         self._holding.discard(req.request_id)
         recompute = req.is_pull_back or self.receiver.cfg.load_failure_policy == "recompute"
         return recompute and req.status is RequestStatus.WAITING_FOR_REMOTE_KVS
+
+    def recompute_instead(self, req: Request) -> None:
+        """A load failed: `req` computes the tokens it meant to take (recorded on its times)."""
+        if req.is_pull_back:
+            req.times.kv_pull_back_failed = True
+        else:
+            req.times.kv_load_failed = True
+        req.times.kv_bytes = req.times.state_bytes = 0
+        if self.scheduler.blocks.num_state_groups:  # a hybrid's hit had no state of its own: from the start
+            req.times.num_cached_tokens = 0
+        self.scheduler.kv_received(req)
 
     def on_loaded(self, req: Request) -> None:
         self._loaded[req.request_id] = req

@@ -10,17 +10,20 @@ and the receiving side (push notices, loads run in the background, failed loads 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker, KVLoadError
+from actors.engine.kv_offload import KVOffload
 from actors.engine.kv_transfer import TransferPlan
 from actors.engine.request import Request
+from actors.engine.scheduled_batch import ScheduledBatch
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
-from messages import FinishedReason, KVPayload, KVPull, KVTransferParams
+from messages import FinishedReason, KVEvents, KVPayload, KVPull, KVTransferParams
 
 
 class KVHandoff:
@@ -36,7 +39,10 @@ class KVHandoff:
         stats: EngineStats,
         step_clock: StepClock,
         abort: Callable[[str, FinishedReason, str | None], None],
+        offload: KVOffload | None = None,
     ) -> None:
+        """`offload`: the engine's offloading connector (None: no offload tiers)."""
+        self.offload = offload
         self.engine_id = engine_id
         self.scheduler = scheduler
         self.kv_scheduler = kv_scheduler
@@ -96,12 +102,58 @@ class KVHandoff:
         if plan is not None:
             self._background(self._load(req, plan))
 
+    def start_loads(self, batch: ScheduledBatch, now: float) -> None:
+        """The batch's requests that just got blocks for KV from a peer or the offload tiers start
+        loading it."""
+        for req in batch.new_remote_requests:
+            self.start_load(req, now)
+        for req in batch.new_offload_loads:
+            assert self.offload is not None
+            self.offload.start_load(req, now)
+
+    def notice_loaded(self, now: float) -> None:
+        """Step boundary: loads done by `now` join the scheduler's queue; the peers they came from are
+        told they may free their KV."""
+        for req in self.kv_scheduler.notice_loaded(now):
+            self.notify_done(req)
+        for req in self.offload.notice_loaded(now) if self.offload is not None else ():
+            self.scheduler.kv_received(req)
+
+    def upcoming(self, since: float) -> list[float]:
+        """Emulated times of the connectors' own events after `since` (`KVConnectorScheduler.upcoming`,
+        offload loads ending)."""
+        times = self.kv_scheduler.upcoming(since)
+        return times + self.offload.upcoming(since) if self.offload is not None else times
+
+    def request_finished(
+        self, req: Request, reason: FinishedReason, now: float
+    ) -> tuple[KVTransferParams | None, bool]:
+        """`req` ended: its blocks go to the offload tiers (before the scheduler frees them); what it
+        hands on (`KVConnectorScheduler.request_finished`)."""
+        if self.offload is not None:
+            self.offload.request_finished(req, now)
+        return self.kv_scheduler.request_finished(req, reason, now)
+
+    def take_kv_events(self) -> KVEvents | None:
+        """What the GPU prefix cache and the offload tiers gained and lost since the last call (each
+        tier's in order: a router keeps a set per tier), or None."""
+        events = self.scheduler.blocks.take_kv_events()
+        more = self.offload.take_kv_events() if self.offload is not None else []
+        if not more:
+            return events
+        return KVEvents((events.events if events is not None else []) + more)
+
+    def assert_empty(self) -> None:
+        if self.offload is not None:
+            self.offload.assert_empty()
+
     def notify_done(self, req: Request) -> None:
         """Tell `req`'s source engine it may free the KV (in the background)."""
         self._background(self.kv_worker.notify_done(req))
 
-    def clear(self) -> None:
-        """At drain: notices for requests that never came are dropped."""
+    def drain(self) -> None:
+        """At drain: KV nobody will pull is released, notices for requests that never came dropped."""
+        self.expire_held(math.inf)
         self._early_pushes.clear()
 
     async def _load(self, req: Request, plan: TransferPlan) -> None:
@@ -113,7 +165,7 @@ class KVHandoff:
                 return  # aborted meanwhile
         except KVLoadError as e:
             if self.kv_scheduler.on_load_failed(req):
-                self.scheduler.recompute_instead(req)
+                self.kv_scheduler.recompute_instead(req)
                 self.stats.on_kv_load_recomputed(req.is_pull_back)
             else:
                 self.abort(req.request_id, "error", str(e))

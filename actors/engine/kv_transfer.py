@@ -139,6 +139,10 @@ class LinkQueue:
 
     async def reserve(self, start_s: float, wire_s: float) -> float:
         """Queue `wire_s` of sending that may start at `start_s` on the wire free soonest; when it starts."""
+        return self.reserve_now(start_s, wire_s)
+
+    def reserve_now(self, start_s: float, wire_s: float) -> float:
+        """`reserve`, for a sender holding the queue itself (an engine's own offload tiers)."""
         i = min(range(len(self._free_s)), key=self._free_s.__getitem__)
         wire_start = max(start_s, self._free_s[i])
         self._free_s[i] = wire_start + wire_s

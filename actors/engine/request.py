@@ -62,6 +62,7 @@ class Request:
         "mm_embeds",
         "mm_items",
         "num_computed_tokens",
+        "num_offload_tokens",
         "num_published_blocks",
         "output_token_ids",
         "prompt_token_ids",
@@ -110,6 +111,9 @@ class Request:
         checkpoint saves the state there, to be cached (`state_cache.py`)."""
         self.pull_back_tokens = 0
         """Pull back: the tokens of decode's leading blocks this request takes (set when admitted)."""
+        self.num_offload_tokens = 0
+        """Prompt tokens after its GPU prefix hit that its engine's offload tiers supply (set when
+        admitted)."""
         self.remote_kv_loaded = False
         """Decode side: the prefill engine's KV is in this engine's blocks (never pulled twice: a 1-token
         prompt has no external tokens, and a preempted request recomputes locally, as in vLLM)."""
@@ -184,14 +188,16 @@ class Request:
 
     @property
     def kv_load_failed(self) -> bool:
-        """Its remote KV failed to load (`Scheduler.recompute_instead`): it computes those tokens here
-        instead, none are external."""
+        """Its remote KV failed to load (`KVConnectorScheduler.recompute_instead`): it computes those
+        tokens here instead, none are external."""
         return self.times.kv_load_failed or self.times.kv_pull_back_failed
 
     @property
     def num_external_computed_tokens(self) -> int:
-        """Prompt tokens whose KV comes from another engine: up to `remote_kv_end`, less what this
-        engine's own prefix cache held."""
-        if not self.is_remote_prefill or self.kv_load_failed:
+        """Prompt tokens whose KV comes from outside this engine's GPU prefix cache: another engine's,
+        up to `remote_kv_end`, less what this engine's own prefix cache held; or its offload tiers'."""
+        if not self.is_remote_prefill:
+            return self.num_offload_tokens
+        if self.kv_load_failed:
             return 0
         return max(0, self.remote_kv_end - self.times.num_cached_tokens)

@@ -24,6 +24,8 @@ class ScheduledBatch:
     """Decode side: requests that got their blocks this step and now wait for the remote KV."""
     preempted: list[Request] = field(default_factory=list)
     """Requests preempted while scheduling this step (their KV is gone; they will recompute)."""
+    new_offload_loads: list[Request] = field(default_factory=list)
+    """Requests that got their blocks this step and now wait for KV from the engine's offload tiers."""
     pull_backs_taking_nothing: list[Request] = field(default_factory=list)
     """Prefill side: pull backs that found nothing to take (decode may release what it held)."""
     encoder_inputs: list[tuple[Request, MultiModalItem]] = field(default_factory=list)

@@ -22,6 +22,55 @@ from actors.engine.scheduled_batch import ScheduledBatch
 from messages import FinishedReason
 
 
+class ExternalKV:
+    """Blocks for a waiting request's KV that comes from outside this engine's GPU prefix cache: a
+    peer's (decode's prompt from prefill, a pull back of decode's blocks) or the engine's offload
+    tiers'. Its rules are set by the connectors: `pull_back_rule` by the KV connector, `offload_lookup`
+    by the offloading connector (`kv_offload.py`)."""
+
+    def __init__(self, blocks: BlockManager) -> None:
+        self.blocks = blocks
+        self.pull_back_rule: Callable[[Request], int] | None = None
+        """Bidirectional: the tokens of decode's sequence a pull back takes."""
+        self.offload_lookup: Callable[[Request, int, float], int] | None = None
+        """KV offloading: the blocks after a GPU prefix hit of so many blocks that the tiers hold."""
+
+    def offload_hit(self, req: Request, hits: list[int], now: float) -> int:
+        """The prompt tokens after the GPU hit `hits` of a fresh request that the engine's offload tiers
+        supply (KV offloading; 0 without, and for a request whose KV comes from a peer)."""
+        if self.offload_lookup is None or req.is_remote_prefill:
+            return 0
+        req.num_offload_tokens = self.offload_lookup(req, len(hits), now) * self.blocks.block_size
+        return req.num_offload_tokens
+
+    def allocate_for_remote_kv(self, req: Request) -> bool:
+        """Blocks for the whole prompt, the leading ones from this engine's own prefix cache (they need
+        not move); False (nothing held) if they do not fit. A pull back learns here how much of
+        decode's sequence it takes (`pull_back_rule`, the KV connector's reuse rule)."""
+        hits = self.blocks.get_computed_blocks(req)
+        req.num_computed_tokens = len(hits) * self.blocks.block_size
+        if req.is_pull_back:
+            assert self.pull_back_rule is not None, "a pull back needs the KV connector's reuse rule"
+            req.pull_back_tokens = self.pull_back_rule(req)
+        return self.allocate_for_load(req, hits, req.num_prompt_tokens - req.num_computed_tokens)
+
+    def allocate_for_load(
+        self, req: Request, hits: list[int], num_new_tokens: int, must_fit: bool = False
+    ) -> bool:
+        """Blocks for `req`'s prefix hit `hits` and `num_new_tokens` more whose KV comes from elsewhere
+        (cached once it has come; the budget is not spent on them, as vLLM allocates for external
+        tokens); False (nothing held) if they do not fit (`must_fit`: the whole prompt must)."""
+        if not self.blocks.allocate_slots(
+            req, num_new_tokens, hits, full_sequence_must_fit=must_fit, delay_cache_blocks=True
+        ):
+            req.num_computed_tokens = req.num_offload_tokens = 0
+            return False
+        self.blocks.record_prefix_cache_stats(req, req.num_computed_tokens)
+        if req.times.first_scheduled_s is None:  # (a preempted request loading again keeps its first)
+            req.times.num_cached_tokens = req.num_computed_tokens
+        return True
+
+
 class Scheduler:
     def __init__(
         self,
@@ -54,8 +103,8 @@ class Scheduler:
         self.held: dict[str, Request] = {}
         """Finished requests whose blocks wait for a pull: prefill side, decode's; decode side
         (bidirectional), the conversation's next turn's."""
-        self.pull_back_rule: Callable[[Request], int] | None = None
-        """Bidirectional: the tokens of decode's sequence a pull back takes (set by the KV connector)."""
+        self.external = ExternalKV(blocks)
+        """Admitting requests whose KV comes from outside this engine's GPU cache."""
         self.num_preemptions = 0
 
     @property
@@ -110,13 +159,10 @@ class Scheduler:
             if req.times.queued_s > now:
                 break
             if self.takes_blocks_first(req):
-                if not self._allocate_for_remote_kv(req):
+                if not self.external.allocate_for_remote_kv(req):
                     break
                 if req.num_external_computed_tokens > 0:
-                    self.waiting.popleft()
-                    req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-                    self.recving[req.request_id] = req
-                    batch.new_remote_requests.append(req)
+                    self._wait_for_kv(req, batch.new_remote_requests)
                     continue
                 # A pull back that takes nothing this engine lacks (verified reuse stopped inside its
                 # own prefix cache): no transfer, as vLLM's connector matching no external tokens
@@ -129,6 +175,11 @@ class Scheduler:
             hits = self.blocks.get_computed_blocks(req) if fresh else []
             if fresh:
                 req.num_computed_tokens = len(hits) * self.blocks.block_size
+                if num_loaded := self.external.offload_hit(req, hits, now):  # its tiers hold more of it
+                    if not self.external.allocate_for_load(req, hits, num_loaded, self.reserve_full_isl):
+                        break
+                    self._wait_for_kv(req, batch.new_offload_loads)
+                    continue
             num_encoding = len(batch.encoder_inputs)
             n = self._cut(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
             must_fit = self.reserve_full_isl
@@ -168,22 +219,13 @@ class Scheduler:
             return n
         return batch.add_images(req, n, self.encoder_cache, self.max_num_batched_encoder_embeds)
 
-    def _allocate_for_remote_kv(self, req: Request) -> bool:
-        """Blocks for the whole prompt, the leading ones from this engine's own prefix cache (they need
-        not move); False (nothing held) if they do not fit. A pull back learns here how much of
-        decode's sequence it takes (`pull_back_rule`, the KV connector's reuse rule)."""
-        hits = self.blocks.get_computed_blocks(req)
-        req.num_computed_tokens = len(hits) * self.blocks.block_size
-        if req.is_pull_back:
-            assert self.pull_back_rule is not None, "a pull back needs the KV connector's reuse rule"
-            req.pull_back_tokens = self.pull_back_rule(req)
-        num_new_tokens = req.num_prompt_tokens - req.num_computed_tokens
-        if not self.blocks.allocate_slots(req, num_new_tokens, hits, delay_cache_blocks=True):
-            req.num_computed_tokens = 0
-            return False
-        self.blocks.record_prefix_cache_stats(req, req.num_computed_tokens)
-        req.times.num_cached_tokens = req.num_computed_tokens
-        return True
+    def _wait_for_kv(self, req: Request, loads: list[Request]) -> None:
+        """`req`, holding blocks for KV from elsewhere, leaves the queue to wait for it (`loads`: the
+        batch's list of loads to start)."""
+        self.waiting.popleft()
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self.recving[req.request_id] = req
+        loads.append(req)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -228,21 +270,13 @@ class Scheduler:
         """
         del self.recving[req.request_id]
         req.remote_kv_loaded = True
-        req.times.num_external_tokens = req.num_external_computed_tokens
-        req.num_computed_tokens = req.times.num_cached_tokens + req.num_external_computed_tokens
+        if req.is_remote_prefill:
+            req.times.num_external_tokens = req.num_external_computed_tokens
+            req.num_computed_tokens = req.times.num_cached_tokens + req.num_external_computed_tokens
+        else:  # loaded from the offload tiers: its GPU hit, then those blocks
+            req.num_computed_tokens += req.num_offload_tokens
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
-
-    def recompute_instead(self, req: Request) -> None:
-        """A load failed: `req` computes the tokens it meant to take (recorded on its times)."""
-        if req.is_pull_back:
-            req.times.kv_pull_back_failed = True
-        else:
-            req.times.kv_load_failed = True
-        req.times.kv_bytes = req.times.state_bytes = 0
-        if self.blocks.num_state_groups:  # a hybrid's hit had no state of its own: from the start
-            req.times.num_cached_tokens = 0
-        self.kv_received(req)
 
     def finish(self, req: Request, reason: FinishedReason) -> None:
         """End `req`: free its blocks, or hold them for a decode engine's pull."""

@@ -9,7 +9,7 @@ Roles never import `dashboards`: the recorder is the `EngineRecorder` protocol, 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
@@ -38,8 +38,14 @@ class EngineRecorder(Protocol):
         """The engine's state (at steps and on arrivals)."""
 
     def on_first_token(
-        self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
-    ) -> None: ...
+        self,
+        ttft_s: float,
+        num_prompt_tokens: int,
+        num_cached_tokens: int,
+        num_external_tokens: Mapping[str, int],
+    ) -> None:
+        """`num_external_tokens`: the prompt tokens from outside the GPU prefix cache, by vLLM's cache
+        hit source (`p2p`: a peer engine; `host`, `disk`: offload tiers)."""
 
     def on_next_tokens(self, itls_s: Sequence[float]) -> None:
         """Tokens after a request's first, each's gap from the one before."""
@@ -68,6 +74,14 @@ class EngineRecorder(Protocol):
         """Bidirectional: decode's blocks were gone; prefill recomputes them."""
 
     def on_kv_expired(self, num_requests: int) -> None: ...
+
+    def on_kv_offload(self, op: str, tier: str, num_bytes: int, op_s: float) -> None:
+        """A load (`op` load) from or a store (store) into the offload tier `tier`, of `op_s` emulated
+        seconds from its start to its completion."""
+
+    def on_kv_offload_tier(self, tier: str, usage: float, num_evicted: int, num_skipped: int) -> None:
+        """An offload tier after a store: the share of its blocks in use, blocks it evicted and stores
+        it skipped (no room) since its last report."""
 
     def on_kv_notification_after_expiry(self) -> None:
         """Source side: a peer's notice to free KV this engine no longer held (expired, or never)."""
@@ -159,11 +173,13 @@ class EngineStats(EngineCounters):
         t = req.times
         if t.first_token_s is None:
             if self.recorder is not None:
+                external = (
+                    {"p2p": req.num_external_computed_tokens}
+                    if req.is_remote_prefill
+                    else {"host": t.num_host_tokens, "disk": t.num_disk_tokens}
+                )
                 self.recorder.on_first_token(
-                    now_s - t.queued_s,
-                    req.num_prompt_tokens,
-                    t.num_cached_tokens,
-                    req.num_external_computed_tokens,
+                    now_s - t.queued_s, req.num_prompt_tokens, t.num_cached_tokens, external
                 )
             t.first_token_s = now_s
         elif t.last_token_s is not None and self.recorder is not None:
@@ -253,6 +269,14 @@ class EngineStats(EngineCounters):
         self.num_recomputed_loads += 1
         if pull_back and self.recorder is not None:
             self.recorder.on_kv_pull_back_failed()
+
+    def on_kv_offload(self, op: str, tier: str, num_bytes: int, op_s: float) -> None:
+        if self.recorder is not None:
+            self.recorder.on_kv_offload(op, tier, num_bytes, op_s)
+
+    def on_kv_offload_tier(self, tier: str, usage: float, num_evicted: int, num_skipped: int) -> None:
+        if self.recorder is not None:
+            self.recorder.on_kv_offload_tier(tier, usage, num_evicted, num_skipped)
 
     def on_kv_expired(self, num_requests: int) -> None:
         """Prefill side: `num_requests` held KV released unpulled (their decode died)."""

@@ -168,7 +168,12 @@ def steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:
     """Every running request is in the batch, each decoding one token but the last, which may compute
     a prompt chunk, all with forced answers (compute skip); nothing else happens this step, and no
     waiting request is visible yet, or (beside a prompt chunk) one only the token budget holds back."""
-    if batch.preempted or batch.new_remote_requests or batch.pull_backs_taking_nothing:
+    if (
+        batch.preempted
+        or batch.new_remote_requests
+        or batch.new_offload_loads
+        or batch.pull_backs_taking_nothing
+    ):
         return False
     if batch.encoder_inputs or len(batch.requests) != len(sched.running):
         return False

@@ -2,9 +2,9 @@
 and the emulated target have it.
 
 Fields the testbed has take its values (block size, KV blocks, prefix caching, memory share, the KV
-capacity and the concurrency it allows); fields of features it does not emulate (CPU offloading, Mamba
-state, sliding windows, FP8 KV) take the value vLLM gives a full-attention model with those features
-off, so that a board grouping by them sees one value.
+capacity and the concurrency it allows, a host offload tier's size); fields of features it does not
+emulate (Mamba state, sliding windows, FP8 KV) take the value vLLM gives a full-attention model with
+those features off, so that a board grouping by them sees one value.
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def cache_config_info(cfg: TestbedConfig, role: str) -> dict[str, str]:
         "hash_block_size": str(s.block_size),
         "cache_hit_alignment_tokens": str(s.block_size),
     }
+    if cfg.kv_offload.host_gb:  # vLLM's --kv-offloading-size, in GiB
+        own["kv_offloading_size"] = str(cfg.kv_offload.host_gb * 1e9 / 2**30)
     values = {**FEATURES_OFF, **own}
     assert values.keys() == set(CACHE_CONFIG_LABELS), values.keys() ^ set(CACHE_CONFIG_LABELS)
     return {name: values[name] for name in CACHE_CONFIG_LABELS}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dashboards.metrics import (
@@ -34,6 +34,15 @@ from dashboards.metrics import (
     KV_CONVERSATION_BLOCKS,
     KV_HANDOFF,
     KV_HELD_BLOCKS,
+    KV_OFFLOAD_LOAD_BYTES,
+    KV_OFFLOAD_LOAD_SIZE,
+    KV_OFFLOAD_LOAD_TIME,
+    KV_OFFLOAD_STORE_BYTES,
+    KV_OFFLOAD_STORE_SIZE,
+    KV_OFFLOAD_STORE_TIME,
+    KV_OFFLOAD_TIER_EVICTED,
+    KV_OFFLOAD_TIER_FULL,
+    KV_OFFLOAD_TIER_USAGE,
     KV_PULL_BACK_FAILED,
     KV_TRANSFER_STATE_BYTES,
     LAGGED_KV_TRANSFERS,
@@ -60,6 +69,7 @@ from dashboards.metrics import (
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
     NUM_REQUESTS_WAITING_BY_REASON,
+    OFFLOAD_SERIES,
     PREFILL_TIME,
     PREFIX_CACHE_HITS,
     PREFIX_CACHE_QUERIES,
@@ -100,12 +110,14 @@ class EngineMetrics(Registry):
     def __init__(self, cfg: TestbedConfig, role: str, replica: int) -> None:
         model = cfg.target.profile
         series = ENGINE_SERIES + (MOE_SERIES if model.moe is not None else ())
-        super().__init__(series + (HYBRID_SERIES if model.ssm is not None else ()), cfg, role, replica)
+        series += HYBRID_SERIES if model.ssm is not None else ()
+        super().__init__(series + (OFFLOAD_SERIES if cfg.kv_offload.enabled else ()), cfg, role, replica)
         self._num_layers = model.num_attention_layers  # (KV descriptors: the layers holding KV)
         self._link = cfg.kv_transfer.link
         self._direction = "d2p" if role == "prefill" else "p2d"  # who pulls: prefill only pulls back
-        self._connector = role in ("prefill", "decode")
-        """A KV connector queries for external KV (P/D instances run one: NIXL, kv_both)."""
+        self._connector = role in ("prefill", "decode") or cfg.kv_offload.enabled
+        """A KV connector queries for external KV (P/D instances run one: NIXL, kv_both; so do engines
+        with offload tiers: the offloading connector)."""
         for spec, values in (
             (REQUEST_SUCCESS, {"finished_reason": FINISHED_REASONS}),
             (PROMPT_TOKENS_BY_SOURCE, {"source": PROMPT_SOURCES}),
@@ -215,22 +227,29 @@ class EngineMetrics(Registry):
         self._counted = stats
 
     def on_first_token(
-        self, ttft_s: float, num_prompt_tokens: int, num_cached_tokens: int, num_external_tokens: int
+        self,
+        ttft_s: float,
+        num_prompt_tokens: int,
+        num_cached_tokens: int,
+        num_external_tokens: Mapping[str, int],
     ) -> None:
         """A request's first token (engine-level TTFT counts from entering the engine's queue). Its
         prompt's tokens by source, as vLLM counts them once for its first scheduling (local cache
-        hits, `num_cached_tokens`; KV pulled from a peer, `num_external_tokens`)."""
+        hits, `num_cached_tokens`; KV from a peer or an offload tier, `num_external_tokens` by
+        source)."""
+        num_external = sum(num_external_tokens.values())
         self._ttft.observe(ttft_s)
-        computed = num_prompt_tokens - num_cached_tokens - num_external_tokens
+        computed = num_prompt_tokens - num_cached_tokens - num_external
         self.child(PROMPT_TOKENS).inc(num_prompt_tokens)
         self.child(PROMPT_TOKENS_BY_SOURCE, source="local_compute").inc(computed)
         self.child(PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit").inc(num_cached_tokens)
-        self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(num_external_tokens)
-        self.child(PROMPT_TOKENS_CACHED).inc(num_cached_tokens + num_external_tokens)
+        self.child(PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer").inc(num_external)
+        self.child(PROMPT_TOKENS_CACHED).inc(num_cached_tokens + num_external)
         if self._connector:  # the connector is asked for what the local cache lacked
             self.child(EXTERNAL_PREFIX_CACHE_QUERIES).inc(num_prompt_tokens - num_cached_tokens)
-            self.child(EXTERNAL_PREFIX_CACHE_HITS).inc(num_external_tokens)
-            self.child(PROMPT_TOKENS_CACHED_BY_SOURCE, source="p2p").inc(num_external_tokens)
+            self.child(EXTERNAL_PREFIX_CACHE_HITS).inc(num_external)
+            for source, num in num_external_tokens.items():
+                self.child(PROMPT_TOKENS_CACHED_BY_SOURCE, source=source).inc(num)
         self._gen.inc()
 
     def on_next_tokens(self, itls_s: Sequence[float]) -> None:
@@ -282,6 +301,18 @@ class EngineMetrics(Registry):
             self.child(KV_TRANSFER_STATE_BYTES).observe(state_bytes)
         self.child(NIXL_DESCRIPTORS).observe(num_blocks * self._num_layers * 2)
         self.child(KV_HANDOFF, link=self._link, direction=self._direction).observe(xfer_s)
+
+    def on_kv_offload(self, op: str, tier: str, num_bytes: int, op_s: float) -> None:
+        """vLLM's offloading connector's series count every tier's transfers together."""
+        load = op == "load"
+        self.child(KV_OFFLOAD_LOAD_BYTES if load else KV_OFFLOAD_STORE_BYTES).inc(num_bytes)
+        self.child(KV_OFFLOAD_LOAD_TIME if load else KV_OFFLOAD_STORE_TIME).inc(op_s)
+        self.child(KV_OFFLOAD_LOAD_SIZE if load else KV_OFFLOAD_STORE_SIZE).observe(num_bytes)
+
+    def on_kv_offload_tier(self, tier: str, usage: float, num_evicted: int, num_skipped: int) -> None:
+        self.child(KV_OFFLOAD_TIER_USAGE, tier=tier).set(usage)
+        self.child(KV_OFFLOAD_TIER_EVICTED, tier=tier).inc(num_evicted)
+        self.child(KV_OFFLOAD_TIER_FULL, tier=tier).inc(num_skipped)
 
     def on_lag(self, what: str, max_overrun_s: float) -> None:
         """A step or KV transfer overran its emulated budget; `max_overrun_s`: the worst so far."""

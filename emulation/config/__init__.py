@@ -14,6 +14,7 @@ from emulation.config.engines import PoolConfig, PoolsConfig, RunnerConfig, Sche
 from emulation.config.faults import EngineFault, FaultsConfig, LinkSlowdown
 from emulation.config.model import CpuOverhead, OperatorEfficiencies, TargetConfig
 from emulation.config.moe import EpFabricConfig, MoeRoutingConfig
+from emulation.config.offload import KVOffloadConfig
 from emulation.config.serving import ClockConfig, MetricsConfig, RenderConfig, RouterConfig
 from emulation.config.strict import STRICT
 from emulation.config.transfer import ECTransferConfig, KVTransferConfig
@@ -27,6 +28,7 @@ __all__ = [
     "EngineFault",
     "EpFabricConfig",
     "FaultsConfig",
+    "KVOffloadConfig",
     "KVTransferConfig",
     "LinkSlowdown",
     "MetricsConfig",
@@ -60,6 +62,7 @@ class TestbedConfig:
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    kv_offload: KVOffloadConfig = field(default_factory=KVOffloadConfig)
     ec_transfer: ECTransferConfig = field(default_factory=ECTransferConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)

@@ -7,10 +7,11 @@ from pydantic import AfterValidator
 
 
 def named(kind: str, table: Mapping[str, Any]) -> AfterValidator:
-    """A field's check that its value is a key of `table`; the error lists the keys."""
+    """A field's check that its value is a key of `table` (or None, where the field allows it); the
+    error lists the keys."""
 
-    def check(value: str) -> str:
-        if value not in table:
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in table:
             raise ValueError(f"unknown {kind}; allowed: {', '.join(table)}")
         return value
 

@@ -28,6 +28,9 @@ class RouterConfig:
     overlap_weight: Annotated[float, Field(ge=0)] = 1.0
     """Weight of the blocks an engine would have to prefill against its active blocks (Dynamo's
     --kv-overlap-score-weight; 0: pure load balancing)."""
+    offload_hit_weight: Annotated[float, Field(ge=0, le=1)] = 0.8
+    """kv_aware: what a prompt block an engine holds only in an offload tier (host, disk) counts for
+    against one in its GPU prefix cache (1): llm-d's precise prefix scorer weighs its cpu tier 0.8."""
     temperature: Annotated[float, Field(ge=0)] = 0.0
     """0: the lowest cost wins; > 0: softmax over -cost / (max - min) / temperature (seeded)."""
     estimate_ttl_s: Annotated[float, Field(gt=0)] = 120.0

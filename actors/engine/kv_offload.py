@@ -1,0 +1,196 @@
+"""An engine's KV offloading connector (vLLM's `OffloadingConnector`, LMCache's tiers): stores computed
+blocks into the engine's offload tiers and loads a prompt's blocks back from them.
+
+    admission   GPU prefix hit ─┬─ lookup: the blocks after it that a tier holds, consecutive, each
+                                │  from the first tier that has it ready (host, then disk)
+                                └─ none: computed as usual
+                hit ─ blocks allocated for hit + loaded ─ WAITING_FOR_REMOTE_KVS ─ start_load
+    a step boundary at or after the load's end ─ notice_loaded ─ the request computes the rest
+    the request ends ─ store: its full computed blocks (the prompt's, with `prompt_only`), deduplicated
+                      per tier, in the background on each tier's link
+
+As in vLLM, a lookup always leaves the prompt's last token to compute (its logits give the first
+output token), a block being stored is a miss, and a load cannot fail (the blocks stay pinned).
+Stores go when a request ends, not block by block as vLLM's do: until then its blocks are in the GPU
+prefix cache, which every lookup tries first, and a running request's blocks are never evicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from actors.engine.executor import Executor
+from actors.engine.kv_tier import KVTier
+from actors.engine.request import Request
+from actors.engine.scheduler import Scheduler
+from actors.engine.stats import EngineStats
+from messages import BlockRemoved, BlockStored
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """Consecutive blocks of a prompt that one tier supplies."""
+
+    tier: KVTier
+    first_block: int
+    num_blocks: int
+
+
+@dataclass
+class _Load:
+    req: Request
+    segments: list[_Segment]
+    done_s: float = 0.0
+
+
+class KVOffload:
+    """`tiers`: the engine's offload tiers in lookup order (a block comes from the first one holding
+    it); `prompt_only`: store a request's prompt blocks only (vLLM's `offload_prompt_only`)."""
+
+    def __init__(
+        self,
+        tiers: list[KVTier],
+        *,
+        scheduler: Scheduler,
+        executor: Executor,
+        stats: EngineStats,
+        prompt_only: bool = True,
+    ) -> None:
+        self.tiers = tiers
+        self.stats = stats
+        self._reported = {tier.medium: (0, 0) for tier in tiers}
+        """Each tier's evicted blocks and skipped stores as last reported."""
+        self.blocks = scheduler.blocks
+        scheduler.external.offload_lookup = self.lookup
+        self.executor = executor
+        self.prompt_only = prompt_only
+        self._found: dict[str, list[_Segment]] = {}
+        """Requests whose lookup hit, until their load starts."""
+        self._loading: dict[str, _Load] = {}
+        """Requests whose load started, until a step notices it (or they end)."""
+
+    def publish_kv_events(self) -> None:
+        for tier in self.tiers:
+            tier.publish_kv_events()
+
+    def take_kv_events(self) -> list[BlockStored | BlockRemoved]:
+        return [event for tier in self.tiers for event in tier.take_kv_events()]
+
+    # ---- loads -------------------------------------------------------------------------------------
+
+    def lookup(self, req: Request, num_hit_blocks: int, now: float) -> int:
+        """Blocks after `req`'s GPU prefix hit of `num_hit_blocks` that the tiers hold ready at `now`,
+        consecutive (its load is planned: `start_load`); every tier touches what it holds of the
+        prompt."""
+        bs = self.blocks.block_size
+        limit = (req.num_prompt_tokens - 1) // bs  # the last token is computed here
+        hashes = self.blocks.block_hashes(req, limit)
+        for tier in self.tiers:
+            tier.touch(hashes)
+        segments, at = [], num_hit_blocks
+        while at < limit:
+            for tier in self.tiers:
+                if n := tier.num_ready(hashes[at:limit], now):
+                    segments.append(_Segment(tier, at, n))
+                    at += n
+                    break
+            else:
+                break
+        if segments:
+            self._found[req.request_id] = segments
+        return at - num_hit_blocks
+
+    def start_load(self, req: Request, now: float) -> None:
+        """`req` got its blocks at `now`: its tiers copy their blocks in (the real KV moves now; the
+        request sees them at the first step boundary at or after the emulated end)."""
+        load = _Load(req, self._found.pop(req.request_id), now)
+        self._loading[req.request_id] = load
+        kvs: list[np.ndarray | None] = []
+        t = req.times
+        for seg in load.segments:
+            hashes = req.block_hashes[seg.first_block : seg.first_block + seg.num_blocks]
+            part, done_s = seg.tier.load(hashes, now)
+            num_bytes = seg.num_blocks * seg.tier.block_bytes
+            self.stats.on_kv_offload("load", seg.tier.medium, num_bytes, done_s - now)
+            kvs += part
+            load.done_s = max(load.done_s, done_s)
+            if t.offload_load_start_s is None:  # (a preempted request loading again counts once)
+                setattr(t, f"num_{seg.tier.medium}_tokens", seg.num_blocks * self.blocks.block_size)
+            t.offload_load_bytes += num_bytes
+        t.offload_load_start_s, t.offload_load_done_s = now, load.done_s
+        first = load.segments[0].first_block
+        if self.executor.runner is not None:
+            ids = req.block_ids[first : first + len(kvs)]
+            self.executor.write_kv(ids, np.concatenate(kvs, axis=3))  # type: ignore[arg-type]
+
+    def notice_loaded(self, now: float) -> list[Request]:
+        """Step boundary: requests whose loads are done by `now` (their blocks unpinned); the caller
+        gives them to the scheduler."""
+        done = [load for load in self._loading.values() if load.done_s <= now + 1e-12]
+        for load in done:
+            del self._loading[load.req.request_id]
+            self._unpin(load)
+        return [load.req for load in done]
+
+    def upcoming(self, since: float) -> list[float]:
+        """Loads ending after `since` (or at it: noticed only once the loop runs again)."""
+        return [load.done_s for load in self._loading.values() if load.done_s >= since]
+
+    def request_finished(self, req: Request, now: float) -> None:
+        """`req` ended: a load it had planned or started is dropped (its blocks unpinned), and its
+        computed blocks are stored (before the scheduler frees them)."""
+        self._found.pop(req.request_id, None)
+        load = self._loading.pop(req.request_id, None)
+        if load is not None:
+            self._unpin(load)
+        self.store(req, now)
+
+    @staticmethod
+    def _unpin(load: _Load) -> None:
+        for seg in load.segments:
+            seg.tier.loaded(load.req.block_hashes[seg.first_block : seg.first_block + seg.num_blocks])
+
+    # ---- stores ------------------------------------------------------------------------------------
+
+    def store(self, req: Request, now: float) -> None:
+        """Store `req`'s full computed blocks (its prompt's, with `prompt_only`) in every tier that
+        lacks them, from `now` on."""
+        bs = self.blocks.block_size
+        num_full = min(req.num_computed_tokens, len(req.block_ids) * bs) // bs
+        if self.prompt_only:
+            num_full = min(num_full, req.num_prompt_tokens // bs)
+        if num_full == 0:
+            return
+        hashes = self.blocks.block_hashes(req, num_full)
+        kvs = self._read(req, num_full)
+        for tier in self.tiers:
+            num_stored, ready_s = tier.store(hashes, kvs, now)
+            if num_stored:
+                num_bytes = num_stored * tier.block_bytes
+                req.times.offload_store_bytes += num_bytes
+                self.stats.on_kv_offload("store", tier.medium, num_bytes, ready_s - now)
+            self._report(tier)
+
+    def _report(self, tier: KVTier) -> None:
+        """`tier`'s usage, and its evictions and skipped stores since its last report."""
+        c = tier.counters
+        was_evicted, was_skipped = self._reported[tier.medium]
+        num_evicted, num_skipped = c.num_evicted_blocks - was_evicted, c.num_skipped_stores - was_skipped
+        self.stats.on_kv_offload_tier(tier.medium, tier.usage, num_evicted, num_skipped)
+        self._reported[tier.medium] = (c.num_evicted_blocks, c.num_skipped_stores)
+
+    def _read(self, req: Request, num_blocks: int) -> list[np.ndarray | None]:
+        """The runner's KV of `req`'s first `num_blocks` blocks, a copy each (None each: compute skip)."""
+        kv = self.executor.read_kv(req.block_ids[:num_blocks], num_blocks * self.blocks.block_size)
+        if kv is None:
+            return [None] * num_blocks
+        return list(np.split(kv.copy(), num_blocks, axis=3))
+
+    def assert_empty(self) -> None:
+        """No load left planned or under way, and no tier with a block still pinned."""
+        assert not self._found, f"offload loads planned, never started: {list(self._found)[:10]}"
+        assert not self._loading, f"offload loads never noticed: {list(self._loading)[:10]}"
+        for tier in self.tiers:
+            tier.assert_consistent()
