@@ -15,7 +15,7 @@ from cluster.config_rules_experts import experts
 from cluster.config_rules_hybrid import hybrid
 from emulation.config import PoolConfig, TestbedConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS, cdiv, num_gpu_blocks
-from emulation.profiles import GPUS, MODELS
+from emulation.profiles import GPUS, LINKS, MODELS
 from workloads.slo import SloError, parse_slo
 from workloads.traces.multi_turn import parse_dist
 
@@ -195,7 +195,7 @@ def _offload(cfg: TestbedConfig) -> Iterator[str]:
     if cfg.target.profile.ssm is not None:
         yield (
             f"kv_offload: {cfg.target.model} is hybrid and offloading its SSM states is not emulated; "
-            "allowed: host_gb and disk_gb 0"
+            "allowed: host_gb, disk_gb and shared_gb 0"
         )
     pools = [(role, pool) for role, pool in cfg.pools.by_role() if pool.replicas > 0]
     host_gb = {role: _kv_gpus(pool) * GPUS[pool.gpu].host_memory_gb for role, pool in pools}
@@ -206,6 +206,19 @@ def _offload(cfg: TestbedConfig) -> Iterator[str]:
             f"kv_offload.host_gb={o.host_gb:g}: more than the host memory of a {role} replica's GPUs "
             f"({_kv_gpus(pool)} x {pool.gpu} at {GPUS[pool.gpu].host_memory_gb:g} GB, "
             f"GpuProfile.host_memory_gb); allowed: 0 to {most:g}"
+        )
+    if o.shared_gb > 0 and o.shared_link is None:
+        yield (
+            f"kv_offload.shared_link=None: a shared store (shared_gb={o.shared_gb:g}) needs a link; "
+            f"allowed: one of {', '.join(LINKS)}"
+        )
+    total_gb = sum(pool.replicas * host_gb[role] for role, pool in pools)
+    tiers_gb = o.host_gb * sum(pool.replicas for _, pool in pools)
+    if o.shared_gb > total_gb - tiers_gb:
+        yield (
+            f"kv_offload.shared_gb={o.shared_gb:g}: beside the engines' host tiers ({tiers_gb:g} GB), more "
+            f"than the host memory of the deployment's GPUs ({total_gb:g} GB); "
+            f"allowed: 0 to {max(0.0, total_gb - tiers_gb):g}"
         )
 
 

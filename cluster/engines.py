@@ -28,7 +28,8 @@ from actors.engine.executor import Executor
 from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
 from actors.engine.kv_faults import KVLoadFaults
-from actors.engine.kv_offload import KVOffload
+from actors.engine.kv_offload import KVOffload, Tier
+from actors.engine.kv_shared_tier import KVStoreClient, SharedKVTier
 from actors.engine.kv_tier import KVTier
 from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue
 from actors.engine.mamba_align import block_aligned_split
@@ -159,21 +160,24 @@ def kv_scheduler_for(
 
 
 def offload_for(
+    engine_id: str,
     cfg: TestbedConfig,
     pool: PoolConfig,
     role: Role,
     scheduler: Scheduler,
     executor: Executor,
     stats: EngineStats,
+    kv_store: KVStoreClient | None,
 ) -> KVOffload | None:
-    """The offloading connector of one replica of `pool` over its tiers (host memory, then disk), each
-    sized in blocks of the replica's KV (every GPU's share of a block); None without tiers."""
+    """The offloading connector of one replica of `pool` over its tiers (host memory, then disk, then
+    its side of the shared store `kv_store`), each sized in blocks of the replica's KV (every GPU's
+    share of a block); None without tiers."""
     o = cfg.kv_offload
-    if not (o.host_gb or o.disk_gb):
+    if not o.enabled:
         return None
     tp, gpu = pool.attention_tp, GPUS[pool.gpu]
     block_bytes = round(cfg.target.profile.kv_bytes_per_token_per_gpu(tp) * tp) * cfg.scheduler.block_size
-    tiers = [
+    tiers: list[Tier] = [
         KVTier(medium, int(gb * 1e9) // block_bytes, link=LINKS[link], block_bytes=block_bytes, lanes=lanes)
         for medium, gb, link, lanes in (
             ("host", o.host_gb, o.host_link or gpu.host_link, tp),  # each GPU copies its share
@@ -181,10 +185,28 @@ def offload_for(
         )
         if gb > 0
     ]
+    if kv_store is not None:  # last: a block comes from the engine's own tiers first
+        assert o.shared_link is not None
+        tiers.append(
+            SharedKVTier(
+                engine_id,
+                kv_store,
+                shared_store_blocks(cfg),
+                link=LINKS[o.shared_link],
+                block_bytes=block_bytes,
+                lanes=tp,  # a NIC a GPU
+            )
+        )
     offload = KVOffload(tiers, scheduler=scheduler, executor=executor, stats=stats, prompt_only=o.prompt_only)
     if cfg.router.policy_for(role) == "kv_aware":
         offload.publish_kv_events()
     return offload
+
+
+def shared_store_blocks(cfg: TestbedConfig) -> int:
+    """The shared KV store's capacity in blocks of the target's KV (`kv_offload.shared_gb`)."""
+    block_bytes = cfg.target.profile.kv_bytes_per_token * cfg.scheduler.block_size
+    return int(cfg.kv_offload.shared_gb * 1e9) // block_bytes
 
 
 def prefill_backoff(cfg: TestbedConfig) -> int:
@@ -213,12 +235,14 @@ def build_engine(
     compute_in_thread: bool = False,
     link: Link | None = None,
     time_model: StepTimeModel | None = None,
+    kv_store: KVStoreClient | None = None,
 ) -> EngineCore:
     """An engine of `pool` in `role`; `peers`: the prefill engines a decode engine pulls from
     (filled in later is fine); `metrics`: its series (None: none); `compute_in_thread`: see
     `Executor`; `link`: the shared link a prefill engine sends on (kv_transfer.link_scope=fabric),
     None: its own; `time_model`: how long its steps take (None: the target's, `time_model_for`; tests
-    that step an engine in lockstep with another give every step the same time)."""
+    that step an engine in lockstep with another give every step the same time); `kv_store`: the
+    deployment's shared KV store (kv_offload.shared_gb > 0)."""
     s = cfg.scheduler
     time_model = time_model or time_model_for(cfg, pool)
     scheduler = scheduler_for(cfg, pool, role)
@@ -256,7 +280,7 @@ def build_engine(
         max_model_len=s.max_model_len,
         encoder_roofline=encoder_roofline,
         macro_steps=cfg.runner.macro_steps,
-        offload=offload_for(cfg, pool, role, scheduler, executor, stats),
+        offload=offload_for(engine_id, cfg, pool, role, scheduler, executor, stats, kv_store),
         admission=Admission(
             engine_id,
             scheduler=scheduler,

@@ -27,9 +27,10 @@ import ray
 
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import LinkQueue
+from actors.kv_store import KVStore
 from cluster.clock_sync import ClockOffset, check_uncertainty, measure_actor, sync_summary
 from cluster.config_load import ConfigError
-from cluster.engines import chat_renderer
+from cluster.engines import chat_renderer, shared_store_blocks
 from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost, ffn_actors
 from cluster.live_shutdown import ffn_handles, kill, shutdown
 from cluster.placement import EnginePlacement, engine_placement, rank_nodes, release
@@ -98,6 +99,8 @@ class LiveDeployment:
     """expert-parallel engine id -> the Ray node id of each of its ranks."""
     ffn: dict[str, list[Any]] = field(default_factory=dict)
     """AFD engine id -> its FFN ranks' actors (`hosts.ffn`; none with compute skip)."""
+    kv_store: Any = None
+    """The shared KV store's actor (kv_offload.shared_gb > 0), else None."""
 
 
 def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
@@ -113,6 +116,11 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     fabric = None
     if cfg.kv_transfer.link_scope == "fabric":
         fabric = ray.remote(LinkQueue).options(num_cpus=0).remote()
+    kv_store = None
+    if cfg.kv_offload.shared_gb:  # its own actor, every engine's calls queue there
+        kv_store = (
+            ray.remote(KVStore).options(num_cpus=0).remote(shared_store_blocks(cfg), cfg.pools.engine_ids())
+        )
     pools: dict[str, dict[str, Any]] = {"mixed": {}, "prefill": {}, "decode": {}}
     placements: dict[str, EnginePlacement] = {}
     ffn: dict[str, list[Any]] = {}  # AFD: each engine's FFN ranks, made first (its warm-up calls them)
@@ -124,10 +132,14 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
                 peers = dict(pools["prefill"]) if role == "decode" else {}
                 ffn[eid] = ffn_actors(cfg, pool)
                 pools[role][eid] = host.options(**placements[eid].options).remote(
-                    eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None, ffn[eid]
+                    eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None, ffn[eid], kv_store
                 )
     except BaseException:  # what was placed is freed (a joined cluster outlives this run)
-        for handle in [*(h for per in pools.values() for h in per.values()), *ffn_handles(ffn)]:
+        for handle in [
+            *(h for per in pools.values() for h in per.values()),
+            *ffn_handles(ffn),
+            *filter(None, [kv_store]),
+        ]:
             ray.kill(handle)
         release(list(placements.values()))
         raise
@@ -152,6 +164,7 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     dep = LiveDeployment(engines, nodes, proxy, 0.0, targets, renders, fabric, encoders, proxy_args, spares)
     dep.placements = placements
     dep.ffn = ffn
+    dep.kv_store = kv_store
     dep.rank_nodes = {eid: rank_nodes(p) for eid, p in placements.items() if p.group is not None}
     encoder_by_id = dict(zip(encoder_ids, encoders, strict=True))
     timed = {"proxy": proxy, **engines, **encoder_by_id}

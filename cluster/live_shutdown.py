@@ -57,6 +57,7 @@ def kill(dep: LiveDeployment) -> None:
         *dep.renders,
         *dep.encoders,
         *([dep.link] if dep.link else []),
+        *([dep.kv_store] if dep.kv_store else []),
         *ffn_handles(dep.ffn),
     ]:
         ray.kill(handle)

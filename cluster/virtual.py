@@ -19,8 +19,16 @@ from actors.engine.core import EngineCore, Role
 from actors.engine.kv_connector_worker import KVSource
 from actors.engine.kv_transfer import LinkQueue
 from actors.engine_pool import watch_health
+from actors.kv_store import KVStore
 from actors.proxy import Proxy
-from cluster.engines import build_encoder, build_engine, chat_renderer, encoder_pool, runner_for
+from cluster.engines import (
+    build_encoder,
+    build_engine,
+    chat_renderer,
+    encoder_pool,
+    runner_for,
+    shared_store_blocks,
+)
 from cluster.outcome import RunOutput, run_output
 from dashboards.exposition import Expositions
 from dashboards.recorders import EncoderMetrics, EngineMetrics, ProxyMetrics
@@ -126,6 +134,7 @@ def build_deployment(
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
     engine_metrics: list[EngineMetrics] = []
     fabric = LinkQueue() if cfg.kv_transfer.link_scope == "fabric" else None
+    kv_store = KVStore(shared_store_blocks(cfg), cfg.pools.engine_ids()) if cfg.kv_offload.shared_gb else None
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
             if metrics:
@@ -141,6 +150,7 @@ def build_deployment(
                 engine_metrics[-1] if metrics else None,
                 compute_in_thread,
                 fabric,
+                kv_store=kv_store,
             )
             pools[role].append(engine)
     peers.update({e.engine_id: e for e in pools["prefill"]})

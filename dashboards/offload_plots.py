@@ -14,6 +14,7 @@ SOURCES = (
     ("GPU prefix cache", "tab:blue"),
     ("host tier", "tab:orange"),
     ("disk tier", "tab:brown"),
+    ("shared store", "tab:green"),
     ("pulled back from decode", "tab:purple"),
     ("computed", "tab:gray"),
 )
@@ -27,11 +28,11 @@ def prompt_sources(ok: pd.DataFrame) -> pd.DataFrame:
 
     rows = {}
     for design, part in ok.groupby("design", sort=False):
-        host, disk = tokens(part, "host"), tokens(part, "disk")
-        gpu = float(part["prompt_cached_tokens"].sum()) - host - disk
+        host, disk, shared = tokens(part, "host"), tokens(part, "disk"), tokens(part, "shared")
+        gpu = float(part["prompt_cached_tokens"].sum()) - host - disk - shared
         pulled = float(part["prefill_pulled_back_tokens"].fillna(0).sum())
         computed = float(part["prompt_computed_tokens"].sum())
-        rows[str(design)] = [gpu, host, disk, pulled, computed]
+        rows[str(design)] = [gpu, host, disk, shared, pulled, computed]
     frame = pd.DataFrame.from_dict(rows, orient="index", columns=[name for name, _ in SOURCES])
     return frame.div(frame.sum(axis=1), axis=0)
 

@@ -4,7 +4,7 @@ Tensors cross only where they are the point: KV in `KVPayload`, an image's patch
 (for the vision encoder). Times are emulated seconds.
 """
 
-from messages.kv import BlockRemoved, BlockStored, KVEvents, KVPayload, KVPull, SsmState
+from messages.kv import BlockRemoved, BlockStored, KVEvents, KVPayload, KVPull, KVStoreChanges, SsmState
 from messages.kv_transfer_params import KVTransferParams
 from messages.multimodal import EncodedImage, EncodeJob, MultiModalItem
 from messages.requests import (
@@ -32,6 +32,7 @@ __all__ = [
     "KVEvents",
     "KVPayload",
     "KVPull",
+    "KVStoreChanges",
     "KVTransferParams",
     "MultiModalItem",
     "PromptIds",

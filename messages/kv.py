@@ -85,3 +85,13 @@ class KVPayload:
     state: SsmState | None = None
     """A hybrid model's SSM state as of the last token prefill computed (its prompt but the last, so
     decode computes that one from it); None without SSM layers, or with compute skip."""
+
+
+@dataclass
+class KVStoreChanges:
+    """shared KV store -> an engine: what the store gained and lost since the engine's last call, so
+    that the engine's view of it (what its lookups read without a call) follows it."""
+
+    entries: list[tuple[bytes, float | None]]
+    """In order: (block hash, when its store completes) for a block any engine stored, (block hash,
+    None) for one the store evicted."""

@@ -105,6 +105,8 @@ class RequestTimes:
     """Prompt tokens loaded from this engine's host-memory offload tier (after its GPU prefix hit)."""
     num_disk_tokens: int = 0
     """Prompt tokens loaded from this engine's disk offload tier."""
+    num_shared_tokens: int = 0
+    """Prompt tokens loaded from the deployment's shared KV store."""
     offload_load_start_s: float | None = None
     """Its blocks were allocated and the load from the offload tiers began (it waited meanwhile)."""
     offload_load_done_s: float | None = None

@@ -201,3 +201,53 @@ def test_offload_hits_and_moves_are_counted_in_vllms_series():
     assert sum_series(expos, m.KV_OFFLOAD_STORE_BYTES.exposed) == df["offload_store_bytes"].sum()
     assert sum_series(expos, m.KV_OFFLOAD_LOAD_SIZE.count) == (df["num_host_tokens"] > 0).sum()
     assert 0 < sum_series(expos, m.KV_OFFLOAD_TIER_USAGE.name, tier="host") <= 1
+
+
+TWO_ENGINES = {"pools": {"mixed": {"replicas": 2}}, "router": {"policy": "round_robin"}}
+SHARED = {"shared_gb": 2.0, "shared_link": "rdma-400g"}
+
+
+def test_a_prompt_computed_on_one_engine_loads_on_another_from_the_shared_store():
+    """Round robin sends r0 to engine 0 and its repeat r6 to engine 0 too (even), so the repeat is r7:
+    on engine 1, which never computed it, it loads what engine 0 stored."""
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(0, 8192, 2048).tolist()
+    requests = [ClientRequest("a", 0.0, prompt, 8, forced_output_token_ids=list(range(8)))]
+    requests.append(ClientRequest("b", 1.0, prompt, 8, forced_output_token_ids=list(range(8))))
+    cfg = make_config(
+        TWO_ENGINES,
+        runner={"compute": "skip"},
+        scheduler={"max_model_len": 2100},
+        workload={"prompt_len": 2048, "output_len": 8},
+        kv_offload=SHARED,
+    )
+    results, _ = run_requests(cfg, requests)  # engines checked empty
+    a, b = sorted(results, key=lambda r: r.request_id)
+    assert a.engine != b.engine
+    assert a.times.num_shared_tokens == 0 and b.times.num_cached_tokens == 0
+    assert b.times.num_shared_tokens == 2048 - 16  # all but its last block
+    assert b.times.offload_load_done_s - b.times.offload_load_start_s > 0.01  # 1 GB over 50 GB/s
+
+
+def test_greedy_tokens_through_the_shared_store_equal_those_computed_again():
+    """Real compute on two engines taking turns: a chat's next turn lands on the other engine, which
+    loads its history from the shared store (numpy through the store) instead of computing it."""
+
+    def chats(kv_offload):
+        cfg = make_config(TWO_ENGINES, REAL_CHATS, kv_offload=kv_offload)
+        results, _ = run_requests(cfg, None)
+        return {r.request_id: r for r in results}
+
+    computed, shared = chats({}), chats(SHARED)
+    assert sum(r.times.num_shared_tokens for r in shared.values()) > 0
+    for rid, r in computed.items():
+        assert shared[rid].output_token_ids == r.output_token_ids, rid
+
+
+def test_a_shared_store_needs_a_link_and_fits_in_host_memory():
+    with pytest.raises(ConfigError, match=r"kv_offload.shared_link=None: a shared store .* allowed: one of"):
+        make_config(TWO_ENGINES, kv_offload={"shared_gb": 10})
+    with pytest.raises(
+        ConfigError, match=r"kv_offload.shared_gb=300: .*host tiers \(200 GB\).* allowed: 0 to 56"
+    ):
+        make_config(TWO_ENGINES, kv_offload={"host_gb": 100, "shared_gb": 300, "shared_link": "rdma-400g"})

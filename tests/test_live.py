@@ -393,3 +393,39 @@ def test_e_p_d_across_nodes_emits_the_tokens_of_an_engine_encoding_locally(clust
     tokens = [r.results["output_token_ids"].map(list).tolist() for r in (live, local)]
     assert tokens[0] == tokens[1]
     assert (live.results["encode_s"] > 0).all() and (local.results["encode_s"] == 0).all()
+
+
+def test_the_shared_kv_store_is_an_actor_every_engine_loads_from(cluster):
+    """Real compute, three two-turn chats on two engines taking turns, KV offloaded to the shared
+    store only: each second turn lands on the engine that did not compute the first, which loads
+    the history from the store's actor (numpy through Ray); greedy tokens are virtual mode's."""
+    overrides = [
+        "runner.compute=real",
+        "workload.output_policy=greedy",
+        "workload.kind=multi_turn",
+        "multi_turn.num_conversations=3",
+        "multi_turn.num_turns=constant:2",
+        "multi_turn.common_prefix_tokens=0",
+        "multi_turn.prefix_tokens=constant:300",
+        "multi_turn.user_tokens=constant:40",
+        "multi_turn.output_tokens=constant:16",
+        "multi_turn.think_s=constant:1",
+        "multi_turn.conversation_rate=20",
+        "multi_turn.history=model",
+        "pools.mixed.replicas=2",
+        "router.policy=round_robin",
+        "kv_offload.shared_gb=8",
+        "kv_offload.shared_link=rdma-400g",
+        "clock.mode=live",
+        "clock.time_scale=2",
+    ]
+    cfg = design("collocated", *overrides)
+    live = run_live(cfg).results
+    virtual = run_virtual(
+        dataclasses.replace(cfg, clock=dataclasses.replace(cfg.clock, mode="virtual"))
+    ).results
+    assert live["ok"].all() and len(live) == 6
+    second = live[live["turn"] == 1]
+    assert (second["num_shared_tokens"] > 0).all()
+    by_id = lambda df: dict(zip(df["request_id"], df["output_token_ids"].map(list), strict=True))  # noqa: E731
+    assert by_id(live) == by_id(virtual)

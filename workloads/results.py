@@ -22,6 +22,7 @@ _PREFILL_COLUMNS = {
     "num_preemptions": "prefill_num_preemptions",
     "num_host_tokens": "prefill_host_tokens",
     "num_disk_tokens": "prefill_disk_tokens",
+    "num_shared_tokens": "prefill_shared_tokens",
 }
 """P/D: the prefill engine's times kept beside the producing (decode) engine's."""
 
@@ -65,7 +66,10 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     # Where the prompt was computed (prefill in P/D), how much of it its offload tiers and the caches
     # altogether (GPU prefix cache, then the tiers) served.
     host = df["prefill_host_tokens"].fillna(df["num_host_tokens"])
-    df["prompt_offloaded_tokens"] = (host + df["prefill_disk_tokens"].fillna(df["num_disk_tokens"])).fillna(0)
+    disk = df["prefill_disk_tokens"].fillna(df["num_disk_tokens"])
+    df["prompt_offloaded_tokens"] = (
+        host + disk + df["prefill_shared_tokens"].fillna(df["num_shared_tokens"])
+    ).fillna(0)
     cached = df["prefill_cached_tokens"].fillna(df["num_cached_tokens"])
     server_cached = df["server_num_cached_tokens"].astype("float64")  # None where no server gave one
     df["prompt_cached_tokens"] = cached.fillna(server_cached).fillna(0) + df["prompt_offloaded_tokens"]

@@ -9,11 +9,10 @@ and the receiving side (push notices, loads run in the background, failed loads 
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
+from actors.engine.background import Background
 from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker, KVLoadError
 from actors.engine.kv_offload import KVOffload
@@ -43,6 +42,8 @@ class KVHandoff:
     ) -> None:
         """`offload`: the engine's offloading connector (None: no offload tiers)."""
         self.offload = offload
+        if offload is not None:
+            offload.wake = step_clock.wake
         self.engine_id = engine_id
         self.scheduler = scheduler
         self.kv_scheduler = kv_scheduler
@@ -52,7 +53,7 @@ class KVHandoff:
         self.abort = abort
         self._early_pushes: dict[str, KVTransferParams] = {}
         """Push: prefill's notices for requests not here yet (or aborted; dropped at `clear`)."""
-        self._tasks: set[asyncio.Future[None]] = set()
+        self._background = Background()
 
     # ---- source side (prefill role) ----------------------------------------------------------------
 
@@ -86,12 +87,14 @@ class KVHandoff:
             return
         plan = self.kv_scheduler.push_ready(req, kv_transfer_params)
         if plan is not None:
-            self._background(self._load(req, plan))
+            self._background.run(self._load(req, plan))
 
     def on_added(self, req: Request) -> None:
         """A new request: a hybrid's prefill request leaves its last prompt token to decode; if
         prefill's notice overtook it, its KV can move once it has blocks."""
         self.kv_scheduler.on_new_request(req)
+        if self.offload is not None:
+            self.offload.on_added()
         early = self._early_pushes.pop(req.request_id, None)
         if early is not None:
             self.kv_scheduler.push_ready(req, early)
@@ -100,7 +103,7 @@ class KVHandoff:
         """`req` just got blocks for its remote KV: the load starts (a push not ready yet: `kv_ready`)."""
         plan = self.kv_scheduler.start_load(req, now)
         if plan is not None:
-            self._background(self._load(req, plan))
+            self._background.run(self._load(req, plan))
 
     def start_loads(self, batch: ScheduledBatch, now: float) -> None:
         """The batch's requests that just got blocks for KV from a peer or the offload tiers start
@@ -149,7 +152,7 @@ class KVHandoff:
 
     def notify_done(self, req: Request) -> None:
         """Tell `req`'s source engine it may free the KV (in the background)."""
-        self._background(self.kv_worker.notify_done(req))
+        self._background.run(self.kv_worker.notify_done(req))
 
     def drain(self) -> None:
         """At drain: KV nobody will pull is released, notices for requests that never came dropped."""
@@ -172,11 +175,3 @@ class KVHandoff:
         else:
             self.kv_scheduler.on_loaded(req)
         self.step_clock.wake()
-
-    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run `coro` as a task kept until it ends (a reference, so that it is not collected); its
-        errors are dropped."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())

@@ -17,25 +17,37 @@ prefix cache, which every lookup tries first, and a running request's blocks are
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from actors.engine.background import Background
 from actors.engine.executor import Executor
+from actors.engine.kv_shared_tier import SharedKVTier
 from actors.engine.kv_tier import KVTier
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from messages import BlockRemoved, BlockStored
 
+Tier = KVTier | SharedKVTier
+"""An engine's offload tier: its own (host, disk) or its side of the shared store."""
+OFFLOAD_MEDIA = ("host", "disk", "shared")
+"""The tiers' names (`RequestTimes.num_<medium>_tokens`)."""
+
 
 @dataclass(frozen=True)
 class _Segment:
     """Consecutive blocks of a prompt that one tier supplies."""
 
-    tier: KVTier
+    tier: Tier
     first_block: int
     num_blocks: int
+
+    @property
+    def end(self) -> int:
+        return self.first_block + self.num_blocks
 
 
 @dataclass
@@ -43,6 +55,8 @@ class _Load:
     req: Request
     segments: list[_Segment]
     done_s: float = 0.0
+    fetched: bool = True
+    """Its KV is in the request's blocks (a shared store's comes in the background)."""
 
 
 class KVOffload:
@@ -51,7 +65,7 @@ class KVOffload:
 
     def __init__(
         self,
-        tiers: list[KVTier],
+        tiers: Sequence[Tier],
         *,
         scheduler: Scheduler,
         executor: Executor,
@@ -59,8 +73,11 @@ class KVOffload:
         prompt_only: bool = True,
     ) -> None:
         self.tiers = tiers
+        self.wake: Callable[[], None] = lambda: None
+        """Wakes the engine's step loop (a fetch from the shared store came in; set by its KV handoff)."""
+        self._fetches = Background()
         self.stats = stats
-        self._reported = {tier.medium: (0, 0) for tier in tiers}
+        self._reported = dict.fromkeys((tier.medium for tier in tiers), (0, 0))
         """Each tier's evicted blocks and skipped stores as last reported."""
         self.blocks = scheduler.blocks
         scheduler.external.offload_lookup = self.lookup
@@ -70,6 +87,12 @@ class KVOffload:
         """Requests whose lookup hit, until their load starts."""
         self._loading: dict[str, _Load] = {}
         """Requests whose load started, until a step notices it (or they end)."""
+
+    def on_added(self) -> None:
+        """A request arrived: the engine's view of the shared store is brought up to date."""
+        for tier in self.tiers:
+            if isinstance(tier, SharedKVTier):
+                tier.refresh()
 
     def publish_kv_events(self) -> None:
         for tier in self.tiers:
@@ -103,32 +126,68 @@ class KVOffload:
         return at - num_hit_blocks
 
     def start_load(self, req: Request, now: float) -> None:
-        """`req` got its blocks at `now`: its tiers copy their blocks in (the real KV moves now; the
-        request sees them at the first step boundary at or after the emulated end)."""
+        """`req` got its blocks at `now`: its tiers copy their blocks in (the real KV moves now, or once
+        the shared store sent it; the request sees them at the first step boundary at or after the
+        emulated end)."""
         load = _Load(req, self._found.pop(req.request_id), now)
         self._loading[req.request_id] = load
         kvs: list[np.ndarray | None] = []
-        t = req.times
         for seg in load.segments:
-            hashes = req.block_hashes[seg.first_block : seg.first_block + seg.num_blocks]
-            part, done_s = seg.tier.load(hashes, now)
+            part, done_s = seg.tier.load(req.block_hashes[seg.first_block : seg.end], now)
             num_bytes = seg.num_blocks * seg.tier.block_bytes
             self.stats.on_kv_offload("load", seg.tier.medium, num_bytes, done_s - now)
             kvs += part
             load.done_s = max(load.done_s, done_s)
-            if t.offload_load_start_s is None:  # (a preempted request loading again counts once)
-                setattr(t, f"num_{seg.tier.medium}_tokens", seg.num_blocks * self.blocks.block_size)
-            t.offload_load_bytes += num_bytes
-        t.offload_load_start_s, t.offload_load_done_s = now, load.done_s
+        self._record(load, now)
+        if any(isinstance(seg.tier, SharedKVTier) for seg in load.segments):
+            load.fetched = False
+            self._fetches.run(self._fetch(load, kvs))
+        else:
+            self._write(load, kvs)
+
+    async def _fetch(self, load: _Load, kvs: list[np.ndarray | None]) -> None:
+        """Bring the shared store's blocks of `load` in; if it evicted some since the lookup, the load
+        ends before the first one missing (the request computes from there)."""
         first = load.segments[0].first_block
-        if self.executor.runner is not None:
-            ids = req.block_ids[first : first + len(kvs)]
-            self.executor.write_kv(ids, np.concatenate(kvs, axis=3))  # type: ignore[arg-type]
+        for i, seg in enumerate(load.segments):
+            if isinstance(seg.tier, SharedKVTier):
+                got = await seg.tier.fetch(load.req.block_hashes[seg.first_block : seg.end])
+                kvs[seg.first_block - first : seg.first_block - first + len(got)] = got
+                if len(got) < seg.num_blocks:
+                    self._unpin(_Load(load.req, load.segments[i + 1 :]))
+                    load.segments[i:] = [_Segment(seg.tier, seg.first_block, len(got))] if got else []
+                    del kvs[seg.first_block - first + len(got) :]
+                    self._record(load, load.req.times.offload_load_start_s or 0.0)
+                    break
+        if load.req.request_id in self._loading:  # (not ended meanwhile)
+            self._write(load, kvs)
+            load.fetched = True
+            self.wake()
+
+    def _record(self, load: _Load, start_s: float) -> None:
+        """`load` on its request: the offloaded tokens it brings, by tier, and its times and bytes."""
+        req, t, bs = load.req, load.req.times, self.blocks.block_size
+        req.num_offload_tokens = sum(seg.num_blocks for seg in load.segments) * bs
+        if t.first_scheduled_s is None:  # (a preempted request loading again keeps its first)
+            for medium in OFFLOAD_MEDIA:
+                setattr(t, f"num_{medium}_tokens", 0)
+            for seg in load.segments:
+                setattr(t, f"num_{seg.tier.medium}_tokens", seg.num_blocks * bs)
+        t.offload_load_bytes = sum(seg.num_blocks * seg.tier.block_bytes for seg in load.segments)
+        t.offload_load_start_s, t.offload_load_done_s = start_s, load.done_s
+
+    def _write(self, load: _Load, kvs: list[np.ndarray | None]) -> None:
+        """Real compute: the loaded KV into the request's blocks after its GPU hit."""
+        if self.executor.runner is None or not kvs:
+            return
+        first = load.segments[0].first_block
+        ids = load.req.block_ids[first : first + len(kvs)]
+        self.executor.write_kv(ids, np.concatenate(kvs, axis=3))  # type: ignore[arg-type]
 
     def notice_loaded(self, now: float) -> list[Request]:
         """Step boundary: requests whose loads are done by `now` (their blocks unpinned); the caller
         gives them to the scheduler."""
-        done = [load for load in self._loading.values() if load.done_s <= now + 1e-12]
+        done = [load for load in self._loading.values() if load.fetched and load.done_s <= now + 1e-12]
         for load in done:
             del self._loading[load.req.request_id]
             self._unpin(load)
@@ -150,7 +209,7 @@ class KVOffload:
     @staticmethod
     def _unpin(load: _Load) -> None:
         for seg in load.segments:
-            seg.tier.loaded(load.req.block_hashes[seg.first_block : seg.first_block + seg.num_blocks])
+            seg.tier.loaded(load.req.block_hashes[seg.first_block : seg.end])
 
     # ---- stores ------------------------------------------------------------------------------------
 
@@ -173,7 +232,7 @@ class KVOffload:
                 self.stats.on_kv_offload("store", tier.medium, num_bytes, ready_s - now)
             self._report(tier)
 
-    def _report(self, tier: KVTier) -> None:
+    def _report(self, tier: Tier) -> None:
         """`tier`'s usage, and its evictions and skipped stores since its last report."""
         c = tier.counters
         was_evicted, was_skipped = self._reported[tier.medium]

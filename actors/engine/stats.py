@@ -176,7 +176,12 @@ class EngineStats(EngineCounters):
                 external = (
                     {"p2p": req.num_external_computed_tokens}
                     if req.is_remote_prefill
-                    else {"host": t.num_host_tokens, "disk": t.num_disk_tokens}
+                    # vLLM names no source for a store shared across instances
+                    else {
+                        "host": t.num_host_tokens,
+                        "disk": t.num_disk_tokens,
+                        "external_unspecified": t.num_shared_tokens,
+                    }
                 )
                 self.recorder.on_first_token(
                     now_s - t.queued_s, req.num_prompt_tokens, t.num_cached_tokens, external

@@ -1,5 +1,5 @@
-"""An engine's actor body (`EngineHost`) and the clients that stand for it and its link
-(`RemoteEngine`, `RemoteLink`)."""
+"""An engine's actor body (`EngineHost`) and the clients that stand for it, its link and the shared KV
+store (`RemoteEngine`, `RemoteLink`, `RemoteKVStore`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import contextlib
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import ray
 
+from actors.engine.block_hash import BlockHash
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
 from actors.engine.health import EngineDeadError
@@ -25,6 +27,7 @@ from messages import (
     EngineRequest,
     KVPayload,
     KVPull,
+    KVStoreChanges,
     KVTransferParams,
 )
 from messages.stats import EngineReport
@@ -79,6 +82,29 @@ class RemoteLink:
         return wire_start_s
 
 
+class RemoteKVStore:
+    """The shared KV store's actor seen as a `KVStoreClient`: one call per store or load of a request."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    async def put(
+        self, engine_id: str, hashes: Sequence[BlockHash], kvs: Sequence[np.ndarray | None], ready_s: float
+    ) -> KVStoreChanges:
+        changes: KVStoreChanges = await self._handle.put.remote(engine_id, hashes, kvs, ready_s)
+        return changes
+
+    async def get(
+        self, engine_id: str, hashes: Sequence[BlockHash]
+    ) -> tuple[list[np.ndarray | None], KVStoreChanges]:
+        got: tuple[list[np.ndarray | None], KVStoreChanges] = await self._handle.get.remote(engine_id, hashes)
+        return got
+
+    async def changes(self, engine_id: str) -> KVStoreChanges:
+        changes: KVStoreChanges = await self._handle.changes.remote(engine_id)
+        return changes
+
+
 class EngineHost:
     """The body of an engine actor: builds the runner at construction, the engine on the actor's loop."""
 
@@ -92,10 +118,13 @@ class EngineHost:
         prefill: dict[str, Any],
         link: Any = None,
         ffn: Sequence[Any] = (),
+        kv_store: Any = None,
     ) -> None:
         """`prefill`: the prefill engines' actors by id (a decode engine's peers); `link`: the shared
         link's actor a prefill engine sends on (kv_transfer.link_scope=fabric), None: its own; `ffn`:
-        its FFN ranks' actors (AFD with real compute: `hosts.ffn.ffn_actors`)."""
+        its FFN ranks' actors (AFD with real compute: `hosts.ffn.ffn_actors`); `kv_store`: the shared KV
+        store's actor (kv_offload.shared_gb > 0)."""
+        self._kv_store = RemoteKVStore(kv_store) if kv_store is not None else None
         self._args = (engine_id, role, cfg, pool)
         self._link = RemoteLink(link) if link is not None else None
         self._flush_s = cfg.clock.stream_flush_wall_s
@@ -125,8 +154,9 @@ class EngineHost:
         peers: dict[str, KVSource] = {eid: RemoteEngine(eid, h) for eid, h in self._prefill.items()}
         clock = Clock(cfg.clock.scale, epoch_s=epoch_s, offset_s=offset_s)
         self.engine = build_engine(
-            engine_id, role, cfg, pool, clock, self._runner, peers, self._metrics, True, self._link
-        )
+            engine_id, role, cfg, pool, clock, self._runner, peers, self._metrics, True, self._link,
+            kv_store=self._kv_store,
+        )  # fmt: skip
         self.engine.start()
         return serve_node_metrics(self._metrics.registry)
 

@@ -1,8 +1,9 @@
-"""KV offloading: tiers below each engine's GPU KV, as vLLM's offloading connector and LMCache add them.
+"""KV offloading: tiers below each engine's GPU KV, as vLLM's offloading connector, LMCache and
+Mooncake's store add them.
 
     GPU KV (paged, prefix cache) ──store on completion──▶ host tier (per engine, over its PCIe)
-         ▲                                          └──▶ disk tier (per engine, local NVMe)
-         └───────── load on a prefix hit ◀────────────
+         ▲                                          ├──▶ disk tier (per engine, local NVMe)
+         └───────── load on a prefix hit ◀──────────└──▶ shared store (every engine's, over a link)
 
 Every tier keys a block by the same chained block hash as the GPU prefix cache and evicts its least
 recently used blocks. A tier of 0 GB is off; with every tier off the engine has GPU KV only.
@@ -40,6 +41,14 @@ class KVOffloadConfig:
     by default): a conversation's answer reaches a tier when the next turn's prompt, which repeats it,
     is computed."""
 
+    shared_gb: Annotated[float, Field(ge=0)] = 0.0
+    """One KV store every engine stores into and loads from (Mooncake's store, LMCache's remote
+    backend), GB of target-model KV, in the host memory of the deployment's nodes beside their host
+    tiers. 0: none."""
+    shared_link: Annotated[str | None, named("link", LINKS)] = None
+    """Each engine's path to the shared store, a name from emulation.profiles.LINKS (an RDMA NIC for
+    Mooncake's store); required with `shared_gb` > 0."""
+
     @property
     def enabled(self) -> bool:
-        return self.host_gb > 0 or self.disk_gb > 0
+        return self.host_gb > 0 or self.disk_gb > 0 or self.shared_gb > 0

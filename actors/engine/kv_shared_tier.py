@@ -1,0 +1,148 @@
+"""An engine's side of the deployment's shared KV store (`actors/kv_store.py`): a tier of its
+offloading connector whose blocks live in the store, every engine's alike.
+
+Lookups read the engine's view of the store (hash -> when its store completes), which each of its
+calls to the store brings up to date; a load's KV comes from the store in the background, and what the
+store evicted meanwhile is missing from it. Its transfers queue on the engine's own link to the store,
+one wire for loads and one for stores, as a host tier's do on PCIe (`kv_tier.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from actors.engine.background import Background
+from actors.engine.block_hash import BlockHash
+from actors.engine.kv_tier import TierCounters
+from actors.engine.kv_transfer import LinkQueue
+from emulation.profiles import LinkProfile
+from emulation.transfer import handoff_time
+from messages import BlockRemoved, BlockStored, KVStoreChanges
+
+
+class KVStoreClient(Protocol):
+    """The shared store as an engine calls it (the store itself, or a client of its actor)."""
+
+    async def put(
+        self, engine_id: str, hashes: Sequence[BlockHash], kvs: Sequence[np.ndarray | None], ready_s: float
+    ) -> KVStoreChanges: ...
+
+    async def get(
+        self, engine_id: str, hashes: Sequence[BlockHash]
+    ) -> tuple[list[np.ndarray | None], KVStoreChanges]: ...
+
+    async def changes(self, engine_id: str) -> KVStoreChanges: ...
+
+
+class SharedKVTier:
+    """The engine `engine_id`'s tier over the store `kv_store` of `num_blocks` blocks."""
+
+    medium = "shared"
+
+    def __init__(
+        self,
+        engine_id: str,
+        store: KVStoreClient,
+        num_blocks: int,
+        *,
+        link: LinkProfile,
+        block_bytes: int,
+        lanes: int,
+    ) -> None:
+        self.engine_id = engine_id
+        self.kv_store = store
+        self.num_blocks = num_blocks
+        self.link = link
+        self.block_bytes = block_bytes
+        self.lanes = lanes
+        self._calls = Background()
+        """Its puts and view refreshes under way."""
+        self._view: dict[BlockHash, float] = {}
+        """What the store holds as this engine last heard, with when each block's store completes."""
+        self._stores = LinkQueue()
+        self._loads = LinkQueue()
+        self.counters = TierCounters()
+
+    @property
+    def usage(self) -> float:
+        return min(1.0, len(self._view) / self.num_blocks) if self.num_blocks else 0.0
+
+    def publish_kv_events(self) -> None:
+        """Nothing to publish: every engine reads the same store, so it tells a router nothing."""
+
+    def take_kv_events(self) -> list[BlockStored | BlockRemoved]:
+        return []
+
+    def num_ready(self, hashes: Sequence[BlockHash], now: float) -> int:
+        """Leading `hashes` the store holds, as this engine last heard, with their store complete."""
+        num = 0
+        for h in hashes:
+            ready_s = self._view.get(h)
+            if ready_s is None or ready_s > now:
+                break
+            num += 1
+        return num
+
+    def touch(self, hashes: Sequence[BlockHash]) -> None:
+        """Nothing: the store's recency counts its puts and gets."""
+
+    def store(
+        self, hashes: Sequence[BlockHash], kvs: Sequence[np.ndarray | None], now: float
+    ) -> tuple[int, float]:
+        """Send the blocks the store lacks (as this engine knows it) over the link; they count as held
+        at once, the store's answer corrects the view."""
+        new = [(h, kv) for h, kv in zip(hashes, kvs, strict=True) if h not in self._view]
+        if not new:
+            return 0, now
+        t = handoff_time(len(new) * self.block_bytes, len(new), self.link, self.lanes)
+        ready_s = self._stores.reserve_now(now, t.wire_s) + t.total_s
+        self._view.update(dict.fromkeys((h for h, _ in new), ready_s))
+        c = self.counters
+        c.num_stored_blocks += len(new)
+        c.store_bytes += len(new) * self.block_bytes
+        c.store_s += ready_s - now
+        self._calls.run(self._put([h for h, _ in new], [kv for _, kv in new], ready_s))
+        return len(new), ready_s
+
+    async def _put(self, hashes: list[BlockHash], kvs: list[np.ndarray | None], ready_s: float) -> None:
+        self._apply(await self.kv_store.put(self.engine_id, hashes, kvs, ready_s))
+
+    def load(self, hashes: Sequence[BlockHash], now: float) -> tuple[list[np.ndarray | None], float]:
+        """When a load of `hashes` starting at `now` completes; their KV comes from `fetch`."""
+        t = handoff_time(len(hashes) * self.block_bytes, len(hashes), self.link, self.lanes)
+        done_s = self._loads.reserve_now(now, t.wire_s) + t.total_s
+        c = self.counters
+        c.num_loaded_blocks += len(hashes)
+        c.load_bytes += len(hashes) * self.block_bytes
+        c.load_s += done_s - now
+        return [None] * len(hashes), done_s
+
+    async def fetch(self, hashes: Sequence[BlockHash]) -> list[np.ndarray | None]:
+        """The KV of the leading `hashes` the store still holds (fewer: it evicted the next one)."""
+        kvs, changes = await self.kv_store.get(self.engine_id, hashes)
+        self._apply(changes)
+        return kvs
+
+    def refresh(self) -> None:
+        """Bring the view up to date (in the background: a request arriving starts it before the
+        engine looks it up)."""
+        self._calls.run(self._refresh())
+
+    async def _refresh(self) -> None:
+        self._apply(await self.kv_store.changes(self.engine_id))
+
+    def loaded(self, hashes: Sequence[BlockHash]) -> None:
+        """Nothing pinned: a fetch copies the blocks out of the store."""
+
+    def _apply(self, changes: KVStoreChanges) -> None:
+        for h, ready_s in changes.entries:
+            if ready_s is None:
+                self._view.pop(h, None)
+            else:
+                self._view[h] = ready_s
+
+    def assert_consistent(self) -> None:
+        """Nothing held here but the view."""
