@@ -3,8 +3,9 @@
 Preset offload-h200 (four Llama-3.1-8B engines on H200s, KV-aware routing weighing tier hits), virtual
 mode, compute skip, the 20-minute conversation window (3,658 requests): GPU KV only, then a host tier
 per engine of 64 to 256 GB (the profile's most: a DGX H200's 2 TB over 8 GPUs), then 256 GB with a
-local disk tier of 1 and 4 TB. Per point: achieved prefix hits (GPU cache and tiers) against the
-trace's infinite-cache rate, the share the tiers supplied, TTFT p50 / p99 and the replay's wall time.
+local disk tier of 1 and 4 TB, then a store shared by the four engines. Per point: achieved prefix
+hits (GPU cache and tiers) against the trace's infinite-cache rate, the share the tiers supplied,
+TTFT p50 / p99 and the replay's wall time.
 
     python bench/offload_curve.py [--out runs/bench-offload-curve.json]
 """
@@ -26,8 +27,10 @@ TRACE = (
     / "mooncake_fast25"
     / "conversation_trace.window_0s_1200s.jsonl"
 )
-POINTS = [(0, 0), (64, 0), (128, 0), (192, 0), (256, 0), (256, 1000), (256, 4000)]
-"""(host_gb, disk_gb) per engine."""
+POINTS = [(0, 0, 0), (64, 0, 0), (128, 0, 0), (192, 0, 0), (256, 0, 0), (256, 1000, 0), (256, 4000, 0)]
+POINTS += [(0, 0, 1024), (128, 0, 512), (128, 1000, 512)]
+"""(host_gb, disk_gb) per engine, and the shared store's shared_gb (over rdma-400g): the four H200s'
+1,024 GB of host memory all in the store, or half of it."""
 
 
 def main() -> int:
@@ -35,12 +38,14 @@ def main() -> int:
     p.add_argument("--out", default="runs/bench-offload-curve.json")
     args = p.parse_args()
     rows = []
-    for host_gb, disk_gb in POINTS:
+    for host_gb, disk_gb, shared_gb in POINTS:
         overrides = [
             "runner.compute=skip",
             f"replay.trace={TRACE}",
             f"kv_offload.host_gb={host_gb}",
             f"kv_offload.disk_gb={disk_gb}",
+            f"kv_offload.shared_gb={shared_gb}",
+            "kv_offload.shared_link=rdma-400g",
         ]
         cfg = load_designs("offload-h200", ["collocated"], overrides)[0]
         start = time.perf_counter()
@@ -52,6 +57,7 @@ def main() -> int:
             {
                 "host_gb": host_gb,
                 "disk_gb": disk_gb,
+                "shared_gb": shared_gb,
                 "completed": s["completed"],
                 "prefix_hit_rate": round(s["prefix_hit_rate"], 4),
                 "theoretical_prefix_hit_rate": round(s["theoretical_prefix_hit_rate"], 4),

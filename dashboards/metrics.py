@@ -20,7 +20,8 @@ FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 """vLLM's cache tiers (`CacheHitSource`); the testbed's hits come from `device` (its own prefix cache),
-`p2p` (KV pulled from a peer engine), `host` and `disk` (its offload tiers)."""
+`p2p` (KV pulled from a peer engine), `host` and `disk` (its offload tiers), `external_unspecified` (the
+shared KV store: vLLM names no source for a store shared across instances)."""
 WAITING_REASONS = ("capacity", "deferred")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")

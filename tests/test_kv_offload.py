@@ -2,6 +2,8 @@
 while WAITING_FOR_REMOTE_KVS and stores on completion; real KV moving out and back with greedy tokens
 unchanged; the router weighing tier hits; vLLM's series; the config's bounds."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -204,7 +206,7 @@ def test_offload_hits_and_moves_are_counted_in_vllms_series():
 
 
 TWO_ENGINES = {"pools": {"mixed": {"replicas": 2}}, "router": {"policy": "round_robin"}}
-SHARED = {"shared_gb": 2.0, "shared_link": "rdma-400g"}
+SHARED_STORE = {"shared_gb": 2.0, "shared_link": "rdma-400g"}
 
 
 def test_a_prompt_computed_on_one_engine_loads_on_another_from_the_shared_store():
@@ -219,7 +221,7 @@ def test_a_prompt_computed_on_one_engine_loads_on_another_from_the_shared_store(
         runner={"compute": "skip"},
         scheduler={"max_model_len": 2100},
         workload={"prompt_len": 2048, "output_len": 8},
-        kv_offload=SHARED,
+        kv_offload=SHARED_STORE,
     )
     results, _ = run_requests(cfg, requests)  # engines checked empty
     a, b = sorted(results, key=lambda r: r.request_id)
@@ -238,7 +240,7 @@ def test_greedy_tokens_through_the_shared_store_equal_those_computed_again():
         results, _ = run_requests(cfg, None)
         return {r.request_id: r for r in results}
 
-    computed, shared = chats({}), chats(SHARED)
+    computed, shared = chats({}), chats(SHARED_STORE)
     assert sum(r.times.num_shared_tokens for r in shared.values()) > 0
     for rid, r in computed.items():
         assert shared[rid].output_token_ids == r.output_token_ids, rid
@@ -251,3 +253,49 @@ def test_a_shared_store_needs_a_link_and_fits_in_host_memory():
         ConfigError, match=r"kv_offload.shared_gb=300: .*host tiers \(200 GB\).* allowed: 0 to 56"
     ):
         make_config(TWO_ENGINES, kv_offload={"host_gb": 100, "shared_gb": 300, "shared_link": "rdma-400g"})
+
+
+def test_a_load_from_the_shared_store_stops_where_the_store_evicted_since_the_lookup():
+    """Engine b's view still lists blocks another engine's stores have since evicted: its lookup
+    counts them, its fetch finds the first gone, so the load ends there (no block of it comes) and
+    the request computes those tokens; the view learns of the eviction."""
+    from actors.engine.block_manager import BlockManager
+    from actors.engine.executor import Executor
+    from actors.engine.kv_offload import KVOffload
+    from actors.engine.kv_shared_tier import SharedKVTier
+    from actors.engine.request import Request
+    from actors.engine.scheduler import Scheduler
+    from actors.engine.stats import EngineStats
+    from actors.kv_store import KVStore
+    from messages import EngineRequest
+    from tests.factories import run_async
+
+    store = KVStore(num_blocks=4, engine_ids=["a", "b"])
+    tiers = {
+        e: SharedKVTier(e, store, 4, link=LINKS["rdma-400g"], block_bytes=BLOCK_BYTES, lanes=1) for e in "ab"
+    }
+    scheduler = Scheduler(BlockManager(64, 16, True), max_num_batched_tokens=2048, max_num_seqs=8)
+    offload = KVOffload(
+        [tiers["b"]], scheduler=scheduler, executor=Executor(None, vocab_size=8192), stats=EngineStats()
+    )
+    req = Request(EngineRequest("r", list(range(80)), 1, forced_output_token_ids=[0]), 0.0)
+    hashes = scheduler.blocks.block_hashes(req, 4)
+
+    async def main():
+        tiers["a"].store(hashes, [None] * 4, now=0.0)
+        await asyncio.sleep(0)  # the put reaches the store
+        offload.on_added()  # b's view: all four
+        await asyncio.sleep(0)
+        assert offload.lookup(req, 0, now=1.0) == 4
+        tiers["a"].store(h("x", "y"), [None, None], now=1.0)  # evicts the first two
+        await asyncio.sleep(0)
+        assert scheduler.external.allocate_for_load(req, [], 64)
+        offload.start_load(req, now=1.0)
+        assert offload.notice_loaded(now=2.0) == []  # its fetch is not back yet
+        await asyncio.sleep(0)
+        return offload.notice_loaded(now=2.0)
+
+    assert run_async(main()) == [req]
+    assert req.num_offload_tokens == 0 and req.times.num_shared_tokens == 0
+    assert tiers["b"].num_ready(hashes, now=2.0) == 0  # it heard of the eviction
+    offload.assert_empty()
