@@ -176,12 +176,14 @@ class Router:
         """Leading blocks of the prompt `engine` holds, in any tier (chained hashes: a match covers all
         before it)."""
         if self.policy == "kv_aware":
-            gpu, tiers = self._held[engine], list(self._offloaded[engine].values())
-            if not tiers:
-                return sum(1 for _ in itertools.takewhile(gpu.__contains__, hashes))
-            return sum(
-                1 for _ in itertools.takewhile(lambda h: h in gpu or any(h in t for t in tiers), hashes)
-            )
+            num = 0
+            for held in (self._held[engine], *self._offloaded[engine].values()):
+                # a run on the GPU, then on a tier... (a block in none ends it; runs alternate rarely)
+                num += sum(1 for _ in itertools.takewhile(held.__contains__, hashes[num:]))
+            if num < len(hashes) and self._offloaded[engine]:
+                tiers = [self._held[engine], *self._offloaded[engine].values()]
+                num += sum(1 for _ in itertools.takewhile(lambda h: any(h in t for t in tiers), hashes[num:]))
+            return num
         estimated, now = self._estimated[engine], self.now()
         return sum(1 for _ in itertools.takewhile(lambda h: estimated.get(h, -math.inf) > now, hashes))
 

@@ -12,9 +12,10 @@ link (a GPU's copies to host run on a stream each way)::
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -23,16 +24,6 @@ from actors.engine.kv_transfer import LinkQueue
 from emulation.profiles import LinkProfile
 from emulation.transfer import handoff_time
 from messages import BlockRemoved, BlockStored
-
-
-@dataclass
-class _Entry:
-    ready_s: float
-    """When its store completes: a lookup before it misses."""
-    kv: np.ndarray | None = field(repr=False)
-    """[num_layers, 2, num_kv_heads, block_size, head_dim] of the runner; None with compute skip."""
-    num_loads: int = 0
-    """Loads under way (pinned while > 0)."""
 
 
 @dataclass
@@ -62,19 +53,25 @@ class KVTier:
         self.link = link
         self.block_bytes = block_bytes
         self.lanes = lanes
-        self._blocks: OrderedDict[BlockHash, _Entry] = OrderedDict()
-        """Least recently used first."""
+        self._ready_s: OrderedDict[BlockHash, float] = OrderedDict()
+        """The blocks it holds, least recently used first, with when each one's store completes (a
+        lookup before then misses). Flat values, not an object a block: a store enters hundreds."""
+        self._kv: dict[BlockHash, np.ndarray] = {}
+        """Their KV, [num_layers, 2, num_kv_heads, block_size, head_dim] of the runner (none with
+        compute skip)."""
+        self._pins: dict[BlockHash, int] = {}
+        """Blocks being loaded -> loads under way (never evicted meanwhile)."""
         self._stores = LinkQueue()
         self._loads = LinkQueue()
         self.counters = TierCounters()
         self._events: list[BlockStored | BlockRemoved] | None = None
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self._ready_s)
 
     @property
     def usage(self) -> float:
-        return len(self._blocks) / self.num_blocks if self.num_blocks else 0.0
+        return len(self._ready_s) / self.num_blocks if self.num_blocks else 0.0
 
     def publish_kv_events(self) -> None:
         """Record the blocks stored and evicted (for a KV-aware router scoring hits per tier)."""
@@ -89,10 +86,10 @@ class KVTier:
 
     def num_ready(self, hashes: Sequence[BlockHash], now: float) -> int:
         """Leading `hashes` this tier holds with their store complete by `now`."""
-        num = 0
+        num, ready = 0, self._ready_s
         for h in hashes:
-            entry = self._blocks.get(h)
-            if entry is None or entry.ready_s > now:
+            ready_s = ready.get(h)
+            if ready_s is None or ready_s > now:
                 break
             num += 1
         return num
@@ -100,9 +97,7 @@ class KVTier:
     def touch(self, hashes: Sequence[BlockHash]) -> None:
         """Make the blocks of `hashes` it holds the most recently used, the first ones last (a prefix is
         evicted after what follows it, as vLLM touches them)."""
-        for h in reversed(hashes):
-            if h in self._blocks:
-                self._blocks.move_to_end(h)
+        deque(map(self._ready_s.move_to_end, filter(self._ready_s.__contains__, reversed(hashes))), 0)
 
     def store(
         self, hashes: Sequence[BlockHash], kvs: Sequence[np.ndarray | None], now: float
@@ -111,7 +106,8 @@ class KVTier:
         recently used first; returns how many were new (0: none, or skipped for want of room) and
         when their store completes. The blocks it held already are touched."""
         self.touch(hashes)
-        new = [(h, kv) for h, kv in zip(hashes, kvs, strict=True) if h not in self._blocks]
+        held = self._ready_s
+        new = [i for i, h in enumerate(hashes) if h not in held]
         if not new:
             return 0, now
         if not self._make_room(len(new), now):
@@ -119,32 +115,34 @@ class KVTier:
             return 0, now
         t = handoff_time(len(new) * self.block_bytes, len(new), self.link, self.lanes)
         ready_s = self._stores.reserve_now(now, t.wire_s) + t.total_s
-        for h, kv in new:
-            self._blocks[h] = _Entry(ready_s, kv)
+        new_hashes = [hashes[i] for i in new]
+        held.update(zip(new_hashes, repeat(ready_s)))
+        self._kv.update((hashes[i], kv) for i in new if (kv := kvs[i]) is not None)
         c = self.counters
         c.num_stored_blocks += len(new)
         c.store_bytes += len(new) * self.block_bytes
         c.store_s += ready_s - now
         if self._events is not None:
-            self._events.append(BlockStored([h for h, _ in new], medium=self.medium))
+            self._events.append(BlockStored(new_hashes, medium=self.medium))
         return len(new), ready_s
 
     def _make_room(self, num: int, now: float) -> bool:
         """Evict the least recently used unpinned, ready blocks until `num` more fit; False (nothing
         evicted) if they cannot."""
-        over = len(self._blocks) + num - self.num_blocks
+        over = len(self._ready_s) + num - self.num_blocks
         if over <= 0:
             return True
         victims = []
-        for h, entry in self._blocks.items():
-            if entry.num_loads == 0 and entry.ready_s <= now:
+        for h, ready_s in self._ready_s.items():
+            if ready_s <= now and h not in self._pins:
                 victims.append(h)
                 if len(victims) == over:
                     break
         if len(victims) < over:
             return False
-        for h in victims:
-            del self._blocks[h]
+        deque(map(self._ready_s.__delitem__, victims), 0)
+        if self._kv:
+            deque((self._kv.pop(h, None) for h in victims), 0)
         self.counters.num_evicted_blocks += len(victims)
         if self._events is not None:
             self._events.append(BlockRemoved(victims, medium=self.medium))
@@ -153,9 +151,9 @@ class KVTier:
     def load(self, hashes: Sequence[BlockHash], now: float) -> tuple[list[np.ndarray | None], float]:
         """Start loading the (ready) blocks of `hashes` into GPU blocks at `now`: their KV and when the
         load completes; they stay pinned until `loaded`."""
-        entries = [self._blocks[h] for h in hashes]
-        for entry in entries:
-            entry.num_loads += 1
+        pins = self._pins
+        for h in hashes:
+            pins[h] = pins.get(h, 0) + 1
         self.touch(hashes)
         t = handoff_time(len(hashes) * self.block_bytes, len(hashes), self.link, self.lanes)
         done_s = self._loads.reserve_now(now, t.wire_s) + t.total_s
@@ -163,15 +161,19 @@ class KVTier:
         c.num_loaded_blocks += len(hashes)
         c.load_bytes += len(hashes) * self.block_bytes
         c.load_s += done_s - now
-        return [entry.kv for entry in entries], done_s
+        return list(map(self._kv.get, hashes)), done_s
 
     def loaded(self, hashes: Sequence[BlockHash]) -> None:
         """A load of `hashes` is over (done, or its request ended): unpin them."""
+        pins = self._pins
         for h in hashes:
-            self._blocks[h].num_loads -= 1
+            if pins[h] == 1:
+                del pins[h]
+            else:
+                pins[h] -= 1
 
     def assert_consistent(self) -> None:
         """No block pinned by a load (every load ended), and no more blocks than the tier holds."""
-        pinned = [h for h, e in self._blocks.items() if e.num_loads]
-        assert not pinned, f"{self.medium} tier: {len(pinned)} blocks still pinned by loads"
-        assert len(self._blocks) <= self.num_blocks, f"{self.medium} tier over capacity"
+        assert not self._pins, f"{self.medium} tier: {len(self._pins)} blocks still pinned by loads"
+        assert len(self._ready_s) <= self.num_blocks, f"{self.medium} tier over capacity"
+        assert self._kv.keys() <= self._ready_s.keys(), f"{self.medium} tier: KV of evicted blocks kept"
