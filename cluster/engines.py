@@ -30,7 +30,7 @@ from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
 from actors.engine.kv_faults import KVLoadFaults
 from actors.engine.kv_offload import KVOffload, Tier
 from actors.engine.kv_shared_tier import KVStoreClient, SharedKVTier
-from actors.engine.kv_tier import KVTier
+from actors.engine.kv_tier import KVTier, TierPath
 from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue
 from actors.engine.mamba_align import block_aligned_split
 from actors.engine.scheduler import Scheduler
@@ -178,7 +178,7 @@ def offload_for(
     tp, gpu = pool.attention_tp, GPUS[pool.gpu]
     block_bytes = round(cfg.target.profile.kv_bytes_per_token_per_gpu(tp) * tp) * cfg.scheduler.block_size
     tiers: list[Tier] = [
-        KVTier(medium, int(gb * 1e9) // block_bytes, link=LINKS[link], block_bytes=block_bytes, lanes=lanes)
+        KVTier(medium, int(gb * 1e9) // block_bytes, TierPath(LINKS[link], block_bytes, lanes))
         for medium, gb, link, lanes in (
             ("host", o.host_gb, o.host_link or gpu.host_link, tp),  # each GPU copies its share
             ("disk", o.disk_gb, o.disk_link, 1),
@@ -189,13 +189,8 @@ def offload_for(
         assert o.shared_link is not None
         tiers.append(
             SharedKVTier(
-                engine_id,
-                kv_store,
-                shared_store_blocks(cfg),
-                link=LINKS[o.shared_link],
-                block_bytes=block_bytes,
-                lanes=tp,  # a NIC a GPU
-            )
+                engine_id, kv_store, shared_store_blocks(cfg), TierPath(LINKS[o.shared_link], block_bytes, tp)
+            )  # (tp lanes: a NIC a GPU)
         )
     offload = KVOffload(tiers, scheduler=scheduler, executor=executor, stats=stats, prompt_only=o.prompt_only)
     if cfg.router.policy_for(role) == "kv_aware":

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from actors.engine.kv_tier import KVTier
+from actors.engine.kv_tier import KVTier, TierPath
 from actors.router import Router
 from cluster.config_load import ConfigError
 from emulation.config import RouterConfig
@@ -22,7 +22,7 @@ PCIE = LINKS["pcie5-host"]
 
 
 def tier(num_blocks: int = 4) -> KVTier:
-    return KVTier("host", num_blocks, link=PCIE, block_bytes=BLOCK_BYTES)
+    return KVTier("host", num_blocks, TierPath(PCIE, BLOCK_BYTES, lanes=1))
 
 
 def h(*names: str) -> list[bytes]:
@@ -63,7 +63,7 @@ def test_a_store_that_cannot_fit_is_skipped_whole():
     t.store(h("a", "b"), [None, None], now=0.0)
     t.load(h("a", "b"), now=1.0)  # both pinned
     assert t.store(h("c"), [None], now=1.0) == (0, 1.0)
-    assert t.counters.num_skipped_stores == 1 and len(t) == 2
+    assert t.num_skipped_stores == 1 and len(t) == 2
     with pytest.raises(AssertionError, match="pinned"):
         t.assert_consistent()
 
@@ -271,9 +271,7 @@ def test_a_load_from_the_shared_store_stops_where_the_store_evicted_since_the_lo
     from tests.factories import run_async
 
     store = KVStore(num_blocks=4, engine_ids=["a", "b"])
-    tiers = {
-        e: SharedKVTier(e, store, 4, link=LINKS["rdma-400g"], block_bytes=BLOCK_BYTES, lanes=1) for e in "ab"
-    }
+    tiers = {e: SharedKVTier(e, store, 4, TierPath(LINKS["rdma-400g"], BLOCK_BYTES, lanes=1)) for e in "ab"}
     scheduler = Scheduler(BlockManager(64, 16, True), max_num_batched_tokens=2048, max_num_seqs=8)
     offload = KVOffload(
         [tiers["b"]], scheduler=scheduler, executor=Executor(None, vocab_size=8192), stats=EngineStats()

@@ -234,11 +234,13 @@ class KVOffload:
 
     def _report(self, tier: Tier) -> None:
         """`tier`'s usage, and its evictions and skipped stores since its last report."""
-        c = tier.counters
         was_evicted, was_skipped = self._reported[tier.medium]
-        num_evicted, num_skipped = c.num_evicted_blocks - was_evicted, c.num_skipped_stores - was_skipped
+        num_evicted, num_skipped = (
+            tier.num_evicted_blocks - was_evicted,
+            tier.num_skipped_stores - was_skipped,
+        )
         self.stats.on_kv_offload_tier(tier.medium, tier.usage, num_evicted, num_skipped)
-        self._reported[tier.medium] = (c.num_evicted_blocks, c.num_skipped_stores)
+        self._reported[tier.medium] = (tier.num_evicted_blocks, tier.num_skipped_stores)
 
     def _read(self, req: Request, num_blocks: int) -> list[np.ndarray | None]:
         """The runner's KV of `req`'s first `num_blocks` blocks, a copy each (None each: compute skip)."""

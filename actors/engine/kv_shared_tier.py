@@ -16,10 +16,7 @@ import numpy as np
 
 from actors.engine.background import Background
 from actors.engine.block_hash import BlockHash
-from actors.engine.kv_tier import TierCounters
-from actors.engine.kv_transfer import LinkQueue
-from emulation.profiles import LinkProfile
-from emulation.transfer import handoff_time
+from actors.engine.kv_tier import TierPath, num_ready
 from messages import BlockRemoved, BlockStored, KVStoreChanges
 
 
@@ -42,29 +39,17 @@ class SharedKVTier:
 
     medium = "shared"
 
-    def __init__(
-        self,
-        engine_id: str,
-        store: KVStoreClient,
-        num_blocks: int,
-        *,
-        link: LinkProfile,
-        block_bytes: int,
-        lanes: int,
-    ) -> None:
+    def __init__(self, engine_id: str, store: KVStoreClient, num_blocks: int, path: TierPath) -> None:
         self.engine_id = engine_id
         self.kv_store = store
         self.num_blocks = num_blocks
-        self.link = link
-        self.block_bytes = block_bytes
-        self.lanes = lanes
+        self.path = path
+        self.block_bytes = path.block_bytes
         self._calls = Background()
         """Its puts and view refreshes under way."""
         self._view: dict[BlockHash, float] = {}
         """What the store holds as this engine last heard, with when each block's store completes."""
-        self._stores = LinkQueue()
-        self._loads = LinkQueue()
-        self.counters = TierCounters()
+        self.num_evicted_blocks = self.num_skipped_stores = 0  # (the store's own, not counted here)
 
     @property
     def usage(self) -> float:
@@ -78,13 +63,7 @@ class SharedKVTier:
 
     def num_ready(self, hashes: Sequence[BlockHash], now: float) -> int:
         """Leading `hashes` the store holds, as this engine last heard, with their store complete."""
-        num = 0
-        for h in hashes:
-            ready_s = self._view.get(h)
-            if ready_s is None or ready_s > now:
-                break
-            num += 1
-        return num
+        return num_ready(self._view, hashes, now)
 
     def touch(self, hashes: Sequence[BlockHash]) -> None:
         """Nothing: the store's recency counts its puts and gets."""
@@ -97,13 +76,8 @@ class SharedKVTier:
         new = [(h, kv) for h, kv in zip(hashes, kvs, strict=True) if h not in self._view]
         if not new:
             return 0, now
-        t = handoff_time(len(new) * self.block_bytes, len(new), self.link, self.lanes)
-        ready_s = self._stores.reserve_now(now, t.wire_s) + t.total_s
+        ready_s = self.path.store_done_s(len(new), now)
         self._view.update(dict.fromkeys((h for h, _ in new), ready_s))
-        c = self.counters
-        c.num_stored_blocks += len(new)
-        c.store_bytes += len(new) * self.block_bytes
-        c.store_s += ready_s - now
         self._calls.run(self._put([h for h, _ in new], [kv for _, kv in new], ready_s))
         return len(new), ready_s
 
@@ -112,13 +86,7 @@ class SharedKVTier:
 
     def load(self, hashes: Sequence[BlockHash], now: float) -> tuple[list[np.ndarray | None], float]:
         """When a load of `hashes` starting at `now` completes; their KV comes from `fetch`."""
-        t = handoff_time(len(hashes) * self.block_bytes, len(hashes), self.link, self.lanes)
-        done_s = self._loads.reserve_now(now, t.wire_s) + t.total_s
-        c = self.counters
-        c.num_loaded_blocks += len(hashes)
-        c.load_bytes += len(hashes) * self.block_bytes
-        c.load_s += done_s - now
-        return [None] * len(hashes), done_s
+        return [None] * len(hashes), self.path.load_done_s(len(hashes), now)
 
     async def fetch(self, hashes: Sequence[BlockHash]) -> list[np.ndarray | None]:
         """The KV of the leading `hashes` the store still holds (fewer: it evicted the next one)."""

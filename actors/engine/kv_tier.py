@@ -13,8 +13,7 @@ link (a GPU's copies to host run on a stream each way)::
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 
 import numpy as np
@@ -26,33 +25,48 @@ from emulation.transfer import handoff_time
 from messages import BlockRemoved, BlockStored
 
 
-@dataclass
-class TierCounters:
-    """What a tier did since it was built (read by the engine's stats and report)."""
+class TierPath:
+    """A tier's link as its transfers queue on it: one wire for stores, one for loads. `block_bytes`:
+    one block's target-model KV over the engine's GPUs, moved on `lanes` copies at once (one a GPU)."""
 
-    num_stored_blocks: int = 0
-    num_skipped_stores: int = 0
-    num_loaded_blocks: int = 0
-    num_evicted_blocks: int = 0
-    store_bytes: int = 0
-    load_bytes: int = 0
-    store_s: float = 0.0
-    """Emulated seconds of stores, from their start to their completion (summed)."""
-    load_s: float = 0.0
-
-
-class KVTier:
-    """`medium`: the tier's name in KV events and metrics (`host`, `disk`); `block_bytes`: one block's
-    target-model KV over the engine's GPUs, moved on `lanes` copies at once (one a GPU)."""
-
-    def __init__(
-        self, medium: str, num_blocks: int, *, link: LinkProfile, block_bytes: int, lanes: int = 1
-    ) -> None:
-        self.medium = medium
-        self.num_blocks = num_blocks
+    def __init__(self, link: LinkProfile, block_bytes: int, lanes: int) -> None:
         self.link = link
         self.block_bytes = block_bytes
         self.lanes = lanes
+        self._stores = LinkQueue()
+        self._loads = LinkQueue()
+
+    def store_done_s(self, num_blocks: int, now: float) -> float:
+        """When a store of `num_blocks` sent from `now` on completes (after the stores queued before)."""
+        return self._done_s(self._stores, num_blocks, now)
+
+    def load_done_s(self, num_blocks: int, now: float) -> float:
+        return self._done_s(self._loads, num_blocks, now)
+
+    def _done_s(self, wire: LinkQueue, num_blocks: int, now: float) -> float:
+        t = handoff_time(num_blocks * self.block_bytes, num_blocks, self.link, self.lanes)
+        return wire.reserve_now(now, t.wire_s) + t.total_s
+
+
+def num_ready(ready_s: Mapping[BlockHash, float], hashes: Sequence[BlockHash], now: float) -> int:
+    """Leading `hashes` of `ready_s` (a block's hash -> when its store completes) stored by `now`."""
+    num = 0
+    for h in hashes:
+        t = ready_s.get(h)
+        if t is None or t > now:
+            break
+        num += 1
+    return num
+
+
+class KVTier:
+    """`medium`: the tier's name in KV events and metrics (`host`, `disk`); `path`: its link."""
+
+    def __init__(self, medium: str, num_blocks: int, path: TierPath) -> None:
+        self.medium = medium
+        self.num_blocks = num_blocks
+        self.path = path
+        self.block_bytes = path.block_bytes
         self._ready_s: OrderedDict[BlockHash, float] = OrderedDict()
         """The blocks it holds, least recently used first, with when each one's store completes (a
         lookup before then misses). Flat values, not an object a block: a store enters hundreds."""
@@ -61,9 +75,9 @@ class KVTier:
         compute skip)."""
         self._pins: dict[BlockHash, int] = {}
         """Blocks being loaded -> loads under way (never evicted meanwhile)."""
-        self._stores = LinkQueue()
-        self._loads = LinkQueue()
-        self.counters = TierCounters()
+        self.num_evicted_blocks = 0
+        self.num_skipped_stores = 0
+        """Stores skipped whole: every block it could evict was being loaded or stored."""
         self._events: list[BlockStored | BlockRemoved] | None = None
 
     def __len__(self) -> int:
@@ -86,13 +100,7 @@ class KVTier:
 
     def num_ready(self, hashes: Sequence[BlockHash], now: float) -> int:
         """Leading `hashes` this tier holds with their store complete by `now`."""
-        num, ready = 0, self._ready_s
-        for h in hashes:
-            ready_s = ready.get(h)
-            if ready_s is None or ready_s > now:
-                break
-            num += 1
-        return num
+        return num_ready(self._ready_s, hashes, now)
 
     def touch(self, hashes: Sequence[BlockHash]) -> None:
         """Make the blocks of `hashes` it holds the most recently used, the first ones last (a prefix is
@@ -111,17 +119,12 @@ class KVTier:
         if not new:
             return 0, now
         if not self._make_room(len(new), now):
-            self.counters.num_skipped_stores += 1
+            self.num_skipped_stores += 1
             return 0, now
-        t = handoff_time(len(new) * self.block_bytes, len(new), self.link, self.lanes)
-        ready_s = self._stores.reserve_now(now, t.wire_s) + t.total_s
+        ready_s = self.path.store_done_s(len(new), now)
         new_hashes = [hashes[i] for i in new]
         held.update(zip(new_hashes, repeat(ready_s)))
         self._kv.update((hashes[i], kv) for i in new if (kv := kvs[i]) is not None)
-        c = self.counters
-        c.num_stored_blocks += len(new)
-        c.store_bytes += len(new) * self.block_bytes
-        c.store_s += ready_s - now
         if self._events is not None:
             self._events.append(BlockStored(new_hashes, medium=self.medium))
         return len(new), ready_s
@@ -143,7 +146,7 @@ class KVTier:
         deque(map(self._ready_s.__delitem__, victims), 0)
         if self._kv:
             deque((self._kv.pop(h, None) for h in victims), 0)
-        self.counters.num_evicted_blocks += len(victims)
+        self.num_evicted_blocks += len(victims)
         if self._events is not None:
             self._events.append(BlockRemoved(victims, medium=self.medium))
         return True
@@ -155,13 +158,7 @@ class KVTier:
         for h in hashes:
             pins[h] = pins.get(h, 0) + 1
         self.touch(hashes)
-        t = handoff_time(len(hashes) * self.block_bytes, len(hashes), self.link, self.lanes)
-        done_s = self._loads.reserve_now(now, t.wire_s) + t.total_s
-        c = self.counters
-        c.num_loaded_blocks += len(hashes)
-        c.load_bytes += len(hashes) * self.block_bytes
-        c.load_s += done_s - now
-        return list(map(self._kv.get, hashes)), done_s
+        return list(map(self._kv.get, hashes)), self.path.load_done_s(len(hashes), now)
 
     def loaded(self, hashes: Sequence[BlockHash]) -> None:
         """A load of `hashes` is over (done, or its request ended): unpin them."""
