@@ -27,7 +27,8 @@ class KVStore:
     """`num_blocks`: its capacity in blocks of the target's KV (a block over an engine's GPUs)."""
 
     def __init__(self, num_blocks: int, engine_ids: Sequence[str]) -> None:
-        """`engine_ids`: the engines that call it (the log is kept until each has read it)."""
+        """`engine_ids`: the engines that call it (the log is kept until each has read it: one that
+        stops calling, as a killed engine, keeps it growing for the rest of the run)."""
         self.num_blocks = num_blocks
         self._blocks: OrderedDict[BlockHash, tuple[float, np.ndarray | None]] = OrderedDict()
         """hash -> (when its store completes, its KV), least recently used first."""
@@ -36,7 +37,6 @@ class KVStore:
         self._log_start = 0
         self._cursors = dict.fromkeys(engine_ids, 0)
         """engine id -> how far it has read the log."""
-        self.num_evicted_blocks = 0
 
     async def put(
         self, engine_id: str, hashes: Sequence[BlockHash], kvs: Sequence[np.ndarray | None], ready_s: float
@@ -50,7 +50,6 @@ class KVStore:
             if len(self._blocks) == self.num_blocks:
                 old, _ = self._blocks.popitem(last=False)
                 self._log.append((old, None))
-                self.num_evicted_blocks += 1
             self._blocks[h] = (ready_s, kv)
             self._log.append((h, ready_s))
         return self._changes(engine_id)
@@ -82,9 +81,3 @@ class KVStore:
             del self._log[: low - self._log_start]
             self._log_start = low
         return KVStoreChanges(entries)
-
-    def usage(self) -> float:
-        return len(self._blocks) / self.num_blocks if self.num_blocks else 0.0
-
-    def assert_consistent(self) -> None:
-        assert len(self._blocks) <= self.num_blocks, "shared store over capacity"

@@ -14,7 +14,7 @@ from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
 from cluster.config_rules_experts import experts
 from cluster.config_rules_hybrid import hybrid
 from emulation.config import PoolConfig, TestbedConfig
-from emulation.kv_cache import NUM_NULL_BLOCKS, cdiv, num_gpu_blocks
+from emulation.kv_cache import NUM_NULL_BLOCKS, block_bytes, cdiv, num_gpu_blocks
 from emulation.profiles import GPUS, LINKS, MODELS
 from workloads.slo import SloError, parse_slo
 from workloads.traces.multi_turn import parse_dist
@@ -186,7 +186,8 @@ def _rest(cfg: TestbedConfig) -> Iterator[str]:
 
 
 def _offload(cfg: TestbedConfig) -> Iterator[str]:
-    """KV offload tiers: within the host memory of the GPUs they serve, of a target they can hold."""
+    """KV offload tiers: within the host memory of the GPUs they serve (decode engines have none), of
+    a target they can hold, at least a block each."""
     o = cfg.kv_offload
     if not o.enabled:
         return
@@ -199,21 +200,28 @@ def _offload(cfg: TestbedConfig) -> Iterator[str]:
         )
     pools = [(role, pool) for role, pool in cfg.pools.by_role() if pool.replicas > 0]
     host_gb = {role: _kv_gpus(pool) * GPUS[pool.gpu].host_memory_gb for role, pool in pools}
-    if pools and o.host_gb > (most := min(host_gb.values())):
-        role = min(host_gb, key=host_gb.__getitem__)
-        pool = getattr(cfg.pools, role)
-        yield (
-            f"kv_offload.host_gb={o.host_gb:g}: more than the host memory of a {role} replica's GPUs "
-            f"({_kv_gpus(pool)} x {pool.gpu} at {GPUS[pool.gpu].host_memory_gb:g} GB, "
-            f"GpuProfile.host_memory_gb); allowed: 0 to {most:g}"
-        )
+    tiered = [(role, pool) for role, pool in pools if o.for_role(role)]
+    for role, pool in tiered:
+        if o.host_gb > host_gb[role]:
+            yield (
+                f"kv_offload.host_gb={o.host_gb:g}: more than the host memory of a {role} replica's GPUs "
+                f"({_kv_gpus(pool)} x {pool.gpu} at {GPUS[pool.gpu].host_memory_gb:g} GB, "
+                f"GpuProfile.host_memory_gb); allowed: 0 to {host_gb[role]:g}"
+            )
+        one_block_gb = block_bytes(cfg.target.profile, pool, cfg.scheduler.block_size) / 1e9
+        for key in ("host_gb", "disk_gb", "shared_gb"):
+            if 0 < getattr(o, key) < one_block_gb:
+                yield (
+                    f"kv_offload.{key}={getattr(o, key):g}: holds no KV block of {cfg.target.model} "
+                    f"({one_block_gb:g} GB a block); allowed: 0 or at least {one_block_gb:g}"
+                )
     if o.shared_gb > 0 and o.shared_link is None:
         yield (
             f"kv_offload.shared_link=None: a shared store (shared_gb={o.shared_gb:g}) needs a link; "
             f"allowed: one of {', '.join(LINKS)}"
         )
     total_gb = sum(pool.replicas * host_gb[role] for role, pool in pools)
-    tiers_gb = o.host_gb * sum(pool.replicas for _, pool in pools)
+    tiers_gb = o.host_gb * sum(pool.replicas for _, pool in tiered)
     if o.shared_gb > total_gb - tiers_gb:
         yield (
             f"kv_offload.shared_gb={o.shared_gb:g}: beside the engines' host tiers ({tiers_gb:g} GB), more "

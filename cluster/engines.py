@@ -36,8 +36,8 @@ from actors.engine.mamba_align import block_aligned_split
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from dashboards.recorders import EncoderMetrics, EngineMetrics
-from emulation.config import PoolConfig, TestbedConfig
-from emulation.kv_cache import num_gpu_blocks, num_usable_blocks
+from emulation.config import PoolConfig, TestbedConfig, replica_id
+from emulation.kv_cache import block_bytes, num_gpu_blocks, num_usable_blocks
 from emulation.profiles import GPUS, LINKS
 from emulation.time_model import StepTimeModel, time_model_for
 from emulation.vision import encoder_roofline_for, vision_encoder_of
@@ -171,14 +171,14 @@ def offload_for(
 ) -> KVOffload | None:
     """The offloading connector of one replica of `pool` over its tiers (host memory, then disk, then
     its side of the shared store `kv_store`), each sized in blocks of the replica's KV (every GPU's
-    share of a block); None without tiers."""
+    share of a block); None without tiers, and for a decode engine."""
     o = cfg.kv_offload
-    if not o.enabled:
+    if not o.for_role(role):
         return None
     tp, gpu = pool.attention_tp, GPUS[pool.gpu]
-    block_bytes = round(cfg.target.profile.kv_bytes_per_token_per_gpu(tp) * tp) * cfg.scheduler.block_size
+    bytes_a_block = block_bytes(cfg.target.profile, pool, cfg.scheduler.block_size)
     tiers: list[Tier] = [
-        KVTier(medium, int(gb * 1e9) // block_bytes, TierPath(LINKS[link], block_bytes, lanes))
+        KVTier(medium, int(gb * 1e9) // bytes_a_block, TierPath(LINKS[link], bytes_a_block, lanes))
         for medium, gb, link, lanes in (
             ("host", o.host_gb, o.host_link or gpu.host_link, tp),  # each GPU copies its share
             ("disk", o.disk_gb, o.disk_link, 1),
@@ -189,7 +189,10 @@ def offload_for(
         assert o.shared_link is not None
         tiers.append(
             SharedKVTier(
-                engine_id, kv_store, shared_store_blocks(cfg), TierPath(LINKS[o.shared_link], block_bytes, tp)
+                engine_id,
+                kv_store,
+                kv_store_args(cfg)[0],
+                TierPath(LINKS[o.shared_link], bytes_a_block, tp),
             )  # (tp lanes: a NIC a GPU)
         )
     offload = KVOffload(tiers, scheduler=scheduler, executor=executor, stats=stats, prompt_only=o.prompt_only)
@@ -198,10 +201,14 @@ def offload_for(
     return offload
 
 
-def shared_store_blocks(cfg: TestbedConfig) -> int:
-    """The shared KV store's capacity in blocks of the target's KV (`kv_offload.shared_gb`)."""
-    block_bytes = cfg.target.profile.kv_bytes_per_token * cfg.scheduler.block_size
-    return int(cfg.kv_offload.shared_gb * 1e9) // block_bytes
+def kv_store_args(cfg: TestbedConfig) -> tuple[int, list[str]]:
+    """What the shared KV store is made of (`KVStore`'s arguments): its capacity in blocks of the
+    target's KV (`kv_offload.shared_gb`), and the engines that call it (those with offload tiers)."""
+    block = cfg.target.profile.kv_bytes_per_token * cfg.scheduler.block_size
+    tiered = [(role, pool) for role, pool in cfg.pools.by_role() if cfg.kv_offload.for_role(role)]
+    return int(cfg.kv_offload.shared_gb * 1e9) // block, [
+        replica_id(role, i) for role, pool in tiered for i in range(pool.replicas)
+    ]
 
 
 def prefill_backoff(cfg: TestbedConfig) -> int:
@@ -247,7 +254,7 @@ def build_engine(
     moe = cfg.target.profile.moe is not None
     # P, D and engines with offload tiers load KV
     stats = EngineStats(
-        recorder=metrics, moe_target=moe, kv_consumer=role != "mixed" or cfg.kv_offload.enabled
+        recorder=metrics, moe_target=moe, kv_consumer=role != "mixed" or cfg.kv_offload.for_role(role)
     )
     kv_scheduler = kv_scheduler_for(engine_id, role, cfg, pool, scheduler)
     f = cfg.faults

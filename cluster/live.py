@@ -30,7 +30,7 @@ from actors.engine.kv_transfer import LinkQueue
 from actors.kv_store import KVStore
 from cluster.clock_sync import ClockOffset, check_uncertainty, measure_actor, sync_summary
 from cluster.config_load import ConfigError
-from cluster.engines import chat_renderer, shared_store_blocks
+from cluster.engines import chat_renderer, kv_store_args
 from cluster.hosts import EncoderHost, EngineHost, ProxyHost, RenderHost, ffn_actors
 from cluster.live_shutdown import ffn_handles, kill, shutdown
 from cluster.placement import EnginePlacement, engine_placement, rank_nodes, release
@@ -118,9 +118,7 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
         fabric = ray.remote(LinkQueue).options(num_cpus=0).remote()
     kv_store = None
     if cfg.kv_offload.shared_gb:  # its own actor, every engine's calls queue there
-        kv_store = (
-            ray.remote(KVStore).options(num_cpus=0).remote(shared_store_blocks(cfg), cfg.pools.engine_ids())
-        )
+        kv_store = ray.remote(KVStore).options(num_cpus=0).remote(*kv_store_args(cfg))
     pools: dict[str, dict[str, Any]] = {"mixed": {}, "prefill": {}, "decode": {}}
     placements: dict[str, EnginePlacement] = {}
     ffn: dict[str, list[Any]] = {}  # AFD: each engine's FFN ranks, made first (its warm-up calls them)

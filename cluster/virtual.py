@@ -26,8 +26,8 @@ from cluster.engines import (
     build_engine,
     chat_renderer,
     encoder_pool,
+    kv_store_args,
     runner_for,
-    shared_store_blocks,
 )
 from cluster.outcome import RunOutput, run_output
 from dashboards.exposition import Expositions
@@ -134,7 +134,7 @@ def build_deployment(
     pools: dict[Role, list[EngineCore]] = {"mixed": [], "prefill": [], "decode": []}
     engine_metrics: list[EngineMetrics] = []
     fabric = LinkQueue() if cfg.kv_transfer.link_scope == "fabric" else None
-    kv_store = KVStore(shared_store_blocks(cfg), cfg.pools.engine_ids()) if cfg.kv_offload.shared_gb else None
+    kv_store = KVStore(*kv_store_args(cfg)) if cfg.kv_offload.shared_gb else None
     for role, pool in cfg.pools.by_role():
         for i in range(pool.replicas):
             if metrics:

@@ -251,13 +251,13 @@ ENGINE_SERIES = (
     KV_HELD_BLOCKS,
 )  # fmt: skip
 HYBRID_SERIES = (KV_TRANSFER_STATE_BYTES,)
+"""An engine of a hybrid (attention + SSM) target exports these beside `ENGINE_SERIES`."""
 OFFLOAD_SERIES = (
     KV_OFFLOAD_LOAD_BYTES, KV_OFFLOAD_LOAD_TIME, KV_OFFLOAD_LOAD_SIZE, KV_OFFLOAD_STORE_BYTES,
     KV_OFFLOAD_STORE_TIME, KV_OFFLOAD_STORE_SIZE, KV_OFFLOAD_TIER_USAGE, KV_OFFLOAD_TIER_EVICTED,
     KV_OFFLOAD_TIER_FULL,
 )  # fmt: skip
 """An engine with KV offload tiers (`kv_offload`) exports these beside `ENGINE_SERIES`."""
-"""An engine of a hybrid (attention + SSM) target exports these beside `ENGINE_SERIES`."""
 # Render tier: CPU seconds of real work (CPU ms per 1k tokens = cpu rate / tokens rate), calls per replica.
 RENDER_CPU = _c("testbed:render_cpu_seconds", "CPU seconds spent rendering (templates), processing images (decode, resize, hash) or derendering (detokenize + parse).", ("op",))  # fmt: skip
 RENDER_TOKENS = _c("testbed:render_tokens", "Tokens rendered (prompt), visual tokens of processed images, or tokens derendered (output).", ("op",))  # fmt: skip

@@ -71,3 +71,10 @@ def num_gpu_blocks(cfg: TestbedConfig, pool: PoolConfig) -> int:
     if model.ssm is not None:
         return hybrid_num_blocks(model, gpu, pool, util, s.block_size)
     return kv_capacity_tokens(model, gpu, pool, util) // s.block_size
+
+
+def block_bytes(model: ModelProfile, pool: PoolConfig, block_size: int) -> int:
+    """One KV block of a replica of `pool` over all its GPUs (each its share of the KV heads, heads
+    replicated past num_kv_heads ranks): what a KV offload tier stores a block as."""
+    tp = pool.attention_tp
+    return round(model.kv_bytes_per_token_per_gpu(tp) * tp) * block_size

@@ -116,6 +116,8 @@ class RequestTimes:
     offload_store_bytes: int = 0
     """Target-model KV bytes of its blocks stored into the offload tiers when it ended (those the tiers
     lacked, summed over the tiers)."""
+    offload_store_done_s: float | None = None
+    """The last of those stores completed (emulated; its blocks are hits from then on)."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ from cluster.config_load import ConfigError
 from emulation.config import RouterConfig
 from emulation.profiles import LINKS, MODELS
 from messages import BlockRemoved, BlockStored, ClientRequest, KVEvents
-from tests.factories import COLLOCATED, make_config, run_requests
+from tests.factories import COLLOCATED, make_config, run_async, run_requests
 from workloads.results import results_frame
 
 BLOCK_BYTES = 1_000_000
@@ -108,7 +108,10 @@ def test_a_prompt_evicted_from_gpu_comes_back_from_the_host_tier_after_a_load():
     assert last["offload_load_done_s"] > last["offload_load_start_s"] > 0
     assert last["offload_load_bytes"] == loaded * KV_PER_TOKEN
     assert last["ttft_s"] < 0.5 * without.iloc[-1]["ttft_s"]  # 1,520 tokens loaded, not computed
-    assert with_host.iloc[0]["offload_store_bytes"] == (SHARED + OWN) * KV_PER_TOKEN
+    first = with_host.iloc[0]
+    assert first["offload_store_bytes"] == (SHARED + OWN) * KV_PER_TOKEN
+    wire_s = first["offload_store_bytes"] / LINKS["pcie4-host"].bytes_per_s  # an L40S's PCIe 4.0
+    assert first["offload_store_done_s"] - first["finished_s"] == pytest.approx(wire_s, abs=1e-4)
     assert (with_host["num_host_tokens"].iloc[:-1] == 0).all()
 
 
@@ -255,10 +258,9 @@ def test_a_shared_store_needs_a_link_and_fits_in_host_memory():
         make_config(TWO_ENGINES, kv_offload={"host_gb": 100, "shared_gb": 300, "shared_link": "rdma-400g"})
 
 
-def test_a_load_from_the_shared_store_stops_where_the_store_evicted_since_the_lookup():
-    """Engine b's view still lists blocks another engine's stores have since evicted: its lookup
-    counts them, its fetch finds the first gone, so the load ends there (no block of it comes) and
-    the request computes those tokens; the view learns of the eviction."""
+def _store_and_engine_b(store_client=None):
+    """A shared store of 4 blocks, engines a and b's sides of it, and b's offloading connector over
+    a scheduler of its own (no engine around them); a request of five blocks for b."""
     from actors.engine.block_manager import BlockManager
     from actors.engine.executor import Executor
     from actors.engine.kv_offload import KVOffload
@@ -268,32 +270,75 @@ def test_a_load_from_the_shared_store_stops_where_the_store_evicted_since_the_lo
     from actors.engine.stats import EngineStats
     from actors.kv_store import KVStore
     from messages import EngineRequest
-    from tests.factories import run_async
 
     store = KVStore(num_blocks=4, engine_ids=["a", "b"])
-    tiers = {e: SharedKVTier(e, store, 4, TierPath(LINKS["rdma-400g"], BLOCK_BYTES, lanes=1)) for e in "ab"}
+    path = TierPath(LINKS["rdma-400g"], BLOCK_BYTES, lanes=1)
+    tiers = {"a": SharedKVTier("a", store, 4, path), "b": SharedKVTier("b", store_client or store, 4, path)}
     scheduler = Scheduler(BlockManager(64, 16, True), max_num_batched_tokens=2048, max_num_seqs=8)
     offload = KVOffload(
         [tiers["b"]], scheduler=scheduler, executor=Executor(None, vocab_size=8192), stats=EngineStats()
     )
     req = Request(EngineRequest("r", list(range(80)), 1, forced_output_token_ids=[0]), 0.0)
+    return tiers, scheduler, offload, req
+
+
+async def _look_up_stored_prompt(tiers, scheduler, offload, req):
+    """Engine a stores the request's four blocks; b hears of them and its lookup counts them."""
     hashes = scheduler.blocks.block_hashes(req, 4)
+    tiers["a"].store(hashes, [None] * 4, now=0.0)
+    await asyncio.sleep(0)  # the put reaches the store
+    offload.on_added()  # b's view: all four
+    await asyncio.sleep(0)
+    assert offload.lookup(req, 0, now=1.0) == 4
+    return hashes
+
+
+def test_a_load_from_the_shared_store_stops_where_the_store_evicted_since_the_lookup():
+    """Engine b's view still lists blocks another engine's stores have since evicted: its lookup
+    counts them, its fetch finds the first gone, so the load ends there (no block of it comes) and
+    the request computes those tokens; the view learns of the eviction."""
+    tiers, scheduler, offload, req = _store_and_engine_b()
 
     async def main():
-        tiers["a"].store(hashes, [None] * 4, now=0.0)
-        await asyncio.sleep(0)  # the put reaches the store
-        offload.on_added()  # b's view: all four
-        await asyncio.sleep(0)
-        assert offload.lookup(req, 0, now=1.0) == 4
+        hashes = await _look_up_stored_prompt(tiers, scheduler, offload, req)
         tiers["a"].store(h("x", "y"), [None, None], now=1.0)  # evicts the first two
         await asyncio.sleep(0)
         assert scheduler.external.allocate_for_load(req, [], 64)
         offload.start_load(req, now=1.0)
         assert offload.notice_loaded(now=2.0) == []  # its fetch is not back yet
         await asyncio.sleep(0)
-        return offload.notice_loaded(now=2.0)
+        return hashes, offload.notice_loaded(now=2.0)
 
-    assert run_async(main()) == [req]
+    hashes, noticed = run_async(main())
+    assert noticed == [req]
     assert req.num_offload_tokens == 0 and req.times.num_shared_tokens == 0
     assert tiers["b"].num_ready(hashes, now=2.0) == 0  # it heard of the eviction
+    offload.assert_empty()
+
+
+class _DeadStore:
+    """A store whose actor died after the lookup: every call fails."""
+
+    async def get(self, engine_id, hashes):
+        raise RuntimeError("actor died")
+
+
+def test_a_load_whose_store_cannot_be_reached_computes_instead_and_one_ended_meanwhile_is_dropped():
+    tiers, scheduler, offload, req = _store_and_engine_b()
+
+    async def load(ends_first: bool):
+        await _look_up_stored_prompt(tiers, scheduler, offload, req)
+        tiers["b"].kv_store = _DeadStore()
+        assert scheduler.external.allocate_for_load(req, [], 64)
+        offload.start_load(req, now=1.0)
+        if ends_first:  # aborted before its fetch came back: nothing of it is noticed later
+            offload.request_finished(req, now=1.0)
+        await asyncio.sleep(0)
+        return offload.notice_loaded(now=2.0)
+
+    assert run_async(load(ends_first=False)) == [req]
+    assert req.num_offload_tokens == 0  # it computes the prompt
+    offload.assert_empty()
+    tiers, scheduler, offload, req = _store_and_engine_b()
+    assert run_async(load(ends_first=True)) == []
     offload.assert_empty()

@@ -54,6 +54,7 @@ class _Segment:
 class _Load:
     req: Request
     segments: list[_Segment]
+    start_s: float
     done_s: float = 0.0
     fetched: bool = True
     """Its KV is in the request's blocks (a shared store's comes in the background)."""
@@ -77,7 +78,7 @@ class KVOffload:
         """Wakes the engine's step loop (a fetch from the shared store came in; set by its KV handoff)."""
         self._fetches = Background()
         self.stats = stats
-        self._reported = dict.fromkeys((tier.medium for tier in tiers), (0, 0))
+        self._reported = dict.fromkeys((tier.medium for tier in tiers if isinstance(tier, KVTier)), (0, 0))
         """Each tier's evicted blocks and skipped stores as last reported."""
         self.blocks = scheduler.blocks
         scheduler.external.offload_lookup = self.lookup
@@ -129,16 +130,14 @@ class KVOffload:
         """`req` got its blocks at `now`: its tiers copy their blocks in (the real KV moves now, or once
         the shared store sent it; the request sees them at the first step boundary at or after the
         emulated end)."""
-        load = _Load(req, self._found.pop(req.request_id), now)
+        load = _Load(req, self._found.pop(req.request_id), now, now)
         self._loading[req.request_id] = load
         kvs: list[np.ndarray | None] = []
         for seg in load.segments:
             part, done_s = seg.tier.load(req.block_hashes[seg.first_block : seg.end], now)
-            num_bytes = seg.num_blocks * seg.tier.block_bytes
-            self.stats.on_kv_offload("load", seg.tier.medium, num_bytes, done_s - now)
             kvs += part
             load.done_s = max(load.done_s, done_s)
-        self._record(load, now)
+        self._record(load)
         if any(isinstance(seg.tier, SharedKVTier) for seg in load.segments):
             load.fetched = False
             self._fetches.run(self._fetch(load, kvs))
@@ -146,35 +145,42 @@ class KVOffload:
             self._write(load, kvs)
 
     async def _fetch(self, load: _Load, kvs: list[np.ndarray | None]) -> None:
-        """Bring the shared store's blocks of `load` in; if it evicted some since the lookup, the load
-        ends before the first one missing (the request computes from there)."""
+        """Bring the shared store's blocks of `load` in; if it evicted some since the lookup (or cannot
+        be reached), the load ends before the first one missing (the request computes from there)."""
         first = load.segments[0].first_block
         for i, seg in enumerate(load.segments):
-            if isinstance(seg.tier, SharedKVTier):
+            if not isinstance(seg.tier, SharedKVTier):
+                continue
+            try:
                 got = await seg.tier.fetch(load.req.block_hashes[seg.first_block : seg.end])
-                kvs[seg.first_block - first : seg.first_block - first + len(got)] = got
-                if len(got) < seg.num_blocks:
-                    self._unpin(_Load(load.req, load.segments[i + 1 :]))
-                    load.segments[i:] = [_Segment(seg.tier, seg.first_block, len(got))] if got else []
-                    del kvs[seg.first_block - first + len(got) :]
-                    self._record(load, load.req.times.offload_load_start_s or 0.0)
-                    break
-        if load.req.request_id in self._loading:  # (not ended meanwhile)
-            self._write(load, kvs)
-            load.fetched = True
-            self.wake()
+            except Exception:  # the store's actor died: nothing of it comes
+                got = []
+            if load.req.request_id not in self._loading:  # it ended meanwhile (its blocks unpinned)
+                return
+            kvs[seg.first_block - first : seg.first_block - first + len(got)] = got
+            if len(got) < seg.num_blocks:
+                self._unpin(_Load(load.req, load.segments[i + 1 :], load.start_s))
+                load.segments[i:] = [_Segment(seg.tier, seg.first_block, len(got))] if got else []
+                del kvs[seg.first_block - first + len(got) :]
+                self._record(load)
+                break
+        self._write(load, kvs)
+        load.fetched = True
+        self.wake()
 
-    def _record(self, load: _Load, start_s: float) -> None:
-        """`load` on its request: the offloaded tokens it brings, by tier, and its times and bytes."""
+    def _record(self, load: _Load) -> None:
+        """`load` on its request: the tokens it brings and, on its first admission (a preempted request
+        loading again keeps its first's), by tier, with the load's times and bytes."""
         req, t, bs = load.req, load.req.times, self.blocks.block_size
         req.num_offload_tokens = sum(seg.num_blocks for seg in load.segments) * bs
-        if t.first_scheduled_s is None:  # (a preempted request loading again keeps its first)
-            for medium in OFFLOAD_MEDIA:
-                setattr(t, f"num_{medium}_tokens", 0)
-            for seg in load.segments:
-                setattr(t, f"num_{seg.tier.medium}_tokens", seg.num_blocks * bs)
+        if t.first_scheduled_s is not None:
+            return
+        for medium in OFFLOAD_MEDIA:
+            setattr(t, f"num_{medium}_tokens", 0)
+        for seg in load.segments:
+            setattr(t, f"num_{seg.tier.medium}_tokens", seg.num_blocks * bs)
         t.offload_load_bytes = sum(seg.num_blocks * seg.tier.block_bytes for seg in load.segments)
-        t.offload_load_start_s, t.offload_load_done_s = start_s, load.done_s
+        t.offload_load_start_s, t.offload_load_done_s = load.start_s, load.done_s
 
     def _write(self, load: _Load, kvs: list[np.ndarray | None]) -> None:
         """Real compute: the loaded KV into the request's blocks after its GPU hit."""
@@ -185,17 +191,21 @@ class KVOffload:
         self.executor.write_kv(ids, np.concatenate(kvs, axis=3))  # type: ignore[arg-type]
 
     def notice_loaded(self, now: float) -> list[Request]:
-        """Step boundary: requests whose loads are done by `now` (their blocks unpinned); the caller
-        gives them to the scheduler."""
+        """Step boundary: requests whose loads are done by `now` (their blocks unpinned, each tier's
+        part recorded); the caller gives them to the scheduler."""
         done = [load for load in self._loading.values() if load.fetched and load.done_s <= now + 1e-12]
         for load in done:
             del self._loading[load.req.request_id]
             self._unpin(load)
+            for seg in load.segments:
+                num_bytes = seg.num_blocks * seg.tier.block_bytes
+                self.stats.on_kv_offload("load", seg.tier.medium, num_bytes, load.done_s - load.start_s)
         return [load.req for load in done]
 
     def upcoming(self, since: float) -> list[float]:
-        """Loads ending after `since` (or at it: noticed only once the loop runs again)."""
-        return [load.done_s for load in self._loading.values() if load.done_s >= since]
+        """Loads ending after `since` (or at it: noticed only once the loop runs again); one whose KV
+        the shared store has not sent yet wakes the engine when it comes (`wake`)."""
+        return [load.done_s for load in self._loading.values() if load.fetched and load.done_s >= since]
 
     def request_finished(self, req: Request, now: float) -> None:
         """`req` ended: a load it had planned or started is dropped (its blocks unpinned), and its
@@ -229,10 +239,12 @@ class KVOffload:
             if num_stored:
                 num_bytes = num_stored * tier.block_bytes
                 req.times.offload_store_bytes += num_bytes
+                req.times.offload_store_done_s = max(req.times.offload_store_done_s or ready_s, ready_s)
                 self.stats.on_kv_offload("store", tier.medium, num_bytes, ready_s - now)
-            self._report(tier)
+            if isinstance(tier, KVTier):  # (the shared store's occupancy is the store's own)
+                self._report(tier)
 
-    def _report(self, tier: Tier) -> None:
+    def _report(self, tier: KVTier) -> None:
         """`tier`'s usage, and its evictions and skipped stores since its last report."""
         was_evicted, was_skipped = self._reported[tier.medium]
         num_evicted, num_skipped = (

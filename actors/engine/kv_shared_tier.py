@@ -49,7 +49,6 @@ class SharedKVTier:
         """Its puts and view refreshes under way."""
         self._view: dict[BlockHash, float] = {}
         """What the store holds as this engine last heard, with when each block's store completes."""
-        self.num_evicted_blocks = self.num_skipped_stores = 0  # (the store's own, not counted here)
 
     @property
     def usage(self) -> float:

@@ -196,8 +196,9 @@ class Request:
     def num_external_computed_tokens(self) -> int:
         """Prompt tokens whose KV comes from outside this engine's GPU prefix cache: another engine's,
         up to `remote_kv_end`, less what this engine's own prefix cache held; or its offload tiers'."""
-        if not self.is_remote_prefill:
-            return self.num_offload_tokens
+        if not self.is_remote_prefill:  # its tiers', as of its first admission (as num_cached_tokens)
+            t = self.times
+            return t.num_host_tokens + t.num_disk_tokens + t.num_shared_tokens
         if self.kv_load_failed:
             return 0
         return max(0, self.remote_kv_end - self.times.num_cached_tokens)

@@ -321,14 +321,16 @@ def scheduler_stats(sched: Scheduler, kv_consumer: bool = False) -> SchedulerSta
 def kv_fetch_stages(sched: Scheduler) -> tuple[int, int, int]:
     """Waiting requests with a remote KV load in each of vLLM's stages (`KV_FETCH_STAGES`): waiting for
     blocks (from arrival), loading (from getting blocks until a step boundary notices the load done, as
-    vLLM's worker reports finished loads at a step's end), and loaded but not yet scheduled."""
+    vLLM's worker reports finished loads at a step's end), and loaded but not yet scheduled. A load
+    from the offload tiers counts from getting its blocks (its hit is known only then)."""
     to_start = loaded = 0
     for req in sched.waiting:  # preempted ones (status PREEMPTED) have left every stage, as in vLLM
-        if req.status is RequestStatus.WAITING and req.is_remote_prefill:
-            if req.remote_kv_loaded:
-                loaded += 1
-            else:
-                to_start += 1
+        if req.status is not RequestStatus.WAITING:
+            continue
+        if req.remote_kv_loaded:  # (a peer's KV, or its offload tiers')
+            loaded += 1
+        elif req.is_remote_prefill:
+            to_start += 1
     return to_start, len(sched.recving), loaded
 
 

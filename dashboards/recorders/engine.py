@@ -111,11 +111,13 @@ class EngineMetrics(Registry):
         model = cfg.target.profile
         series = ENGINE_SERIES + (MOE_SERIES if model.moe is not None else ())
         series += HYBRID_SERIES if model.ssm is not None else ()
-        super().__init__(series + (OFFLOAD_SERIES if cfg.kv_offload.enabled else ()), cfg, role, replica)
+        super().__init__(
+            series + (OFFLOAD_SERIES if cfg.kv_offload.for_role(role) else ()), cfg, role, replica
+        )
         self._num_layers = model.num_attention_layers  # (KV descriptors: the layers holding KV)
         self._link = cfg.kv_transfer.link
         self._direction = "d2p" if role == "prefill" else "p2d"  # who pulls: prefill only pulls back
-        self._connector = role in ("prefill", "decode") or cfg.kv_offload.enabled
+        self._connector = role in ("prefill", "decode") or cfg.kv_offload.for_role(role)
         """A KV connector queries for external KV (P/D instances run one: NIXL, kv_both; so do engines
         with offload tiers: the offloading connector)."""
         for spec, values in (
@@ -135,6 +137,10 @@ class EngineMetrics(Registry):
                 self.child(AFD_TRANSFER_BYTES, direction=direction)
             for side in ("attention", "ffn"):
                 self.child(AFD_BUBBLE, side=side)
+        o = cfg.kv_offload
+        for tier in [t for t, gb in (("host", o.host_gb), ("disk", o.disk_gb)) if gb and o.for_role(role)]:
+            for spec in (KV_OFFLOAD_TIER_USAGE, KV_OFFLOAD_TIER_EVICTED, KV_OFFLOAD_TIER_FULL):
+                self.child(spec, tier=tier)  # its own tiers' series at zero, too
         self.child(ENGINE_SLEEP_STATE, sleep_state="awake").set(1)  # engines never sleep
         self.child(CACHE_CONFIG_INFO, **cache_config_info(cfg, role)).set(1)
         self._counted = SchedulerStats(0, 0, 0.0, 0, 0, 0, 0)

@@ -52,3 +52,8 @@ class KVOffloadConfig:
     @property
     def enabled(self) -> bool:
         return self.host_gb > 0 or self.disk_gb > 0 or self.shared_gb > 0
+
+    def for_role(self, role: str) -> bool:
+        """Whether engines of `role` have the tiers: with any configured, all but decode engines (in
+        P/D their prompts come from prefill: they look nothing up)."""
+        return self.enabled and role != "decode"
