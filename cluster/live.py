@@ -103,6 +103,18 @@ class LiveDeployment:
     """The shared KV store's actor (kv_offload.shared_gb > 0), else None."""
 
 
+def _shared_actors(cfg: TestbedConfig) -> tuple[Any, Any]:
+    """The actors every engine shares, each None unless configured: the fabric's link
+    (kv_transfer.link_scope=fabric) and the shared KV store (kv_offload.shared_gb > 0), whose calls
+    queue there."""
+    fabric = (
+        ray.remote(LinkQueue).options(num_cpus=0).remote() if cfg.kv_transfer.link_scope == "fabric" else None
+    )
+    if not cfg.kv_offload.shared_gb:
+        return fabric, None
+    return fabric, ray.remote(KVStore).options(num_cpus=0).remote(*kv_store_args(cfg))
+
+
 def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     """Create and start every actor (and the render pool's if `render`); emulated time zero is shortly
     after the last one is ready."""
@@ -113,12 +125,7 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
 
         ensure_model(cfg.runner)  # build once here, so actors on this node only load it
     host = ray.remote(EngineHost)
-    fabric = None
-    if cfg.kv_transfer.link_scope == "fabric":
-        fabric = ray.remote(LinkQueue).options(num_cpus=0).remote()
-    kv_store = None
-    if cfg.kv_offload.shared_gb:  # its own actor, every engine's calls queue there
-        kv_store = ray.remote(KVStore).options(num_cpus=0).remote(*kv_store_args(cfg))
+    fabric, kv_store = _shared_actors(cfg)
     pools: dict[str, dict[str, Any]] = {"mixed": {}, "prefill": {}, "decode": {}}
     placements: dict[str, EnginePlacement] = {}
     ffn: dict[str, list[Any]] = {}  # AFD: each engine's FFN ranks, made first (its warm-up calls them)
@@ -133,11 +140,8 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
                     eid, role, i, cfg, pool, peers, fabric if role == "prefill" else None, ffn[eid], kv_store
                 )
     except BaseException:  # what was placed is freed (a joined cluster outlives this run)
-        for handle in [
-            *(h for per in pools.values() for h in per.values()),
-            *ffn_handles(ffn),
-            *filter(None, [kv_store]),
-        ]:
+        placed = [h for per in pools.values() for h in per.values()] + ffn_handles(ffn)
+        for handle in placed + ([kv_store] if kv_store is not None else []):
             ray.kill(handle)
         release(list(placements.values()))
         raise
