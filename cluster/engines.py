@@ -187,14 +187,8 @@ def offload_for(
     ]
     if kv_store is not None:  # last: a block comes from the engine's own tiers first
         assert o.shared_link is not None
-        tiers.append(
-            SharedKVTier(
-                engine_id,
-                kv_store,
-                kv_store_args(cfg)[0],
-                TierPath(LINKS[o.shared_link], bytes_a_block, tp),
-            )  # (tp lanes: a NIC a GPU)
-        )
+        path = TierPath(LINKS[o.shared_link], bytes_a_block, tp)  # (tp lanes: a NIC a GPU)
+        tiers.append(SharedKVTier(engine_id, kv_store, path))
     offload = KVOffload(tiers, scheduler=scheduler, executor=executor, stats=stats, prompt_only=o.prompt_only)
     if cfg.router.policy_for(role) == "kv_aware":
         offload.publish_kv_events()

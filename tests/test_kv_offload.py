@@ -273,7 +273,7 @@ def _store_and_engine_b(store_client=None):
 
     store = KVStore(num_blocks=4, engine_ids=["a", "b"])
     path = TierPath(LINKS["rdma-400g"], BLOCK_BYTES, lanes=1)
-    tiers = {"a": SharedKVTier("a", store, 4, path), "b": SharedKVTier("b", store_client or store, 4, path)}
+    tiers = {"a": SharedKVTier("a", store, path), "b": SharedKVTier("b", store_client or store, path)}
     scheduler = Scheduler(BlockManager(64, 16, True), max_num_batched_tokens=2048, max_num_seqs=8)
     offload = KVOffload(
         [tiers["b"]], scheduler=scheduler, executor=Executor(None, vocab_size=8192), stats=EngineStats()

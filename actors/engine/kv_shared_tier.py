@@ -35,24 +35,19 @@ class KVStoreClient(Protocol):
 
 
 class SharedKVTier:
-    """The engine `engine_id`'s tier over the store `kv_store` of `num_blocks` blocks."""
+    """The engine `engine_id`'s tier over the store `kv_store` (its capacity is the store's)."""
 
     medium = "shared"
 
-    def __init__(self, engine_id: str, store: KVStoreClient, num_blocks: int, path: TierPath) -> None:
+    def __init__(self, engine_id: str, store: KVStoreClient, path: TierPath) -> None:
         self.engine_id = engine_id
         self.kv_store = store
-        self.num_blocks = num_blocks
         self.path = path
         self.block_bytes = path.block_bytes
         self._calls = Background()
         """Its puts and view refreshes under way."""
         self._view: dict[BlockHash, float] = {}
         """What the store holds as this engine last heard, with when each block's store completes."""
-
-    @property
-    def usage(self) -> float:
-        return min(1.0, len(self._view) / self.num_blocks) if self.num_blocks else 0.0
 
     def publish_kv_events(self) -> None:
         """Nothing to publish: every engine reads the same store, so it tells a router nothing."""
