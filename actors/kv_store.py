@@ -30,8 +30,8 @@ class KVStore:
         """`engine_ids`: the engines that call it (the log is kept until each has read it: one that
         stops calling, as a killed engine, keeps it growing for the rest of the run)."""
         self.num_blocks = num_blocks
-        self._blocks: OrderedDict[BlockHash, tuple[float, np.ndarray | None]] = OrderedDict()
-        """hash -> (when its store completes, its KV), least recently used first."""
+        self._blocks: OrderedDict[BlockHash, np.ndarray | None] = OrderedDict()
+        """hash -> its KV, least recently used first (when its store completes is in the log)."""
         self._log: list[tuple[BlockHash, float | None]] = []
         """(hash, ready_s) stored, (hash, None) evicted, in order; `_log_start` entries dropped before."""
         self._log_start = 0
@@ -50,7 +50,7 @@ class KVStore:
             if len(self._blocks) == self.num_blocks:
                 old, _ = self._blocks.popitem(last=False)
                 self._log.append((old, None))
-            self._blocks[h] = (ready_s, kv)
+            self._blocks[h] = kv
             self._log.append((h, ready_s))
         return self._changes(engine_id)
 
@@ -61,11 +61,10 @@ class KVStore:
         call."""
         kvs = []
         for h in hashes:
-            entry = self._blocks.get(h)
-            if entry is None:
+            if h not in self._blocks:
                 break
             self._blocks.move_to_end(h)
-            kvs.append(entry[1])
+            kvs.append(self._blocks[h])
         return kvs, self._changes(engine_id)
 
     async def changes(self, engine_id: str) -> KVStoreChanges:

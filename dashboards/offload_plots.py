@@ -9,6 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dashboards.plot_style import designs_of
+from messages import OFFLOAD_TIERS
 
 SOURCES = (
     ("GPU prefix cache", "tab:blue"),
@@ -23,16 +24,13 @@ SOURCES = (
 def prompt_sources(ok: pd.DataFrame) -> pd.DataFrame:
     """Per design, its prompt tokens by `SOURCES`, as shares of all of them (rows add up to 1)."""
 
-    def tokens(part: pd.DataFrame, tier: str) -> float:
-        return float(part[f"prefill_{tier}_tokens"].fillna(part[f"num_{tier}_tokens"]).sum())
-
     rows = {}
     for design, part in ok.groupby("design", sort=False):
-        host, disk, shared = tokens(part, "host"), tokens(part, "disk"), tokens(part, "shared")
-        gpu = float(part["prompt_cached_tokens"].sum()) - host - disk - shared
+        tiers = [float(part[f"prompt_{tier}_tokens"].sum()) for tier in OFFLOAD_TIERS]
+        gpu = float(part["prompt_cached_tokens"].sum()) - sum(tiers)
         pulled = float(part["prefill_pulled_back_tokens"].fillna(0).sum())
         computed = float(part["prompt_computed_tokens"].sum())
-        rows[str(design)] = [gpu, host, disk, shared, pulled, computed]
+        rows[str(design)] = [gpu, *tiers, pulled, computed]
     frame = pd.DataFrame.from_dict(rows, orient="index", columns=[name for name, _ in SOURCES])
     return frame.div(frame.sum(axis=1), axis=0)
 

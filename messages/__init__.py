@@ -8,6 +8,7 @@ from messages.kv import BlockRemoved, BlockStored, KVEvents, KVPayload, KVPull, 
 from messages.kv_transfer_params import KVTransferParams
 from messages.multimodal import EncodedImage, EncodeJob, MultiModalItem
 from messages.requests import (
+    OFFLOAD_TIERS,
     ClientRequest,
     EngineOutput,
     EngineRequest,
@@ -21,6 +22,7 @@ from messages.result import RequestResult
 from messages.token_ids import PromptIds, TokenIds
 
 __all__ = [
+    "OFFLOAD_TIERS",
     "BlockRemoved",
     "BlockStored",
     "ClientRequest",

@@ -57,6 +57,10 @@ class EngineRequest:
     """The prompt's images (block hashes over their positions include their hashes)."""
 
 
+OFFLOAD_TIERS = ("host", "disk", "shared")
+"""An engine's KV offload tiers, in lookup order, as `RequestTimes` names them (`num_<tier>_tokens`)."""
+
+
 @dataclass
 class RequestTimes:
     """engine -> proxy with the final output: the engine-side life of a request, for results."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from messages import RequestResult, RequestTimes
+from messages import OFFLOAD_TIERS, RequestResult, RequestTimes
 from messages.latency import HANDOFF_PARTS, LATENCY_COLUMNS
 
 _TIMES_FIELDS = [f.name for f in dataclasses.fields(RequestTimes)]
@@ -63,13 +63,11 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     handoff = {f"handoff_{part}_s": [p[part] if p else float("nan") for p in parts] for part in HANDOFF_PARTS}
     df = pd.concat([df, pd.DataFrame(handoff, index=df.index)], axis=1)
     df["ok"] = df["finished_reason"].isin(["length", "stop"])
-    # Where the prompt was computed (prefill in P/D), how much of it its offload tiers and the caches
+    # Where the prompt was computed (prefill in P/D), how much of it each offload tier and the caches
     # altogether (GPU prefix cache, then the tiers) served.
-    host = df["prefill_host_tokens"].fillna(df["num_host_tokens"])
-    disk = df["prefill_disk_tokens"].fillna(df["num_disk_tokens"])
-    df["prompt_offloaded_tokens"] = (
-        host + disk + df["prefill_shared_tokens"].fillna(df["num_shared_tokens"])
-    ).fillna(0)
+    for tier in OFFLOAD_TIERS:
+        df[f"prompt_{tier}_tokens"] = df[f"prefill_{tier}_tokens"].fillna(df[f"num_{tier}_tokens"]).fillna(0)
+    df["prompt_offloaded_tokens"] = df[[f"prompt_{tier}_tokens" for tier in OFFLOAD_TIERS]].sum(axis=1)
     cached = df["prefill_cached_tokens"].fillna(df["num_cached_tokens"])
     server_cached = df["server_num_cached_tokens"].astype("float64")  # None where no server gave one
     df["prompt_cached_tokens"] = cached.fillna(server_cached).fillna(0) + df["prompt_offloaded_tokens"]

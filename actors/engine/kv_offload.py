@@ -29,12 +29,10 @@ from actors.engine.kv_tier import KVTier
 from actors.engine.request import Request
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
-from messages import BlockRemoved, BlockStored
+from messages import OFFLOAD_TIERS, BlockRemoved, BlockStored
 
 Tier = KVTier | SharedKVTier
 """An engine's offload tier: its own (host, disk) or its side of the shared store."""
-OFFLOAD_MEDIA = ("host", "disk", "shared")
-"""The tiers' names (`RequestTimes.num_<medium>_tokens`)."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +76,6 @@ class KVOffload:
         """Wakes the engine's step loop (a fetch from the shared store came in; set by its KV handoff)."""
         self._fetches = Background()
         self.stats = stats
-        self._reported = dict.fromkeys((tier.medium for tier in tiers if isinstance(tier, KVTier)), (0, 0))
-        """Each tier's evicted blocks and skipped stores as last reported."""
         self.blocks = scheduler.blocks
         scheduler.external.offload_lookup = self.lookup
         self.executor = executor
@@ -175,7 +171,7 @@ class KVOffload:
         req.num_offload_tokens = sum(seg.num_blocks for seg in load.segments) * bs
         if t.first_scheduled_s is not None:
             return
-        for medium in OFFLOAD_MEDIA:
+        for medium in OFFLOAD_TIERS:
             setattr(t, f"num_{medium}_tokens", 0)
         for seg in load.segments:
             setattr(t, f"num_{seg.tier.medium}_tokens", seg.num_blocks * bs)
@@ -246,13 +242,10 @@ class KVOffload:
 
     def _report(self, tier: KVTier) -> None:
         """`tier`'s usage, and its evictions and skipped stores since its last report."""
-        was_evicted, was_skipped = self._reported[tier.medium]
-        num_evicted, num_skipped = (
-            tier.num_evicted_blocks - was_evicted,
-            tier.num_skipped_stores - was_skipped,
+        self.stats.on_kv_offload_tier(
+            tier.medium, tier.usage, tier.num_evicted_blocks, tier.num_skipped_stores
         )
-        self.stats.on_kv_offload_tier(tier.medium, tier.usage, num_evicted, num_skipped)
-        self._reported[tier.medium] = (tier.num_evicted_blocks, tier.num_skipped_stores)
+        tier.num_evicted_blocks = tier.num_skipped_stores = 0
 
     def _read(self, req: Request, num_blocks: int) -> list[np.ndarray | None]:
         """The runner's KV of `req`'s first `num_blocks` blocks, a copy each (None each: compute skip)."""

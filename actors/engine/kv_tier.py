@@ -76,8 +76,9 @@ class KVTier:
         self._pins: dict[BlockHash, int] = {}
         """Blocks being loaded -> loads under way (never evicted meanwhile)."""
         self.num_evicted_blocks = 0
+        """Blocks evicted since its connector last reported them (and reset this)."""
         self.num_skipped_stores = 0
-        """Stores skipped whole: every block it could evict was being loaded or stored."""
+        """Stores skipped whole since then: every block it could evict was being loaded or stored."""
         self._events: list[BlockStored | BlockRemoved] | None = None
 
     def __len__(self) -> int:

@@ -40,8 +40,7 @@ class ExternalKV:
         supply (KV offloading; 0 without, and for a request whose KV comes from a peer)."""
         if self.offload_lookup is None or req.is_remote_prefill:
             return 0
-        req.num_offload_tokens = self.offload_lookup(req, len(hits), now) * self.blocks.block_size
-        return req.num_offload_tokens
+        return self.offload_lookup(req, len(hits), now) * self.blocks.block_size
 
     def allocate_for_remote_kv(self, req: Request) -> bool:
         """Blocks for the whole prompt, the leading ones from this engine's own prefix cache (they need
@@ -63,7 +62,7 @@ class ExternalKV:
         if not self.blocks.allocate_slots(
             req, num_new_tokens, hits, full_sequence_must_fit=must_fit, delay_cache_blocks=True
         ):
-            req.num_computed_tokens = req.num_offload_tokens = 0
+            req.num_computed_tokens = 0
             return False
         self.blocks.record_prefix_cache_stats(req, req.num_computed_tokens)
         if req.times.first_scheduled_s is None:  # (a preempted request loading again keeps its first)
