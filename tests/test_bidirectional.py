@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from actors.engine.clock import Clock
-from cluster.virtual import build_deployment
+from cluster.config_load import load_designs
+from cluster.virtual import build_deployment, run_virtual
 from messages import ClientRequest
-from tests.factories import COLLOCATED, PD, SIX_TURN, make_config, run_async, run_requests
+from tests.factories import COLLOCATED, PD, SIX_TURN, TRACES, make_config, run_async, run_requests
 from workloads.harness import answer_in_history
 from workloads.results import results_frame
 from workloads.traces.session import FollowUp
@@ -189,3 +190,20 @@ def test_a_conversation_on_the_models_own_answers_diverges_only_under_positional
     assert rewritten["pd-positional"]["diverged_fraction"] >= 0.5
     _, unedited = run(tmp_path / "unedited")
     assert unedited["pd-positional"]["diverged_fraction"] == 0
+
+
+MOONCAKE = TRACES / "mooncake_fast25" / "conversation_trace.window_0s_1200s.jsonl"
+
+
+@pytest.mark.parametrize("design", ["pd-bidirectional-host", "collocated-host"])
+def test_every_request_of_the_mooncake_minute_completes_when_decode_keeps_turns(design):
+    """The first minute of the Mooncake window through the offload preset: its sessions are one turn
+    each, so every turn decode keeps is never pulled back. Pinned for their 480 s TTL they filled
+    decode, new requests waited for blocks past prefill's 120 s hold and 41 of 162 pulls found
+    nothing held; kept turns now give way first. Every engine is checked empty after the replay."""
+    (cfg,) = load_designs(
+        "offload-h200", [design], [f"replay.trace={MOONCAKE}", "replay.window_s=[0,60]", "runner.compute=skip"]
+    )
+    results = run_virtual(cfg, metrics=False).results
+    assert len(results) == 162
+    assert results["ok"].all(), results.loc[~results["ok"], "error"].head(3).tolist()

@@ -164,9 +164,15 @@ class Request:
         ended by length or stop (an agent's tool call ends with EOS) for the conversation's next turn."""
         if not self.is_remote_decode:
             return False
-        if self.is_remote_prefill and not self.is_pull_back:
+        if self.is_conversation_turn:
             return reason in ("length", "stop")
         return reason == "length"
+
+    @property
+    def is_conversation_turn(self) -> bool:
+        """Bidirectional: a decode-engine request of a conversation, whose blocks it keeps when it ends
+        for the next turn's pull back. A cache, not a promise: they give way when blocks run short."""
+        return self.is_remote_decode and self.is_remote_prefill and not self.is_pull_back
 
     @property
     def is_remote_prefill(self) -> bool:

@@ -102,6 +102,9 @@ class Scheduler:
         self.held: dict[str, Request] = {}
         """Finished requests whose blocks wait for a pull: prefill side, decode's; decode side
         (bidirectional), the conversation's next turn's."""
+        self.kept_turns: dict[str, None] = {}
+        """The held conversation turns (decode side, bidirectional), oldest first: released first when
+        blocks run short (`_release_kept_turn`)."""
         self.external = ExternalKV(blocks)
         """Admitting requests whose KV comes from outside this engine's GPU cache."""
         self.num_preemptions = 0
@@ -136,6 +139,8 @@ class Scheduler:
             if n == 0:
                 continue
             while not self.blocks.allocate_slots(req, n):
+                if self._release_kept_turn():
+                    continue
                 victim = next((r for r in reversed(self.running) if r not in batch.requests), req)
                 self._preempt(victim)
                 batch.preempted.append(victim)
@@ -158,7 +163,7 @@ class Scheduler:
             if req.times.queued_s > now:
                 break
             if self.takes_blocks_first(req):
-                if not self.external.allocate_for_remote_kv(req):
+                if not self._allocate(lambda req=req: self.external.allocate_for_remote_kv(req)):
                     break
                 if req.num_external_computed_tokens > 0:
                     self._wait_for_kv(req, batch.new_remote_requests)
@@ -175,14 +180,19 @@ class Scheduler:
             if fresh:
                 req.num_computed_tokens = len(hits) * self.blocks.block_size
                 if num_loaded := self.external.offload_hit(req, hits, now):  # its tiers hold more of it
-                    if not self.external.allocate_for_load(req, hits, num_loaded, self.reserve_full_isl):
+                    must_fit = self.reserve_full_isl
+                    if not self._allocate(
+                        lambda: self.external.allocate_for_load(req, hits, num_loaded, must_fit)
+                    ):
                         break
                     self._wait_for_kv(req, batch.new_offload_loads)
                     continue
             num_encoding = len(batch.encoder_inputs)
             n = self._cut(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
             must_fit = self.reserve_full_isl
-            if n == 0 or not self.blocks.allocate_slots(req, n, hits, full_sequence_must_fit=must_fit):
+            if n == 0 or not self._allocate(
+                lambda: self.blocks.allocate_slots(req, n, hits, full_sequence_must_fit=must_fit)
+            ):
                 batch.drop_images(num_encoding)
                 if fresh:
                     req.num_computed_tokens = 0
@@ -198,6 +208,26 @@ class Scheduler:
             batch.add(req, n)
             budget -= n
         return budget
+
+    def _allocate(self, allocate: Callable[[], bool]) -> bool:
+        """`allocate()`, tried again after each turn kept for a pull back is released, while it fails."""
+        while not allocate():
+            if not self._release_kept_turn():
+                return False
+        return True
+
+    def _release_kept_turn(self) -> bool:
+        """Bidirectional: free the blocks of the oldest turn kept for a pull back (False: none kept).
+
+        A kept turn is a cache for the conversation's next turn, not KV a peer was promised: it gives
+        way before a request waits or one running is preempted. Pinned until its TTL instead, kept turns
+        of conversations that never come back fill decode, new requests wait for blocks past prefill's
+        hold timeout, and their pulls find nothing held. The next turn's pull back of a released turn
+        fails and computes those tokens on prefill, as after the TTL."""
+        if not self.kept_turns:
+            return False
+        self.release_held(next(iter(self.kept_turns)))
+        return True
 
     def head_of_line(self, now: float) -> Request | None:
         """The first waiting request, if it is visible at `now` (the one the next schedule looks at)."""
@@ -289,11 +319,14 @@ class Scheduler:
         req.finished_reason = reason
         if req.holds_kv_after(reason):
             self.held[req.request_id] = req
+            if req.is_conversation_turn:
+                self.kept_turns[req.request_id] = None
         else:
             self.blocks.free(req)
 
     def release_held(self, request_id: str) -> Request | None:
         req = self.held.pop(request_id, None)
+        self.kept_turns.pop(request_id, None)
         if req is not None:
             self.blocks.free(req)
         return req
