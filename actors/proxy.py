@@ -149,6 +149,8 @@ class Proxy:
                 async with aclosing(inner):  # closing this stream closes the engine's: it aborts there
                     async for out in inner:
                         yield out
+        except ValueError as e:  # an engine refused the request (its message, as vLLM's HTTP 400 has it)
+            result.fail(str(e))
         except Exception as e:
             result.fail(f"{type(e).__name__}: {e}")
         finally:

@@ -261,7 +261,9 @@ def build_engine(
     )
     link = LinkQueue(pool.num_attention_ranks) if link is None else link  # its own: a wire a DP rank
     kv_worker = KVConnectorWorker(
-        executor, peers=peers, stats=stats, clock=clock, block_size=s.block_size, link=link, faults=faults
+        engine_id,
+        executor,
+        peers=peers, stats=stats, clock=clock, block_size=s.block_size, link=link, faults=faults
     )
     return EngineCore(
         engine_id,

@@ -202,7 +202,9 @@ def test_every_request_of_the_mooncake_minute_completes_when_decode_keeps_turns(
     decode, new requests waited for blocks past prefill's 120 s hold and 41 of 162 pulls found
     nothing held; kept turns now give way first. Every engine is checked empty after the replay."""
     (cfg,) = load_designs(
-        "offload-h200", [design], [f"replay.trace={MOONCAKE}", "replay.window_s=[0,60]", "runner.compute=skip"]
+        "offload-h200",
+        [design],
+        [f"replay.trace={MOONCAKE}", "replay.window_s=[0,60]", "runner.compute=skip"],
     )
     results = run_virtual(cfg, metrics=False).results
     assert len(results) == 162

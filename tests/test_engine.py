@@ -232,7 +232,7 @@ def test_requests_reaching_a_crashed_engine_fail_and_the_run_ends_with_its_error
             make_config(COLLOCATED, SKIP), make_requests(6, 200, 30, forced=True, gap_s=2.0), seen.append
         )
     assert [r.finished_reason for r in seen] == ["length"] * 2 + ["error"] * 4  # r2: in the broken step
-    assert all("mixed-0 crashed: TypeError('step bug')" in r.error for r in seen[2:])
+    assert all("mixed-0 crashed: TypeError: step bug" in r.error for r in seen[2:])
     assert all(r.error.startswith("EngineDeadError") for r in seen[3:])  # refused: arrived after
 
 
@@ -298,7 +298,10 @@ def test_a_request_longer_than_max_model_len_fails_visibly_and_the_rest_run():
     cfg = make_config(COLLOCATED, SKIP, scheduler={"max_model_len": 1000}, workload={"prompt_len": 100})
     reqs = make_requests(2, [990, 100], 20, forced=True)
     (too_long, fine), _ = run_requests(cfg, reqs)
-    assert too_long.finished_reason == "error" and "exceeds max_model_len (1000)" in too_long.error
+    assert (
+        too_long.finished_reason == "error"
+        and "Prompt and max_tokens exceed max_model_len (1000)." in too_long.error
+    )
     assert fine.finished_reason == "length"
 
 

@@ -8,6 +8,7 @@ import pytest
 from actors.engine.clock import Clock
 from actors.engine.kv_transfer import KVReceiver, LinkQueue
 from cluster.virtual import build_deployment, replay_on, run_virtual
+from dashboards.headline import failure_reason
 from emulation.profiles import LINKS, MODELS
 from emulation.transfer import handoff_time
 from messages import KVTransferParams
@@ -107,7 +108,9 @@ def test_failed_kv_loads_fail_their_requests_by_default():
     out = run_virtual(make_config(PD, skip, faults={"kv_transfer_failures": [2, 3]}), reqs)
     df = out.results
     assert list(df["finished_reason"]) == ["length", "error", "error", "length", "length", "length"]
-    assert df["error"].iloc[1].startswith("KV load of") and out.summary["failed"] == 2
+    assert out.summary["failed"] == 2
+    reasons = {failure_reason("error", e) for e in df["error"].dropna()}
+    assert reasons == {"decode-0 could not load KV: failed on purpose (faults)"}
     assert out.summary["num_injected_load_failures"] == 2 and out.summary["num_recomputed_loads"] == 0
 
 

@@ -40,5 +40,9 @@ class EngineHealth:
     def loop_broke(self, e: Exception) -> bool:
         """The step loop ended with `e`: the engine is dead; True if `e` is a kill (on purpose)."""
         killed = e is self.killed
-        self.dead = self.killed if killed else EngineDeadError(f"engine {self.engine_id} crashed: {e!r}")
+        self.dead = (
+            self.killed
+            if killed
+            else EngineDeadError(f"engine {self.engine_id} crashed: {type(e).__name__}: {e}")
+        )
         return killed

@@ -29,9 +29,14 @@ class KVLoadError(RuntimeError):
     """The prefill side died or lost the KV: the request fails, visibly."""
 
 
+class KVNotHeldError(LookupError):
+    """The source engine holds no KV for a pull: freed, expired, released for room, or never held."""
+
+
 class KVConnectorWorker:
     def __init__(
         self,
+        engine_id: str,
         executor: Executor,
         *,
         peers: Mapping[str, KVSource],
@@ -44,6 +49,7 @@ class KVConnectorWorker:
         """`peers`: the prefill engines by id (the engines, or clients of their actors); `link`: the
         link this engine sends on (kv_transfer.link_scope=fabric: shared; None: its own, one wire);
         `faults`: which of this engine's loads fail on purpose (None: none)."""
+        self.engine_id = engine_id
         self.faults = faults
         self.link: Link = link if link is not None else LinkQueue()
         """Prefill side: the link every pull from this engine queues on."""
@@ -91,7 +97,12 @@ class KVConnectorWorker:
             return await self.peers[remote_id].get_kv(pull)
         except Exception as e:
             self.stats.on_kv_transfer_failed()
-            raise KVLoadError(f"KV pull from {remote_id} failed: {e!r}") from e
+            # Its first sentence names the engines and the cause, the same for every request alike.
+            source = "decode" if req.is_pull_back else "prefill"
+            why = f"{source} no longer held it" if isinstance(e, KVNotHeldError) else _plain(e)
+            raise KVLoadError(
+                f"{self.engine_id} could not pull KV from {remote_id}: {why}. Request {remote_request_id!r}."
+            ) from e
 
     async def _fail(self, req: Request, plan: TransferPlan) -> bool:
         """An injected failure: the transfer takes its time (unqueued) and is found broken at its end,
@@ -102,7 +113,9 @@ class KVConnectorWorker:
         if req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return False
         self.stats.on_kv_transfer_failed(injected=True)
-        raise KVLoadError(f"KV load of {req.request_id} failed (injected: faults)")
+        raise KVLoadError(
+            f"{self.engine_id} could not load KV: failed on purpose (faults). Request {req.request_id!r}."
+        )
 
     def _write(self, req: Request, payload: KVPayload, plan: TransferPlan) -> None:
         """Put fetched KV into `req`'s blocks; counts the transfer (late if the real move ended after
@@ -130,3 +143,9 @@ class KVConnectorWorker:
             await self.peers[params.remote_engine_id].free_kv(params.remote_request_id)
         except Exception:
             self.stats.on_kv_notification_failed()
+
+
+def _plain(e: Exception) -> str:
+    """`e` in words: its message's first line, else its kind (no Python repr)."""
+    lines = str(e).strip().splitlines()
+    return lines[0].rstrip(".") if lines else type(e).__name__

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from actors.engine.background import Background
 from actors.engine.kv_connector import KVConnectorScheduler
-from actors.engine.kv_connector_worker import KVConnectorWorker, KVLoadError
+from actors.engine.kv_connector_worker import KVConnectorWorker, KVLoadError, KVNotHeldError
 from actors.engine.kv_offload import KVOffload
 from actors.engine.kv_transfer import TransferPlan
 from actors.engine.request import Request
@@ -61,7 +61,7 @@ class KVHandoff:
         """The held KV `pull` asks for; its transfer queues on this engine's link (`KVSource`)."""
         req = self.scheduler.held.get(pull.request_id)
         if req is None:
-            raise KeyError(f"engine {self.engine_id} holds no KV for request {pull.request_id!r}")
+            raise KVNotHeldError(f"engine {self.engine_id} holds no KV for request {pull.request_id!r}")
         return await self.kv_worker.read(req, pull)
 
     def free_kv(self, request_id: str) -> None:

@@ -25,19 +25,19 @@ def check_request(
     """Raise ValueError, naming the request, unless an engine can run it (`sees_images`: its target
     has a vision encoder; `vocab_size`: the runner's, whose embedding lookup a bad token ID would
     break; None without a runner, where the API's edge has checked them)."""
+    # The first sentence says what is wrong, the same for every request (failures are counted by it).
+    rid = request.request_id
     if request.mm_items and not sees_images:
-        raise ValueError(f"request {request.request_id!r}: images need a target model with a vision encoder")
+        raise ValueError(f"Images need a target model with a vision encoder. Request {rid!r}.")
     num_prompt = len(request.prompt_token_ids)
     n = num_prompt + request.max_tokens
     if n > max_model_len:
         raise ValueError(
-            f"request {request.request_id!r}: prompt ({num_prompt} tokens) + max_tokens "
-            f"({request.max_tokens}) = {n} exceeds max_model_len ({max_model_len})"
+            f"Prompt and max_tokens exceed max_model_len ({max_model_len}). Request {rid!r}: prompt "
+            f"({num_prompt} tokens) + max_tokens ({request.max_tokens}) = {n}."
         )
     if vocab_size is not None and not token_ids_valid(request.prompt_token_ids, vocab_size):
-        raise ValueError(
-            f"request {request.request_id!r}: prompt token IDs must be ints in [0, {vocab_size})"
-        )
+        raise ValueError(f"Prompt token IDs must be ints in [0, {vocab_size}). Request {rid!r}.")
 
 
 class RequestStatus(enum.Enum):

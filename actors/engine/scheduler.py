@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from actors.engine.block_manager import BlockManager
 from actors.engine.encoder_cache import EncoderCache
@@ -51,18 +52,21 @@ class ExternalKV:
         if req.is_pull_back:
             assert self.pull_back_rule is not None, "a pull back needs the KV connector's reuse rule"
             req.pull_back_tokens = self.pull_back_rule(req)
-        return self.allocate_for_load(req, hits, req.num_prompt_tokens - req.num_computed_tokens)
+        if self.allocate_for_load(req, hits, req.num_prompt_tokens - req.num_computed_tokens):
+            return True
+        req.num_computed_tokens = 0
+        return False
 
     def allocate_for_load(
         self, req: Request, hits: list[int], num_new_tokens: int, must_fit: bool = False
     ) -> bool:
         """Blocks for `req`'s prefix hit `hits` and `num_new_tokens` more whose KV comes from elsewhere
         (cached once it has come; the budget is not spent on them, as vLLM allocates for external
-        tokens); False (nothing held) if they do not fit (`must_fit`: the whole prompt must)."""
+        tokens); False (nothing held, nothing changed) if they do not fit (`must_fit`: the whole
+        prompt must)."""
         if not self.blocks.allocate_slots(
             req, num_new_tokens, hits, full_sequence_must_fit=must_fit, delay_cache_blocks=True
         ):
-            req.num_computed_tokens = 0
             return False
         self.blocks.record_prefix_cache_stats(req, req.num_computed_tokens)
         if req.times.first_scheduled_s is None:  # (a preempted request loading again keeps its first)
@@ -163,7 +167,7 @@ class Scheduler:
             if req.times.queued_s > now:
                 break
             if self.takes_blocks_first(req):
-                if not self._allocate(lambda req=req: self.external.allocate_for_remote_kv(req)):
+                if not self._allocate(self.external.allocate_for_remote_kv, req):
                     break
                 if req.num_external_computed_tokens > 0:
                     self._wait_for_kv(req, batch.new_remote_requests)
@@ -181,18 +185,16 @@ class Scheduler:
                 req.num_computed_tokens = len(hits) * self.blocks.block_size
                 if num_loaded := self.external.offload_hit(req, hits, now):  # its tiers hold more of it
                     must_fit = self.reserve_full_isl
-                    if not self._allocate(
-                        lambda: self.external.allocate_for_load(req, hits, num_loaded, must_fit)
-                    ):
+                    if not self._allocate(self.external.allocate_for_load, req, hits, num_loaded, must_fit):
+                        req.num_computed_tokens = 0
                         break
                     self._wait_for_kv(req, batch.new_offload_loads)
                     continue
             num_encoding = len(batch.encoder_inputs)
             n = self._cut(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
             must_fit = self.reserve_full_isl
-            if n == 0 or not self._allocate(
-                lambda: self.blocks.allocate_slots(req, n, hits, full_sequence_must_fit=must_fit)
-            ):
+            allocate = self.blocks.allocate_slots
+            if n == 0 or not self._allocate(allocate, req, n, hits, full_sequence_must_fit=must_fit):
                 batch.drop_images(num_encoding)
                 if fresh:
                     req.num_computed_tokens = 0
@@ -209,9 +211,10 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _allocate(self, allocate: Callable[[], bool]) -> bool:
-        """`allocate()`, tried again after each turn kept for a pull back is released, while it fails."""
-        while not allocate():
+    def _allocate(self, allocate: Callable[..., bool], *args: Any, **kwargs: Any) -> bool:
+        """`allocate(*args, **kwargs)`, tried again after each turn kept for a pull back is released,
+        while it fails."""
+        while not allocate(*args, **kwargs):
             if not self._release_kept_turn():
                 return False
         return True
