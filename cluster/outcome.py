@@ -83,7 +83,11 @@ def encoder_summary(encoder_stats: Sequence[EncoderStats], duration_s: float) ->
 
 
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(clean_json(data), indent=2, allow_nan=False) + "\n")
+    """`data` as strict JSON: every figure finite or null (NaN, and ±inf: a rate of inf, every request
+    at t = 0 as `vllm bench serve --request-rate inf` sends them, is null here and inf in memory)."""
+    loose = json.dumps(clean_json(data))  # NaN and ±inf as JavaScript's constants, read back as null
+    strict = json.loads(loose, parse_constant=lambda _: None)
+    path.write_text(json.dumps(strict, indent=2, allow_nan=False) + "\n")
 
 
 def clean_json(obj: Any) -> Any:
