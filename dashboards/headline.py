@@ -192,6 +192,28 @@ def gap_finding(results: pd.DataFrame) -> Finding | None:
     return Finding(f"Worst inter-token gap: {', '.join(words)}.")
 
 
+def prefix_hit_finding(records: list[dict[str, Any]]) -> Finding | None:
+    """A replayed trace: the prompt tokens each design found cached (means over seeds and rates)
+    beside what an infinite cache would find."""
+    ideal = next(
+        (
+            r["theoretical_prefix_hit_rate"]
+            for r in records
+            if r.get("theoretical_prefix_hit_rate") is not None
+        ),
+        None,
+    )
+    if ideal is None:
+        return None
+    frame = pd.DataFrame(records)
+    achieved = frame.groupby("design", sort=False)["prefix_hit_rate"].mean()
+    words = [f"{d} {percent(rate)}" for d, rate in achieved.items()]
+    return Finding(
+        f"Prompt tokens found cached: {', '.join(words)}; an infinite cache would find {percent(ideal)} "
+        "(the trace's theoretical prefix-hit rate, prompts only)."
+    )
+
+
 def lag_findings(records: list[dict[str, Any]]) -> list[Finding]:
     """Designs whose steps or handoffs overran their emulated budget (live mode): invalid latencies."""
     findings = []
@@ -211,10 +233,19 @@ def lag_findings(records: list[dict[str, Any]]) -> list[Finding]:
 
 
 def headline(results: pd.DataFrame, records: list[dict[str, Any]]) -> list[Finding]:
-    """The report's opening lines, in this order: outcome, SLOs, handoff, tokens, stalls, lag."""
+    """The report's opening lines, in this order: outcome, SLOs, handoff, prefix hits, tokens, stalls,
+    lag."""
     return [
         *outcome(results),
         *slo_findings(records),
-        *filter(None, [handoff_finding(results), tokens_finding(results, records), gap_finding(results)]),
+        *filter(
+            None,
+            [
+                handoff_finding(results),
+                prefix_hit_finding(records),
+                tokens_finding(results, records),
+                gap_finding(results),
+            ],
+        ),
         *lag_findings(records),
     ]

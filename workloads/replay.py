@@ -39,6 +39,8 @@ def load_workload(cfg: TestbedConfig, requests: Workload | LoadedWorkload | None
     if isinstance(requests, LoadedWorkload):
         return requests
     workload = workload_for(cfg) if requests is None else requests
+    if isinstance(workload, Trace):  # described as replayed: its window, its turns
+        workload = workload.replayed(cfg.replay.window_s, cfg.replay.max_turns)
     return LoadedWorkload(workload, workload_info(workload, cfg.replay.speedup))
 
 

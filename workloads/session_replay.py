@@ -71,13 +71,10 @@ class SessionReplay:
         self._tools = list(cfg.tools) if cfg.tools else None
 
     async def run(self, trace: Trace) -> list[RequestResult]:
-        """Every session of `trace` (within the window) to its end; results in send order."""
-        sessions = trace.sessions
-        offset_s = 0.0
-        if self.cfg.window_s is not None:
-            start, end = self.cfg.window_s
-            sessions = [s for s in sessions if start <= s.start_s < end]
-            offset_s = start
+        """Every session of `trace` (within the window, cut to `max_turns`) to its end; results in send
+        order."""
+        sessions = trace.replayed(self.cfg.window_s, self.cfg.max_turns).sessions
+        offset_s = self.cfg.window_s[0] if self.cfg.window_s is not None else 0.0
         slots = asyncio.Semaphore(self.cfg.max_sessions) if self.cfg.max_sessions else None
         await asyncio.gather(*(self._top(s, offset_s, slots) for s in sessions))
         return sorted(self.results, key=lambda r: r.arrival_s)
@@ -93,7 +90,7 @@ class SessionReplay:
         its last turn (and every sub-agent) finished. Times come from the results' emulated stamps, so
         live mode paces exactly as virtual mode does."""
         sent_s = done_s = origin_s
-        turns = session.turns[: self.cfg.max_turns]
+        turns = session.turns
         harness = Harness(self.cfg, self.synth.vocab_size)
         for k, turn in enumerate(turns):
             due_s = self._due_s(session, k, origin_s, sent_s, done_s)

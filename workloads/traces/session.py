@@ -11,6 +11,7 @@ tokens, too many to hold as Python lists at once.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -134,3 +135,35 @@ class Trace:
     @property
     def num_requests(self) -> int:
         return sum(len(s.turns) for s in self.all_sessions())
+
+    def replayed(self, window_s: tuple[float, float] | None, max_turns: int | None) -> Trace:
+        """What a replay sends of this trace: the sessions starting in `window_s`, [start, end) trace
+        seconds (None: all), each cut to its first `max_turns` turns, sub-agents' too (None: all). A
+        window no session starts in is a `TraceError` naming when they start."""
+        sessions = self.sessions
+        if window_s is not None:
+            start, end = window_s
+            sessions = [s for s in sessions if start <= s.start_s < end]
+            if not sessions:
+                starts = [s.start_s for s in self.sessions]
+                span = f"between {min(starts):g} and {max(starts):g} s" if starts else "nowhere: it is empty"
+                raise TraceError(
+                    self.name,
+                    None,
+                    "window",
+                    f"[{start:g}, {end:g}) s holds no session; its sessions start {span}",
+                )
+        if max_turns is not None:
+            sessions = [_first_turns(s, max_turns) for s in sessions]
+        return dataclasses.replace(self, sessions=sessions)
+
+
+def _first_turns(session: Session, max_turns: int) -> Session:
+    """`session` cut to its first `max_turns` turns, and so each of its sub-agents."""
+    turns = [
+        dataclasses.replace(t, subagents=[_first_turns(s, max_turns) for s in t.subagents])
+        if t.subagents
+        else t
+        for t in session.turns[:max_turns]
+    ]
+    return dataclasses.replace(session, turns=turns)
