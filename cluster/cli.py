@@ -4,24 +4,27 @@ testbed run   --preset guide-l40s [--design collocated] [--rate 0.4] [--set key=
 testbed replay --trace PATH [--router kv_aware] [--mode live] ...       (see cluster/cli_run.py)
 testbed sweep --preset guide-l40s --rates 0.2,0.4 --seeds 5 --num-requests 100 [--out DIR]
 testbed plan  --preset guide-l40s --slo 'ttft:p90<=2s,tpot:p90<=50ms' [--vary KEY=V1,V2 ...] (docs/plan.md)
-testbed presets (the presets, what each emulates, and their designs)
+testbed presets (the presets, what each emulates, their designs, which replay a trace)
 testbed dashboards up [--host 127.0.0.1] [--port 9090] | testbed dashboards down
 testbed serve --preset guide-l40s --design pd-fast [--host 127.0.0.1] [--port 8000] [--api-key KEY]
               [--ray [--address ADDR]]
+testbed --version
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cluster.cli_args import add_replay_args, add_run_args
+from cluster.cli_args import add_command, add_replay_args, add_run_args
 from cluster.cli_run import ERRORS, cmd_replay, cmd_run, configs_of, out_dir
-from cluster.config_load import ConfigError, available_presets, dump_config, preset_designs
+from cluster.config_load import ConfigError, available_presets, dump_config, needs_trace, preset_designs
 from cluster.outcome import clean_json, write_json
 from cluster.plan.cli import ERRORS as PLAN_ERRORS
 from cluster.plan.cli import add_plan_parser, cmd_plan
@@ -30,8 +33,11 @@ from emulation.config import TestbedConfig
 
 
 def _parse_rates(text: str) -> list[float]:
+    items = text.split(",")
+    if any(not x.strip() for x in items):
+        raise ConfigError(f"--rates={text!r}: an empty item; expected comma-separated numbers, e.g. 0.2,0.4")
     try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
+        rates = [float(x) for x in items]
     except ValueError:
         raise ConfigError(f"--rates={text!r}: expected comma-separated numbers, e.g. 0.2,0.4") from None
     bad = [r for r in rates if not r > 0]
@@ -65,6 +71,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result.results.to_parquet(out / "results.parquet", index=False)
     write_json(out / "runs.json", clean_json(result.runs))
     write_json(out / "summary.json", records)
+    write_json(out / "engines.json", result.engines)  # the report's MoE figure and table read it
     write_json(out / "goodput.json", goodput)
     num_requests = sum(r["completed"] + r["failed"] + r["rejected"] for r in result.runs)
     write_json(
@@ -148,7 +155,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_presets(args: argparse.Namespace) -> int:
     from dashboards.console import presets_table, show
 
-    show(presets_table(preset_designs()))
+    show(presets_table(preset_designs(), {name for name in available_presets() if needs_trace(name)}))
     print("a design YAML of your own: testbed run --config FILE (example: docs/examples/my-design.yaml)")
     return 0
 
@@ -165,7 +172,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a flag's default where it has one of its own (None: the config's value applies)."""
+    """Shows a flag's default where it has one of its own (None: the config's value applies); a
+    description's or epilog's indented lines (examples) as written, its others filled to the width."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(
+            indent + line if line.startswith(" ") else textwrap.fill(line, width, initial_indent=indent)
+            for line in text.splitlines()
+        )
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default in (None, False) or action.default is argparse.SUPPRESS:
@@ -201,16 +215,21 @@ def _config_args(p: argparse.ArgumentParser, design_help: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="testbed", description="Emulate disaggregated LLM serving.")
+    p = _Parser(
+        prog="testbed",
+        description="Emulate disaggregated LLM serving.",
+        epilog="a command's flags and an example: testbed COMMAND --help",
+    )
+    p.add_argument("--version", action="version", version=f"testbed {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("presets", help="list the presets and their designs")
-    d = sub.add_parser("dashboards", help="start/stop a local Prometheus (+ Grafana) for live runs")
+    add_command(sub, "presets")
+    d = add_command(sub, "dashboards")
     d.add_argument("action", choices=["up", "down"])
     d.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes them)")
     d.add_argument("--port", type=int, default=9090, help="Prometheus port")
     d.add_argument("--grafana-port", type=int, default=3000)
     d.add_argument("--scrape-interval", default="5s", help="Prometheus scrape interval, e.g. 1s")
-    v = sub.add_parser("serve", help="an OpenAI-compatible server in front of one design")
+    v = add_command(sub, "serve")
     _config_args(v, "the design to serve (default: the preset's first)")
     v.add_argument("--time-scale", help="wall seconds per emulated second, or auto")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it)")
@@ -220,16 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", help="write every request's results here at shutdown")
     v.add_argument("--ray", action="store_true", help="run render pool, proxy and engines as Ray actors")
     v.add_argument("--address", help="with --ray: join this Ray cluster (e.g. auto) instead of starting one")
-    r = sub.add_parser("run", help="run each design once")
+    r = add_command(sub, "run")
     add_run_args(r, _config_args)
     r.add_argument("--num-requests", type=int, help="requests to send (default: the config's)")
     r.add_argument("--rate", type=float, help="requests per emulated second (default: the config's)")
-    t = sub.add_parser(
-        "replay", help="replay a trace's sessions (or a multi-turn scenario) through each design"
-    )
+    t = add_command(sub, "replay")
     add_run_args(t, _config_args)
     add_replay_args(t)
-    s = sub.add_parser("sweep", help="designs x rates x seeds")
+    s = add_command(sub, "sweep")
     _config_args(s, "comma-separated designs of the preset (default: all)")
     s.add_argument("--mode", help="virtual (sweeps run virtual mode)")
     s.add_argument("--num-requests", type=int, help="requests per point (default: the config's)")
@@ -241,8 +258,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    """The installed distribution's version (a checkout run without installing it has none)."""
+    try:
+        return importlib.metadata.version("disagg-testbed")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: no version)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, a bad flag: argparse has printed; its exit code
+        return 0 if e.code is None else e.code if isinstance(e.code, int) else 1  # as sys.exit's
     try:
         commands = {
             "run": cmd_run,

@@ -1,13 +1,74 @@
-"""The flags `testbed run` and `testbed replay` take (their commands: `cluster.cli_run`)."""
+"""What `testbed`'s subcommands say in their --help (a summary, a description, examples from the README),
+and the flags `testbed run` and `testbed replay` take (their commands: `cluster.cli_run`)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 from cluster.cli_run import SCENARIOS
 from emulation.config.serving import ROUTER_POLICIES
 from workloads.traces import FORMATS
+
+ABOUT: dict[str, tuple[str, str, list[str]]] = {
+    "presets": (
+        "list the presets and their designs",
+        "List every preset: what it emulates, its designs, and which presets replay a trace (those run "
+        "as `testbed replay --preset NAME --trace FILE`). Writes nothing.",
+        ["testbed presets"],
+    ),
+    "dashboards": (
+        "start/stop a local Prometheus (+ Grafana) for live runs",
+        "Start a Prometheus (and Grafana, if installed), detached, that scrapes every live run and "
+        "server of this host; `testbed dashboards down` stops them.",
+        ["testbed dashboards up", "testbed dashboards down"],
+    ),
+    "serve": (
+        "an OpenAI-compatible server in front of one design",
+        "Serve one design behind an OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
+        "/v1/models, /metrics) whose tokens leave at their emulated times, until Ctrl-C. It writes "
+        "results only with --out DIR.",
+        ["testbed serve --preset guide-l40s --design pd-fast"],
+    ),
+    "run": (
+        "run each design once",
+        "Run each design of a preset (or of a YAML config) once on its synthetic workload, in virtual "
+        "time or live on Ray, and write a run directory (results.parquet, summary.json, report.html). "
+        "Presets that replay a trace run with `testbed replay --trace FILE`.",
+        [
+            "testbed run --preset guide-l40s --design pd-fast --rate 0.4 --num-requests 20",
+            "testbed run --config docs/examples/my-design.yaml --num-requests 20",
+        ],
+    ),
+    "replay": (
+        "replay a trace's sessions (or a multi-turn scenario) through each design",
+        "Replay a trace's sessions (Mooncake, Azure, WEKA, mini-SWE-agent, ServeGen) or a named "
+        "multi-turn scenario through each design, or against a server (--target URL), and write a run "
+        "directory with prefix-hit rates and TTFT by turn.",
+        [
+            "testbed replay --preset agentic-h200 --trace "
+            "../shared/traces/mooncake_fast25/conversation_trace.window_0s_1200s.jsonl --window 0:120"
+        ],
+    ),
+    "sweep": (
+        "designs x rates x seeds",
+        "Run every design at every offered rate and seed in virtual time, in parallel processes, and "
+        "write the run directory with each design's goodput per SLO set (goodput.json) and its plot.",
+        ["testbed sweep --preset guide-l40s --rates 0.2,0.4,0.6 --num-requests 50"],
+    ),
+}
+"""Each subcommand's one-line summary, description and examples (every one a command of the README)."""
+
+
+def add_command(sub: Any, name: str) -> argparse.ArgumentParser:
+    """The subparser of `name` (`sub`: the parser's subparsers), its help from `ABOUT`."""
+    summary, description, examples = ABOUT[name]
+    epilog = "example" + ("s" if len(examples) > 1 else "") + ":\n" + "\n".join(f"  {e}" for e in examples)
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=summary, description=description, epilog=epilog
+    )
+    return parser
 
 
 def add_run_args(

@@ -12,21 +12,26 @@ import contextlib
 import dataclasses
 import os
 import re
+import sys
 import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cluster.config_load import ConfigError, dump_config, load_designs
+from cluster.config_load import ConfigError, dump_config, load_designs, needs_trace
 from cluster.estimate import estimate_line
 from cluster.outcome import clean_json, write_json
 from cluster.progress import RunProgress
+from dashboards.headline import outcome
 from dashboards.report import write_report
 from emulation.config import TestbedConfig
 from workloads.divergence import diverged_at
 from workloads.replay import LoadedWorkload, load_workload
 from workloads.traces.session import Trace, TraceError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SCENARIOS: dict[str, list[str]] = {
     "six-turn": [
@@ -70,9 +75,12 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def configs_of(args: argparse.Namespace, extra: Sequence[str] = ()) -> list[TestbedConfig]:
-    source = args.config or args.preset
-    designs = [d for d in (args.design or "").split(",") if d] or None
-    return load_designs(source, designs, [*extra, *overrides(args)])
+    return load_designs(args.config or args.preset, design_names(args), [*extra, *overrides(args)])
+
+
+def design_names(args: argparse.Namespace) -> list[str] | None:
+    """`--design A,B` as names (None: every design of the source)."""
+    return [d for d in (args.design or "").split(",") if d] or None
 
 
 def out_dir(args: argparse.Namespace, kind: str) -> Path:
@@ -83,6 +91,12 @@ def out_dir(args: argparse.Namespace, kind: str) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    source = args.config or args.preset
+    if needs_trace(source, design_names(args), overrides(args)):  # the command to use, not a config key
+        flag = f"--config {source}" if args.config else f"--preset {source}"
+        design = f" --design {args.design}" if args.design else ""
+        command = f"testbed replay {flag}{design} --trace FILE"
+        raise ConfigError(f"{flag.replace(' ', '=')} replays a trace; run it with: {command}")
     configs = configs_of(args)
     c = configs[0]
     notes = [
@@ -126,7 +140,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         loaded = load_workload(c)  # loaded, checked and measured here, once for every design
         trace = loaded.workload
         assert isinstance(trace, Trace)
-        what = f"trace {trace.name}: {len(trace.sessions)} sessions, {trace.num_requests} requests"
+        window = c.replay.window_s
+        part = f", window {window[0]:g}-{window[1]:g} s" if window is not None else ""
+        what = (
+            f"trace {trace.name}{part}: {len(trace.sessions)} sessions, {trace.num_requests} requests "
+            f"at {loaded.info['rate']:.3g} req/s"
+        )
         total: int | None = trace.num_requests
         hit_rate = loaded.info["theoretical_prefix_hit_rate"]
         if c.replay.history == "model" and hit_rate is None and not args.target:
@@ -225,8 +244,16 @@ def _run_designs(
     hybrid = not getattr(args, "target", None) and c.target.profile.ssm is not None
     report = write_report(out, results, records, title, notes, hybrid=hybrid)
     show(run_table(records), *filter(None, [turns_table(results)]))
+    warn_of_failures(results)
     print(f"run directory: {out}  (report: {report})")
     return 0
+
+
+def warn_of_failures(results: pd.DataFrame) -> None:
+    """One line per design with failed requests: how many succeeded, and the top reasons in words."""
+    for finding in outcome(results):
+        if finding.warn:
+            print(f"warning: {finding.text}", file=sys.stderr)
 
 
 def _reference(args: argparse.Namespace, configs: list[TestbedConfig]) -> str | None:

@@ -52,6 +52,26 @@ def load_designs(
     A source is either `{base: {...}, designs: {name: {...}}}` or one flat config. `overrides` are
     `dotted.key=value` strings applied to every design after its own settings.
     """
+    return [build_config(merged) for merged in _merged_designs(source, designs, overrides)]
+
+
+def needs_trace(
+    source: str, designs: list[str] | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> bool:
+    """Whether a design of `source` (those named, or all; with `overrides`) replays a trace it does not
+    name: what only `testbed replay --trace FILE` runs."""
+    for merged in _merged_designs(source, designs, overrides):
+        workload, replay = merged.get("workload"), merged.get("replay")
+        kind = workload.get("kind") if isinstance(workload, dict) else None
+        if kind == "trace" and not (isinstance(replay, dict) and replay.get("trace")):
+            return True
+    return False
+
+
+def _merged_designs(
+    source: str, designs: list[str] | None, overrides: list[str] | tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """Each design's raw settings: the base, the design's own, then `overrides` (not yet validated)."""
     raw = _read_source(source)
     if "designs" in raw:
         base = raw.get("base") or {}
@@ -65,14 +85,14 @@ def load_designs(
     for name in names:
         if name not in all_designs:
             raise ConfigError(f"design: {name!r} is not in {source}; allowed: {', '.join(all_designs)}")
-    configs = []
+    out = []
     for name in names:
         merged = _deep_merge(copy.deepcopy(base), all_designs[name] or {})
         merged["design"] = name
         for text in overrides:
             apply_override(merged, text)
-        configs.append(build_config(merged))
-    return configs
+        out.append(merged)
+    return out
 
 
 def apply_override(raw: dict[str, Any], text: str) -> None:
@@ -136,10 +156,22 @@ def _read_source(source: str) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"config: {source} is not valid YAML: {str(e).splitlines()[0]}") from e
+        raise ConfigError(_yaml_problem(source, e)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config: {source} must hold a mapping, not {type(raw).__name__}")
     return raw
+
+
+def _yaml_problem(source: str, e: yaml.YAMLError) -> str:
+    """A YAML error in one line: `FILE:LINE:COLUMN: not valid YAML: problem (context at LINE:COLUMN)`."""
+    mark = getattr(e, "problem_mark", None)
+    if not isinstance(e, yaml.MarkedYAMLError) or mark is None:
+        return f"config: {source} is not valid YAML: {str(e).splitlines()[0]}"
+    text = f"config: {source}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {e.problem}"
+    if e.context:
+        at = e.context_mark
+        text += f" ({e.context}" + (f" at {at.line + 1}:{at.column + 1})" if at is not None else ")")
+    return text
 
 
 def _is_comment(line: str) -> bool:

@@ -263,7 +263,12 @@ def build_engine(
     kv_worker = KVConnectorWorker(
         engine_id,
         executor,
-        peers=peers, stats=stats, clock=clock, block_size=s.block_size, link=link, faults=faults
+        peers=peers,
+        stats=stats,
+        clock=clock,
+        block_size=s.block_size,
+        link=link,
+        faults=faults,
     )
     return EngineCore(
         engine_id,

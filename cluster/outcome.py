@@ -15,7 +15,7 @@ from emulation.config import TestbedConfig
 from messages import RequestResult
 from messages.stats import EncoderStats, EngineReport, LostEngine
 from workloads.results import results_frame
-from workloads.summary import fault_summary, lag_summary, summarize
+from workloads.summary import fault_summary, lag_summary, moe_summary, summarize
 
 
 @dataclass
@@ -54,6 +54,7 @@ def run_output(
         "time_scale": cfg.clock.time_scale,
         **lag_summary(reports),
         **fault_summary(reports),
+        **moe_summary(reports),
     }
     summary.update(encoder_summary(encoder_stats, summary.get("duration_s") or 0.0))
     summary["cpu_overhead_share"] = cpu_overhead_share(reports)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+from cluster.outcome import clean_json
 from cluster.virtual import RARE_GC_THRESHOLDS, run_virtual
 from emulation.config import TestbedConfig, WorkloadConfig
 from workloads.summary import mean_records
@@ -33,6 +34,9 @@ class SweepOutput:
     records: list[dict[str, Any]]
     """One record per design × rate: means over seeds."""
     results: pd.DataFrame
+    engines: dict[str, dict[str, Any]]
+    """engines.json's reports: design -> `point_engine` -> the engine's report (as JSON), every point's
+    engines (a MoE target's step logs among them: the report's MoE figure and table)."""
 
 
 def sweep_points(
@@ -63,9 +67,18 @@ def _workload_of(cfg: TestbedConfig) -> WorkloadConfig:
     return dataclasses.replace(cfg.workload, rate=1.0)
 
 
-def _run_point(cfg: TestbedConfig) -> tuple[dict[str, Any], pd.DataFrame]:
-    out = run_virtual(cfg, metrics=False)  # a sweep keeps summaries and results, no metrics
-    return {**out.summary, "seed": cfg.seed}, out.results
+def point_engine(engine: str, rate: float, seed: int) -> str:
+    """An engine of one sweep point, as engines.json and the report name it: `decode-0 at 2 req/s, seed 0`."""
+    return f"{engine} at {rate:g} req/s, seed {seed}"
+
+
+def _run_point(cfg: TestbedConfig) -> tuple[dict[str, Any], pd.DataFrame, dict[str, Any]]:
+    """A point's record, results and its engines' reports (as JSON: plain values to send back); a sweep
+    keeps no metrics."""
+    out = run_virtual(cfg, metrics=False)
+    rate, seed = out.summary["rate"], cfg.seed
+    reports = {point_engine(e, rate, seed): clean_json(r) for e, r in out.engine_reports.items()}
+    return {**out.summary, "seed": seed}, out.results, reports
 
 
 def _collect_rarely() -> None:
@@ -108,7 +121,10 @@ def run_sweep(
     results = run_in_processes(_run_point, [points[i] for i in order], jobs, on_done)
     done = dict(zip(order, results, strict=True))
     outputs = [done[i] for i in range(len(points))]
-    runs = [r for r, _ in outputs]
+    runs = [r for r, _, _ in outputs]
+    engines: dict[str, dict[str, Any]] = {}
+    for r, _, reports in outputs:
+        engines.setdefault(r["design"], {}).update(reports)
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault((r["design"], r["rate"]), []).append(r)
@@ -117,4 +133,5 @@ def run_sweep(
         rec = mean_records([{k: v for k, v in g.items() if k != "seed"} for g in group])
         rec.update(design=design, rate=rate, num_seeds=len(group))
         records.append(rec)
-    return SweepOutput(runs, records, pd.concat([df for _, df in outputs], ignore_index=True))
+    table = pd.concat([df for _, df, _ in outputs], ignore_index=True)
+    return SweepOutput(runs, records, table, engines)

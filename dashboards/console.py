@@ -1,10 +1,13 @@
-"""Terminal tables of run and sweep summaries."""
+"""Terminal tables of run and sweep summaries, fitted to the terminal's width."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 if TYPE_CHECKING:  # the CLI has pandas loaded by then; importing this module needs none
@@ -15,36 +18,49 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 1) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
+class FittedTable(Table):
+    """A table whose `optional` columns (by header, the first given way first) are left out where the
+    terminal is too narrow for all its columns (`show`)."""
+
+    def __init__(self, *args: Any, optional: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.optional = list(optional)
+
+
 def sweep_table(records: list[dict[str, Any]], title: str) -> Table:
-    """Rate rows; TTFT p50, ITL p50 and ITL p99 per design."""
+    """A row per rate and design (a section per rate): TTFT p50, ITL p50 and ITL p99; as narrow for
+    ten designs as for one."""
     designs = list(dict.fromkeys(r["design"] for r in records))
     table = Table(title=title)
-    table.add_column("rate (req/s)", justify="right")
-    for d in designs:
-        table.add_column(f"{d}\nTTFT p50 s", justify="right")
-        table.add_column(f"{d}\nITL p50 ms", justify="right")
-        table.add_column(f"{d}\nITL p99 ms", justify="right")
+    for col in ("rate (req/s)", "design", "TTFT p50 s", "ITL p50 ms", "ITL p99 ms"):
+        table.add_column(col, justify="left" if col == "design" else "right", overflow="fold")
     by_key = {(r["design"], r["rate"]): r for r in records}
     for rate in sorted({r["rate"] for r in records}):
-        row = [f"{rate:g}"]
-        for d in designs:
-            r = by_key.get((d, rate), {})
-            row += [
+        ran = [d for d in designs if (d, rate) in by_key]
+        for i, d in enumerate(ran):
+            r = by_key[(d, rate)]
+            table.add_row(
+                f"{rate:g}" if i == 0 else "",
+                d,
                 _fmt(r.get("median_ttft_ms"), 1e-3, 2),
                 _fmt(r.get("median_itl_ms")),
                 _fmt(r.get("p99_itl_ms")),
-            ]
-        table.add_row(*row)
+                end_section=i == len(ran) - 1,
+            )
     return table
 
 
-def presets_table(presets: dict[str, tuple[str, list[str]]]) -> Table:
-    """`testbed presets`: each preset, what it emulates, and its designs."""
-    table = Table(title="presets (testbed run|sweep|replay --preset NAME [--design A,B])")
+def presets_table(presets: dict[str, tuple[str, list[str]]], replays: set[str]) -> Table:
+    """`testbed presets`: each preset, what it emulates, and its designs; those in `replays` (their
+    workload a trace they do not name) marked as `testbed replay --trace` presets."""
+    table = Table(
+        title="presets (testbed run|sweep|replay --preset NAME [--design A,B])",
+        caption="(replay --trace): run it as testbed replay --preset NAME --trace FILE",
+    )
     for col in ("preset", "designs", "what it emulates"):
         table.add_column(col, overflow="fold")
     for name, (about, designs) in presets.items():
-        table.add_row(name, ", ".join(designs), about)
+        table.add_row(name + ("\n(replay --trace)" if name in replays else ""), ", ".join(designs), about)
     return table
 
 
@@ -53,7 +69,8 @@ def run_table(records: list[dict[str, Any]]) -> Table:
     time, without the testbed's own columns (offered rate, time scale, lag)."""
     if any("target" in r for r in records):
         return _target_table(records)
-    table = Table(title="run summary (emulated time)")
+    optional = ("lag %", "time scale", "req/s", "max gap ms", "handoff p50 ms", "ITL p99 ms", "TTFT p99 ms")
+    table = FittedTable(title="run summary (emulated time)", optional=optional)
     columns = (
         "design",
         "rate",
@@ -71,7 +88,7 @@ def run_table(records: list[dict[str, Any]]) -> Table:
         "lag %",
     )
     for col in columns:
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", overflow="fold")
     for r in records:
         table.add_row(
             r["design"],
@@ -123,9 +140,53 @@ def goodput_table(goodput: dict[str, dict[str, float | None]]) -> Table:
 
 
 def show(*tables: Table) -> None:
-    console = Console(width=max(Console().width, 170))
+    """Print `tables` within the terminal's width (`COLUMNS` where set; 170 where nothing says, as in
+    redirected output): a `FittedTable` leaves out optional columns, then any table too wide wraps its
+    headers at spaces, never cutting a value."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=170)
     for t in tables:
+        if isinstance(t, FittedTable):
+            _leave_out(t, console)
+        _narrow(t, console)
         console.print(t)
+
+
+def _widths(table: Table, console: Console) -> Measurement:
+    """The table's narrowest layout (every header wrapped at spaces) and its natural one, in columns."""
+    return Measurement.get(console, console.options.update_width(10**4), table)
+
+
+def _leave_out(table: FittedTable, console: Console) -> None:
+    """Leave out `table`'s optional columns, in order, until its narrowest layout fits the console; its
+    caption names those left out."""
+    left_out = []
+    for header in table.optional:
+        if _widths(table, console).minimum <= console.width:
+            break
+        table.columns = [c for c in table.columns if c.header != header]
+        left_out.append(header)
+    if left_out:
+        table.caption = f"left out at {console.width} columns: {', '.join(left_out)} (all in summary.json)"
+
+
+def _narrow(table: Table, console: Console) -> None:
+    """Where `table` is wider than the console, fix each column's width: its widest value and header
+    word, and a share of the room left in proportion to what its natural width needs more. (Rich's own
+    narrowing shrinks the widest columns first, cutting values that would fit.)"""
+    whole = _widths(table, console)
+    room = console.width - whole.minimum
+    if whole.maximum <= console.width or room < 0:
+        return
+    wide = console.options.update_width(10**4)
+    bounds = []
+    for column in table.columns:
+        sizes = [Measurement.get(console, wide, cell) for cell in (column.header, *column.cells)]
+        bounds.append((max(m.minimum for m in sizes), max(m.maximum for m in sizes)))
+    wanted = sum(high - low for low, high in bounds) or 1
+    for column, (low, high) in zip(table.columns, bounds, strict=True):
+        column.width = low + room * (high - low) // wanted
 
 
 def lag_warning(summary: dict[str, Any]) -> None:

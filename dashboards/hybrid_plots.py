@@ -8,7 +8,8 @@ vLLM's align mode a state is cached only at a prompt's checkpoint (the last bloc
 last token), so hits land on multiples of the (raised) block size only.
 
 Drawn from the per-request results table (`kv_bytes`, `state_bytes`, `num_prompt_tokens`,
-`prompt_cached_tokens`), for a run whose handoffs moved a state, or of a target with SSM layers.
+`prompt_cached_tokens`), for a run whose handoffs moved a state, or of a target with SSM layers; the
+handoffs are the summary's (`workloads.summary.handoffs`, whose means each record carries).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from matplotlib.ticker import MultipleLocator
 
 from dashboards.numbers import readable
 from dashboards.plot_style import DesignStyle, design_styles, designs_of, log_axis
+from workloads.summary import handoffs
 
 KV_COLOR, STATE_COLOR = "tab:blue", "tab:orange"
 """Each series its colour; each design its marker (`plot_style`)."""
@@ -40,14 +42,6 @@ _MAX_HIT_TICKS = 12
 def is_hybrid_run(results: pd.DataFrame, hybrid: bool = False) -> bool:
     """`hybrid` (the target has SSM layers), or some handoff of `results` moved an SSM state."""
     return hybrid or ("state_bytes" in results and bool((results["state_bytes"].fillna(0) > 0).any()))
-
-
-def handoffs(results: pd.DataFrame) -> pd.DataFrame:
-    """The successful requests whose prompt's KV (or state) was handed from prefill to decode, their
-    `kv_bytes` and `state_bytes` filled (0: none, as a table written before states moved)."""
-    ok = results.loc[results["ok"]].assign(state_bytes=results.get("state_bytes", 0))
-    ok = ok.fillna({"kv_bytes": 0, "state_bytes": 0})
-    return ok[ok["kv_bytes"] + ok["state_bytes"] > 0]
 
 
 def kv_bytes_per_token(rows: pd.DataFrame) -> float | None:

@@ -21,6 +21,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from dashboards.plot_style import design_styles, log_axis
+from workloads.summary import moe_means as moe_means  # the table's means are the summary's
 
 MAX_MOE_ROWS = 12
 """Engines drawn at most (a row each); the table beside the figure lists every one."""
@@ -37,36 +38,6 @@ def moe_logs(engines: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, d
     ]
 
 
-def moe_means(log: Mapping[str, list[float]]) -> dict[str, float]:
-    """An engine's figures as means per step (a point weighs its steps), and the seconds overlap hid."""
-    n = np.asarray(log["num_steps"], dtype=float)
-
-    def mean(key: str) -> float:
-        return float(np.dot(log[key], n) / n.sum())
-
-    return {
-        "num_steps": float(n.sum()),
-        "num_tokens": mean("num_tokens"),
-        "max_tokens_per_expert": mean("max_tokens_per_expert"),
-        "mean_tokens_per_expert": mean("mean_tokens_per_expert"),
-        "imbalance": mean("imbalance"),
-        "all_to_all_s": mean("all_to_all_s"),
-        "dbo_hidden_s": float(np.dot(log["overlap_s"], n)),
-        **{key: mean(key) for key in AFD_FIGURES},
-    }
-
-
-AFD_FIGURES = (
-    "a2f_bytes",
-    "f2a_bytes",
-    "afd_exposed_s",
-    "attention_bubble_s",
-    "ffn_bubble_s",
-    "ffn_utilization",
-)
-"""An AFD engine's step figures (`messages.moe_steps.MoeWork`'s), all 0 for another's."""
-
-
 def is_afd(log: Mapping[str, list[float]]) -> bool:
     """The engine's steps crossed an attention-FFN cut."""
     return any(log["a2f_bytes"])
@@ -81,7 +52,7 @@ def moe_steps_figure(engines: Mapping[str, Mapping[str, Any]]) -> Figure | None:
     if not logs:
         return None
     styles = design_styles(dict.fromkeys(design for design, _, _ in logs))
-    fig, axes = plt.subplots(len(logs), 3, figsize=(15, 2.7 * len(logs) + 0.4), squeeze=False)
+    fig, axes = plt.subplots(len(logs), 3, figsize=(15, 3 * len(logs) + 0.4), squeeze=False)
     for (design, engine, log), (load_ax, imbalance_ax, a2a_ax) in zip(logs, axes, strict=True):
         t = np.asarray(log["end_s"])
         kw = {"color": styles[design].color, "ls": "none", "marker": ".", "ms": 3, "gid": design}
@@ -105,7 +76,7 @@ def moe_steps_figure(engines: Mapping[str, Mapping[str, Any]]) -> Figure | None:
         per_point = "" if stride == 1 else f", points of {stride} steps' means"
         comm = "AFD pipeline" if is_afd(log) else "all-to-all"
         for ax, what in ((load_ax, "expert load"), (imbalance_ax, "EP imbalance"), (a2a_ax, comm)):
-            ax.set_title(f"{design} {engine}: {what} ({steps:,} steps{per_point})", fontsize=9)
+            ax.set_title(f"{design} {engine}:\n{what} ({steps:,} steps{per_point})", fontsize=9)
             ax.set_xlabel("emulated time (s)")
             ax.grid(alpha=0.3)
             if len(ax.lines) > 1 + (ax is imbalance_ax) or (ax is a2a_ax and is_afd(log)):

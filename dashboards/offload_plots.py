@@ -1,53 +1,53 @@
 """Report plot for runs with KV offload tiers: where each design's prompt tokens came from (the GPU
 prefix cache, each offload tier, a pull back from decode) and what was computed, as shares of all its
-prompt tokens; each design's bars tagged with its name (`gid`)."""
+prompt tokens, a bar per design at each rate; each bar tagged with its design's name (`gid`).
+
+Drawn from the summary records' `prompt_token_share_by_source` (`workloads.summary.prompt_token_shares`),
+so the bars are the figures `summary.json` carries, run or sweep alike."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import matplotlib.pyplot as plt
-import pandas as pd
 from matplotlib.figure import Figure
 
-from dashboards.plot_style import designs_of
 from messages import OFFLOAD_TIERS
+from workloads.summary import PROMPT_SOURCES
 
-SOURCES = (
-    ("GPU prefix cache", "tab:blue"),
-    ("host tier", "tab:orange"),
-    ("disk tier", "tab:brown"),
-    ("shared store", "tab:green"),
-    ("pulled back from decode", "tab:purple"),
-    ("computed", "tab:gray"),
-)
-
-
-def prompt_sources(ok: pd.DataFrame) -> pd.DataFrame:
-    """Per design, its prompt tokens by `SOURCES`, as shares of all of them (rows add up to 1)."""
-
-    rows = {}
-    for design, part in ok.groupby("design", sort=False):
-        tiers = [float(part[f"prompt_{tier}_tokens"].sum()) for tier in OFFLOAD_TIERS]
-        gpu = float(part["prompt_cached_tokens"].sum()) - sum(tiers)
-        pulled = float(part["prefill_pulled_back_tokens"].fillna(0).sum())
-        computed = float(part["prompt_computed_tokens"].sum())
-        rows[str(design)] = [gpu, *tiers, pulled, computed]
-    frame = pd.DataFrame.from_dict(rows, orient="index", columns=[name for name, _ in SOURCES])
-    return frame.div(frame.sum(axis=1), axis=0)
+SHARES = "prompt_token_share_by_source"
+"""The records' key (`workloads.summary.summarize`)."""
+SOURCES = {
+    "gpu": ("GPU prefix cache", "tab:blue"),
+    "host": ("host tier", "tab:orange"),
+    "disk": ("disk tier", "tab:brown"),
+    "shared": ("shared store", "tab:green"),
+    "pulled_back": ("pulled back from decode", "tab:purple"),
+    "computed": ("computed", "tab:gray"),
+}
+"""Each of `PROMPT_SOURCES`: its label and colour."""
 
 
-def hits_by_tier(results: pd.DataFrame) -> Figure | None:
-    """Stacked shares of each design's prompt tokens by source; None unless some design loaded KV from
-    an offload tier."""
-    ok = results[results["ok"]]
-    if ok.empty or not ok["prompt_offloaded_tokens"].any():
+def offloaded(records: list[dict[str, Any]]) -> bool:
+    """Some record's prompt tokens came from an offload tier."""
+    return any(r.get(SHARES, {}).get(tier) for r in records for tier in OFFLOAD_TIERS)
+
+
+def hits_by_tier(records: list[dict[str, Any]]) -> Figure | None:
+    """Stacked shares of each design's prompt tokens by source, a bar per record (labelled with its rate
+    where the records span more than one); None unless some record loaded KV from an offload tier."""
+    if not offloaded(records):
         return None
-    shares = prompt_sources(ok)
-    designs = [d for d in designs_of(results) if d in shares.index]
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(designs) + 1.6))
-    for design in designs:
+    rows = [r for r in records if r.get(SHARES)]
+    many_rates = len({r["rate"] for r in rows}) > 1
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.6))
+    for r in rows:
+        label = f"{r['design']} at {r['rate']:g} req/s" if many_rates else str(r["design"])
         left = 0.0
-        for (name, color), share in zip(SOURCES, shares.loc[design].to_numpy(dtype=float), strict=True):
-            ax.barh(design, share, left=left, color=color, gid=design, label=name)
+        for source in PROMPT_SOURCES:
+            name, color = SOURCES[source]
+            share = float(r[SHARES].get(source) or 0.0)
+            ax.barh(label, share, left=left, color=color, gid=r["design"], label=name)
             left += share
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))

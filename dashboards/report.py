@@ -7,11 +7,12 @@ offered rate (sweeps), and for replayed sessions TTFT by turn and by context len
 reference design) the share of each turn's tokens that diverged (`session_plots`); for a MoE target,
 each engine's expert load, EP imbalance and all-to-alls per step, with their means (`moe_plots`); for a
 hybrid (attention + SSM) target, the KV and SSM state each handoff moved and the prefix hits against
-prompt tokens, with a table of their means (`hybrid_plots`). Everything
-is drawn from the per-request results table and the summary records (the MoE figure and table from the
-engines' step logs in engines.json, beside them), so every figure traces back to its rows. A run with no
-successful request (or none at all) still gets its report: the plots that need one are left out and the
-headline says why.
+prompt tokens, with a table of their means (`hybrid_plots`); with KV offload tiers, where each design's
+prompt tokens came from at each rate (`offload_plots`). Everything is drawn from the per-request results
+table and the summary records (the MoE figure and table from the engines' step logs in engines.json,
+beside them: `testbed run`, `replay` and `sweep` write it alike), so every figure traces back to its
+rows. A run with no successful request (or none at all) still gets its report: the plots that need one
+are left out and the headline says why.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def report_figures(
             ttft_by_context(results),
         ),
         ("divergence", "Greedy tokens against the reference design, by turn", divergence_by_turn(results)),
-        ("prompt_sources", "KV offloading: where prompt tokens came from, by tier", hits_by_tier(results)),
+        ("prompt_sources", "KV offloading: where prompt tokens came from, by tier", hits_by_tier(records)),
         (
             "moe_steps",
             "MoE target, per engine: expert load, EP imbalance and all-to-all time per step",
@@ -135,7 +136,8 @@ def write_report(
 
 
 def _engines(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """engines.json's reports of this run's designs (run and replay write it; a sweep does not)."""
+    """engines.json's reports of this run's designs: design -> engine -> report (a sweep's engines named
+    with their point, `cluster.sweep.point_engine`)."""
     path = out / "engines.json"
     if not path.exists():
         return {}

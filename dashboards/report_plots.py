@@ -233,9 +233,22 @@ def ttft_stack(df: pd.DataFrame) -> Figure | None:
     for ax in axes:
         handles, labels = ax.get_legend_handles_labels()
         unique |= dict(zip(labels, handles, strict=True))
-    fig.legend(list(unique.values()), list(unique), loc="outside lower center", ncols=5, fontsize=9)
+    _legend_below(fig, list(unique.values()), list(unique))
     fig.suptitle("Time to first token in parts, from the client's request, per offered rate")
     return fig
+
+
+def _legend_below(fig: Figure, handles: list[Artist], labels: list[str], max_cols: int = 5) -> None:
+    """A legend under the panels in as many columns (at most `max_cols`) as the figure's width holds
+    (wider, its outer labels would be cut off), the figure taller by its height (the panels keep theirs)."""
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg's (matplotlib.use above)
+    for ncols in range(min(max_cols, len(labels)), 0, -1):
+        legend = fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9)
+        box = legend.get_window_extent(renderer)
+        if ncols == 1 or box.width <= 0.98 * fig.bbox.width:
+            fig.set_figheight(fig.get_figheight() + box.height / fig.dpi)
+            return
+        legend.remove()
 
 
 def goodput_curves(records: list[dict[str, Any]]) -> Figure | None:

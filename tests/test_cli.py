@@ -1,15 +1,22 @@
 """The CLI as a user meets it: run directories, record shapes, and one-line errors for bad input."""
 
+import importlib.metadata
 import json
+import re
+import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from cluster.cli import main
+from cluster.cli import build_parser, main
+from cluster.cli_args import ABOUT
+from cluster.config_load import PRESETS_DIR, available_presets
+from dashboards.console import run_table, show, sweep_table
 from dashboards.exposition import sample_values
 from tests.factories import TRACES
 
@@ -113,6 +120,8 @@ def test_sweep_writes_means_over_seeds_and_goodput(tmp_path):
         (["run", "--rate", "-1"], ["workload.rate", "-1"]),
         (["sweep", "--rates", "0.2,-1"], ["--rates", "0.2,-1", "> 0"]),
         (["sweep", "--rates", "fast"], ["--rates", "fast"]),
+        (["sweep", "--rates", "0.2,,0.4"], ["--rates='0.2,,0.4'", "an empty item", "e.g. 0.2,0.4"]),
+        (["sweep", "--rates", "0.2,0.4,"], ["--rates='0.2,0.4,'", "an empty item"]),
         (
             ["run", "--set", "scheduler.max_num_batched_tokens=8"],
             ["max_num_batched_tokens", "8", "block_size"],
@@ -333,3 +342,124 @@ def test_a_run_of_several_designs_in_worker_processes_matches_each_run_alone():
         assert out.results.equals(alone.results) and out.metrics.keys() == alone.metrics.keys()
         for actor, text in out.metrics.items():  # the same counts (each series' `_created` time aside)
             assert sample_values(text) == sample_values(alone.metrics[actor]), actor
+
+
+def _trace_presets() -> set[str]:
+    """The presets whose workload is a trace they do not name, read from their YAML."""
+    out = set()
+    for name in available_presets():
+        raw = yaml.safe_load((PRESETS_DIR / f"{name}.yaml").read_text())
+        base = raw.get("base", raw)
+        if base.get("workload", {}).get("kind") == "trace" and not base.get("replay", {}).get("trace"):
+            out.add(name)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["--preset", "offload-h200"], "testbed replay --preset offload-h200 --trace FILE"),
+        (
+            ["--preset", "agentic-h200", "--design", "pd"],
+            "testbed replay --preset agentic-h200 --design pd --trace FILE",
+        ),
+    ],
+)
+def test_run_of_a_trace_preset_answers_with_the_replay_command(argv, command, capsys):
+    assert main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --preset={argv[1]} replays a trace; run it with: {command}\n"
+
+
+def test_run_of_a_trace_config_answers_with_the_replay_command(tmp_path, capsys):
+    config = tmp_path / "mine.yaml"
+    config.write_text("workload: {kind: trace}\n")
+    assert main(["run", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    command = f"testbed replay --config {config} --trace FILE"
+    assert err == f"error: --config={config} replays a trace; run it with: {command}\n"
+
+
+def test_presets_marks_those_that_replay_a_trace(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    assert _trace_presets() == {"agentic-h200", "offload-h200"}
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name in available_presets():
+        row = next(i for i, line in enumerate(lines) if line.startswith(f"│ {name} "))
+        marked = lines[row + 1].startswith("│ (replay --trace) ")
+        assert marked == (name in _trace_presets()), (name, lines[row : row + 2])
+    assert any("(replay --trace): run it as testbed replay --preset NAME --trace FILE" in x for x in lines)
+
+
+def test_version_is_the_installed_distributions(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"testbed {importlib.metadata.version('disagg-testbed')}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("base:\n  workload: [1, 2\n  scheduler: 3\n",
+         "3:12: not valid YAML: expected ',' or ']', but got ':' (while parsing a flow sequence at 2:13)"),
+        ("seed: 1\nworkload:\n\tkind: trace\n", "3:1: not valid YAML: found character '\\t' that cannot "
+         "start any token (while scanning for the next token)"),
+        ("seed: 1\nworkload: kind: trace\n", "2:15: not valid YAML: mapping values are not allowed here"),
+    ],
+)  # fmt: skip
+def test_a_broken_yaml_config_is_one_line_with_file_line_and_column(text, where, tmp_path, capsys):
+    config = tmp_path / "broken.yaml"
+    config.write_text(text)
+    assert main(["run", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == f"error: config: {config}:{where}\n"
+
+
+def test_every_subcommand_has_help_with_a_description_and_examples(capsys):
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices or {}
+    assert set(ABOUT) == set(commands) - {"plan"}  # a new subcommand gets its help here (plan: its own)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name, (_, description, examples) in ABOUT.items():
+        assert main([name, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert " ".join(description.split()) in " ".join(out.split()), name
+        assert re.search(r"^examples?:$", out, re.M), name
+        for example in examples:
+            assert f"\n  {example}\n" in f"{out}\n" and example in readme, example  # runs as the README's
+            argv = shlex.split(example)
+            assert build_parser().parse_args(argv[1:]).command == name == argv[1]
+    assert main(["sweep", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 0.2,0.4,0.6,1.0,1.5,2.0)" in help_text and "(default: guide-l40s)" in help_text
+
+
+def test_the_run_summary_fits_a_terminal_of_100_columns(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["run", "--preset", "guide-l40s", *SMALL, "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[: next(i for i, x in enumerate(lines) if x.startswith("run directory: "))]
+    assert max(len(x) for x in table) <= 100, "\n".join(table)
+    for design in ("collocated", "pd-testbox", "pd-fast"):  # whole names, whole values
+        assert any(re.search(f"│ +{design} │", x) for x in table), design
+    assert any("left out at 100 columns: lag %, time scale" in x for x in table)
+    assert "…" not in "".join(table)
+
+
+def test_summary_tables_fit_the_terminal_without_cutting_a_value(capsys, monkeypatch):
+    designs = ["collocated-host", "collocated-shared", "pd-bidirectional-host"]
+    keys = ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "max_gap_ms", "median_handoff_ms")
+    records = [
+        {"design": d, "rate": rate, "completed": 1200, "failed": 3, "rejected": 17,
+         "request_throughput": 3.456, "time_scale": 1.0, "lag_fraction": 0.0, **{k: 12345.6 for k in keys}}
+        for d in designs
+        for rate in (0.5, 1.0, 2.0)
+    ]  # fmt: skip
+    for columns in (100, 80):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        show(run_table(records[:3]), sweep_table(records, "a sweep of three designs"))
+        out = capsys.readouterr().out
+        assert max(len(x) for x in out.splitlines()) <= columns, out
+        assert all(d in out for d in designs) and "12345.6" in out and "…" not in out
+    monkeypatch.setenv("COLUMNS", "200")
+    show(run_table(records[:3]))
+    out = capsys.readouterr().out
+    assert "lag %" in out and "left out" not in out  # a wide terminal shows every column

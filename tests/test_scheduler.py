@@ -80,6 +80,27 @@ def test_prefill_role_holds_blocks_until_pulled():
     s.assert_empty()
 
 
+def test_a_kept_turn_gives_way_to_a_new_request_and_kv_promised_to_a_peer_never_does():
+    """Bidirectional: a finished conversation turn decode keeps for a pull back is a cache, released
+    (oldest first) when a request finds blocks short; KV held for a peer's pull stays held."""
+    s = make(num_blocks=12, budget=256)
+    promised = add(s, 64, "p", max_tokens=1, params=KVTransferParams(do_remote_decode=True))
+    step(s)
+    conversation = KVTransferParams(do_remote_decode=True, do_remote_prefill=True, remote_block_ids=())
+    turns = [add(s, 47, f"t{i}", max_tokens=1, params=conversation, base=100 * (i + 1)) for i in range(2)]
+    for turn in turns:  # decode's turns: their prompts arrive computed
+        step(s)
+        s.kv_received(turn)
+        step(s)
+    assert set(s.held) == {"p", "t0", "t1"} and s.blocks.num_free_blocks == 12 - 4 - 3 - 3
+    newcomer = add(s, 64, "n", max_tokens=1, base=5000)  # 4 blocks + 1 to grow: t0 gives way
+    step(s)
+    assert newcomer.status is not RequestStatus.WAITING
+    assert set(s.held) == {"p", "t1"} and promised.block_ids
+    assert s.held.release_oldest_turn() and set(s.held) == {"p"}
+    assert not s.held.release_oldest_turn() and set(s.held) == {"p"}
+
+
 def test_decode_role_waits_for_remote_kv_then_recomputes_last_token():
     s = make()
     params = KVTransferParams(do_remote_prefill=True, remote_block_ids=(0, 1, 2))

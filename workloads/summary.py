@@ -1,14 +1,19 @@
-"""Summaries of a results table, with `vllm bench serve`'s result keys plus the testbed's own."""
+"""Summaries of a run, with `vllm bench serve`'s result keys plus the testbed's own: of its results table
+(latencies, SLOs, what each handoff moved, where prompt tokens came from) and of its engines' reports
+(lag, faults, a MoE target's steps). `cluster.outcome.run_output` assembles them for `testbed run`,
+`replay` and every point of a sweep alike; the report's tables and plots read the same figures."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from messages import OFFLOAD_TIERS
 from messages.latency import HANDOFF_PARTS
 from messages.stats import EngineReport, LostEngine
 from workloads.latency import flat_stamps, percentiles
@@ -102,6 +107,8 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
         "num_prefill_retries": int(df["num_prefill_retries"].sum()),
         "num_prefill_timeouts": int(df["num_prefill_timeouts"].sum()),
         "prefix_hit_rate": _ratio(df["prompt_cached_tokens"].sum(), df["num_prompt_tokens"].sum()),
+        "prompt_token_share_by_source": prompt_token_shares(ok),
+        **handoff_bytes(handoffs(df)),
         "median_ttft_ms_by_turn": {
             f"{turn:g}": _percentiles_ms(part["ttft_s"], 50)[0]
             for turn, part in ok.groupby("turn", dropna=True)
@@ -121,19 +128,109 @@ def _ratio(num: float, den: float) -> float:
     return float(num) / float(den) if den else 0.0
 
 
+PROMPT_SOURCES = ("gpu", *OFFLOAD_TIERS, "pulled_back", "computed")
+"""Where a prompt's tokens came from, where it was computed (prefill in P/D): the GPU prefix cache, each
+offload tier (`OFFLOAD_TIERS`), a pull back from decode (bidirectional KV), or computed."""
+
+
+def prompt_token_shares(ok: pd.DataFrame) -> dict[str, float]:
+    """The successful requests' prompt tokens by `PROMPT_SOURCES`, as shares of all of them (they add
+    up to 1; all 0 without a prompt token)."""
+    tiers = {tier: float(ok[f"prompt_{tier}_tokens"].sum()) for tier in OFFLOAD_TIERS}
+    tokens = {
+        "gpu": float(ok["prompt_cached_tokens"].sum()) - sum(tiers.values()),
+        **tiers,
+        "pulled_back": float(ok["prefill_pulled_back_tokens"].fillna(0).sum()),
+        "computed": float(ok["prompt_computed_tokens"].sum()),
+    }
+    total = sum(tokens.values())
+    return {source: _ratio(tokens[source], total) for source in PROMPT_SOURCES}
+
+
+def handoffs(results: pd.DataFrame) -> pd.DataFrame:
+    """The successful requests whose prompt's KV (or state) was handed from prefill to decode, their
+    `kv_bytes` and `state_bytes` filled (0: none, as a table written before states moved)."""
+    ok = results.loc[results["ok"]].assign(state_bytes=results.get("state_bytes", 0))
+    ok = ok.fillna({"kv_bytes": 0, "state_bytes": 0})
+    return ok[ok["kv_bytes"] + ok["state_bytes"] > 0]
+
+
+def handoff_bytes(moved: pd.DataFrame) -> dict[str, Any]:
+    """What `moved` (`handoffs`) moved: how many, each one's mean attention KV and SSM state (a hybrid
+    target's; 0 for another's) in bytes, and the state's share of all the bytes (None without a
+    handoff)."""
+    kv, state = float(moved["kv_bytes"].sum()), float(moved["state_bytes"].sum())
+    n = len(moved)
+    return {
+        "num_handoffs": n,
+        "mean_kv_bytes_per_handoff": kv / n if n else None,
+        "mean_state_bytes_per_handoff": state / n if n else None,
+        "state_share_of_handoff_bytes": state / (kv + state) if kv + state > 0 else None,
+    }
+
+
+AFD_FIGURES = (
+    "a2f_bytes",
+    "f2a_bytes",
+    "afd_exposed_s",
+    "attention_bubble_s",
+    "ffn_bubble_s",
+    "ffn_utilization",
+)
+"""An AFD engine's step figures (`messages.moe_steps.MoeWork`'s), all 0 for another's."""
+
+
+def moe_means(log: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """A MoE step log's figures (`messages.moe_steps.MoeSteps`, or engines.json's form of it) as means
+    per step (a point weighs its steps), its steps, and the seconds dual-batch overlap hid."""
+    n = np.asarray(log["num_steps"], dtype=float)
+
+    def mean(key: str) -> float:
+        return float(np.dot(log[key], n) / n.sum())
+
+    return {
+        "num_steps": float(n.sum()),
+        "num_tokens": mean("num_tokens"),
+        "max_tokens_per_expert": mean("max_tokens_per_expert"),
+        "mean_tokens_per_expert": mean("mean_tokens_per_expert"),
+        "imbalance": mean("imbalance"),
+        "all_to_all_s": mean("all_to_all_s"),
+        "dbo_hidden_s": float(np.dot(log["overlap_s"], n)),
+        **{key: mean(key) for key in AFD_FIGURES},
+    }
+
+
+def moe_summary(reports: Mapping[str, EngineReport | LostEngine]) -> dict[str, Any]:
+    """A MoE target's steps per engine role (`mixed`, `prefill`, `decode`): `moe_means` of all its
+    engines' step logs together (each step weighs the same, whichever engine took it); empty for a
+    dense target."""
+    logs: dict[str, dict[str, list[float]]] = {}
+    for report in reports.values():
+        if isinstance(report, EngineReport) and report.moe_steps and report.moe_steps.num_steps:
+            merged = logs.setdefault(report.role, {})
+            for key, values in asdict(report.moe_steps).items():
+                merged.setdefault(key, []).extend(values)
+    return {"moe_steps_by_role": {role: moe_means(log) for role, log in logs.items()}}
+
+
 def mean_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Average records of the same design and rate over seeds (None where no seed had a value)."""
-    out: dict[str, Any] = {}
-    for key, first in records[0].items():
-        if isinstance(first, dict):
-            keys = dict.fromkeys(k for r in records for k in r[key])  # per-turn keys differ by seed
-            out[key] = {k: float(np.mean([r[key][k] for r in records if k in r[key]])) for k in keys}
-        elif isinstance(first, int | float) or first is None:
-            vals = [r[key] for r in records if r[key] is not None]
-            out[key] = float(np.mean(vals)) if vals else None
-        else:
-            out[key] = first
-    return out
+    mean = _mean_over_seeds(records)
+    assert isinstance(mean, dict)
+    return mean
+
+
+def _mean_over_seeds(values: list[Any]) -> Any:
+    """The seeds' numbers averaged (None where none had one), dicts key by key at any depth (per-turn
+    keys differ by seed), anything else the first seed's."""
+    first = values[0]
+    if isinstance(first, dict):
+        keys = dict.fromkeys(k for v in values for k in v)
+        return {k: _mean_over_seeds([v[k] for v in values if k in v]) for k in keys}
+    if isinstance(first, int | float) or first is None:
+        numbers = [v for v in values if v is not None]
+        return float(np.mean(numbers)) if numbers else None
+    return first
 
 
 def sweep_goodput(

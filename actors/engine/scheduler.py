@@ -74,6 +74,39 @@ class ExternalKV:
         return True
 
 
+class HeldKV(dict[str, Request]):
+    """Finished requests whose blocks outlive them for a pull, by request id: prefill's for decode (a
+    promise, kept until decode's notice or the hold timeout) and, bidirectional, decode's turns for the
+    conversation's next turn (a cache: when blocks run short the oldest gives way before a request
+    waits or one running is preempted, `release_oldest_turn`; its pull back then computes instead)."""
+
+    def __init__(self, blocks: BlockManager) -> None:
+        super().__init__()
+        self.blocks = blocks
+        self._turns: dict[str, None] = {}
+        """The conversation turns held, oldest first."""
+
+    def hold(self, req: Request) -> None:
+        self[req.request_id] = req
+        if req.is_conversation_turn:
+            self._turns[req.request_id] = None
+
+    def release(self, request_id: str) -> Request | None:
+        """Free the blocks held for `request_id`; the request (None: none held)."""
+        req = self.pop(request_id, None)
+        self._turns.pop(request_id, None)
+        if req is not None:
+            self.blocks.free(req)
+        return req
+
+    def release_oldest_turn(self) -> bool:
+        """Free the blocks of the oldest conversation turn held (False: none is)."""
+        if not self._turns:
+            return False
+        self.release(next(iter(self._turns)))
+        return True
+
+
 class Scheduler:
     def __init__(
         self,
@@ -103,12 +136,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.recving: dict[str, Request] = {}
         """Decode side: requests whose blocks are allocated and whose remote KV is in flight."""
-        self.held: dict[str, Request] = {}
-        """Finished requests whose blocks wait for a pull: prefill side, decode's; decode side
-        (bidirectional), the conversation's next turn's."""
-        self.kept_turns: dict[str, None] = {}
-        """The held conversation turns (decode side, bidirectional), oldest first: released first when
-        blocks run short (`_release_kept_turn`)."""
+        self.held = HeldKV(blocks)
         self.external = ExternalKV(blocks)
         """Admitting requests whose KV comes from outside this engine's GPU cache."""
         self.num_preemptions = 0
@@ -143,7 +171,7 @@ class Scheduler:
             if n == 0:
                 continue
             while not self.blocks.allocate_slots(req, n):
-                if self._release_kept_turn():
+                if self.held.release_oldest_turn():
                     continue
                 victim = next((r for r in reversed(self.running) if r not in batch.requests), req)
                 self._preempt(victim)
@@ -215,21 +243,8 @@ class Scheduler:
         """`allocate(*args, **kwargs)`, tried again after each turn kept for a pull back is released,
         while it fails."""
         while not allocate(*args, **kwargs):
-            if not self._release_kept_turn():
+            if not self.held.release_oldest_turn():
                 return False
-        return True
-
-    def _release_kept_turn(self) -> bool:
-        """Bidirectional: free the blocks of the oldest turn kept for a pull back (False: none kept).
-
-        A kept turn is a cache for the conversation's next turn, not KV a peer was promised: it gives
-        way before a request waits or one running is preempted. Pinned until its TTL instead, kept turns
-        of conversations that never come back fill decode, new requests wait for blocks past prefill's
-        hold timeout, and their pulls find nothing held. The next turn's pull back of a released turn
-        fails and computes those tokens on prefill, as after the TTL."""
-        if not self.kept_turns:
-            return False
-        self.release_held(next(iter(self.kept_turns)))
         return True
 
     def head_of_line(self, now: float) -> Request | None:
@@ -321,18 +336,12 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finished_reason = reason
         if req.holds_kv_after(reason):
-            self.held[req.request_id] = req
-            if req.is_conversation_turn:
-                self.kept_turns[req.request_id] = None
+            self.held.hold(req)
         else:
             self.blocks.free(req)
 
     def release_held(self, request_id: str) -> Request | None:
-        req = self.held.pop(request_id, None)
-        self.kept_turns.pop(request_id, None)
-        if req is not None:
-            self.blocks.free(req)
-        return req
+        return self.held.release(request_id)
 
     def assert_empty(self) -> None:
         assert not self.waiting, f"waiting: {[r.request_id for r in self.waiting]}"
