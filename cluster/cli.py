@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from cluster.cli_args import add_command, add_replay_args, add_run_args
-from cluster.cli_run import ERRORS, cmd_replay, cmd_run, configs_of, out_dir
+from cluster.cli_run import ERRORS, cmd_replay, cmd_run, configs_of, out_dir, warn_of_failures
 from cluster.config_load import ConfigError, available_presets, dump_config, needs_trace, preset_designs
 from cluster.outcome import clean_json, write_json
 from cluster.plan.cli import ERRORS as PLAN_ERRORS
@@ -87,6 +87,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     hybrid = configs[0].target.profile.ssm is not None
     report = write_report(out, result.results, records, title, _sweep_notes(configs, args), hybrid=hybrid)
     show(sweep_table(records, title), goodput_table(goodput))
+    warn_of_failures(result.results)
     print(f"{len(points)} runs, {num_requests} requests in {wall_s:.1f} s wall; run directory: {out}")
     print(f"report: {report}")
     return 0

@@ -87,10 +87,12 @@ def run_table(records: list[dict[str, Any]]) -> Table:
         "time scale",
         "lag %",
     )
-    for col in columns:
+    # A replayed trace: the prompt tokens found cached beside an infinite cache's share (its ideal).
+    replayed = any(r.get("theoretical_prefix_hit_rate") is not None for r in records)
+    for col in [*columns, "prefix hits % (ideal)"] if replayed else columns:
         table.add_column(col, justify="right", overflow="fold")
     for r in records:
-        table.add_row(
+        cells = [
             r["design"],
             f"{r['rate']:g}",
             str(r["completed"]),
@@ -105,7 +107,11 @@ def run_table(records: list[dict[str, Any]]) -> Table:
             _fmt(r["request_throughput"], digits=3),
             f"{r['time_scale']:g}",
             _fmt(r["lag_fraction"], 100.0, 2),
-        )
+        ]
+        if replayed:
+            ideal = r.get("theoretical_prefix_hit_rate")
+            cells.append(f"{_fmt(r['prefix_hit_rate'], 100.0, 1)} ({_fmt(ideal, 100.0, 1)})")
+        table.add_row(*cells)
     return table
 
 

@@ -56,6 +56,14 @@ def test_a_pull_that_finds_no_kv_held_is_said_in_words(tmp_path, capsys):
     ), line
 
 
+def test_a_sweep_with_failed_requests_says_so_per_design(tmp_path, capsys):
+    args = ["sweep", "--preset", "guide-l40s", "--design", "pd-fast", "--compute", "skip", "--rates", "1,2"]
+    args += ["--num-requests", "5", "--jobs", "1", "--set", "kv_transfer.hold_timeout_s=0.000001"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    (line,) = _warnings(capsys.readouterr().err)
+    assert re.fullmatch(r"warning: pd-fast: \d+ of 10 succeeded: \d+ × decode-0 could not pull KV .*", line)
+
+
 def test_a_run_where_every_request_succeeds_warns_of_nothing(tmp_path, capsys):
     assert main([*RUN, "--design", "collocated", "--out", str(tmp_path)]) == 0
     assert not _warnings(capsys.readouterr().err)
@@ -105,3 +113,5 @@ def test_a_replay_counts_the_window_it_sent_and_its_prefix_hits_beside_the_ideal
     assert m, page[:2000]
     assert float(m[2].rstrip(" %")) == pytest.approx(100 * record["theoretical_prefix_hit_rate"], abs=0.05)
     assert float(m[1].rstrip(" %")) == pytest.approx(100 * record["prefix_hit_rate"], abs=0.05)
+    hits = f"{100 * record['prefix_hit_rate']:.1f} ({100 * record['theoretical_prefix_hit_rate']:.1f})"
+    assert hits in capsys.readouterr().out  # the terminal table's column
