@@ -23,12 +23,19 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from cluster.cli_args import add_command, add_replay_args, add_run_args
-from cluster.cli_run import ERRORS, cmd_replay, cmd_run, configs_of, out_dir, warn_of_failures
+from cluster.cli_run import (
+    ERRORS,
+    cmd_replay,
+    cmd_run,
+    configs_of,
+    out_dir,
+    warn_of_failures,
+    write_report_saying_so,
+)
 from cluster.config_load import ConfigError, available_presets, dump_config, needs_trace, preset_designs
 from cluster.outcome import clean_json, write_json
 from cluster.plan.cli import ERRORS as PLAN_ERRORS
 from cluster.plan.cli import add_plan_parser, cmd_plan
-from dashboards.report import write_report
 from emulation.config import TestbedConfig
 
 
@@ -85,7 +92,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )
     title = f"{configs[0].target.model}: {len(configs)} designs x {len(rates)} rates x {args.seeds} seeds"
     hybrid = configs[0].target.profile.ssm is not None
-    report = write_report(out, result.results, records, title, _sweep_notes(configs, args), hybrid=hybrid)
+    report = write_report_saying_so(out, result.results, records, title, _sweep_notes(configs, args), hybrid)
     show(sweep_table(records, title), goodput_table(goodput))
     warn_of_failures(result.results)
     print(f"{len(points)} runs, {num_requests} requests in {wall_s:.1f} s wall; run directory: {out}")

@@ -242,11 +242,26 @@ def _run_designs(
             "final Prometheus exposition of every actor: metrics/<design>/<actor>.prom",
         ]
     hybrid = not getattr(args, "target", None) and c.target.profile.ssm is not None
-    report = write_report(out, results, records, title, notes, hybrid=hybrid)
+    report = write_report_saying_so(out, results, records, title, notes, hybrid)
     show(run_table(records), *filter(None, [turns_table(results)]))
     warn_of_failures(results)
     print(f"run directory: {out}  (report: {report})")
     return 0
+
+
+def write_report_saying_so(
+    out: Path,
+    results: pd.DataFrame,
+    records: list[dict[str, Any]],
+    title: str,
+    notes: list[str],
+    hybrid: bool,
+) -> Path:
+    """`write_report`, saying so first and counting its plots as they are written (it takes seconds to
+    tens of seconds for a large run)."""
+    print("writing report: summary, plots, findings", flush=True)
+    with RunProgress("writing report: plots", None) as progress:
+        return write_report(out, results, records, title, notes, hybrid, on_plot=lambda _: progress.advance())
 
 
 def warn_of_failures(results: pd.DataFrame) -> None:

@@ -21,6 +21,7 @@ import base64
 import html
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +97,11 @@ def write_report(
     title: str,
     notes: list[str],
     hybrid: bool = False,
+    on_plot: Callable[[str], None] | None = None,
 ) -> Path:
     """Write `out/report.html` and `out/plots/*.png` (with `out/engines.json`, where the run wrote it, the
-    MoE figure and table; `hybrid`: the target has SSM layers); returns the HTML's path."""
+    MoE figure and table; `hybrid`: the target has SSM layers; `on_plot`: told each plot's name once it
+    is written); returns the HTML's path."""
     (out / "plots").mkdir(parents=True, exist_ok=True)
     engines = _engines(out, records)
     sections = []
@@ -109,6 +112,8 @@ def write_report(
         fig.savefig(buf, format="png", dpi=110)
         plt.close(fig)
         (out / "plots" / f"{name}.png").write_bytes(buf.getvalue())
+        if on_plot is not None:
+            on_plot(name)
         data = base64.b64encode(buf.getvalue()).decode()
         sections.append(
             f'<h2>{html.escape(caption)}</h2><img alt="{name}" src="data:image/png;base64,{data}">'

@@ -64,9 +64,15 @@ def test_a_sweep_with_failed_requests_says_so_per_design(tmp_path, capsys):
     assert re.fullmatch(r"warning: pd-fast: \d+ of 10 succeeded: \d+ × decode-0 could not pull KV .*", line)
 
 
-def test_a_run_where_every_request_succeeds_warns_of_nothing(tmp_path, capsys):
+def test_a_run_where_every_request_succeeds_warns_of_nothing_and_says_when_it_writes_its_report(
+    tmp_path, capsys
+):
     assert main([*RUN, "--design", "collocated", "--out", str(tmp_path)]) == 0
-    assert not _warnings(capsys.readouterr().err)
+    out, err = capsys.readouterr()
+    assert not _warnings(err)
+    num_plots = len(list((tmp_path / "plots").glob("*.png")))
+    assert "writing report: summary, plots, findings\n" in out
+    assert re.search(rf"^writing report: plots: {num_plots} after \d+ s wall: done$", out, re.MULTILINE)
 
 
 def _strict(path):
