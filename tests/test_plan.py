@@ -1,9 +1,11 @@
-"""`testbed plan`: percentile SLO targets, the search against an exhaustive one on reduced spaces
-(the guide's designs x chunk sizes x rates; WEKA sessions under routers x P:D ratios), the
-recommended YAML run as it is, the answer to a target no candidate meets, and bad input."""
+"""`testbed plan`: percentile SLO targets in the configs' grammar, the search against an exhaustive
+one on reduced spaces (the guide's designs x chunk sizes x rates; WEKA sessions under routers x P:D
+ratios), the recommended YAML run as it is, the answer to a target no candidate meets, and bad
+input."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -18,7 +20,9 @@ from cluster.config_load import load_designs
 from cluster.plan.floors import floors_s, prefill_floor_s
 from cluster.plan.search import Probe, Search
 from cluster.plan.space import Candidate
-from workloads.slo_targets import SloTargetError, parse_slo_target, percentile_s
+from workloads.slo import DEFAULT_PERCENTILE, SloError, parse_slo
+from workloads.slo_targets import parse_slo_target, percentile_s
+from workloads.summary import slo_met, sweep_goodput
 
 from .factories import TRACES
 
@@ -56,17 +60,40 @@ def test_a_targets_percentile_counts_failed_requests_as_infinitely_late():
     assert target.attainment(df) == 0.9 and target.attainment(failed) == 0.8  # ttft 10 s over 9 s
 
 
+def test_one_grammar_for_configs_and_targets_a_term_without_a_percentile_bounds_the_p90():
+    """`ttft<=2s` is `ttft:p90<=2s` in `--slo` and in configs: a config's term is checked per request,
+    and `testbed sweep` counts a rate as goodput where 90 % of requests are within it, which is when a
+    p90 target holds."""
+    plain, explicit = (
+        parse_slo_target("ttft<=2s, tpot<=50ms"),
+        parse_slo_target("ttft:p90<=2s,tpot:p90<=50ms"),
+    )
+    assert plain.terms == explicit.terms and plain.name == "ttft<=2s,tpot<=50ms"
+    assert plain.label == explicit.label == "TTFT p90 ≤ 2 s and TPOT p90 ≤ 50 ms"
+    assert parse_slo("ttft:p90<=2s,tpot<=50ms").terms == plain.terms  # configs parse the same terms
+    assert parse_slo_target("itl:p99.9<=1500ms").label == "ITL p99.9 ≤ 1.5 s"
+    assert inspect.signature(sweep_goodput).parameters["threshold"].default == DEFAULT_PERCENTILE / 100
+    df = _results([float(i) for i in range(1, 11)])  # TTFT 1..10 s
+    for bound, met in (("9s", True), ("8.5s", False)):
+        attained = float(slo_met(df, parse_slo(f"ttft<={bound}")).mean())  # as `run` and `sweep` report it
+        assert parse_slo_target(f"ttft<={bound}").met(df) is met and (attained >= 0.9) is met
+    # a config takes a percentile too, and reports its SLO set as written
+    cfg = load_designs("guide-l40s", ["collocated"], ['slos=["ttft:p99<=2s,tpot<=30ms"]'])[0]
+    assert cfg.slos == ("ttft:p99<=2s,tpot<=30ms",)
+
+
 @pytest.mark.parametrize(
     ("text", "needles"),
     [
-        ("ttft<=2s", ["'ttft<=2s'", "a percentile is required", "ttft:p90<=2s"]),
+        ("ttft<2s", ["'ttft<2s'", "metric[:pNN]<=NUMBER(ms|s)", "ttft<=2s (its p90)", "ttft:p99<=2s"]),
+        ("ttft:90<=2s", ["'ttft:90<=2s'", "metric[:pNN]<=NUMBER(ms|s)"]),
         ("ttfb:p90<=2s", ["'ttfb'", "allowed: ttft, tpot, itl, gap, e2el"]),
         ("ttft:p0<=2s", ["p0", "(0, 100]"]),
         ("ttft:p90<=0s", ["0s", "> 0"]),
     ],
 )
 def test_a_bad_target_is_one_line_naming_it(text, needles):
-    with pytest.raises(SloTargetError) as e:
+    with pytest.raises(SloError) as e:
         parse_slo_target(text)
     assert "\n" not in str(e.value) and str(e.value).startswith("--slo:")
     for needle in needles:
@@ -239,8 +266,8 @@ def test_a_target_no_candidate_meets_is_answered_with_the_floor(tmp_path, capsys
     argv += ["--slo", "ttft:p90<=300ms,tpot:p90<=50ms"]
     plan, out = _plan(tmp_path, argv, "plan")
     lines = plan["targets"][0]["explanation"]
-    assert lines[0].startswith("No candidate meets ttft:p90<=300ms,tpot:p90<=50ms")
-    ttft = next(line for line in lines if line.startswith("No candidate meets ttft:p90<=300 ms"))
+    assert lines[0].startswith("No candidate meets TTFT p90 ≤ 300 ms and TPOT p90 ≤ 50 ms at any load")
+    ttft = next(line for line in lines[1:] if line.startswith("No candidate meets TTFT p90 ≤ 300 ms"))
     assert "the floor is" in ttft and "8192-token prompt's prefill alone" in ttft
     assert "Closest candidates" in lines[-1] or any(
         "floor:" in str(r["dropped"]) for r in plan["targets"][0]["rows"]
@@ -252,7 +279,9 @@ def test_a_target_no_candidate_meets_is_answered_with_the_floor(tmp_path, capsys
 @pytest.mark.parametrize(
     ("extra", "needles"),
     [
-        (["--slo", "ttft<=2s"], ["--slo", "'ttft<=2s'", "a percentile is required"]),
+        (["--slo", "ttft<2s"], ["--slo:", "'ttft<2s'", "metric[:pNN]<=NUMBER(ms|s)"]),
+        (["--slo", "ttft:p101<=2s"], ["--slo:", "p101", "(0, 100]"]),
+        (["--set", "slos=[ttft:p0<=2s]"], ["slos:", "p0", "(0, 100]"]),
         (["--preset", "deepseek-v3-h800", "--rank", "cost"], ["--rank cost", "'h800'", "--price h800=USD"]),
         (["--price", "h100=2"], ["--price", "'h100'", "allowed:"]),
         (["--max-gpus", "1"], ["search space: empty", "over --max-gpus 1"]),
@@ -305,3 +334,16 @@ def test_the_same_seed_gives_the_same_plan(tmp_path):
     first, _ = _plan(tmp_path, argv, "a")
     second, _ = _plan(tmp_path, argv, "b")
     assert first["targets"] == second["targets"] and first["num_runs"] == second["num_runs"]
+
+
+def test_plan_takes_a_term_without_a_percentile_as_its_p90_and_says_so(tmp_path, capsys):
+    argv = ["plan", "--preset", "guide-l40s", "--design", "collocated", "--num-requests", "16"]
+    argv += ["--seeds", "1", "--loads", "0.4,0.8,1.6"]
+    plain, _ = _plan(tmp_path, [*argv, "--slo", "ttft<=2s,tpot<=50ms"], "plain")
+    explicit, _ = _plan(tmp_path, [*argv, "--slo", "ttft:p90<=2s,tpot:p90<=50ms"], "explicit")
+    assert plain["targets"][0]["target"] == "ttft<=2s,tpot<=50ms"
+    assert plain["targets"][0]["rows"] == explicit["targets"][0]["rows"]
+    assert plain["targets"][0]["explanation"] == explicit["targets"][0]["explanation"]
+    assert main(["plan", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "a term without a percentile bounds the p90 (ttft<=2s is ttft:p90<=2s)" in help_text

@@ -1,4 +1,11 @@
-"""Service-level objectives: parsing `ttft<=2s,tpot<=30ms` and checking requests against them."""
+"""Service-level objectives: the one grammar of SLO terms (`ttft<=2s`, `ttft:p90<=2s`), as configs'
+`slos` and `testbed plan --slo` write them, and checking requests against a config's SLO sets.
+
+A term is `metric[:pNN]<=NUMBER(ms|s)`: a metric, optionally the percentile of it that the bound holds
+for, and the bound. A term without one bounds the 90th percentile (DEFAULT_PERCENTILE): a config's
+`ttft<=2s` checks each request's TTFT against 2 s, and `testbed sweep` counts a rate as goodput where at
+least 90 % of requests are within every bound, which is what `ttft:p90<=2s` asks of a run.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,12 @@ METRICS = {
 }
 COLUMNS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "p99_itl_s", "gap": "max_gap_s", "e2el": "e2el_s"}
 """The results-table column each metric bounds."""
-_TERM = re.compile(r"^\s*(\w+)\s*<=\s*([0-9]*\.?[0-9]+)\s*(ms|s)\s*$")
+LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "gap": "worst gap", "e2el": "E2E latency"}
+"""How a report names each metric."""
+DEFAULT_PERCENTILE = 90.0
+"""The percentile a term without one (`ttft<=2s`) bounds."""
+GRAMMAR = "metric[:pNN]<=NUMBER(ms|s)"
+_TERM = re.compile(r"^(\w+)(?::p([0-9]+(?:\.[0-9]+)?))?<=([0-9]*\.?[0-9]+)(ms|s)$")
 
 
 class SloError(ValueError):
@@ -23,32 +35,79 @@ class SloError(ValueError):
 
 
 @dataclass(frozen=True)
+class SloTerm:
+    metric: str
+    """One of METRICS."""
+    percentile: float
+    """In (0, 100]: 90 bounds the 90th percentile, 100 the worst."""
+    bound_s: float
+    """The upper bound, seconds."""
+
+    @property
+    def name(self) -> str:
+        """`ttft:p90`, whether or not the term was written with its percentile."""
+        return f"{self.metric}:p{self.percentile:g}"
+
+    @property
+    def words(self) -> str:
+        """`TTFT p90`."""
+        return f"{LABELS[self.metric]} p{self.percentile:g}"
+
+    @property
+    def label(self) -> str:
+        """`TTFT p90 ≤ 2 s`."""
+        return f"{self.words} ≤ {duration_label(self.bound_s)}"
+
+
+def duration_label(seconds: float, digits: int = 4) -> str:
+    """`50 ms`, `1.5 s`: milliseconds under a second, `digits` significant digits."""
+    return f"{seconds * 1000:.{digits}g} ms" if seconds < 1 else f"{seconds:.{digits}g} s"
+
+
+def parse_terms(text: str, field: str) -> tuple[SloTerm, ...]:
+    """Comma-joined terms (spaces ignored); one line naming `field` (`slos`, `--slo`), the term and what
+    is allowed otherwise."""
+    terms = []
+    for raw in text.split(","):
+        m = _TERM.match(raw.replace(" ", ""))
+        if not m:
+            raise SloError(
+                f"{field}: term {raw.strip()!r} in {text!r} is not `{GRAMMAR}`, e.g. ttft<=2s (its p90) "
+                "or ttft:p99<=2s"
+            )
+        metric, pct, value, unit = m.groups()
+        if metric not in METRICS:
+            raise SloError(
+                f"{field}: metric {metric!r} in {text!r} is unknown; allowed: {', '.join(METRICS)}"
+            )
+        percentile = DEFAULT_PERCENTILE if pct is None else float(pct)
+        if not 0 < percentile <= 100:
+            raise SloError(f"{field}: percentile p{pct} in {text!r} must be in (0, 100]")
+        bound_s = float(value) / (1000.0 if unit == "ms" else 1.0)
+        if bound_s <= 0:
+            raise SloError(f"{field}: bound {value}{unit} in {text!r} must be > 0")
+        terms.append(SloTerm(metric, percentile, bound_s))
+    return tuple(terms)
+
+
+@dataclass(frozen=True)
 class Slo:
-    """A named set of upper bounds, all of which a request must meet."""
+    """A config's SLO set: named as written, all of whose bounds a request must meet."""
 
     name: str
-    bounds_s: tuple[tuple[str, float], ...]
+    terms: tuple[SloTerm, ...]
 
     def met(self, ok: bool, latencies_s: Mapping[str, float]) -> bool:
         """A finished request (`ok`) within every bound; `latencies_s` has the results table's columns
         (`ttft_s`, ...). A missing value (NaN, e.g. no TPOT for one token) counts as met."""
         if not ok:
             return False
-        for metric, bound in self.bounds_s:
-            value = latencies_s[COLUMNS[metric]]
-            if not (value != value or value <= bound):
+        for term in self.terms:
+            value = latencies_s[COLUMNS[term.metric]]
+            if not (value != value or value <= term.bound_s):
                 return False
         return True
 
 
 def parse_slo(text: str) -> Slo:
-    bounds = []
-    for term in text.split(","):
-        m = _TERM.match(term)
-        if not m:
-            raise SloError(f"slos: term {term.strip()!r} in {text!r} is not `metric<=NUMBER(ms|s)`")
-        metric, value, unit = m.groups()
-        if metric not in METRICS:
-            raise SloError(f"slos: metric {metric!r} in {text!r} is unknown; allowed: {', '.join(METRICS)}")
-        bounds.append((metric, float(value) / (1000.0 if unit == "ms" else 1.0)))
-    return Slo(name=text.replace(" ", ""), bounds_s=tuple(bounds))
+    return Slo(name=text.replace(" ", ""), terms=parse_terms(text, "slos"))

@@ -1,4 +1,5 @@
-"""SLO targets with percentiles, as a capacity plan states them: `ttft:p90<=2s,tpot:p90<=50ms`.
+"""SLO targets with percentiles, as a capacity plan states them: `ttft:p90<=2s,tpot:p90<=50ms`, in
+`workloads.slo`'s grammar (a term without a percentile, `ttft<=2s`, bounds the p90).
 
 A target holds when every term's percentile over a run's requests is within its bound. Unlike
 `workloads.slo` (each request checked against bounds, the share that meets them reported), a target
@@ -22,37 +23,16 @@ exactly when at least 90 % are within it.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from workloads.slo import COLUMNS
+from workloads.slo import COLUMNS, SloTerm, parse_terms
 from workloads.summary import gaps
 
-METRICS = tuple(COLUMNS)
 _PER_REQUEST = {m: c for m, c in COLUMNS.items() if m != "itl"}
 """The results-table column of each metric taken once per request."""
-_TERM = re.compile(r"^(\w+):p(\d+(?:\.\d+)?)<=([0-9]*\.?[0-9]+)(ms|s)$")
-
-
-class SloTargetError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class SloTerm:
-    metric: str
-    """One of METRICS."""
-    percentile: float
-    """In (0, 100]: 90 bounds the 90th percentile, 100 the worst."""
-    bound_s: float
-    """The percentile's upper bound, seconds."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.metric}:p{self.percentile:g}"
 
 
 @dataclass(frozen=True)
@@ -60,7 +40,13 @@ class SloTarget:
     """A named set of percentile bounds, all of which a run must meet."""
 
     name: str
+    """As written, without spaces."""
     terms: tuple[SloTerm, ...]
+
+    @property
+    def label(self) -> str:
+        """`TTFT p90 ≤ 2 s and TPOT p90 ≤ 50 ms`: every term with its percentile."""
+        return " and ".join(t.label for t in self.terms)
 
     def values_s(self, results: pd.DataFrame) -> dict[str, float]:
         """Each term's percentile over `results` (one run's table, or several seeds' concatenated),
@@ -104,28 +90,5 @@ def percentile_s(results: pd.DataFrame, metric: str, percentile: float) -> float
 
 
 def parse_slo_target(text: str) -> SloTarget:
-    """`metric:pNN<=NUMBER(ms|s)` terms joined by commas; one line naming what is wrong otherwise."""
-    terms = []
-    for raw in text.split(","):
-        term = raw.replace(" ", "")
-        m = _TERM.match(term)
-        if not m:
-            hint = (
-                " (a percentile is required, e.g. ttft:p90<=2s)" if "<=" in term and ":p" not in term else ""
-            )
-            raise SloTargetError(
-                f"--slo: term {raw.strip()!r} in {text!r} is not `metric:pNN<=NUMBER(ms|s)`{hint}"
-            )
-        metric, pct, value, unit = m.groups()
-        if metric not in METRICS:
-            raise SloTargetError(
-                f"--slo: metric {metric!r} in {text!r} is unknown; allowed: {', '.join(METRICS)}"
-            )
-        percentile = float(pct)
-        if not 0 < percentile <= 100:
-            raise SloTargetError(f"--slo: percentile p{pct} in {text!r} must be in (0, 100]")
-        bound_s = float(value) / (1000.0 if unit == "ms" else 1.0)
-        if bound_s <= 0:
-            raise SloTargetError(f"--slo: bound {value}{unit} in {text!r} must be > 0")
-        terms.append(SloTerm(metric, percentile, bound_s))
-    return SloTarget(name=text.replace(" ", ""), terms=tuple(terms))
+    """`--slo`'s text: `workloads.slo`'s terms; one line naming what is wrong otherwise (SloError)."""
+    return SloTarget(name=text.replace(" ", ""), terms=parse_terms(text, "--slo"))

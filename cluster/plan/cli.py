@@ -15,13 +15,16 @@ from typing import Any
 from cluster.cli_run import out_dir, overrides
 from cluster.config_load import ConfigError, load_designs
 from cluster.plan.floors import floors_s
-from cluster.plan.outputs import plan_table, write_outputs
+from cluster.plan.load_unit import LOAD_UNITS, LoadUnit
+from cluster.plan.outputs import TerminalTable, Verdict, write_outputs
 from cluster.plan.prices import PriceError, parse_prices
 from cluster.plan.search import Outcome, Search
 from cluster.plan.shapes import parse_shapes, shapes_for
 from cluster.plan.space import Axis, Candidate, build_space, load_key, parse_axis
-from cluster.plan.verdict import Row, build_row, explain, rank
-from workloads.slo_targets import SloTarget, SloTargetError, parse_slo_target
+from cluster.plan.table import plan_table
+from cluster.plan.verdict import build_row, explain, rank
+from workloads.slo import DEFAULT_PERCENTILE, GRAMMAR, LABELS, SloError, duration_label
+from workloads.slo_targets import SloTarget, parse_slo_target
 
 DEFAULT_SLO = "ttft:p90<=2s,tpot:p90<=50ms"
 DEFAULT_LOADS = {
@@ -29,12 +32,7 @@ DEFAULT_LOADS = {
     "replay.speedup": "0.5,1,1.5,2,3,4,6,8",
     "multi_turn.conversation_rate": "0.05,0.1,0.2,0.3,0.4,0.6,0.8,1.0",
 }
-LOAD_UNITS = {
-    "workload.rate": "req/s",
-    "replay.speedup": "x trace speed",
-    "multi_turn.conversation_rate": "conv/s",
-}
-ERRORS = (SloTargetError, PriceError)
+ERRORS = (SloError, PriceError)
 
 
 def add_plan_parser(
@@ -46,8 +44,10 @@ def add_plan_parser(
     p.add_argument(
         "--slo",
         action="append",
-        help=f"an SLO target, metric:pNN<=BOUND terms (default: {DEFAULT_SLO}); "
-        "repeat for more (the first decides the recommendation)",
+        metavar="TERMS",
+        help=f"an SLO target: comma-joined {GRAMMAR} terms over {', '.join(LABELS)}; a term without "
+        f"a percentile bounds the p{DEFAULT_PERCENTILE:g} (ttft<=2s is ttft:p{DEFAULT_PERCENTILE:g}<=2s), "
+        f"as configs' slos (default: {DEFAULT_SLO}); repeat for more (the first decides the recommendation)",
     )
     p.add_argument(
         "--vary",
@@ -138,7 +138,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "recommended_ray_units": candidates[best.candidate].ray_units if best.score is not None else None,
     }
     out = out_dir(args, "plan")
-    _print(verdicts, info, write_outputs(out, search, verdicts, info), out, LOAD_UNITS[key], by_cost)
+    paths = write_outputs(out, search, verdicts, info, LOAD_UNITS[key], by_cost)
+    _print(verdicts, info, paths, out, LOAD_UNITS[key], by_cost)
     return 0
 
 
@@ -170,23 +171,24 @@ def _space(
 
 
 def _print(
-    verdicts: list[tuple[SloTarget, list[Row], list[str]]],
+    verdicts: list[Verdict],
     info: dict[str, Any],
     paths: dict[str, Path],
     out: Path,
-    unit: str,
+    unit: LoadUnit,
     by_cost: bool,
 ) -> None:
+    """Per target its table, then its verdict in sentences; what was left out; where it all is."""
     from dashboards.console import show
 
-    show(*(plan_table(rows, t, unit, by_cost) for t, rows, _ in verdicts))
-    for t, _, lines in verdicts:
-        print(f"\n{t.name}:\n  " + "\n  ".join(lines))
+    for t, rows, lines in verdicts:
+        show(TerminalTable(plan_table(rows, t, unit, by_cost)))
+        print(f"Target {t.label} (--slo {t.name}):\n  " + "\n  ".join(lines) + "\n")
     for item in info["left_out"]:
         print(f"left out: {item['candidate']}: {item['why']}")
     print(
-        f"\n{info['num_candidates']} candidates, {info['num_runs']} replays (exhaustive: "
-        f"{info['num_runs_exhaustive']}) in {info['wall_s']:.1f} s wall; run directory: {out}"
+        f"{info['num_candidates']} candidates, {info['num_runs']} replays (every candidate at every load and "
+        f"seed: {info['num_runs_exhaustive']}) in {info['wall_s']:.1f} s wall; run directory: {out}"
     )
     print(f"report: {paths['report']}")
     if "recommended" in paths:
@@ -224,5 +226,6 @@ def _floor_miss(cand: Candidate, target: SloTarget) -> str | None:
     for term in target.terms:
         floor = floors.get(term.metric)
         if floor is not None and floor > term.bound_s:
-            return f"floor: {term.metric} {floor * 1000:.0f} ms alone > {term.bound_s * 1000:g} ms"
+            alone, bound = duration_label(floor, 3), duration_label(term.bound_s)
+            return f"floor: {LABELS[term.metric]} alone {alone} > {bound}"
     return None

@@ -5,66 +5,68 @@ search's cost, every row, the explanation), candidates.csv, every replay's per-r
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 
 from cluster.config_load import dump_config
 from cluster.outcome import clean_json, write_json
+from cluster.plan.load_unit import LoadUnit
 from cluster.plan.search import BOUNDED, Search
 from cluster.plan.space import Candidate, with_load
+from cluster.plan.table import plan_table
 from cluster.plan.verdict import Row, tokens_per_user_s
 from dashboards.plan_plots import pareto_plots
-from dashboards.plan_report import write_plan_report
+from dashboards.plan_report import PlanTable, TargetSection, write_plan_report
 from workloads.slo_targets import SloTarget
 
 
-def plan_table(rows: list[Row], target: SloTarget, load_unit: str, by_cost: bool) -> Table:
-    t = Table(title=f"{target.name}: ranked by goodput per {'dollar' if by_cost else 'GPU'}")
-    priced = all(r.usd_per_hour is not None for r in rows)
-    columns = [
-        "#",
-        "candidate",
-        "GPUs",
-        f"goodput ({load_unit})",
-        "req/s/GPU",
-        *(["req/$"] if priced else []),
-    ]
-    columns += ["tok/s/GPU", "tok/s/user", "attained", "binds", "busiest pool", "handoff/TTFT", "dropped"]
-    for col in columns:
-        left = col in ("candidate", "binds", "busiest pool", "dropped")
-        t.add_column(col, justify="left" if left else "right", no_wrap=col == "candidate")
-    for i, r in enumerate(rows, 1):
-        binds = f"{r.binding} {r.binding_ratio:.2f}x" if r.binding and r.binding_ratio is not None else "-"
-        busy = f"{r.bottleneck} {r.busy_share:.0%}" if r.bottleneck and r.busy_share is not None else "-"
-        t.add_row(
-            str(i),
-            r.name,
-            str(r.num_gpus),
-            _goodput(r),
-            _num(r.rps_per_gpu),
-            *([_num(r.requests_per_usd)] if priced else []),
-            _num(r.output_tps_per_gpu),
-            _num(r.tps_per_user),
-            f"{r.attainment:.0%}" if r.attainment is not None else "-",
-            binds,
-            busy,
-            f"{r.handoff_share:.0%}" if r.handoff_share is not None else "-",
-            r.dropped or "",
-        )
-    return t
+class TerminalTable(Table):
+    """A `PlanTable` for the terminal whose column widths are chosen for the console it prints on:
+    every column as wide as its longest line where they fit, else the widest narrowed first, none
+    below its header's longest word and its longest cell (its longest word where cells wrap): rich's
+    own narrowing cuts names inside a word, or drops columns."""
+
+    def __init__(self, table: PlanTable) -> None:
+        super().__init__(title=table.title)
+        self.natural: list[int] = []
+        self.minimum: list[int] = []
+        for i, header in enumerate(table.headers):
+            texts = [header, *(row[i] for row in table.rows)]
+            self.natural.append(max(len(line) for text in texts for line in text.splitlines() or [""]))
+            cells = [row[i] for row in table.rows]
+            pieces = [c.split() if header in table.wrapped else [c] for c in cells]
+            words = [*header.split(), *(w for piece in pieces for w in piece)]
+            self.minimum.append(max(map(len, words), default=1))
+            self.add_column(header, justify="left" if header in table.text_columns else "right")
+        for row in table.rows:
+            self.add_row(*row)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        widths = list(self.natural)
+        budget = options.max_width - (3 * len(widths) + 1)  # a space either side, a rule between
+        while sum(widths) > budget:
+            i = max(range(len(widths)), key=lambda k: widths[k] if widths[k] > self.minimum[k] else -1)
+            if widths[i] <= self.minimum[i]:
+                break  # every column at its longest word: the console is too narrow for the table
+            widths[i] -= 1
+        for column, width in zip(self.columns, widths, strict=True):
+            column.width = width
+        return super().__rich_console__(console, options)
+
+
+Verdict = tuple[SloTarget, list[Row], list[str]]
+"""A target, its rows best first, and the sentences that explain them."""
 
 
 def write_outputs(
-    out: Path,
-    search: Search,
-    verdicts: list[tuple[SloTarget, list[Row], list[str]]],
-    info: dict[str, Any],
+    out: Path, search: Search, verdicts: list[Verdict], info: dict[str, Any], unit: LoadUnit, by_cost: bool
 ) -> dict[str, Path]:
-    """Everything beside the run; returns the recommended YAML's and the plots' paths (by name)."""
+    """Everything beside the run; returns the recommended YAML's, the plots' and the report's paths
+    (by name)."""
     (out / "configs").mkdir(parents=True, exist_ok=True)
     for i, cand in enumerate(search.candidates):
         dump_config(cand.cfg, out / "configs" / f"candidate-{i}.yaml")
@@ -76,7 +78,7 @@ def write_outputs(
         pd.concat(frames, ignore_index=True).to_parquet(out / "results.parquet", index=False)
     table = []
     for target, rows, _ in verdicts:
-        table += [{"target": target.name, "rank": i, **_row_dict(r)} for i, r in enumerate(rows, 1)]
+        table += [{"target": target.name, "rank": i, **_row_dict(r, unit)} for i, r in enumerate(rows, 1)]
     pd.DataFrame(table).to_csv(out / "candidates.csv", index=False)
     paths: dict[str, Path] = {}
     target, rows, _ = verdicts[0]  # the first target decides the recommendation
@@ -85,45 +87,64 @@ def write_outputs(
         cand = search.candidates[best.candidate]
         paths["recommended"] = out / "recommended.yaml"
         dump_config(with_load(cand.cfg, best.goodput_load, cand.cfg.seed), paths["recommended"])
-    points = _points(search, target)
-    per_candidate = pd.DataFrame(
-        [
-            {
-                "name": r.name,
-                "goodput_rps": r.goodput_rps,
-                "usd_per_hour": r.usd_per_hour,
-                "num_gpus": r.num_gpus,
-                "recommended": r is best and r.goodput_load is not None,
-            }
-            for r in rows
-        ]
+    plots = pareto_plots(
+        _points(search, target), _per_candidate(rows), target.label, unit.unit, out / "plots"
     )
-    for p in pareto_plots(points, per_candidate, target.name, out / "plots"):
-        paths[p.stem] = p
+    paths |= {p.stem: p for _, p in plots}
     write_json(
         out / "plan.json",
         clean_json(
             {
                 **info,
                 "recommended": str(paths.get("recommended", "")) or None,
+                "goodput_unit": unit.unit,
                 "targets": [
-                    {"target": t.name, "explanation": lines, "rows": [_row_dict(r) for r in rs]}
+                    {"target": t.name, "explanation": lines, "rows": [_row_dict(r, unit) for r in rs]}
                     for t, rs, lines in verdicts
                 ],
             }
         ),
     )
-    notes = [
-        f"{info['num_candidates']} candidates ({len(info['left_out'])} left out), loads {info['loads']} "
-        f"({info['load_key']}), seeds {info['seeds']}; {info['method']}",
-        f"{info['num_runs']} replays (every candidate x load x seed: {info['num_runs_exhaustive']}) in "
-        f"{info['wall_s']:.1f} s wall",
+    sections = [
+        TargetSection(t.label, t.name, tuple(lines), plan_table(rs, t, unit, by_cost))
+        for t, rs, lines in verdicts
+    ]
+    per = "dollar" if by_cost else "GPU"
+    title = f"testbed plan: {info['source']}, the design with the most goodput per {per}"
+    paths["report"] = write_plan_report(out, title, sections, plots, _notes(info, unit))
+    return paths
+
+
+def _per_candidate(rows: list[Row]) -> pd.DataFrame:
+    """What the cost plot draws of each candidate, in rank order."""
+    best = rows[0]
+    return pd.DataFrame(
+        [
+            {
+                "rank": i,
+                "name": r.name,
+                "goodput_load": r.goodput_load,
+                "bounded": r.dropped == BOUNDED,
+                "usd_per_hour": r.usd_per_hour,
+                "num_gpus": r.num_gpus,
+                "recommended": r is best and r.goodput_load is not None,
+            }
+            for i, r in enumerate(rows, 1)
+        ]
+    )
+
+
+def _notes(info: dict[str, Any], unit: LoadUnit) -> list[str]:
+    """What the search covered and cost, in words."""
+    loads = ", ".join(f"{x:g}" for x in info["loads"])
+    seeds = ", ".join(str(s) for s in info["seeds"])
+    return [
+        f"{info['num_candidates']} candidates ({len(info['left_out'])} left out by the config rules or the "
+        f"budget); loads {loads} {unit.unit} ({info['load_key']}); seeds {seeds}; method: {info['method']}",
+        f"{info['num_runs']} replays (every candidate at every load and seed: {info['num_runs_exhaustive']}) "
+        f"in {info['wall_s']:.1f} s wall",
         *(f"left out: {x['candidate']}: {x['why']}" for x in info["left_out"]),
     ]
-    tables = [(t.name, lines, pd.DataFrame([_row_dict(r) for r in rs])) for t, rs, lines in verdicts]
-    plots = [paths[k] for k in ("pareto_tokens", "goodput_cost") if k in paths]
-    paths["report"] = write_plan_report(out, f"testbed plan: {info['source']}", tables, plots, notes)
-    return paths
 
 
 def _points(search: Search, target: SloTarget) -> pd.DataFrame:
@@ -148,15 +169,16 @@ def _points(search: Search, target: SloTarget) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["candidate", "load", "seed", "tps_per_user", "tps_per_gpu", "met"])
 
 
-def _row_dict(r: Row) -> dict[str, Any]:
+def _row_dict(r: Row, unit: LoadUnit) -> dict[str, Any]:
+    """plan.json's and candidates.csv's row: goodput in the load's unit (`goodput_unit`)."""
     return {
         "candidate": r.name,
         "num_gpus": r.num_gpus,
         "usd_per_hour": r.usd_per_hour,
         "goodput_load": r.goodput_load,
-        "goodput_rps": r.goodput_rps,
-        "rps_per_gpu": r.rps_per_gpu,
-        "requests_per_usd": r.requests_per_usd,
+        "goodput_per_gpu": r.goodput_per_gpu,
+        "goodput_per_usd": r.goodput_per_usd(unit),
+        "completed_rps": r.completed_rps,
         "output_tps_per_gpu": r.output_tps_per_gpu,
         "tps_per_user": r.tps_per_user,
         "slo_attainment": r.attainment,
@@ -170,19 +192,3 @@ def _row_dict(r: Row) -> dict[str, Any]:
         "goodput_under": r.goodput_under,
         **{f"{k}_s": v for k, v in r.values_s.items()},
     }
-
-
-def _goodput(r: Row) -> str:
-    """The goodput load; a bounded candidate's open bracket (`0.4 to < 0.8`, `< 0.8`, `>= 0.4`)."""
-    if r.dropped == BOUNDED:
-        low = f"{r.goodput_load:g}" if r.goodput_load is not None else None
-        if r.goodput_under is None:
-            return f">= {low}" if low else "not probed"
-        return f"{low} to < {r.goodput_under:g}" if low else f"< {r.goodput_under:g}"
-    return _num(r.goodput_load) if r.goodput_load is not None else "none"
-
-
-def _num(x: float | None) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"

@@ -232,8 +232,12 @@ class Search:
             survivors = [c for c in alive if scores[c] >= cut]  # ties at the cut stay
             for c in alive:
                 if c not in survivors:
-                    outcomes[c].dropped = f"halving round {round_no} ({len(seeds)} seed(s))"
+                    outcomes[c].dropped = f"cut in halving round {round_no} ({_seeds(len(seeds))})"
             # The next round starts from this one's answer (a candidate that met nothing: the lowest load).
             alive, hints = survivors, {c: max(brackets[c][0], 0) for c in survivors}
             num_seeds, round_no = min(2 * num_seeds, len(self.seeds)), round_no + 1
         return outcomes
+
+
+def _seeds(n: int) -> str:
+    return "1 seed" if n == 1 else f"{n} seeds"

@@ -1,9 +1,10 @@
 """What the runs say of each candidate under one target: its row of the ranked table, and the
 sentences that explain the recommendation, or why no candidate meets the target.
 
-Per candidate, at its goodput load (or, if it meets the target at no load, at the lowest load):
-goodput (completed requests per emulated second, pooled over the seeds), per GPU and per dollar,
-output tokens per second per GPU and per user (1 / median TPOT), each term's percentile, the term
+Per candidate: its goodput, the highest load of the grid that meets the target, in the grid's unit
+(`load_unit.LoadUnit`), per GPU and per dollar; at that load (or, if it meets the target at no load, at the
+lowest load), pooled over the seeds: the requests it completed per emulated second, output tokens per
+second per GPU and per user (1 / median TPOT), each term's percentile, the term
 that binds (the one furthest past its bound at the next load up, where the target is first missed),
 the busiest pool (its engines' share of the span spent in steps) and the handoff's share of the
 median TTFT (P/D only).
@@ -19,8 +20,11 @@ import numpy as np
 import pandas as pd
 
 from cluster.plan.floors import floors_s
+from cluster.plan.load_unit import LoadUnit
 from cluster.plan.prices import usd_per_hour
 from cluster.plan.search import Outcome, Search
+from dashboards.numbers import percent, readable
+from workloads.slo import LABELS, SloTerm, duration_label
 from workloads.slo_targets import SloTarget
 
 HANDOFF_SHARE_TO_SAY = 0.3
@@ -37,8 +41,9 @@ class Row:
     """The highest load of the grid that meets the target; None: none does."""
     score: float | None
     """The goodput load per GPU or per dollar an hour, as the search ranked it (`Candidate.score`)."""
-    goodput_rps: float | None
-    """Completed requests per emulated second at that load (over the seeds' pooled span)."""
+    completed_rps: float | None
+    """Completed requests per emulated second at the goodput load (over the seeds' pooled span): below
+    the load, as the span includes the last requests' drain (a large share of a short run's)."""
     output_tps_per_gpu: float | None
     tps_per_user: float | None
     values_s: dict[str, float]
@@ -57,14 +62,18 @@ class Row:
     """Stopped by branch and bound: the goodput is below this load (and at least `goodput_load`)."""
 
     @property
-    def rps_per_gpu(self) -> float | None:
-        return None if self.goodput_rps is None else self.goodput_rps / self.num_gpus
+    def goodput_per_gpu(self) -> float | None:
+        return None if self.goodput_load is None else self.goodput_load / self.num_gpus
+
+    def goodput_per_usd(self, unit: LoadUnit) -> float | None:
+        """What a dollar buys at the goodput load (`unit.per_usd`); None unpriced or meeting nothing."""
+        if self.goodput_load is None or not self.usd_per_hour:
+            return None
+        return unit.per_dollar(self.goodput_load, self.usd_per_hour)
 
     @property
-    def requests_per_usd(self) -> float | None:
-        if self.goodput_rps is None or not self.usd_per_hour:
-            return None
-        return self.goodput_rps * 3600.0 / self.usd_per_hour
+    def completed_rps_per_gpu(self) -> float | None:
+        return None if self.completed_rps is None else self.completed_rps / self.num_gpus
 
 
 def build_row(
@@ -100,7 +109,7 @@ def build_row(
         usd_per_hour=usd_per_hour(cand.gpus, prices),
         goodput_load=search.loads[g] if g >= 0 else None,
         score=cand.score(search.loads[g], prices, by_cost) if g >= 0 else None,
-        goodput_rps=rps,
+        completed_rps=rps,
         output_tps_per_gpu=tokens / span / cand.num_gpus if rps is not None else None,
         tps_per_user=per_user,
         values_s=target.values_s(frame) if frame is not None else {},
@@ -133,7 +142,7 @@ def rank(rows: Sequence[Row]) -> list[Row]:
             r.score is None,
             r.dropped is not None,
             -(r.score or 0.0),
-            -(r.rps_per_gpu or 0.0),
+            -(r.completed_rps_per_gpu or 0.0),
             r.candidate,
         )
 
@@ -141,15 +150,18 @@ def rank(rows: Sequence[Row]) -> list[Row]:
 
 
 def explain(
-    rows: Sequence[Row], target: SloTarget, search: Search, load_unit: str, by_cost: bool = False
+    rows: Sequence[Row], target: SloTarget, search: Search, unit: LoadUnit, by_cost: bool = False
 ) -> list[str]:
     """A few sentences on the recommendation, or on why there is none."""
     best = rows[0]
     if best.goodput_load is None:
-        return infeasible(rows, target, search, load_unit)
+        return infeasible(rows, target, search, unit)
+    per_usd = best.goodput_per_usd(unit)
     lines = [
-        f"Recommended: {best.name}: meets {target.name} up to {best.goodput_load:g} {load_unit} "
-        f"({best.goodput_rps:.3g} req/s on {best.num_gpus} GPU(s), {best.rps_per_gpu:.3g} req/s per GPU)."
+        f"Recommended: {best.name}: meets {target.label} up to {best.goodput_load:g} {unit.unit} on "
+        f"{_gpus(best.num_gpus)} ({readable(best.goodput_per_gpu)} {unit.unit} per GPU"
+        + (f", {readable(per_usd)} {unit.per_usd}" if per_usd is not None else "")
+        + ")."
     ]
     # the next one whose goodput is known exactly: one that reached the last round
     runner_up = next((r for r in rows[1:] if r.score is not None and r.dropped is None), None)
@@ -158,31 +170,38 @@ def explain(
         lines.append(f"It ties with {runner_up.name} on goodput per {per}; it completed more requests there.")
     elif runner_up is not None:
         less = 1.0 - runner_up.score / best.score  # type: ignore[operator]
-        lines.append(f"Next best: {runner_up.name}, {less:.0%} less goodput per {per}.")
+        lines.append(f"Next best: {runner_up.name}, {percent(less)} less goodput per {per}.")
     if best.binding is not None and best.goodput_load != search.loads[-1]:
-        value = best.binding_ratio * _bound(target, best.binding)  # type: ignore[operator]
+        term = term_of(target, best.binding)
+        value = best.binding_ratio * term.bound_s  # type: ignore[operator]
+        up = search.loads[search.loads.index(best.goodput_load) + 1]
         lines.append(
-            f"What binds: one load step up, {best.binding} reaches {_ms(value)} against "
-            f"{_ms(_bound(target, best.binding))}."
+            f"What binds: one load step up, at {up:g} {unit.unit}, {term.words} reaches {_ms(value)} "
+            f"against its {_ms(term.bound_s)} bound."
         )
     elif best.goodput_load == search.loads[-1]:
         lines.append("It meets the target at the grid's highest load: widen --loads to find its limit.")
     if best.bottleneck is not None:
-        lines.append(f"Busiest pool: {best.bottleneck} ({best.busy_share:.0%} of the span in steps).")
+        lines.append(f"Busiest pool: {best.bottleneck} ({percent(best.busy_share)} of the span in steps).")
     if best.handoff_share is not None and best.handoff_share >= HANDOFF_SHARE_TO_SAY:
         link = search.candidates[best.candidate].cfg.kv_transfer.link
         lines.append(
-            f"The KV handoff is {best.handoff_share:.0%} of the median TTFT on {link}: a faster fabric "
+            f"The KV handoff is {percent(best.handoff_share)} of the median TTFT on {link}: a faster fabric "
             "would buy more than more GPUs, or stay collocated."
         )
     return lines
 
 
-def infeasible(rows: Sequence[Row], target: SloTarget, search: Search, load_unit: str) -> list[str]:
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def infeasible(rows: Sequence[Row], target: SloTarget, search: Search, unit: LoadUnit) -> list[str]:
     """No candidate meets the target at any load: which terms none meets, the closest candidates,
     and the floor that rules the target out where one is known."""
     lines = [
-        f"No candidate meets {target.name} at any load of the grid (lowest: {search.loads[0]:g} {load_unit})."
+        f"No candidate meets {target.label} at any load of the grid "
+        f"(lowest: {search.loads[0]:g} {unit.unit})."
     ]
     measured = [r for r in rows if r.values_s]
     for term in target.terms:
@@ -190,7 +209,7 @@ def infeasible(rows: Sequence[Row], target: SloTarget, search: Search, load_unit
         out_of_reach = floor is not None and floor[0] > term.bound_s
         if any(r.values_s[term.name] <= term.bound_s for r in measured) or not (measured or out_of_reach):
             continue
-        line = f"No candidate meets {term.name}<={_ms(term.bound_s)}"
+        line = f"No candidate meets {term.label}"
         closest = min(measured, key=lambda r: r.values_s[term.name], default=None)
         if closest is not None:
             line += f": the closest, {closest.name}, reaches {_ms(closest.values_s[term.name])}"
@@ -202,7 +221,7 @@ def infeasible(rows: Sequence[Row], target: SloTarget, search: Search, load_unit
     by_worst = sorted(measured, key=lambda r: max(r.values_s[t.name] / t.bound_s for t in target.terms))
     if by_worst:
         names = ", ".join(
-            f"{r.name} ({max(r.values_s[t.name] / t.bound_s for t in target.terms):.2f}x its bounds)"
+            f"{r.name} ({max(r.values_s[t.name] / t.bound_s for t in target.terms):.2f}× its bounds)"
             for r in by_worst[:3]
         )
         lines.append(f"Closest candidates at the lowest load: {names}.")
@@ -218,17 +237,15 @@ def _lowest_floor(search: Search, metric: str) -> tuple[float, str] | None:
             what = (
                 f"one {cand.cfg.workload.prompt_len}-token prompt's prefill alone on {cand.name}"
                 if metric == "ttft"
-                else f"a lone request's {metric} on {cand.name}"
+                else f"a lone request's {LABELS[metric]} on {cand.name}"
             )
             found.append((floors[metric], what))
     return min(found) if found else None
 
 
-def _bound(target: SloTarget, term_name: str) -> float:
-    return next(t.bound_s for t in target.terms if t.name == term_name)
+def term_of(target: SloTarget, term_name: str) -> SloTerm:
+    return next(t for t in target.terms if t.name == term_name)
 
 
 def _ms(seconds: float) -> str:
-    if math.isinf(seconds):
-        return "never (requests failed)"
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+    return "never (requests failed)" if math.isinf(seconds) else duration_label(seconds, digits=3)

@@ -74,7 +74,8 @@ class TestbedConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     slos: tuple[str, ...] = ("ttft<=2s,tpot<=30ms", "ttft<=2s,gap<=100ms")
-    """SLO sets: comma-joined `metric<=value` terms over ttft, tpot, itl (per-request p99), gap, e2el."""
+    """SLO sets: comma-joined `metric[:pNN]<=value` terms over ttft, tpot, itl (per-request p99), gap,
+    e2el; no pNN: p90 (`workloads/slo.py`, the grammar `testbed plan --slo` takes)."""
     seed: int = 0
     """Seeds arrivals, prompts and forced answers."""
 
