@@ -33,6 +33,7 @@ from cluster.cli_run import (
     write_report_saying_so,
 )
 from cluster.config_load import ConfigError, available_presets, dump_config, needs_trace, preset_designs
+from cluster.interrupt import EXIT_CODE, Interrupted
 from cluster.outcome import clean_json, write_json
 from cluster.plan.cli import ERRORS as PLAN_ERRORS
 from cluster.plan.cli import add_plan_parser, cmd_plan
@@ -90,6 +91,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "requests_per_wall_s": num_requests / wall_s,
         },
     )
+    if not result.complete:  # Ctrl-C: the points finished are written, no report
+        synthetic = configs[0].workload.kind == "synthetic"
+        raise Interrupted(
+            num_requests, len(points) * configs[0].workload.num_requests if synthetic else None, out
+        )
     title = f"{configs[0].target.model}: {len(configs)} designs x {len(rates)} rates x {args.seeds} seeds"
     hybrid = configs[0].target.profile.ssm is not None
     report = write_report_saying_so(out, result.results, records, title, _sweep_notes(configs, args), hybrid)
@@ -154,10 +160,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.max_body_bytes,
         args.ray or bool(args.address),
         args.address,
-    )
-    if out is not None:
-        print(f"results: {out}")
-    return 0
+    )  # until Ctrl-C: it raises Interrupted, saying where the results are
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -293,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     except (*ERRORS, *PLAN_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # Ctrl-C, once the command kept what finished
+        print(e, file=sys.stderr)
+        return EXIT_CODE
+    except KeyboardInterrupt:  # Ctrl-C before anything ran, or after everything was written
+        print("interrupted", file=sys.stderr)
+        return EXIT_CODE
 
 
 if __name__ == "__main__":

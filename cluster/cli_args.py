@@ -57,6 +57,17 @@ ABOUT: dict[str, tuple[str, str, list[str]]] = {
         "write the run directory with each design's goodput per SLO set (goodput.json) and its plot.",
         ["testbed sweep --preset guide-l40s --rates 0.2,0.4,0.6 --num-requests 50"],
     ),
+    "plan": (
+        "search designs for the most goodput per GPU or dollar under SLOs",
+        "Search a space of designs (the source's, crossed with --vary and --shapes) for the one that "
+        "sustains the most load per GPU (or per dollar, --rank cost) while meeting every SLO target, "
+        "replaying the workload in virtual time; print the ranked candidates and the verdict, and write "
+        "plan.json, the recommended design's YAML and a report.",
+        [
+            "testbed plan --preset guide-l40s --num-requests 40 "
+            "--vary scheduler.max_num_batched_tokens=1024,4096"
+        ],
+    ),
 }
 """Each subcommand's one-line summary, description and examples (every one a command of the README)."""
 

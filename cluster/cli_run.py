@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.config_load import ConfigError, dump_config, load_designs, needs_trace
 from cluster.estimate import estimate_line
+from cluster.interrupt import Interrupted
 from cluster.outcome import clean_json, write_json
 from cluster.progress import RunProgress
 from dashboards.headline import outcome
 from dashboards.report import write_report
 from emulation.config import TestbedConfig
+from messages import RequestResult
 from workloads.divergence import diverged_at
 from workloads.replay import LoadedWorkload, load_workload
 from workloads.traces.session import Trace, TraceError
@@ -189,14 +191,14 @@ def _run_designs(
     import pandas as pd
 
     from cluster.calibrate import resolve_time_scale
-    from dashboards.console import lag_warning, run_table, show, turns_table
+    from dashboards.console import run_table, show, turns_table
 
     reference = _reference(args, configs)  # checked before anything runs
     configs = [resolve_time_scale(c, args.address) if c.clock.mode == "live" else c for c in configs]
     out = out_dir(args, kind)
-    records = []
-    frames = []
-    engines = {}
+    for cfg in configs:  # the resolved configs, before anything runs
+        dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
+    runs = _DesignRuns(out, loaded)
     live = [] if getattr(args, "target", None) else configs  # a target needs no Ray
     # Designs in virtual time are independent: one process each, as a sweep's points.
     parallel = len(configs) > 1 and not getattr(args, "target", None)
@@ -205,20 +207,16 @@ def _run_designs(
     estimate = None if getattr(args, "target", None) else estimate_line(configs, loaded, num_parallel)
     if estimate is not None:
         print(estimate, flush=True)
-    with _ray_session(live, args.address):
-        outputs = _run_virtual_designs(configs, loaded) if parallel else None
-        for i, cfg in enumerate(configs):
-            dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
-            result = outputs[i] if outputs is not None else _run_one(cfg, args, total, loaded)
-            records.append(clean_json(result.summary))
-            (out / "metrics" / cfg.design).mkdir(parents=True, exist_ok=True)
-            for actor, text in result.metrics.items():
-                (out / "metrics" / cfg.design / f"{actor}.prom").write_text(text)
-            frames.append(result.results)
-            engines[cfg.design] = result.engine_reports
-            if cfg.clock.mode == "live" and result.summary["lag_fraction"] > 0.01:
-                lag_warning(result.summary)
-    results = pd.concat(frames, ignore_index=True)
+    try:
+        with _ray_session(live, args.address):
+            outputs = _run_virtual_designs(configs, loaded) if parallel else None
+            for i, cfg in enumerate(configs):
+                result = outputs[i] if outputs is not None else _run_one(cfg, args, total, loaded, runs)
+                runs.add(cfg, result)
+    except KeyboardInterrupt as e:
+        raise runs.interrupted(configs, e, total) from None
+    records = runs.records
+    results = pd.concat(runs.frames, ignore_index=True)
     if reference is not None:  # greedy tokens against the reference design's: wrong KV shows here
         results["diverged_at"] = diverged_at(results, reference)
         for r in records:
@@ -227,7 +225,7 @@ def _run_designs(
             r["reference"] = reference
     results.to_parquet(out / "results.parquet", index=False)
     write_json(out / "summary.json", records)
-    write_json(out / "engines.json", clean_json(engines))
+    write_json(out / "engines.json", clean_json(runs.engines))
     c = configs[0]
     title = f"testbed {kind}: {c.target.model}"
     if getattr(args, "target", None):  # a real server: none of the testbed's own settings applied
@@ -305,13 +303,77 @@ def _virtual_design(design: tuple[TestbedConfig, LoadedWorkload | None]) -> Any:
     return dataclasses.replace(out, metrics=dict(out.metrics))
 
 
+class _DesignRuns:
+    """What the designs of a run finished, design by design, and the requests of the one under way:
+    written as they are if Ctrl-C stops the run."""
+
+    def __init__(self, out: Path, loaded: LoadedWorkload | None) -> None:
+        self.out = out
+        self.loaded = loaded
+        self.records: list[dict[str, Any]] = []
+        self.frames: list[pd.DataFrame] = []
+        self.engines: dict[str, Any] = {}
+        self.current: list[RequestResult] = []
+        """The requests the design under way has finished (in this process: one design at a time)."""
+
+    def add(self, cfg: TestbedConfig, result: Any) -> None:
+        """A design finished: its record, results, engine reports and final metrics (written now)."""
+        from dashboards.console import lag_warning
+
+        self.current = []
+        self.records.append(clean_json(result.summary))
+        (self.out / "metrics" / cfg.design).mkdir(parents=True, exist_ok=True)
+        for actor, text in result.metrics.items():
+            (self.out / "metrics" / cfg.design / f"{actor}.prom").write_text(text)
+        self.frames.append(result.results)
+        self.engines[cfg.design] = result.engine_reports
+        if cfg.clock.mode == "live" and result.summary["lag_fraction"] > 0.01:
+            lag_warning(result.summary)
+
+    def interrupted(
+        self, configs: list[TestbedConfig], e: KeyboardInterrupt, total: int | None
+    ) -> Interrupted:
+        """Ctrl-C: the designs finished (in worker processes: those done, `InterruptedRuns`) and the
+        requests the one under way finished, written as results, summary and engine reports."""
+        import pandas as pd
+
+        from cluster.sweep import InterruptedRuns
+        from workloads.results import results_frame
+        from workloads.summary import summarize
+
+        if isinstance(e, InterruptedRuns):
+            for i in sorted(e.done):
+                self.add(configs[i], e.done[i])
+        elif self.current:
+            cfg = configs[len(self.frames)]
+            info = self.loaded.info if self.loaded is not None else {}
+            rate = info.get("rate", cfg.workload.rate)
+            df = results_frame(self.current, cfg.design, rate, cfg.seed)
+            self.frames.append(df)
+            self.records.append(
+                {"design": cfg.design, "rate": rate, **summarize(df, cfg.slos), "interrupted": True}
+            )
+        num_done = sum(len(f) for f in self.frames)
+        if self.frames:
+            pd.concat(self.frames, ignore_index=True).to_parquet(self.out / "results.parquet", index=False)
+        write_json(self.out / "summary.json", self.records)
+        write_json(self.out / "engines.json", clean_json(self.engines))
+        return Interrupted(num_done, total and total * len(configs), self.out)
+
+
 def _run_one(
-    cfg: TestbedConfig, args: argparse.Namespace, total: int | None, loaded: LoadedWorkload | None
+    cfg: TestbedConfig,
+    args: argparse.Namespace,
+    total: int | None,
+    loaded: LoadedWorkload | None,
+    runs: _DesignRuns,
 ) -> Any:
-    """One design, virtual or live (or against a `--target` server), under a progress display."""
+    """One design, virtual or live (or against a `--target` server), under a progress display; each
+    request it finishes goes to `runs.current`."""
     with RunProgress(f"{cfg.design}: requests", total) as progress:
 
-        def on_result(_: Any) -> None:
+        def on_result(result: RequestResult) -> None:
+            runs.current.append(result)
             progress.advance()
 
         target = getattr(args, "target", None)

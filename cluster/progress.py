@@ -33,6 +33,8 @@ class RunProgress:
             self._bar = Progress(transient=True)
             self._bar.__enter__()
             self._task = self._bar.add_task(self.description, total=self.total)
+        else:  # what it does, at once: the first periodic line comes only after LINE_EVERY_WALL_S
+            print(self._line(), flush=True)
         return self
 
     def __exit__(
@@ -40,8 +42,9 @@ class RunProgress:
     ) -> None:
         if self._bar is not None:
             self._bar.__exit__(kind, error, tb)
-        elif kind is None:
-            print(f"{self._line()}: done", flush=True)
+        elif kind is None:  # (a run Ctrl-C stopped may end here short of its total)
+            stopped = self.total is not None and self.done < self.total
+            print(f"{self._line()}: {'stopped' if stopped else 'done'}", flush=True)
 
     def advance(self, n: int = 1) -> None:
         self.done += n

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi import FastAPI
 
@@ -31,6 +31,7 @@ from actors.engine.clock import Clock
 from actors.engine.core import EngineCore
 from actors.render.client import RenderClient, local_render, render_again, render_for
 from actors.render.render import Render
+from cluster.interrupt import Interrupted
 from cluster.virtual import build_deployment
 from dashboards.exposition import merged_exposition, merged_text_expositions, write_sd_file
 from dashboards.recorders import RenderMetrics
@@ -204,10 +205,12 @@ def serve(
     max_body_bytes: int,
     on_ray: bool = False,
     address: str | None = None,
-) -> None:
+) -> NoReturn:
+    """Serve until Ctrl-C (or SIGTERM), then raise `Interrupted` with the requests answered and where
+    they are written (`out`; None: KeyboardInterrupt)."""
     import uvicorn
 
-    app = build_server(cfg, out, api_key, max_body_bytes, on_ray, address, keep_results=out is not None).app
+    served = build_server(cfg, out, api_key, max_body_bytes, on_ray, address, keep_results=out is not None)
     name = cfg.target.served_model_name or cfg.target.model
     where = "roles on Ray" if on_ray else "roles in this process"
     print(f"serving {cfg.design} as model {name!r} on http://{host}:{port}/v1, {where} (Ctrl-C stops)")
@@ -218,10 +221,14 @@ def serve(
     if not on_ray:
         target = f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
         write_sd_file(sd_file, cfg.design, {"serve": target})
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+    try:  # until Ctrl-C (or SIGTERM): uvicorn shuts down gracefully, and its lifespan writes `out`
+        with contextlib.suppress(KeyboardInterrupt):
+            uvicorn.run(served.app, host=host, port=port, log_level="warning")
     finally:
         write_sd_file(sd_file, cfg.design, {})
+    if out is None:
+        raise KeyboardInterrupt
+    raise Interrupted(len(served.frontend.results), None, out)
 
 
 def serve_sd_file(sd_file: str) -> str:

@@ -8,11 +8,12 @@ import dataclasses
 import gc
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from typing import Any, TypeVar
 
@@ -37,6 +38,8 @@ class SweepOutput:
     engines: dict[str, dict[str, Any]]
     """engines.json's reports: design -> `point_engine` -> the engine's report (as JSON), every point's
     engines (a MoE target's step logs among them: the report's MoE figure and table)."""
+    complete: bool = True
+    """False: Ctrl-C stopped the sweep; the rest are of the points finished by then."""
 
 
 def sweep_points(
@@ -81,10 +84,20 @@ def _run_point(cfg: TestbedConfig) -> tuple[dict[str, Any], pd.DataFrame, dict[s
     return {**out.summary, "seed": seed}, out.results, reports
 
 
-def _collect_rarely() -> None:
-    """A worker collects cycles at `RARE_GC_THRESHOLDS` throughout: restored between its runs, the
+def _start_worker() -> None:
+    """A worker ignores Ctrl-C (the terminal sends SIGINT to every process of the command; its parent
+    stops it), and collects cycles at `RARE_GC_THRESHOLDS` throughout: restored between its runs, the
     default collected once at each run's end with the whole deployment alive (~6 % of a guide point)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.set_threshold(*RARE_GC_THRESHOLDS)
+
+
+class InterruptedRuns(KeyboardInterrupt):
+    """Ctrl-C stopped `run_in_processes`: the results of the items finished by then, by index."""
+
+    def __init__(self, done: dict[int, Any]) -> None:
+        super().__init__()
+        self.done = done
 
 
 def run_in_processes(
@@ -94,33 +107,59 @@ def run_in_processes(
     on_done: Callable[[], None] | None = None,
 ) -> list[R]:
     """`fn` of each item, on up to `jobs` worker processes (default: one a core; one: in this
-    process), in the items' order; `on_done` after each. `fn` must be a module-level function."""
+    process), in the items' order; `on_done` after each. `fn` must be a module-level function.
+    Ctrl-C stops the workers and raises `InterruptedRuns` with the items done."""
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(items)))
-    with contextlib.ExitStack() as stack:
-        results: Iterable[R] = map(fn, items)
-        if jobs > 1:
-            # Python 3.12+ warns of forking beside native threads; numpy's BLAS pool is fork-safe.
-            stack.enter_context(warnings.catch_warnings())
-            warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
-            context = get_context(_start_method())
-            pool = stack.enter_context(ProcessPoolExecutor(jobs, context, initializer=_collect_rarely))
-            results = pool.map(fn, items)
-        out = []
-        for result in results:
-            out.append(result)
-            if on_done:
-                on_done()
-        return out
+    done: dict[int, R] = {}
+    try:
+        if jobs == 1:
+            for i, item in enumerate(items):
+                done[i] = fn(item)
+                if on_done:
+                    on_done()
+        else:
+            with _workers(jobs) as pool:
+                futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+                for future in as_completed(futures):
+                    done[futures[future]] = future.result()
+                    if on_done:
+                        on_done()
+    except KeyboardInterrupt:
+        raise InterruptedRuns(done) from None
+    return [done[i] for i in range(len(items))]
+
+
+@contextlib.contextmanager
+def _workers(jobs: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of `jobs` worker processes, stopped at once if its user is interrupted."""
+    with warnings.catch_warnings():
+        # Python 3.12+ warns of forking beside native threads; numpy's BLAS pool is fork-safe.
+        warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
+        pool = ProcessPoolExecutor(jobs, get_context(_start_method()), initializer=_start_worker)
+    try:
+        yield pool
+    except BaseException:
+        processes = list(pool._processes.values())  # (Python 3.14's terminate_workers, by hand)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+            process.join()
+        raise
+    pool.shutdown()
 
 
 def run_sweep(
     points: Sequence[TestbedConfig], jobs: int | None = None, on_done: Callable[[], None] | None = None
 ) -> SweepOutput:
+    """Every point (`complete` False: Ctrl-C stopped the sweep, and these are the points it finished)."""
     # Points with the same workload run back to back, so that a process draws its prompts once.
     order = sorted(range(len(points)), key=lambda i: (points[i].seed, repr(_workload_of(points[i]))))
-    results = run_in_processes(_run_point, [points[i] for i in order], jobs, on_done)
-    done = dict(zip(order, results, strict=True))
-    outputs = [done[i] for i in range(len(points))]
+    try:
+        finished = dict(enumerate(run_in_processes(_run_point, [points[i] for i in order], jobs, on_done)))
+    except InterruptedRuns as e:
+        finished = e.done
+    done = {order[i]: output for i, output in finished.items()}  # by point
+    outputs = [done[i] for i in sorted(done)]
     runs = [r for r, _, _ in outputs]
     engines: dict[str, dict[str, Any]] = {}
     for r, _, reports in outputs:
@@ -133,5 +172,5 @@ def run_sweep(
         rec = mean_records([{k: v for k, v in g.items() if k != "seed"} for g in group])
         rec.update(design=design, rate=rate, num_seeds=len(group))
         records.append(rec)
-    table = pd.concat([df for _, df, _ in outputs], ignore_index=True)
-    return SweepOutput(runs, records, table, engines)
+    table = pd.concat([df for _, df, _ in outputs], ignore_index=True) if outputs else pd.DataFrame()
+    return SweepOutput(runs, records, table, engines, complete=len(outputs) == len(points))

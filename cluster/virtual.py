@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import signal
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -227,7 +229,11 @@ def run_virtual(
     loop = VirtualTimeLoop()
     with _collecting_rarely():
         try:
-            results, dep = loop.run_until_complete(serve(cfg, loaded.workload, on_result, metrics))
+            with _interrupted_between_events(loop):
+                results, dep = loop.run_until_complete(serve(cfg, loaded.workload, on_result, metrics))
+        except KeyboardInterrupt:
+            _cancel_all(loop)
+            raise
         finally:
             loop.close()
         reports = {e.engine_id: e.report() for e in dep.engines}
@@ -235,6 +241,38 @@ def run_virtual(
         restarts = {"num_proxy_restarts": dep.num_proxy_restarts}
         encoder_stats = [e.stats() for e in dep.encoders]
         return run_output(cfg, results, reports, dep.expositions(), info, restarts, encoder_stats)
+
+
+@contextlib.contextmanager
+def _interrupted_between_events(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt from a callback of `loop` of its own, between two events, not
+    inside whichever task happens to run (which would end with it, "exception never retrieved"). Not
+    where Ctrl-C is ignored (a worker process: its parent stops it) or cannot be caught (a thread)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+        signal.SIG_IGN,
+        None,
+    ):
+        yield
+        return
+    # (not `loop.add_signal_handler`: its wake-up comes through a pipe this loop's selector never reads)
+    previous = signal.signal(signal.SIGINT, lambda *_: loop.call_soon_threadsafe(_interrupt))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    """Ctrl-C stopped `loop` mid-run: its tasks are cancelled and run to their end (left pending, each
+    would say "Task was destroyed but it is pending" when collected)."""
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
 RARE_GC_THRESHOLDS = (50_000, 20, 100)

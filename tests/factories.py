@@ -193,7 +193,7 @@ def swe_agent_through_serve(
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 130 and "interrupted: " in err, err[-2000:]  # Ctrl-C stops a server
     client = pd.read_parquet(tmp / "client" / "results.parquet")
     assert client["ok"].all(), client.loc[~client["ok"], ["finished_reason", "error"]].head().to_string()
     df = pd.read_parquet(tmp / "server" / "results.parquet").sort_values("arrival_s")

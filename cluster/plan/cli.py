@@ -12,11 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cluster.cli_args import add_command
 from cluster.cli_run import out_dir, overrides
 from cluster.config_load import ConfigError, load_designs
+from cluster.interrupt import Interrupted
 from cluster.plan.floors import floors_s
 from cluster.plan.load_unit import LOAD_UNITS, LoadUnit
-from cluster.plan.outputs import TerminalTable, Verdict, write_outputs
+from cluster.plan.outputs import TerminalTable, Verdict, write_outputs, write_replays
 from cluster.plan.prices import PriceError, parse_prices
 from cluster.plan.search import Outcome, Search
 from cluster.plan.shapes import parse_shapes, shapes_for
@@ -39,7 +41,7 @@ def add_plan_parser(
     sub: argparse._SubParsersAction,  # type: ignore[type-arg]
     config_args: Callable[[argparse.ArgumentParser, str], None],
 ) -> None:
-    p = sub.add_parser("plan", help="search designs for the most goodput per GPU or dollar under SLOs")
+    p = add_command(sub, "plan")
     config_args(p, "comma-separated designs of the preset to search from (default: all)")
     p.add_argument(
         "--slo",
@@ -112,11 +114,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     search = Search(candidates, loads, seeds, args.jobs, on_runs)
     start = time.perf_counter()
+    out = out_dir(args, "plan")
     verdicts = []
-    for target in targets:
-        outcomes = _search(search, target, prices, by_cost, args.exhaustive)
-        rows = rank([build_row(search, target, c, o, prices, by_cost) for c, o in outcomes.items()])
-        verdicts.append((target, rows, explain(rows, target, search, LOAD_UNITS[key], by_cost)))
+    try:
+        for target in targets:
+            outcomes = _search(search, target, prices, by_cost, args.exhaustive)
+            rows = rank([build_row(search, target, c, o, prices, by_cost) for c, o in outcomes.items()])
+            verdicts.append((target, rows, explain(rows, target, search, LOAD_UNITS[key], by_cost)))
+    except KeyboardInterrupt:  # the replays run so far, with every candidate's config; no verdict
+        write_replays(out, search)
+        raise Interrupted(len(search.runs), None, out, unit="replays") from None
     best = verdicts[0][1][0]
     info = {
         "source": source,
@@ -137,7 +144,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "wall_s": time.perf_counter() - start,
         "recommended_ray_units": candidates[best.candidate].ray_units if best.score is not None else None,
     }
-    out = out_dir(args, "plan")
     paths = write_outputs(out, search, verdicts, info, LOAD_UNITS[key], by_cost)
     _print(verdicts, info, paths, out, LOAD_UNITS[key], by_cost)
     return 0

@@ -62,11 +62,9 @@ Verdict = tuple[SloTarget, list[Row], list[str]]
 """A target, its rows best first, and the sentences that explain them."""
 
 
-def write_outputs(
-    out: Path, search: Search, verdicts: list[Verdict], info: dict[str, Any], unit: LoadUnit, by_cost: bool
-) -> dict[str, Path]:
-    """Everything beside the run; returns the recommended YAML's, the plots' and the report's paths
-    (by name)."""
+def write_replays(out: Path, search: Search) -> None:
+    """Each candidate's resolved config, and the results of every replay run so far (all of a finished
+    search; those a Ctrl-C left)."""
     (out / "configs").mkdir(parents=True, exist_ok=True)
     for i, cand in enumerate(search.candidates):
         dump_config(cand.cfg, out / "configs" / f"candidate-{i}.yaml")
@@ -76,6 +74,14 @@ def write_outputs(
     ]
     if frames:
         pd.concat(frames, ignore_index=True).to_parquet(out / "results.parquet", index=False)
+
+
+def write_outputs(
+    out: Path, search: Search, verdicts: list[Verdict], info: dict[str, Any], unit: LoadUnit, by_cost: bool
+) -> dict[str, Path]:
+    """Everything beside the run; returns the recommended YAML's, the plots' and the report's paths
+    (by name)."""
+    write_replays(out, search)
     table = []
     for target, rows, _ in verdicts:
         table += [{"target": target.name, "rank": i, **_row_dict(r, unit)} for i, r in enumerate(rows, 1)]

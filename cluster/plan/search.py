@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from cluster.plan.space import Candidate, with_load
-from cluster.sweep import run_in_processes
+from cluster.sweep import InterruptedRuns, run_in_processes
 from cluster.virtual import run_virtual
 from emulation.config import TestbedConfig
 from messages.stats import EngineReport
@@ -125,8 +125,12 @@ class Search:
         cfgs = [with_load(self.candidates[c].cfg, self.loads[li], s) for c, li, s in missing]
         for cfg in cfgs:
             _workload(cfg)  # traces parsed here, inherited by the forked workers
-        for key, probe in zip(missing, run_in_processes(run_probe, cfgs, self.jobs), strict=True):
-            self.runs[key] = probe
+        try:
+            probes = run_in_processes(run_probe, cfgs, self.jobs)
+        except InterruptedRuns as e:  # Ctrl-C: those done are kept
+            self.runs.update((missing[i], probe) for i, probe in e.done.items())
+            raise
+        self.runs.update(zip(missing, probes, strict=True))
 
     def pooled(self, c: int, li: int, seeds: Sequence[int]) -> pd.DataFrame:
         return pd.concat([self.runs[(c, li, s)].results for s in seeds], ignore_index=True)
