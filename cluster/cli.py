@@ -29,6 +29,7 @@ from cluster.cli_run import (
     cmd_run,
     configs_of,
     out_dir,
+    trace_source,
     warn_of_failures,
     write_report_saying_so,
 )
@@ -65,6 +66,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"--mode={args.mode}: testbed sweep runs virtual mode; use testbed run --mode live")
     if args.seeds < 1:
         raise ConfigError(f"--seeds={args.seeds}: must be >= 1 (the number of seeds per point)")
+    if (flag := trace_source(args)) is not None:  # the command to use, not a config key
+        raise ConfigError(
+            f"{flag.replace(' ', '=')} replays a trace; sweep its speedup with: testbed sweep {flag} "
+            "--set replay.trace=FILE --rates 0.5,1,2"
+        )
     configs = configs_of(args)
     out = out_dir(args, "sweep")
     for cfg in configs:
@@ -262,7 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", help="virtual (sweeps run virtual mode)")
     s.add_argument("--num-requests", type=int, help="requests per point (default: the config's)")
     s.add_argument("--out", help="run directory (default: runs/<time>-<command>)")
-    s.add_argument("--rates", default="0.2,0.4,0.6,1.0,1.5,2.0", help="comma-separated req/s")
+    s.add_argument(
+        "--rates",
+        default="0.2,0.4,0.6,1.0,1.5,2.0",
+        help="comma-separated loads: req/s (a synthetic workload), conversations/s (multi-turn), or a "
+        "trace's speedup (--set replay.trace=FILE)",
+    )
     s.add_argument("--seeds", type=int, default=1, help="seeds per point (base seed, base+1, ...)")
     s.add_argument("--jobs", type=int, default=os.cpu_count(), help="parallel processes")
     add_plan_parser(sub, _config_args)

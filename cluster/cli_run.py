@@ -85,6 +85,15 @@ def design_names(args: argparse.Namespace) -> list[str] | None:
     return [d for d in (args.design or "").split(",") if d] or None
 
 
+def trace_source(args: argparse.Namespace) -> str | None:
+    """`--preset NAME` (or `--config FILE`) when a design of it replays a trace it does not name, which
+    only a command given the trace runs; else None."""
+    source = args.config or args.preset
+    if not needs_trace(source, design_names(args), overrides(args)):
+        return None
+    return f"--config {source}" if args.config else f"--preset {source}"
+
+
 def out_dir(args: argparse.Namespace, kind: str) -> Path:
     out = Path(args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}")
     out.mkdir(parents=True, exist_ok=True)
@@ -93,9 +102,7 @@ def out_dir(args: argparse.Namespace, kind: str) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    source = args.config or args.preset
-    if needs_trace(source, design_names(args), overrides(args)):  # the command to use, not a config key
-        flag = f"--config {source}" if args.config else f"--preset {source}"
+    if (flag := trace_source(args)) is not None:  # the command to use, not a config key
         design = f" --design {args.design}" if args.design else ""
         command = f"testbed replay {flag}{design} --trace FILE"
         raise ConfigError(f"{flag.replace(' ', '=')} replays a trace; run it with: {command}")

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+from cluster.load import with_load
 from cluster.outcome import clean_json
 from cluster.virtual import RARE_GC_THRESHOLDS, run_virtual
 from emulation.config import TestbedConfig, WorkloadConfig
@@ -45,12 +46,8 @@ class SweepOutput:
 def sweep_points(
     configs: Sequence[TestbedConfig], rates: Sequence[float], seeds: Sequence[int]
 ) -> list[TestbedConfig]:
-    return [
-        dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, rate=rate), seed=seed)
-        for cfg in configs
-        for rate in rates
-        for seed in seeds
-    ]
+    """Each design at each load (`rates`: `cluster.load`'s, whatever the workload) and seed."""
+    return [with_load(cfg, rate, seed) for cfg in configs for rate in rates for seed in seeds]
 
 
 def _start_method() -> str:

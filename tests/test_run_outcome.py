@@ -121,3 +121,18 @@ def test_a_replay_counts_the_window_it_sent_and_its_prefix_hits_beside_the_ideal
     assert float(m[1].rstrip(" %")) == pytest.approx(100 * record["prefix_hit_rate"], abs=0.05)
     hits = f"{100 * record['prefix_hit_rate']:.1f} ({100 * record['theoretical_prefix_hit_rate']:.1f})"
     assert hits in capsys.readouterr().out  # the terminal table's column
+
+
+def test_a_sweep_of_a_trace_preset_says_how_and_sweeps_its_speedup(tmp_path, capsys):
+    """Without a trace: the command to use, in one line. With one: each of `--rates` is a speedup of
+    the trace, a point each (they once collapsed into one record at the trace's own rate)."""
+    assert main(["sweep", "--preset", "offload-h200", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "error: --preset=offload-h200 replays a trace; sweep its speedup with: testbed sweep "
+        "--preset offload-h200 --set replay.trace=FILE --rates 0.5,1,2\n"
+    )
+    args = ["sweep", "--preset", "offload-h200", "--design", "collocated", "--rates", "0.5,1", "--jobs", "1"]
+    args += ["--set", f"replay.trace={MOONCAKE}", "--set", "replay.window_s=[0,30]", "--compute", "skip"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    slow, fast = json.loads((tmp_path / "summary.json").read_text())
+    assert fast["rate"] == pytest.approx(2 * slow["rate"]) and slow["completed"] == fast["completed"] > 0

@@ -16,13 +16,14 @@ from cluster.cli_args import add_command
 from cluster.cli_run import out_dir, overrides
 from cluster.config_load import ConfigError, load_designs
 from cluster.interrupt import Interrupted
+from cluster.load import load_key
 from cluster.plan.floors import floors_s
 from cluster.plan.load_unit import LOAD_UNITS, LoadUnit
 from cluster.plan.outputs import TerminalTable, Verdict, write_outputs, write_replays
 from cluster.plan.prices import PriceError, parse_prices
 from cluster.plan.search import Outcome, Search
 from cluster.plan.shapes import parse_shapes, shapes_for
-from cluster.plan.space import Axis, Candidate, build_space, load_key, parse_axis
+from cluster.plan.space import Axis, Candidate, build_space, parse_axis
 from cluster.plan.table import plan_table
 from cluster.plan.verdict import build_row, explain, rank
 from workloads.slo import DEFAULT_PERCENTILE, GRAMMAR, LABELS, SloError, duration_label

@@ -13,10 +13,11 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 
 from cluster.config_load import dump_config
+from cluster.load import with_load
 from cluster.outcome import clean_json, write_json
 from cluster.plan.load_unit import LoadUnit
 from cluster.plan.search import BOUNDED, Search
-from cluster.plan.space import Candidate, with_load
+from cluster.plan.space import Candidate
 from cluster.plan.table import plan_table
 from cluster.plan.verdict import Row, tokens_per_user_s
 from dashboards.plan_plots import pareto_plots

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from cluster.plan.space import Candidate, with_load
+from cluster.load import with_load
+from cluster.plan.space import Candidate
 from cluster.sweep import InterruptedRuns, run_in_processes
 from cluster.virtual import run_virtual
 from emulation.config import TestbedConfig

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from cluster.config_load import ConfigError, load_designs
 from cluster.plan.prices import usd_per_hour
@@ -84,24 +84,6 @@ class Candidate:
             else:
                 out[role] = pool.replicas * pool.ep * pool.tp
         return out
-
-
-def load_key(cfg: TestbedConfig) -> str:
-    """The field that sets the offered load: a trace's speedup, a conversation scenario's start rate,
-    else the arrival rate."""
-    kind = cfg.workload.kind
-    return {"trace": "replay.speedup", "multi_turn": "multi_turn.conversation_rate"}.get(
-        kind, "workload.rate"
-    )
-
-
-def with_load(cfg: TestbedConfig, load: float, seed: int) -> TestbedConfig:
-    kind = cfg.workload.kind
-    if kind == "trace":
-        return replace(cfg, replay=replace(cfg.replay, speedup=load), seed=seed)
-    if kind == "multi_turn":
-        return replace(cfg, multi_turn=replace(cfg.multi_turn, conversation_rate=load), seed=seed)
-    return replace(cfg, workload=replace(cfg.workload, rate=load), seed=seed)
 
 
 def parse_axis(text: str, designs: Sequence[str]) -> Axis:

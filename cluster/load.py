@@ -1,0 +1,27 @@
+"""The offered load of a run's workload, one number whatever its kind: a synthetic workload's arrival
+rate (req/s), a conversation scenario's start rate (conversations/s), a trace's speedup. What a sweep's
+`--rates` and a plan's `--loads` set."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from emulation.config import TestbedConfig
+
+
+def load_key(cfg: TestbedConfig) -> str:
+    """The field that sets the offered load: a trace's speedup, a conversation scenario's start rate,
+    else the arrival rate."""
+    kind = cfg.workload.kind
+    return {"trace": "replay.speedup", "multi_turn": "multi_turn.conversation_rate"}.get(
+        kind, "workload.rate"
+    )
+
+
+def with_load(cfg: TestbedConfig, load: float, seed: int) -> TestbedConfig:
+    kind = cfg.workload.kind
+    if kind == "trace":
+        return replace(cfg, replay=replace(cfg.replay, speedup=load), seed=seed)
+    if kind == "multi_turn":
+        return replace(cfg, multi_turn=replace(cfg.multi_turn, conversation_rate=load), seed=seed)
+    return replace(cfg, workload=replace(cfg.workload, rate=load), seed=seed)
