@@ -259,7 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     r = add_command(sub, "run")
     add_run_args(r, _config_args)
     r.add_argument("--num-requests", type=int, help="requests to send (default: the config's)")
-    r.add_argument("--rate", type=float, help="requests per emulated second (default: the config's)")
+    r.add_argument(
+        "--rate",
+        type=float,
+        help="requests per emulated second (default: the config's); inf: every request at t = 0",
+    )
     t = add_command(sub, "replay")
     add_run_args(t, _config_args)
     add_replay_args(t)

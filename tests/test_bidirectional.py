@@ -2,6 +2,8 @@
 it lacks of it; verified reuse never hands prefill KV of other tokens, positional does when the
 history was edited (vLLM issue #43094)."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -129,10 +131,12 @@ def test_pull_backs_are_labelled_d2p_and_held_conversations_are_gauged():
     assert sum_series(expos, m.KV_PULL_BACK_FAILED.exposed) == 0
 
 
-def test_six_turn_preset_prints_each_turn_for_each_design(tmp_path, capsys):
+def test_six_turn_preset_prints_each_turn_for_each_design(tmp_path, capsys, monkeypatch):
     import pandas as pd
 
     from cluster.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # headers unwrapped
 
     assert main(["replay", "--preset", "six-turn-l40s", "--compute", "skip", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -142,6 +146,16 @@ def test_six_turn_preset_prints_each_turn_for_each_design(tmp_path, capsys):
     assert computed["collocated"][1:] == computed["pd-bidirectional"][1:] == [408, 416, 408, 416, 408]
     assert computed["pd-positional"] == computed["pd-bidirectional"]  # the history was not edited
     assert computed["pd-one-way"][1:] == [1000, 1008, 1000, 1008, 1000]
+    # a chat repeats its answers: the ideal the report sets the hits beside keeps them too
+    records = {r["design"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
+    ideal = records["collocated"]["theoretical_prefix_hit_rate_with_answers"]
+    assert records["collocated"]["prefix_hit_rate"] <= ideal
+    assert (
+        ideal
+        > records["collocated"]["theoretical_prefix_hit_rate"]
+        > records["pd-one-way"]["prefix_hit_rate"] - 1e-9
+    )
+    assert "keeping answers too" in (tmp_path / "report.html").read_text()
 
 
 @pytest.mark.full  # ~2 min of real compute: `make test`, not `make test-fast`
