@@ -15,10 +15,9 @@ import pandas as pd
 from dashboards.numbers import percent, readable
 from dashboards.plot_style import designs_of
 from messages.latency import HANDOFF_PARTS
-from workloads.summary import sweep_goodput
+from workloads.slo import parse_slo
+from workloads.summary import slo_verdicts, sweep_goodput
 
-ATTAINMENT = 0.9
-"""The share of requests within an SLO for a design to hold it (as `sweep_goodput`'s)."""
 _LAG_WARNING = 0.01
 """Lag fraction above which a run's latencies are called invalid (as the CLI's warning)."""
 _MAX_REASON_CHARS = 90
@@ -108,8 +107,9 @@ def outcome(results: pd.DataFrame) -> list[Finding]:
 
 
 def slo_findings(records: list[dict[str, Any]]) -> list[Finding]:
-    """Sweeps: per SLO, the highest rate each design holds it at (>= `ATTAINMENT` of requests within
-    it); one rate: each design's attainment there."""
+    """Per SLO set, as every term's percentile over a rate's requests (failed ones infinitely late)
+    judges it: sweeps, the highest offered rate at which each design meets it (`sweep_goodput`); one
+    rate, whether each design meets it there, and the share of its requests within every bound."""
     frame = pd.DataFrame(records)
     if frame.empty or "slo_attainment" not in frame:
         return []
@@ -118,7 +118,7 @@ def slo_findings(records: list[dict[str, Any]]) -> list[Finding]:
     tested = f"{rates[0]:g}–{rates[-1]:g} req/s" if len(rates) > 1 else f"{rates[0]:g} req/s"
     findings = []
     if len(rates) > 1:
-        best = sweep_goodput(records, ATTAINMENT)
+        best = sweep_goodput(records)
         for slo in slos:
             held = sorted(best.items(), key=lambda kv: -(kv[1].get(slo) or 0.0))
             words = [
@@ -128,14 +128,20 @@ def slo_findings(records: list[dict[str, Any]]) -> list[Finding]:
             ]
             findings.append(
                 Finding(
-                    f"SLO {slo} (≥ {percent(ATTAINMENT)} of requests within it): {', '.join(words)} "
-                    f"of the rates tested ({tested})."
+                    f"SLO {slo} ({parse_slo(slo).label}, over each rate's requests): "
+                    f"{', '.join(words)} of the rates tested ({tested})."
                 )
             )
     else:
         for slo in slos:
-            words = [f"{r['design']} {percent(r['slo_attainment'].get(slo))}" for r in records]
-            findings.append(Finding(f"At {tested}, requests within SLO {slo}: {', '.join(words)}."))
+            met = [f"{r['design']} {'meets' if slo_verdicts(r).get(slo) else 'misses'} it" for r in records]
+            within = [f"{r['design']} {percent(r['slo_attainment'].get(slo))}" for r in records]
+            findings.append(
+                Finding(
+                    f"At {tested}, SLO {slo} ({parse_slo(slo).label}): {', '.join(met)}; "
+                    f"requests within every bound: {', '.join(within)}."
+                )
+            )
     return findings
 
 
@@ -194,23 +200,20 @@ def gap_finding(results: pd.DataFrame) -> Finding | None:
 
 def prefix_hit_finding(records: list[dict[str, Any]]) -> Finding | None:
     """A replayed trace: the prompt tokens each design found cached (means over seeds and rates)
-    beside what an infinite cache would find."""
-    ideal = next(
-        (
-            r["theoretical_prefix_hit_rate"]
-            for r in records
-            if r.get("theoretical_prefix_hit_rate") is not None
-        ),
-        None,
-    )
-    if ideal is None:
+    beside what an infinite cache would find, keeping prompts only and (where the trace's sessions
+    repeat their answers) answers too, as an engine does."""
+    record = next((r for r in records if r.get("theoretical_prefix_hit_rate") is not None), None)
+    if record is None:
         return None
-    frame = pd.DataFrame(records)
-    achieved = frame.groupby("design", sort=False)["prefix_hit_rate"].mean()
+    achieved = pd.DataFrame(records).groupby("design", sort=False)["prefix_hit_rate"].mean()
     words = [f"{d} {percent(rate)}" for d, rate in achieved.items()]
+    ideal = percent(record["theoretical_prefix_hit_rate"])
+    with_answers = record.get("theoretical_prefix_hit_rate_with_answers")
+    if with_answers is not None and percent(with_answers) != ideal:
+        ideal = f"{ideal} keeping prompts only, {percent(with_answers)} keeping answers too"
     return Finding(
-        f"Prompt tokens found cached: {', '.join(words)}; an infinite cache would find {percent(ideal)} "
-        "(the trace's theoretical prefix-hit rate, prompts only)."
+        f"Prompt tokens found cached: {', '.join(words)}; an infinite cache would find {ideal} (the "
+        "trace's theoretical prefix-hit rate)."
     )
 
 

@@ -17,7 +17,7 @@ from messages import OFFLOAD_TIERS
 from messages.latency import HANDOFF_PARTS
 from messages.stats import EngineReport, LostEngine
 from workloads.latency import flat_stamps, percentiles
-from workloads.slo import COLUMNS, Slo, parse_slo
+from workloads.slo_targets import TermCount, parse_slo_target
 
 
 def gaps(token_times: list[list[float]]) -> np.ndarray:
@@ -50,19 +50,9 @@ def _percentiles_ms(values: Any, *qs: float) -> list[float | None]:
     return [v * 1000.0 for v in percentiles(arr, qs)]
 
 
-def slo_met(df: pd.DataFrame, slo: Slo) -> pd.Series:
-    """Per request: finished and within every bound (`Slo.met`, as the proxy's metrics count it)."""
-    cols = list(COLUMNS.values())
-    rows = zip(df["ok"].tolist(), *(df[c].tolist() for c in cols), strict=True)  # cheaper than itertuples
-    return pd.Series(
-        [slo.met(bool(ok), dict(zip(cols, v, strict=True))) for ok, *v in rows],
-        index=df.index,
-        dtype=bool,
-    )
-
-
 def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """One record: bench-serve keys (ms, req/s), worst gap, handoff, SLO attainment and goodput."""
+    """One record: bench-serve keys (ms, req/s), worst gap, handoff, and per SLO set (`slo_figures`)
+    attainment, goodput and what decides whether it holds."""
     ok = df[df["ok"]]
     rejected = df["finished_reason"] == "rejected"
     itls = gaps([t for t in ok["token_times_s"] if len(t) > 1])
@@ -113,15 +103,24 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
             f"{turn:g}": _percentiles_ms(part["ttft_s"], 50)[0]
             for turn, part in ok.groupby("turn", dropna=True)
         },
-        "slo_attainment": {},
-        "goodput": {},
+        **slo_figures(df, slos, duration),
     }
-    for text in slos:
-        slo = parse_slo(text)
-        met = slo_met(df, slo)
-        record["slo_attainment"][slo.name] = float(met.mean()) if len(df) else 0.0
-        record["goodput"][slo.name] = float(met.sum()) / duration if duration > 0 else 0.0
     return record
+
+
+def slo_figures(df: pd.DataFrame, slos: Sequence[str], duration_s: float) -> dict[str, dict[str, Any]]:
+    """Per SLO set (by name): `slo_attainment`, the share of requests within every bound on their own;
+    `goodput`, those requests a second; and `slo_term_counts`, each term's `TermCount` (as JSON), which
+    say whether the set holds over the run's requests (`slo_verdicts`)."""
+    figures: dict[str, dict[str, Any]] = {"slo_attainment": {}, "goodput": {}, "slo_term_counts": {}}
+    for text in slos:
+        target = parse_slo_target(text)
+        met = target.within_every_bound(df)
+        figures["slo_attainment"][target.name] = float(met.mean()) if len(met) else 0.0
+        figures["goodput"][target.name] = float(met.sum()) / duration_s if duration_s > 0 else 0.0
+        counts = target.counts(df)
+        figures["slo_term_counts"][target.name] = {term: asdict(c) for term, c in counts.items()}
+    return figures
 
 
 def _ratio(num: float, den: float) -> float:
@@ -233,16 +232,30 @@ def _mean_over_seeds(values: list[Any]) -> Any:
     return first
 
 
-def sweep_goodput(
-    records: list[dict[str, Any]], threshold: float = 0.9
-) -> dict[str, dict[str, float | None]]:
-    """Per design and SLO set: the highest offered rate whose attainment is >= threshold."""
+def slo_verdicts(record: Mapping[str, Any]) -> dict[str, bool]:
+    """Per SLO set of a summary record: whether it holds over the record's requests (`SloTarget.holds`:
+    every term's percentile within its bound, failed requests infinitely late). A sweep's record holds
+    the means over its `num_seeds` seeds: those counts times it are their sums, every seed's requests
+    judged together (as `testbed plan` pools seeds)."""
+    num_seeds = record.get("num_seeds") or 1
+    verdicts = {}
+    for name, counts in record.get("slo_term_counts", {}).items():
+        pooled = {
+            term: TermCount(**{k: round(v * num_seeds) for k, v in c.items()}) for term, c in counts.items()
+        }
+        verdicts[name] = parse_slo_target(name).holds(pooled)
+    return verdicts
+
+
+def sweep_goodput(records: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per design and SLO set: the highest offered rate at which the set holds (`slo_verdicts`); None
+    where it holds at none."""
     out: dict[str, dict[str, float | None]] = {}
     for r in records:
         per_slo = out.setdefault(r["design"], {})
-        for slo, attained in r["slo_attainment"].items():
+        for slo, holds in slo_verdicts(r).items():
             best = per_slo.get(slo)
-            if attained >= threshold and (best is None or r["rate"] > best):
+            if holds and (best is None or r["rate"] > best):
                 per_slo[slo] = r["rate"]
             else:
                 per_slo.setdefault(slo, None)
