@@ -15,6 +15,16 @@ def flat_stamps(token_times_s: list[list[float]], lengths: list[int]) -> np.ndar
     return np.fromiter(itertools.chain.from_iterable(token_times_s), float, sum(lengths))
 
 
+def gaps(token_times: list[list[float]]) -> np.ndarray:
+    """Every request's inter-token gaps, request after request: one difference over all the stamps,
+    less those across two requests (numpy per request costs more than the arithmetic)."""
+    if not token_times:
+        return np.empty(0)
+    lengths = [len(t) for t in token_times]
+    flat = flat_stamps(token_times, lengths)
+    return np.delete(np.diff(flat), np.cumsum(lengths)[:-1] - 1)
+
+
 def percentiles(values: np.ndarray, qs: Sequence[float]) -> list[float]:
     """`percentile` of unsorted, non-empty `values` for each of `qs`: `values` partitioned at just the
     neighbours the ranks read (a replay's million ITLs: ~4x less than a sort)."""

@@ -32,6 +32,7 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
+from workloads.latency import gaps
 from workloads.slo import COLUMNS, SloTerm, parse_terms, terms_label
 
 _PER_REQUEST = {m: c for m, c in COLUMNS.items() if m != "itl"}
@@ -130,8 +131,6 @@ def _completed_values(results: pd.DataFrame, metric: str) -> tuple[np.ndarray, i
     """`metric`'s values of the completed requests (none NaN), how many completed, how many not."""
     ok = results["ok"].to_numpy(dtype=bool)
     if metric == "itl":
-        from workloads.summary import gaps  # (summary imports this module)
-
         values = gaps([t for t in results.loc[ok, "token_times_s"] if len(t) > 1])
     else:
         values = results.loc[ok, _PER_REQUEST[metric]].to_numpy(dtype=float)

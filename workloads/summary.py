@@ -16,18 +16,8 @@ import pandas as pd
 from messages import OFFLOAD_TIERS
 from messages.latency import HANDOFF_PARTS
 from messages.stats import EngineReport, LostEngine
-from workloads.latency import flat_stamps, percentiles
+from workloads.latency import gaps, percentiles
 from workloads.slo_targets import TermCount, parse_slo_target
-
-
-def gaps(token_times: list[list[float]]) -> np.ndarray:
-    """Every request's inter-token gaps, request after request: one difference over all the stamps,
-    less those across two requests (numpy per request costs more than the arithmetic)."""
-    if not token_times:
-        return np.empty(0)
-    lengths = [len(t) for t in token_times]
-    flat = flat_stamps(token_times, lengths)
-    return np.delete(np.diff(flat), np.cumsum(lengths)[:-1] - 1)
 
 
 def _finite(values: Any) -> np.ndarray:
