@@ -24,9 +24,13 @@ class FittedTable(Table):
     """A table whose `optional` columns (by header, the first given way first) are left out where the
     terminal is too narrow for all its columns (`show`)."""
 
-    def __init__(self, *args: Any, optional: Sequence[str] = (), **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, optional: Sequence[str] = (), kept_in: str = "summary.json", **kwargs: Any
+    ) -> None:
+        """`kept_in`: where the columns left out can be read (the caption says)."""
         super().__init__(*args, **kwargs)
         self.optional = list(optional)
+        self.kept_in = kept_in
 
 
 def sweep_table(records: list[dict[str, Any]], title: str) -> Table:
@@ -168,9 +172,17 @@ def show(*tables: Table) -> None:
         console.print(t)
 
 
-def _widths(table: Table, console: Console) -> Measurement:
-    """The table's narrowest layout (every header wrapped at spaces) and its natural one, in columns."""
-    return Measurement.get(console, console.options.update_width(10**4), table)
+def _bounds(table: Table, console: Console) -> tuple[list[tuple[int, int]], int]:
+    """Each column's narrowest and natural width (a `no_wrap` column's narrowest is its natural: its
+    values are never cut), and what the table's rules and padding take beside them, in columns."""
+    wide = console.options.update_width(10**4)
+    bounds = []
+    for column in table.columns:
+        sizes = [Measurement.get(console, wide, cell) for cell in (column.header, *column.cells)]
+        high = max(m.maximum for m in sizes)
+        bounds.append((high if column.no_wrap else max(m.minimum for m in sizes), high))
+    chrome = Measurement.get(console, wide, table).maximum - sum(high for _, high in bounds)
+    return bounds, chrome
 
 
 def _leave_out(table: FittedTable, console: Console) -> None:
@@ -178,27 +190,24 @@ def _leave_out(table: FittedTable, console: Console) -> None:
     caption names those left out."""
     left_out = []
     for header in table.optional:
-        if _widths(table, console).minimum <= console.width:
+        bounds, chrome = _bounds(table, console)
+        if sum(low for low, _ in bounds) + chrome <= console.width:
             break
         table.columns = [c for c in table.columns if c.header != header]
         left_out.append(header)
     if left_out:
-        table.caption = f"left out at {console.width} columns: {', '.join(left_out)} (all in summary.json)"
+        names = ", ".join(" ".join(h.split()) for h in left_out)
+        table.caption = f"left out at {console.width} columns: {names} (all in {table.kept_in})"
 
 
 def _narrow(table: Table, console: Console) -> None:
-    """Where `table` is wider than the console, fix each column's width: its widest value and header
-    word, and a share of the room left in proportion to what its natural width needs more. (Rich's own
-    narrowing shrinks the widest columns first, cutting values that would fit.)"""
-    whole = _widths(table, console)
-    room = console.width - whole.minimum
-    if whole.maximum <= console.width or room < 0:
+    """Where `table` is wider than the console, fix each column's width: its narrowest, and a share of
+    the room left in proportion to what its natural width needs more. (Rich's own narrowing shrinks
+    the widest columns first, cutting values that would fit.)"""
+    bounds, chrome = _bounds(table, console)
+    room = console.width - chrome - sum(low for low, _ in bounds)
+    if chrome + sum(high for _, high in bounds) <= console.width or room < 0:
         return
-    wide = console.options.update_width(10**4)
-    bounds = []
-    for column in table.columns:
-        sizes = [Measurement.get(console, wide, cell) for cell in (column.header, *column.cells)]
-        bounds.append((max(m.minimum for m in sizes), max(m.maximum for m in sizes)))
     wanted = sum(high - low for low, high in bounds) or 1
     for column, (low, high) in zip(table.columns, bounds, strict=True):
         column.width = low + room * (high - low) // wanted

@@ -31,7 +31,7 @@ RAW_NAMES = ("pareto_tokens", "goodput_cost", "usd_per_hour", "goodput_load", "g
 """Field and file names that must not be shown as headings or columns."""
 TARGETS = ("ttft<=2s,tpot<=50ms", "ttft:p99<=4s")
 CONSOLE_WIDTH = 170
-"""The width `dashboards.console.show` prints tables at, at the least."""
+"""The terminal's width the plan prints for."""
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,8 @@ def plan(tmp_path_factory):
     argv += ["--loads", "0.4,0.8,1.2,1.6", "--vary", "scheduler.max_num_batched_tokens=1024,4096"]
     argv += [f"--slo={t}" for t in TARGETS]
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", str(CONSOLE_WIDTH))  # as a terminal of that width (xdist's workers say 80)
         assert main([*argv, "--out", str(out)]) == 0
     return out, json.loads((out / "plan.json").read_text()), printed.getvalue()
 
@@ -79,6 +80,22 @@ def test_the_terminal_table_fits_and_says_goodput_in_one_unit(plan):
     assert [f"{load:g}", readable(load / gpus)] == cells[4:6], cells
     assert "Target TTFT p90 ≤ 2 s and TPOT p90 ≤ 50 ms (--slo ttft<=2s,tpot<=50ms)" in printed
     assert "Target TTFT p99 ≤ 4 s (--slo ttft:p99<=4s)" in printed
+
+
+@pytest.mark.parametrize("columns", [100, 80])
+def test_on_a_narrow_terminal_the_table_leaves_columns_out_and_cuts_no_value(
+    tmp_path, capsys, monkeypatch, columns
+):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    argv = ["plan", "--preset", "guide-l40s", "--num-requests", "16", "--seeds", "1", "--jobs", "2"]
+    argv += ["--loads", "0.4,0.8,1.2", "--vary", "scheduler.max_num_batched_tokens=1024,4096"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    table = printed[: printed.index("Target ")]
+    assert "…" not in table and max(len(line.rstrip()) for line in table.splitlines()) <= columns
+    assert f"left out at {columns} columns: left the search" in " ".join(table.split())
+    for words in ("goodput", "candidate", "GPUs"):
+        assert words in table
 
 
 # -- report.html in a browser ----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from cluster.interrupt import Interrupted
 from cluster.load import load_key
 from cluster.plan.floors import floors_s
 from cluster.plan.load_unit import LOAD_UNITS, LoadUnit
-from cluster.plan.outputs import TerminalTable, Verdict, write_outputs, write_replays
+from cluster.plan.outputs import Verdict, terminal_table, write_outputs, write_replays
 from cluster.plan.prices import PriceError, parse_prices
 from cluster.plan.search import Outcome, Search
 from cluster.plan.shapes import parse_shapes, shapes_for
@@ -189,7 +189,7 @@ def _print(
     from dashboards.console import show
 
     for t, rows, lines in verdicts:
-        show(TerminalTable(plan_table(rows, t, unit, by_cost)))
+        show(terminal_table(plan_table(rows, t, unit, by_cost)))
         print(f"Target {t.label} (--slo {t.name}):\n  " + "\n  ".join(lines) + "\n")
     for item in info["left_out"]:
         print(f"left out: {item['candidate']}: {item['why']}")

@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from rich.console import Console, ConsoleOptions, RenderResult
-from rich.table import Table
 
 from cluster.config_load import dump_config
 from cluster.load import with_load
@@ -18,45 +16,26 @@ from cluster.outcome import clean_json, write_json
 from cluster.plan.load_unit import LoadUnit
 from cluster.plan.search import BOUNDED, Search
 from cluster.plan.space import Candidate
-from cluster.plan.table import plan_table
+from cluster.plan.table import TERMINAL_OPTIONAL, plan_table
 from cluster.plan.verdict import Row, tokens_per_user_s
+from dashboards.console import FittedTable
 from dashboards.plan_plots import pareto_plots
 from dashboards.plan_report import PlanTable, TargetSection, write_plan_report
 from workloads.slo_targets import SloTarget
 
 
-class TerminalTable(Table):
-    """A `PlanTable` for the terminal whose column widths are chosen for the console it prints on:
-    every column as wide as its longest line where they fit, else the widest narrowed first, none
-    below its header's longest word and its longest cell (its longest word where cells wrap): rich's
-    own narrowing cuts names inside a word, or drops columns."""
-
-    def __init__(self, table: PlanTable) -> None:
-        super().__init__(title=table.title)
-        self.natural: list[int] = []
-        self.minimum: list[int] = []
-        for i, header in enumerate(table.headers):
-            texts = [header, *(row[i] for row in table.rows)]
-            self.natural.append(max(len(line) for text in texts for line in text.splitlines() or [""]))
-            cells = [row[i] for row in table.rows]
-            pieces = [c.split() if header in table.wrapped else [c] for c in cells]
-            words = [*header.split(), *(w for piece in pieces for w in piece)]
-            self.minimum.append(max(map(len, words), default=1))
-            self.add_column(header, justify="left" if header in table.text_columns else "right")
-        for row in table.rows:
-            self.add_row(*row)
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        widths = list(self.natural)
-        budget = options.max_width - (3 * len(widths) + 1)  # a space either side, a rule between
-        while sum(widths) > budget:
-            i = max(range(len(widths)), key=lambda k: widths[k] if widths[k] > self.minimum[k] else -1)
-            if widths[i] <= self.minimum[i]:
-                break  # every column at its longest word: the console is too narrow for the table
-            widths[i] -= 1
-        for column, width in zip(self.columns, widths, strict=True):
-            column.width = width
-        return super().__rich_console__(console, options)
+def terminal_table(table: PlanTable) -> FittedTable:
+    """`table` for the terminal (`dashboards.console.show` fits it to the terminal's width): where it
+    is too narrow, the columns that least decide a ranking are left out first, then headers and names
+    wrap at spaces; a value is never cut."""
+    out = FittedTable(title=table.title, optional=TERMINAL_OPTIONAL, kept_in="plan.json")
+    for header in table.headers:
+        left = header in table.text_columns
+        wraps = header in table.wrapped  # (and where a terminal is too narrow even so, folds inside a word)
+        out.add_column(header, justify="left" if left else "right", no_wrap=not wraps, overflow="fold")
+    for row in table.rows:
+        out.add_row(*row)
+    return out
 
 
 Verdict = tuple[SloTarget, list[Row], list[str]]

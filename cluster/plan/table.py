@@ -15,6 +15,12 @@ from workloads.slo_targets import SloTarget
 _BINDS = "binding\nterm\n(÷ bound,\nnext load)"
 _BUSIEST = "busiest\npool\n(in steps)"
 _LEFT = "left the\nsearch"
+_HANDOFF = "KV\nhandoff\n(share of\nTTFT p50)"
+_PER_USER = "output\ntokens/s\nper user"
+_PER_GPU = "output\ntokens/s\nper GPU"
+_WITHIN = "requests\nwithin\nbounds"
+TERMINAL_OPTIONAL = (_LEFT, _HANDOFF, _PER_USER, _PER_GPU, _WITHIN, _BUSIEST)
+"""The columns a terminal too narrow for all leaves out, first first: those that least decide a rank."""
 TEXT_COLUMNS = frozenset({"candidate", _BINDS, _BUSIEST, _LEFT})
 """Columns of words, read left-aligned; the others are numbers. A header's lines: its words, then its
 unit."""
@@ -35,12 +41,12 @@ def plan_table(rows: Sequence[Row], target: SloTarget, unit: LoadUnit, by_cost: 
         goodput,
         f"goodput\nper GPU\n{unit.unit}",
         *([unit.per_usd.replace(" per ", "\nper ")] if priced else []),
-        "output\ntokens/s\nper GPU",
-        "output\ntokens/s\nper user",
-        "requests\nwithin\nbounds",
+        _PER_GPU,
+        _PER_USER,
+        _WITHIN,
         _BINDS,
         _BUSIEST,
-        "KV\nhandoff\n(share of\nTTFT p50)",
+        _HANDOFF,
         _LEFT,
     ]
     cells = []
