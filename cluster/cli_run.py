@@ -344,22 +344,17 @@ class _DesignRuns:
         requests the one under way finished, written as results, summary and engine reports."""
         import pandas as pd
 
+        from cluster.outcome import run_output
         from cluster.sweep import InterruptedRuns
-        from workloads.results import results_frame
-        from workloads.summary import summarize
 
         if isinstance(e, InterruptedRuns):
             for i in sorted(e.done):
                 self.add(configs[i], e.done[i])
-        elif self.current:
+        elif self.current:  # (its engines' reports and metrics went with it)
             cfg = configs[len(self.frames)]
             info = self.loaded.info if self.loaded is not None else {}
-            rate = info.get("rate", cfg.workload.rate)
-            df = results_frame(self.current, cfg.design, rate, cfg.seed)
-            self.frames.append(df)
-            self.records.append(
-                {"design": cfg.design, "rate": rate, **summarize(df, cfg.slos), "interrupted": True}
-            )
+            self.add(cfg, run_output(cfg, self.current, {}, {}, info))
+            self.records[-1]["interrupted"] = True
         num_done = sum(len(f) for f in self.frames)
         if self.frames:
             pd.concat(self.frames, ignore_index=True).to_parquet(self.out / "results.parquet", index=False)
