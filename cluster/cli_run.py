@@ -302,12 +302,28 @@ def _run_virtual_designs(configs: list[TestbedConfig], loaded: LoadedWorkload | 
 
 
 def _virtual_design(design: tuple[TestbedConfig, LoadedWorkload | None]) -> Any:
-    """One design in virtual time, its metrics rendered (to come back from a worker process)."""
+    """One design in virtual time, its metrics rendered (to come back from a worker process); stopped by
+    Ctrl-C, the requests it finished (`_partial_output`) kept."""
+    from cluster.sweep import Stopped
     from cluster.virtual import run_virtual
 
     cfg, loaded = design
-    out = run_virtual(cfg, loaded)
+    finished: list[RequestResult] = []
+    try:
+        out = run_virtual(cfg, loaded, on_result=finished.append)
+    except KeyboardInterrupt:
+        raise Stopped(_partial_output(cfg, finished, loaded)) from None
     return dataclasses.replace(out, metrics=dict(out.metrics))
+
+
+def _partial_output(cfg: TestbedConfig, finished: list[RequestResult], loaded: LoadedWorkload | None) -> Any:
+    """The requests a design finished before Ctrl-C stopped it, as a run of their own, marked
+    `interrupted` (its engines' reports and metrics went with it)."""
+    from cluster.outcome import run_output
+
+    out = run_output(cfg, finished, {}, {}, loaded.info if loaded is not None else {})
+    out.summary["interrupted"] = True
+    return out
 
 
 class _DesignRuns:
@@ -344,17 +360,14 @@ class _DesignRuns:
         requests the one under way finished, written as results, summary and engine reports."""
         import pandas as pd
 
-        from cluster.outcome import run_output
         from cluster.sweep import InterruptedRuns
 
-        if isinstance(e, InterruptedRuns):
+        if isinstance(e, InterruptedRuns):  # (those under way: what they finished, `_virtual_design`)
             for i in sorted(e.done):
                 self.add(configs[i], e.done[i])
-        elif self.current:  # (its engines' reports and metrics went with it)
+        elif self.current:
             cfg = configs[len(self.frames)]
-            info = self.loaded.info if self.loaded is not None else {}
-            self.add(cfg, run_output(cfg, self.current, {}, {}, info))
-            self.records[-1]["interrupted"] = True
+            self.add(cfg, _partial_output(cfg, self.current, self.loaded))
         num_done = sum(len(f) for f in self.frames)
         if self.frames:
             pd.concat(self.frames, ignore_index=True).to_parquet(self.out / "results.parquet", index=False)

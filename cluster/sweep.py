@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import itertools
 import multiprocessing
 import os
 import signal
@@ -13,7 +14,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from typing import Any, TypeVar
 
@@ -82,19 +83,28 @@ def _run_point(cfg: TestbedConfig) -> tuple[dict[str, Any], pd.DataFrame, dict[s
 
 
 def _start_worker() -> None:
-    """A worker ignores Ctrl-C (the terminal sends SIGINT to every process of the command; its parent
-    stops it), and collects cycles at `RARE_GC_THRESHOLDS` throughout: restored between its runs, the
-    default collected once at each run's end with the whole deployment alive (~6 % of a guide point)."""
+    """A worker ignores Ctrl-C between items (during one, `_interruptible` lets it stop the item), and
+    collects cycles at `RARE_GC_THRESHOLDS` throughout: restored between its runs, the default
+    collected once at each run's end with the whole deployment alive (~6 % of a guide point)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.set_threshold(*RARE_GC_THRESHOLDS)
 
 
 class InterruptedRuns(KeyboardInterrupt):
-    """Ctrl-C stopped `run_in_processes`: the results of the items finished by then, by index."""
+    """Ctrl-C stopped `run_in_processes`: the results of the items finished by then, by index (an item
+    under way that raised `Stopped`: what it kept)."""
 
     def __init__(self, done: dict[int, Any]) -> None:
         super().__init__()
         self.done = done
+
+
+class Stopped(KeyboardInterrupt):
+    """What an item of `run_in_processes` raises when Ctrl-C stops it and it keeps what it finished."""
+
+    def __init__(self, kept: Any) -> None:
+        super().__init__(kept)  # (the argument, so that it pickles back from a worker)
+        self.kept = kept
 
 
 def run_in_processes(
@@ -105,25 +115,92 @@ def run_in_processes(
 ) -> list[R]:
     """`fn` of each item, on up to `jobs` worker processes (default: one a core; one: in this
     process), in the items' order; `on_done` after each. `fn` must be a module-level function.
-    Ctrl-C stops the workers and raises `InterruptedRuns` with the items done."""
+    Ctrl-C raises `InterruptedRuns` with the items done (those it stopped that raised `Stopped`: what
+    they kept), once the workers are stopped."""
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(items)))
     done: dict[int, R] = {}
     try:
         if jobs == 1:
-            for i, item in enumerate(items):
-                done[i] = fn(item)
-                if on_done:
-                    on_done()
+            _in_this_process(fn, items, done, on_done)
         else:
-            with _workers(jobs) as pool:
-                futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
-                for future in as_completed(futures):
-                    done[futures[future]] = future.result()
-                    if on_done:
-                        on_done()
+            _in_workers(fn, items, jobs, done, on_done)
     except KeyboardInterrupt:
         raise InterruptedRuns(done) from None
     return [done[i] for i in range(len(items))]
+
+
+def _in_this_process(
+    fn: Callable[[T], R], items: Sequence[T], done: dict[int, R], on_done: Callable[[], None] | None
+) -> None:
+    for i, item in enumerate(items):
+        try:
+            done[i] = fn(item)
+        except Stopped as e:
+            done[i] = e.kept
+            raise
+        if on_done:
+            on_done()
+
+
+def _in_workers(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    jobs: int,
+    done: dict[int, R],
+    on_done: Callable[[], None] | None,
+) -> None:
+    """One item a worker at a time, not the pool's queue ahead: at Ctrl-C, no item waits to start in a
+    worker that has just stopped its own."""
+    with _workers(jobs) as pool:
+        waiting = iter(enumerate(items))
+        running = {pool.submit(_interruptible, fn, item): i for i, item in itertools.islice(waiting, jobs)}
+        try:
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    done[running[future]] = future.result()
+                    del running[future]
+                    if on_done:
+                        on_done()
+                    for i, item in itertools.islice(waiting, 1):
+                        running[pool.submit(_interruptible, fn, item)] = i
+        except KeyboardInterrupt:
+            done.update(_stopped(pool, running))
+            raise
+
+
+STOP_WAIT_S = 2.0
+"""How long items under way get to stop at Ctrl-C before the signal is passed on to their workers (a
+terminal sends it to them too; `kill -INT` to the command alone does not), and as long again after."""
+
+
+def _stopped(pool: ProcessPoolExecutor, futures: dict[Future[R], int]) -> dict[int, R]:
+    """Ctrl-C: the items under way (`futures`, by index) stop at their next event (`_interruptible`);
+    what those that finish or raise `Stopped` keep, by index."""
+    running = [f for f in futures if not f.done()]
+    if wait(running, STOP_WAIT_S).not_done:
+        for process in list(pool._processes.values()):  # (the pool's own; no public handle)
+            if process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGINT)
+        wait(running, STOP_WAIT_S)
+    kept = {}
+    for future, i in futures.items():
+        if future.done():
+            e = future.exception()
+            if e is None or isinstance(e, Stopped):
+                kept[i] = future.result() if e is None else e.kept
+    return kept
+
+
+def _interruptible(fn: Callable[[T], R], item: T) -> R:
+    """In a worker, which ignores Ctrl-C between items: `fn(item)`, Ctrl-C raising KeyboardInterrupt in
+    it (a virtual run's between two events)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return fn(item)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

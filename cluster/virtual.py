@@ -254,8 +254,13 @@ def _interrupted_between_events(loop: asyncio.AbstractEventLoop) -> Iterator[Non
     ):
         yield
         return
+
     # (not `loop.add_signal_handler`: its wake-up comes through a pipe this loop's selector never reads)
-    previous = signal.signal(signal.SIGINT, lambda *_: loop.call_soon_threadsafe(_interrupt))
+    def on_sigint(*_: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # once: a second Ctrl-C would break the clean-up
+        loop.call_soon_threadsafe(_interrupt)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
     finally:

@@ -40,8 +40,11 @@ def _start(args: list[str]) -> subprocess.Popen[str]:
     )
 
 
-def _interrupt(args: list[str], under_way: str, timeout_s: float = 120.0) -> tuple[str, list[str]]:
-    """Run `testbed ARGS`, send Ctrl-C once its output has shown `under_way` and a moment more; its
+def _interrupt(
+    args: list[str], under_way: str, timeout_s: float = 120.0, group: bool = True
+) -> tuple[str, list[str]]:
+    """Run `testbed ARGS`, send Ctrl-C once its output has shown `under_way` and a moment more (to its
+    process group, as a terminal does; `group` False: to the command alone, as `kill -INT` does); its
     output and the processes of its group still alive after it exited."""
     proc = _start(args)
     assert proc.stdout is not None
@@ -52,7 +55,7 @@ def _interrupt(args: list[str], under_way: str, timeout_s: float = 120.0) -> tup
         if under_way in line or time.monotonic() > deadline:
             break
     time.sleep(1.5)
-    os.killpg(proc.pid, signal.SIGINT)
+    (os.killpg if group else os.kill)(proc.pid, signal.SIGINT)
     out = "".join(seen) + proc.communicate(timeout=timeout_s)[0]
     assert proc.returncode == 130, out[-3000:]
     return out, _left_in_group(proc.pid)
@@ -99,12 +102,19 @@ def test_ctrl_c_during_a_replay_keeps_the_requests_finished(tmp_path):
 
 
 @pytest.mark.full  # a few seconds each: make test
-def test_ctrl_c_during_designs_in_worker_processes_stops_them_all(tmp_path):
-    """Several designs in worker processes: those finished are written; no worker is left."""
+@pytest.mark.parametrize("group", [True, False], ids=["terminal", "kill-parent"])
+def test_ctrl_c_during_designs_in_worker_processes_keeps_what_each_finished(tmp_path, group):
+    """Several designs in worker processes: each one under way keeps the requests it finished (the
+    signal passed on to the workers where only the command got it); no worker is left."""
     args = ["run", "--preset", "guide-l40s", "--compute", "skip", "--num-requests", "3000"]
-    out, alive = _interrupt([*args, "--out", str(tmp_path)], "in parallel: 0/3")
+    out, alive = _interrupt([*args, "--out", str(tmp_path)], "in parallel: 0/3", group=group)
     m = _one_line(out)
     assert m[3] == "9,000" and not alive
+    done = int(m[1].replace(",", ""))
+    records = json.loads((tmp_path / "summary.json").read_text())
+    assert len(records) == min(3, os.cpu_count() or 1)  # a worker a core, each design under way
+    assert all(r["interrupted"] and r["completed"] > 0 for r in records)
+    assert len(pd.read_parquet(tmp_path / "results.parquet")) == done
     assert len(list((tmp_path / "configs").glob("*.yaml"))) == 3
 
 
