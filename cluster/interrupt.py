@@ -2,10 +2,10 @@
 one line and exits with `EXIT_CODE`.
 
 Each command turns the KeyboardInterrupt into `Interrupted` once it has written what finished;
-`cli.main` prints its line. Worker processes ignore SIGINT (a terminal sends it to the whole process
-group), and the command stops them (`sweep.run_in_processes`); a virtual run's tasks are cancelled
-(`virtual.run_virtual`); a live run's actors are killed and a Ray started for it is stopped
-(`live.run_live`, `cli_run`'s Ray session).
+`cli.main` prints its line. A virtual run stops between two events, its tasks cancelled
+(`virtual.run_virtual`); a worker process stops the item under way the same way and may keep what it
+finished, then is stopped (`sweep.run_in_processes`); a live run's actors are killed and a Ray started
+for it is stopped (`live.run_live`, `cli_run`'s Ray session).
 """
 
 from __future__ import annotations

@@ -247,11 +247,9 @@ def run_virtual(
 def _interrupted_between_events(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt from a callback of `loop` of its own, between two events, not
     inside whichever task happens to run (which would end with it, "exception never retrieved"). Not
-    where Ctrl-C is ignored (a worker process: its parent stops it) or cannot be caught (a thread)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
-        signal.SIG_IGN,
-        None,
-    ):
+    where Ctrl-C is ignored or cannot be caught (a thread)."""
+    ignored = signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None)
+    if ignored or threading.current_thread() is not threading.main_thread():
         yield
         return
 
