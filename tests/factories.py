@@ -191,9 +191,7 @@ def swe_agent_through_serve(
             argv += ["--set", s]
         assert main(argv) == 0
     finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "interrupted: " in err, err[-2000:]  # Ctrl-C stops a server
+        stop_serve(proc)
     client = pd.read_parquet(tmp / "client" / "results.parquet")
     assert client["ok"].all(), client.loc[~client["ok"], ["finished_reason", "error"]].head().to_string()
     df = pd.read_parquet(tmp / "server" / "results.parquet").sort_values("arrival_s")
@@ -235,3 +233,13 @@ def serve_process(
         except httpx.TransportError:
             assert time.monotonic() < deadline, "serve never answered /health"
             time.sleep(0.2)
+
+
+def stop_serve(proc: subprocess.Popen[str], timeout_s: float = 120.0) -> tuple[str, str]:
+    """Stop a `serve_process` as its users do (Ctrl-C): it says so in one line and exits 130; its
+    stdout and stderr."""
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.splitlines()[-1].startswith("interrupted: ") and "Traceback" not in err, err[-2000:]
+    return out, err

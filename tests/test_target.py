@@ -2,7 +2,6 @@
 client-side times against the server's own records."""
 
 import json
-import signal
 import statistics
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 
 from cluster.cli import main
 from cluster.cli_run import target_label
-from tests.factories import SWE_AGENT, TRACES, free_port, serve_process, swe_agent_through_serve
+from tests.factories import SWE_AGENT, TRACES, free_port, serve_process, stop_serve, swe_agent_through_serve
 
 pytestmark = pytest.mark.full  # replays against a running server process: `make test`, not `make test-fast`
 
@@ -29,9 +28,7 @@ class Server:
 
     def stop(self) -> pd.DataFrame:
         """Stop the server; its own results table."""
-        self.proc.send_signal(signal.SIGINT)
-        _, err = self.proc.communicate(timeout=60)
-        assert self.proc.returncode == 0, err[-2000:]
+        stop_serve(self.proc)
         return pd.read_parquet(self.out / "results.parquet").set_index("request_id")
 
 
