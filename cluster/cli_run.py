@@ -262,9 +262,8 @@ def write_report_saying_so(
     notes: list[str],
     hybrid: bool,
 ) -> Path:
-    """`write_report`, saying so first and counting its plots as they are written (it takes seconds to
+    """`write_report`, saying so at once and counting its plots as they are written (it takes seconds to
     tens of seconds for a large run)."""
-    print("writing report: summary, plots, findings", flush=True)
     with RunProgress("writing report: plots", None) as progress:
         return write_report(out, results, records, title, notes, hybrid, on_plot=lambda _: progress.advance())
 
