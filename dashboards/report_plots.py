@@ -264,16 +264,27 @@ def goodput_curves(records: list[dict[str, Any]]) -> Figure | None:
     if not slos:
         return None
     fig, axes = plt.subplots(2, len(slos), figsize=(5.5 * len(slos), 7), squeeze=False)
+    at_inf = _inf_at(frame["rate"])
     for col, slo in enumerate(slos):
         for i, (design, style) in enumerate(styles.items()):
             part = frame[frame["design"] == design].sort_values("rate")
+            x = part["rate"].replace(np.inf, at_inf)
             kw = style.line(len(part), i, len(styles)) | {"label": design, "gid": design}
-            axes[0, col].plot(part["rate"], [a.get(slo, np.nan) for a in part["slo_attainment"]], **kw)
-            axes[1, col].plot(part["rate"], [g.get(slo, np.nan) for g in part["goodput"]], **kw)
+            axes[0, col].plot(x, [a.get(slo, np.nan) for a in part["slo_attainment"]], **kw)
+            axes[1, col].plot(x, [g.get(slo, np.nan) for g in part["goodput"]], **kw)
         axes[0, col].set(title=parse_slo(slo).label, ylabel="requests within every bound", ylim=(-0.03, 1.05))
         axes[1, col].set(xlabel="offered rate (req/s)", ylabel="requests within every bound per s")
         for ax in axes[:, col]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
+            if np.isinf(frame["rate"]).any():  # every request at once: a tick of its own past the rest
+                ticks = [t for t in ax.get_xticks() if t < at_inf * 0.9]
+                ax.set_xticks([*ticks, at_inf], [*(f"{t:g}" for t in ticks), "inf"])
     fig.tight_layout()
     return fig
+
+
+def _inf_at(rates: pd.Series) -> float:
+    """Where a rate of inf (every request at t = 0) is drawn: a quarter past the highest finite one."""
+    finite = rates[np.isfinite(rates)]
+    return float(finite.max()) * 1.25 if len(finite) else 1.0

@@ -3,6 +3,7 @@ count and the top reasons in words, grouped by kind."""
 
 import html
 import json
+import math
 import re
 
 import numpy as np
@@ -138,3 +139,20 @@ def test_a_sweep_of_a_trace_preset_says_how_and_sweeps_its_speedup(tmp_path, cap
     assert main([*args, "--out", str(tmp_path)]) == 0
     slow, fast = json.loads((tmp_path / "summary.json").read_text())
     assert fast["rate"] == pytest.approx(2 * slow["rate"]) and slow["completed"] == fast["completed"] > 0
+
+
+def test_a_rate_of_inf_has_a_place_of_its_own_on_the_goodput_curves():
+    """Swept with `--rates 1,inf`: inf is drawn a quarter past the highest finite rate, its tick
+    labelled, not dropped as a point matplotlib cannot place."""
+    from dashboards.report_plots import goodput_curves
+
+    records = [
+        {"design": "a", "rate": rate, "slo_attainment": {"ttft<=2s": share}, "goodput": {"ttft<=2s": share}}
+        for rate, share in ((0.5, 1.0), (2.0, 0.8), (math.inf, 0.1))
+    ]
+    fig = goodput_curves(records)
+    assert fig is not None
+    for ax in fig.axes:
+        (line,) = [ln for ln in ax.get_lines() if ln.get_gid() == "a"]
+        assert list(line.get_xdata()) == [0.5, 2.0, 2.5]
+        assert [t.get_text() for t in ax.get_xticklabels()][-1] == "inf"
