@@ -19,6 +19,7 @@ def load_key(cfg: TestbedConfig) -> str:
 
 
 def with_load(cfg: TestbedConfig, load: float, seed: int) -> TestbedConfig:
+    """`cfg` at `load` (in `load_key`'s field) and `seed`."""
     kind = cfg.workload.kind
     if kind == "trace":
         return replace(cfg, replay=replace(cfg.replay, speedup=load), seed=seed)

@@ -21,7 +21,6 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from dashboards.plot_style import design_styles, log_axis
-from workloads.summary import moe_means as moe_means  # the table's means are the summary's
 
 MAX_MOE_ROWS = 12
 """Engines drawn at most (a row each); the table beside the figure lists every one."""

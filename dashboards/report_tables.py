@@ -11,11 +11,11 @@ from typing import Any
 import pandas as pd
 
 from dashboards.headline import failure_counts
-from dashboards.hybrid_plots import handoffs, is_hybrid_run
-from dashboards.moe_plots import is_afd, moe_logs, moe_means
+from dashboards.hybrid_plots import is_hybrid_run
+from dashboards.moe_plots import is_afd, moe_logs
 from dashboards.numbers import MISSING, percent, readable
 from workloads.slo import parse_slo
-from workloads.summary import sweep_goodput
+from workloads.summary import handoffs, moe_means, sweep_goodput
 
 
 def _rate(value: float | None) -> str:

@@ -15,11 +15,12 @@ from cluster.virtual import run_virtual
 from dashboards import grafana
 from dashboards import metrics as m
 from dashboards.exposition import sum_series
-from dashboards.hybrid_plots import crossover_tokens, handoffs, hybrid_handoff_figure
+from dashboards.hybrid_plots import crossover_tokens, hybrid_handoff_figure
 from dashboards.plot_style import visible_designs
 from dashboards.report import write_report
 from emulation.profiles import MODELS
 from tests.factories import COLLOCATED, PD, make_config, make_requests
+from workloads.summary import handoffs
 
 GRANITE = MODELS["granite-4.0-h-tiny"]  # 36 states of 806,400 B a request; 4 attention layers
 BLOCK = 400

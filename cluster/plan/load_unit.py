@@ -29,4 +29,4 @@ LOAD_UNITS = {
     "replay.speedup": LoadUnit("x trace speed", "trace hours per $", 1.0),
     "multi_turn.conversation_rate": LoadUnit("conv/s", "conversations per $", 3600.0),
 }
-"""By the config key that sets the load (`space.load_key`)."""
+"""By the config key that sets the load (`cluster.load.load_key`)."""
