@@ -229,16 +229,22 @@ def _family_sums(server: Any, family: str, label: str | None = None) -> dict[str
     return out
 
 
+LONG_ANSWER_TOKENS = 16_000
+"""Tokens of each answer that fills a server: none may finish before the probes, even on a busy machine
+(vLLM's CPU build decodes the tiny model's 16 answers at a few ms a step, so 4,000 tokens once ended
+under load while the test's client waited for its turn)."""
+
+
 async def _refused_while_full(server: Any, num_probes: int) -> list[httpx.Response]:
     """Fill `server` with `MAX_NUM_QUEUED_REQS` long streamed answers, wait for each one's first chunk (it
-    is in the engine then, for 4,000 tokens), then send `num_probes` requests one at a time, every second
-    one streamed; the long answers' clients then hang up (aborting them)."""
+    is in the engine then, for `LONG_ANSWER_TOKENS`), then send `num_probes` requests one at a time, every
+    second one streamed; the long answers' clients then hang up (aborting them)."""
     body = {"model": _model(server), "messages": ASK, "ignore_eos": True}
     reading: list[Any] = []  # (a line iterator dropped would close its stream: the request would be aborted)
     async with httpx.AsyncClient(base_url=server.url, timeout=300) as client, AsyncExitStack() as streams:
 
         async def fill() -> None:
-            long = {**body, "max_tokens": 4000, "stream": True}
+            long = {**body, "max_tokens": LONG_ANSWER_TOKENS, "stream": True}
             r = await streams.enter_async_context(client.stream("POST", "/v1/chat/completions", json=long))
             assert r.status_code == 200
             reading.append(r.aiter_lines())
