@@ -30,6 +30,7 @@ import numpy as np
 
 from emulation.mla import MlaGeometry
 from emulation.moe import MoeGeometry
+from emulation.quantization import FORMATS, WeightFormat
 from emulation.ssm import HybridPage, KVCacheGroups, SsmGeometry, hybrid_page, kv_cache_groups, scan_work
 
 
@@ -49,16 +50,20 @@ class ModelProfile:
     vocab_size: int
     tie_word_embeddings: bool = False
     dtype_bytes: int = 2
-    """Bytes per activation and KV element (bf16), and per weight unless layer_weight_bytes says."""
+    """Bytes per activation element (bf16), and per embedding and LM-head weight."""
     vision_encoder: str | None = None
     """Its vision encoder, a name from emulation.vision.VISION_ENCODERS (None: text only)."""
     moe: MoeGeometry | None = None
     """Mixture of experts (None: every layer's MLP is dense)."""
     mla: MlaGeometry | None = None
     """Multi-head latent attention (None: grouped-query attention of num_kv_heads x head_dim)."""
-    layer_weight_bytes: float | None = None
-    """Bytes per decoder-layer weight when the checkpoint stores them narrower than dtype_bytes
-    (DeepSeek-V3: FP8 blocks, 1); embeddings and LM head stay at dtype_bytes."""
+    weight_format: WeightFormat = "bf16"
+    """How the decoder layers' weights are stored (emulation.quantization: their bytes and the tensor
+    cores their GEMMs run on); embeddings and LM head stay at dtype_bytes."""
+    expert_format: WeightFormat = "bf16"
+    """How the routed experts' weights are stored (gpt-oss: MXFP4; a dense model: not read)."""
+    kv_dtype_bytes: int = 2
+    """Bytes per KV cache element (vLLM's --kv-cache-dtype: 2 auto/bf16, 1 fp8)."""
     sliding_window: int | None = None
     """Keys a query of a sliding-window layer attends to at most (gpt-oss: 128)."""
     num_sliding_layers: int = 0
@@ -157,14 +162,12 @@ class ModelProfile:
 
     @property
     def weight_bytes_per_layer_param(self) -> float:
-        return self.dtype_bytes if self.layer_weight_bytes is None else self.layer_weight_bytes
+        return FORMATS[self.weight_format].bytes_per_weight
 
     @property
     def expert_weight_bytes(self) -> float:
         """Bytes per routed-expert weight."""
-        if self.moe is not None and self.moe.expert_weight_bytes is not None:
-            return self.moe.expert_weight_bytes
-        return self.weight_bytes_per_layer_param
+        return FORMATS[self.expert_format].bytes_per_weight
 
     @cached_property
     def routed_weight_bytes(self) -> float:
@@ -190,8 +193,8 @@ class ModelProfile:
     def kv_bytes_per_token(self) -> int:
         """One token's KV over the attention layers (SSM layers hold none)."""
         if self.mla is not None:
-            return self.num_attention_layers * self.mla.kv_values_per_token * self.dtype_bytes
-        return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+            return self.num_attention_layers * self.mla.kv_values_per_token * self.kv_dtype_bytes
+        return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
         """One token's KV on each of `tp` GPUs: its share of the KV heads, at least one head (past

@@ -45,9 +45,6 @@ class MoeGeometry:
     """The shared experts' MLP width, together (DeepSeek-V3: 1 x 2,048; 0: none)."""
     num_dense_layers: int = 0
     """Leading layers with a dense MLP of the model's intermediate_size (first_k_dense_replace)."""
-    expert_weight_bytes: float | None = None
-    """Bytes per routed-expert weight when they are stored differently from the other layer weights
-    (gpt-oss: MXFP4, 4.25 bits); None: as the other layer weights."""
     num_projections: int = 3
     """Weight matrices of an expert: 3 gated (gate, up, down: SwiGLU), 2 for Nemotron-H's squared-ReLU
     experts (up, down)."""

@@ -32,7 +32,8 @@ MOE_MODELS: tuple[ModelProfile, ...] = (
         mla=MlaGeometry(
             kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536
         ),
-        layer_weight_bytes=1,
+        weight_format="fp8_block",
+        expert_format="fp8_block",
     ),
     # Qwen/Qwen3-235B-A22B config.json: 94 layers, all sparse (decoder_sparse_step 1, no mlp_only_layers),
     # 128 experts of 1,536, top-8, no shared expert; GQA 64 q heads, 4 KV heads of 128.
@@ -86,9 +87,8 @@ MOE_MODELS: tuple[ModelProfile, ...] = (
         hidden_size=2880,
         intermediate_size=2880,
         vocab_size=201088,
-        moe=MoeGeometry(
-            num_experts=128, num_experts_per_tok=4, moe_intermediate_size=2880, expert_weight_bytes=4.25 / 8
-        ),
+        moe=MoeGeometry(num_experts=128, num_experts_per_tok=4, moe_intermediate_size=2880),
+        expert_format="mxfp4",
         sliding_window=128,
         num_sliding_layers=18,
     ),

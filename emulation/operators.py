@@ -56,6 +56,7 @@ from emulation.config import CpuOverhead, OperatorEfficiencies
 from emulation.expert_parallel import ExpertParallel, RoutedWork
 from emulation.moe import ExpertLoad
 from emulation.profiles import GpuProfile, ModelProfile
+from emulation.quantization import gemm_peak_tflops
 from emulation.roofline import maximum, timed
 from emulation.step_shape import StepItem, StepShape, share_of
 
@@ -209,9 +210,9 @@ class OperatorRoofline:
         decode_keys = m.layer_mean_keys(rank.decode_keys_attended, rank.num_decodes)
         return (
             self._gemm("qkv_o", 2.0 * attn_layers * attn_params * t / tp,
-                       attn_layers * (attn_params / tp * wb + attn_activations)),
+                       attn_layers * (attn_params / tp * wb + attn_activations), m.weight_format),
             self._gemm("mlp", 2.0 * mlp_layers * mlp_params * t / tp,
-                       mlp_layers * (mlp_params / tp * wb + mlp_activations)),
+                       mlp_layers * (mlp_params / tp * wb + mlp_activations), m.weight_format),
             self._group("prefill_attention", prefill_flops, kv_per_token * prefill_kv_tokens,
                         e.attention_compute, e.kv_bandwidth),
             self._group("decode_attention", m.decode_attention_flops_per_key / tp * decode_keys,
@@ -235,7 +236,7 @@ class OperatorRoofline:
         flops, nbytes = m.ssm_work(rank.num_prefill_tokens, num_chunks, rank.num_decodes, tp)
         return (
             self._gemm("ssm_proj", 2.0 * layers * params * t / tp,
-                       layers * (params / tp * m.weight_bytes_per_layer_param + activations)),
+                       layers * (params / tp * m.weight_bytes_per_layer_param + activations), m.weight_format),
             self._group("ssm_scan", flops, nbytes, e.attention_compute, e.kv_bandwidth),
         )  # fmt: skip
 
@@ -247,8 +248,8 @@ class OperatorRoofline:
         activations = m.num_moe_layers * self._spilled_bytes(routed.activation_bytes / m.num_moe_layers)
         return (
             self._gemm("shared_experts", 2.0 * shared * rank.num_new_tokens / tp,
-                       shared / tp * m.weight_bytes_per_layer_param),
-            self._gemm("routed_experts", routed.flops, routed.weight_bytes + activations),
+                       shared / tp * m.weight_bytes_per_layer_param, m.weight_format),
+            self._gemm("routed_experts", routed.flops, routed.weight_bytes + activations, m.expert_format),
         )  # fmt: skip
 
     def _projection_widths(self) -> tuple[int, int]:
@@ -276,10 +277,10 @@ class OperatorRoofline:
         wire_s = 2 * (tp - 1) / tp * message / (self.gpu.tp_link_gbs * 1e9 * self.eta.all_reduce_bandwidth)
         return m.num_all_reduces * (wire_s + self.gpu.all_reduce_latency_s)
 
-    def _gemm(self, name: str, flops: float, nbytes: float) -> GroupTime:
-        """A group of weight GEMMs: one-byte weights run at the GPU's FP8 peak."""
-        fp8 = self.model.weight_bytes_per_layer_param == 1
-        peak = self.gpu.peak_fp8_tflops if fp8 else None
+    def _gemm(self, name: str, flops: float, nbytes: float, weight_format: str) -> GroupTime:
+        """A group of weight GEMMs, at the peak of their weights' format on this GPU
+        (emulation.quantization)."""
+        peak = gemm_peak_tflops(weight_format, self.gpu)
         return self._group(name, flops, nbytes, self.eta.gemm_compute, self.eta.weights_bandwidth, peak)
 
     def _group(

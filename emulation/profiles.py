@@ -12,46 +12,16 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+from emulation.gpu_profile import GpuProfile
+from emulation.hf_config import profile_from_source
 from emulation.hybrid_models import HYBRID_MODELS
 from emulation.model_profile import ModelProfile
 from emulation.moe_models import MOE_MODELS
+from emulation.quantization import quantized
+from emulation.silicon_systems import system_gpus
 from emulation.ssm import SsmGeometry
 
 __all__ = ["GPUS", "LINKS", "MODELS", "GpuProfile", "LinkProfile", "ModelProfile"]
-
-
-@dataclass(frozen=True)
-class GpuProfile:
-    name: str
-    peak_tflops: float
-    """Dense BF16 tensor-core peak, TFLOP/s."""
-    memory_bw_gbs: float
-    """HBM/GDDR bandwidth, GB/s (1e9 bytes)."""
-    memory_gb: float
-    """Device memory, GB (1e9 bytes)."""
-    l2_cache_mb: float = 50.0
-    """On-chip L2 cache, MB: an activation that fits stays there between kernels (no HBM traffic)."""
-    tp_link_gbs: float = 32.0
-    """Per-GPU, per-direction bandwidth of the link tensor-parallel all-reduces cross, GB/s: NVLink on
-    SXM parts (H100/H200: 900 GB/s both ways; A100: 600), PCIe 4.0 x16 otherwise (64 GB/s both ways)."""
-    all_reduce_latency_s: float = 9e-6
-    """Fixed cost of one all-reduce call (launch, synchronisation). Measured for vLLM's custom
-    all-reduce on H100 SXM, messages of 512 B-32 KiB, outside CUDA graphs: 8.5-9.5 us at TP 2 and 4,
-    9.3-11.8 us at TP 8 (sgl-project/sglang#2904); no A100 or L40S figure found, so the same value is
-    used there. Set it from nccl-tests or that benchmark on your system."""
-    peak_fp8_tflops: float | None = None
-    """Dense 8-bit tensor-core peak, TFLOP/s (FP8; INT8 where the chip has no FP8): the GEMMs of a
-    model whose layer weights are one byte run at it. None: as BF16."""
-    gpus_per_node: int = 8
-    """GPUs one scale-up link joins (an HGX node)."""
-    scale_out_gbs: float = 50.0
-    """Per-GPU, per-direction bandwidth between nodes, GB/s (one 400 Gb/s RDMA NIC per GPU)."""
-    host_memory_gb: float = 256.0
-    """Host DRAM of its node per GPU, GB: what a KV offload tier of its engine may take at most. DGX
-    H100, H200, A100 and B200 nodes have 2 TB for 8 GPUs (NVIDIA's datasheets); other parts are
-    assumed (their entries say so)."""
-    host_link: str = "pcie5-host"
-    """The GPU's path to host memory, a name from LINKS: the PCIe generation it attaches with."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +46,7 @@ class LinkProfile:
         return self.link_gbps * 1e9 / 8
 
 
-GPUS: dict[str, GpuProfile] = {
+HAND_TYPED_GPUS: dict[str, GpuProfile] = {
     g.name: g
     for g in (
         # FP8 dense peaks from NVIDIA's datasheets (half the "with sparsity" figures): L40S 733, H100 and
@@ -91,20 +61,38 @@ GPUS: dict[str, GpuProfile] = {
             peak_fp8_tflops=733.0,
             host_memory_gb=128.0,
             host_link="pcie4-host",
+            sm_version=89,
         ),
-        GpuProfile("h100-sxm", 989.0, 3350.0, 80.0, tp_link_gbs=450.0, peak_fp8_tflops=1979.0),
-        GpuProfile("h200", 989.0, 4800.0, 141.0, tp_link_gbs=450.0, peak_fp8_tflops=1979.0),
+        GpuProfile("h100-sxm", 989.0, 3350.0, 80.0, tp_link_gbs=450.0, peak_fp8_tflops=1979.0, sm_version=90),
+        GpuProfile("h200", 989.0, 4800.0, 141.0, tp_link_gbs=450.0, peak_fp8_tflops=1979.0, sm_version=90),
         GpuProfile(
-            "a100-80gb", 312.0, 2039.0, 80.0, l2_cache_mb=40.0, tp_link_gbs=300.0, host_link="pcie4-host"
+            "a100-80gb",
+            312.0,
+            2039.0,
+            80.0,
+            l2_cache_mb=40.0,
+            tp_link_gbs=300.0,
+            host_link="pcie4-host",
+            sm_version=80,
         ),
         # H800 SXM: H100 SXM's compute and HBM (989 / 1,979 dense BF16 / FP8 TFLOP/s, 3,352 GB/s, 80 GB),
         # NVLink cut to 400 GB/s both ways, one 400 Gb/s CX7 InfiniBand NIC per GPU (DeepSeek, arXiv
         # 2505.09343 section 4.1; DeepSeek-V3 report section 3.2.2 measured ~160 and ~50 GB/s); host
         # memory and PCIe as an HGX H100's (assumed).
-        GpuProfile("h800", 989.0, 3352.0, 80.0, tp_link_gbs=200.0, peak_fp8_tflops=1979.0),
+        GpuProfile("h800", 989.0, 3352.0, 80.0, tp_link_gbs=200.0, peak_fp8_tflops=1979.0, sm_version=90),
         # HGX/DGX B200: 2,250 / 4,500 dense BF16 / FP8 TFLOP/s, 8 TB/s, 180 GB as DGX B200 exposes it
-        # (TensorRT-LLM's perf overview), NVLink 5 at 1.8 TB/s both ways; NIC: a 400 Gb/s CX7 per GPU.
-        GpuProfile("b200", 2250.0, 8000.0, 180.0, tp_link_gbs=900.0, peak_fp8_tflops=4500.0),
+        # (TensorRT-LLM's perf overview), NVLink 5 at 1.8 TB/s both ways; NIC: a 400 Gb/s CX7 per GPU;
+        # dense FP4 9,000 TFLOP/s (HGX B200's 144 PFLOPS sparse over 8 GPUs, halved).
+        GpuProfile(
+            "b200",
+            2250.0,
+            8000.0,
+            180.0,
+            tp_link_gbs=900.0,
+            peak_fp8_tflops=4500.0,
+            peak_fp4_tflops=9000.0,
+            sm_version=100,
+        ),
         # Ascend 910C (two dies): ~752 dense BF16 TFLOP/s, 128 GB at 3.2 TB/s; no FP8, INT8 ~1,504 TOPS
         # (derived from CloudMatrix-Infer's tokens/s per TFLOPS, arXiv 2506.12708); a CloudMatrix384
         # supernode joins 384 NPUs by its UB network at 392 GB/s per NPU each way, RDMA 400 Gb/s per
@@ -121,6 +109,14 @@ GPUS: dict[str, GpuProfile] = {
         ),
     )
 }
+
+GPUS: dict[str, GpuProfile] = HAND_TYPED_GPUS | {
+    name: gpu for name, gpu in system_gpus().items() if name not in HAND_TYPED_GPUS
+}
+"""Every GPU name: the hand-typed ones (each with its sources above; the presets and the fitted
+efficiencies were made on them), then every system aiconfigurator-core describes, read from its files
+(`emulation.silicon_systems`). `l40s` is both: the hand-typed one is kept (the package's differs in
+memory only, 48.3 against 48.0 GB, and by 0.05 of 362 TFLOP/s: tests/test_silicon_systems.py)."""
 
 MODELS: dict[str, ModelProfile] = {
     m.name: m
@@ -205,6 +201,9 @@ LINKS: dict[str, LinkProfile] = {
         # re-measure with nvbandwidth on your system), one copy launch per transfer.
         LinkProfile("pcie4-host", link_gbps=200.0, latency_s=5e-6, per_transfer_overhead_s=20e-6),
         LinkProfile("pcie5-host", link_gbps=400.0, latency_s=5e-6, per_transfer_overhead_s=20e-6),
+        # PCIe 6.0 x16 (128 GB/s a direction raw: B200 and B300 in aiconfigurator-core's system files),
+        # copies assumed at the same share of raw as the two above.
+        LinkProfile("pcie6-host", link_gbps=800.0, latency_s=5e-6, per_transfer_overhead_s=20e-6),
         # A local NVMe SSD (PCIe 4.0 x4): ~7 GB/s sequential reads on datasheets, ~0.1 ms an access.
         LinkProfile("nvme-gen4", link_gbps=56.0, latency_s=100e-6, per_transfer_overhead_s=50e-6),
         LinkProfile(
@@ -222,10 +221,23 @@ SSM_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 """Bytes of a recurrent-state element by `target.mamba_ssm_cache_dtype`."""
 
 
-def target_model(model: str, mamba_ssm_cache_dtype: str = "auto") -> ModelProfile:
-    """The emulated target `model` (a name from MODELS) with its SSM state in `mamba_ssm_cache_dtype`
-    (auto: the profile's own); every reader of the target takes it from here."""
-    profile = MODELS[model]
+def base_profile(model: str) -> ModelProfile:
+    """`model` as named: a built-in profile, or one read from its config (a path or a shipped
+    Hugging Face id: emulation.hf_config)."""
+    return MODELS[model] if model in MODELS else profile_from_source(model)
+
+
+def target_model(
+    model: str,
+    mamba_ssm_cache_dtype: str = "auto",
+    weights: str = "auto",
+    experts: str = "auto",
+    kv_cache: str = "auto",
+) -> ModelProfile:
+    """The emulated target `model` (`base_profile`) with its SSM state in `mamba_ssm_cache_dtype`
+    (auto: the profile's own) and its `weights`, `experts` and `kv_cache` formats
+    (`quantization.quantized`); every reader of the target takes it from here."""
+    profile = quantized(base_profile(model), weights, experts, kv_cache)
     if mamba_ssm_cache_dtype == "auto" or profile.ssm is None:
         return profile
     ssm = dataclasses.replace(profile.ssm, ssm_dtype_bytes=SSM_DTYPE_BYTES[mamba_ssm_cache_dtype])

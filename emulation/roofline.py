@@ -24,6 +24,7 @@ Tensor parallelism multiplies peak compute and bandwidth by `tp`; its all-reduce
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from emulation.config import PoolConfig, TestbedConfig
 from emulation.expert_parallel import ExpertParallel
 from emulation.moe import ExpertLoad
 from emulation.profiles import GPUS, GpuProfile, ModelProfile
+from emulation.quantization import gemm_peak_tflops
 from emulation.step_shape import StepItem, StepShape, share_of
 
 
@@ -128,17 +130,18 @@ class Roofline:
         context = m.layer_mean_keys(shape.num_context_tokens, shape.num_requests)
         num_chunks = shape.num_requests - shape.num_decodes
         ssm_flops, ssm_bytes = m.ssm_work(shape.num_prefill_tokens, num_chunks, shape.num_decodes)
-        flops = (
-            2.0 * m.num_layer_params * shape.num_new_tokens
-            + m.prefill_attention_flops_per_key * keys
-            + 2.0 * m.num_head_params * shape.num_logits
-            + ssm_flops
-        )
+        layer_flops = 2.0 * m.num_layer_params * shape.num_new_tokens
+        other_flops = m.prefill_attention_flops_per_key * keys + 2.0 * m.num_head_params * shape.num_logits
+        flops = layer_flops + other_flops + ssm_flops
+        # the layers' GEMMs at their format's peak, counted in BF16-peak FLOPs (x 1.0 for BF16 weights)
+        at_bf16_peak = layer_flops * self.gpu.peak_tflops / gemm_peak_tflops(m.weight_format, self.gpu)
+        timed_flops = at_bf16_peak + other_flops + ssm_flops
         nbytes = 1.0 * (m.step_weight_bytes + context * m.kv_bytes_per_token + ssm_bytes)  # float(s)
         # as the operator model counts it: KV heads replicated where tp exceeds them
         written = 1.0 * shape.num_new_tokens * m.kv_bytes_per_token_per_gpu(self.tp) * self.tp
         t, e_c, e_b = self.tp, self.eta_compute, self.eta_bandwidth
-        return timed(flops, nbytes, self.gpu, t, e_c, e_b, self.overhead_s, written)
+        step = timed(timed_flops, nbytes, self.gpu, t, e_c, e_b, self.overhead_s, written)
+        return dataclasses.replace(step, flops=flops)
 
     def _moe_step_time(self, shape: StepShape, ex: ExpertParallel) -> StepTime:
         """A MoE target's step: one roofline over the replica's GPUs as if each were the busiest EP
@@ -146,10 +149,10 @@ class Roofline:
         dual-batch overlap, two half steps whose communication hides under their compute
         (emulation.operators says how)."""
         parts = 2 if ex.splits(shape) else 1
-        gemm, bf16, nbytes = (parts * x for x in self._moe_work(share_of(shape, parts), ex))
+        gemm, at_peak, bf16, nbytes = (parts * x for x in self._moe_work(share_of(shape, parts), ex))
         m, g, e_c, e_b = self.model, self.tp, self.eta_compute, self.eta_bandwidth
-        fp8 = self.gpu.peak_fp8_tflops if m.weight_bytes_per_layer_param == 1 else None
-        gemm_t = timed(gemm, nbytes, self.gpu, g, e_c, e_b, self.overhead_s, peak_tflops=fp8)
+        peak = gemm_peak_tflops(m.weight_format, self.gpu)
+        gemm_t = timed(at_peak, nbytes, self.gpu, g, e_c, e_b, self.overhead_s, peak_tflops=peak)
         compute_s = gemm_t.compute_s + timed(bf16, 0.0, self.gpu, g, e_c, e_b, 0.0).compute_s
         a2a_s = parts * ex.all_to_all_s(shape.num_new_tokens / parts)
         overlap_s = 0.0
@@ -163,14 +166,19 @@ class Roofline:
         return StepTime(gemm + bf16, nbytes, compute_s, gemm_t.memory_s, self.overhead_s, g, written,
                         a2a_s, overlap_s, load)  # fmt: skip
 
-    def _moe_work(self, shape: StepShape, ex: ExpertParallel) -> tuple[float, float, float]:
-        """The layers' GEMM FLOPs, the BF16 FLOPs (attention, LM head) and the bytes read of a step of
-        `shape`, over all the replica's GPUs: each data-parallel attention rank as busy as the busiest
-        (reading the dense weights and its requests' KV), each GPU its busiest EP rank's routed share."""
-        m, g, ranks = self.model, self.tp, ex.num_attention_ranks
+    def _moe_work(self, shape: StepShape, ex: ExpertParallel) -> tuple[float, float, float, float]:
+        """The layers' GEMM FLOPs, the same counted at the layer weights' peak (the routed experts'
+        scaled by their own format's peak: x 1.0 when the two are alike), the BF16 FLOPs (attention, LM
+        head) and the bytes read of a step of `shape`, over all the replica's GPUs: each data-parallel
+        attention rank as busy as the busiest (reading the dense weights and its requests' KV), each
+        GPU its busiest EP rank's routed share."""
+        m, g, ranks, gpu = self.model, self.tp, ex.num_attention_ranks, self.gpu
         rank = ex.busiest_rank(shape)
         routed = ex.routed(shape.num_new_tokens)
-        gemm = 2.0 * m.num_dense_params * rank.num_new_tokens * ranks + routed.flops * g
+        dense = 2.0 * m.num_dense_params * rank.num_new_tokens * ranks
+        gemm = dense + routed.flops * g
+        expert_scale = gemm_peak_tflops(m.weight_format, gpu) / gemm_peak_tflops(m.expert_format, gpu)
+        at_peak = dense + routed.flops * g * expert_scale
         bf16 = ranks * (
             m.prefill_attention_flops_per_key
             * m.layer_mean_keys(rank.prefill_keys_attended, rank.num_prefill_tokens)
@@ -185,7 +193,7 @@ class Roofline:
         context = m.layer_mean_keys(rank.num_context_tokens, rank.num_requests)  # (sliding windows)
         kv = ranks * context * m.kv_bytes_per_token_per_gpu(ex.attention_tp) * ex.attention_tp
         nbytes = m.step_weight_bytes * ranks + routed.weight_bytes * g + kv + ranks * ssm_bytes
-        return gemm, bf16, nbytes
+        return gemm, at_peak, bf16, nbytes
 
 
 def roofline_for(cfg: TestbedConfig, pool: PoolConfig) -> Roofline:

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from emulation.config import PoolConfig, TestbedConfig
-from emulation.profiles import GPUS, MODELS, GpuProfile
+from emulation.profiles import GPUS, GpuProfile, base_profile
 from emulation.roofline import StepTime, timed
 
 
@@ -160,7 +160,7 @@ VISION_ENCODERS: dict[str, VisionEncoderProfile] = {
 
 def vision_encoder_of(model: str) -> VisionEncoderProfile | None:
     """The vision encoder of target model `model` (None: a text-only model)."""
-    name = MODELS[model].vision_encoder
+    name = base_profile(model).vision_encoder
     return None if name is None else VISION_ENCODERS[name]
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from emulation.config.moe import EpFabricConfig, MoeRoutingConfig
-from emulation.config.named import named
 from emulation.config.strict import STRICT
-from emulation.profiles import MODELS, ModelProfile, target_model
+from emulation.hf_config import ModelConfigError, is_config_source
+from emulation.profiles import MODELS, ModelProfile, base_profile, target_model
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,54 @@ class CpuOverhead:
     when a profile of your server shows gaps between steps growing with the batch's tokens."""
 
 
+def _check_model(model: str) -> str:
+    """A built-in name, or a config that reads (a path, a shipped Hugging Face id)."""
+    if model in MODELS:
+        return model
+    if not is_config_source(model):
+        raise ValueError(
+            f"unknown model; allowed: {', '.join(MODELS)}, a path to a config.json or its directory, or a "
+            "Hugging Face id whose config ships with aiconfigurator-core (e.g. deepseek-ai/DeepSeek-R1)"
+        )
+    try:
+        base_profile(model)
+    except ModelConfigError as e:
+        raise ValueError(str(e)) from None
+    return model
+
+
+WeightFormatSetting = Literal["auto", "bf16", "fp8", "fp8_block", "nvfp4", "mxfp4", "int4_wo"]
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """How the target stores its weights and KV cache (vLLM's --quantization and --kv-cache-dtype), in
+    emulation.quantization's formats: each sets the bytes stored and the tensor cores its GEMMs run
+    on (a format the GPU has no tensor cores for runs weight-only, at the BF16 peak, as vLLM runs it)."""
+
+    __pydantic_config__ = STRICT
+
+    weights: WeightFormatSetting = "auto"
+    """The decoder layers' weights (attention, dense MLPs, shared experts, SSM projections); auto: as
+    the checkpoint stores them (its config's quantization block; a built-in profile's own)."""
+    experts: WeightFormatSetting = "auto"
+    """The routed experts' weights; auto: the checkpoint's, or as `weights` when that is set."""
+    kv_cache: Literal["auto", "bf16", "fp8"] = "auto"
+    """KV cache elements: bf16 (2 bytes) or fp8 (1: half the KV bytes a token, so twice the tokens
+    cached, and half the bytes a P/D handoff or an offload moves); auto: the checkpoint's
+    (kv_cache_quant_algo FP8: fp8), else bf16."""
+
+
 @dataclass(frozen=True)
 class TargetConfig:
     __pydantic_config__ = STRICT
 
-    model: Annotated[str, named("model", MODELS)] = "qwen2.5-7b"
-    """Emulated model, a name from emulation.profiles.MODELS."""
+    model: Annotated[str, AfterValidator(_check_model)] = "qwen2.5-7b"
+    """Emulated model: a name from emulation.profiles.MODELS, a path to a Hugging Face config.json or
+    its directory, or a Hugging Face id whose config ships with aiconfigurator-core
+    (emulation.hf_config; nothing is downloaded)."""
+    quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    """How weights and KV cache are stored (auto: as the checkpoint)."""
     served_model_name: str | None = None
     """The `model_name` label of every metric (vLLM's --served-model-name); None: `model`."""
     eta_compute: Annotated[float, Field(gt=0, le=1)] = 0.47
@@ -90,4 +132,5 @@ class TargetConfig:
     @property
     def profile(self) -> ModelProfile:
         """The emulated model's profile, its state dtype applied: what every reader of the target uses."""
-        return target_model(self.model, self.mamba_ssm_cache_dtype)
+        q = self.quantization
+        return target_model(self.model, self.mamba_ssm_cache_dtype, q.weights, q.experts, q.kv_cache)
