@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cluster.config_load import load_designs
+from cluster.config_load import available_presets, load_designs, needs_trace
 from cluster.outcome import RunOutput
 from cluster.virtual import run_virtual
 from emulation.config import TestbedConfig
@@ -58,6 +58,13 @@ def configs() -> Iterator[tuple[str, TestbedConfig]]:
     for preset in ("qwen3-30b-a3b-h100", "deepseek-v3-afd-h800"):  # MoE and AFD steps' work
         for cfg in load_designs(preset, None, [SKIP, "workload.num_requests=200"]):
             yield f"moe/{preset}/{cfg.design}", cfg
+    covered = ("guide-l40s", "agentic-h200", "qwen3-next-h200", "qwen3-30b-a3b-h100", "deepseek-v3-afd-h800")
+    for preset in (p for p in available_presets() if p not in covered):  # every other preset, briefly
+        sets = [SKIP, "workload.num_requests=60"]
+        if needs_trace(preset):
+            sets += [f"replay.trace={MOONCAKE}", "replay.window_s=[0, 60]"]
+        for cfg in load_designs(preset, None, sets):
+            yield f"preset/{preset}/{cfg.design}", cfg
 
 
 def _digest(text: str) -> str:
@@ -81,12 +88,23 @@ def fingerprint(out: RunOutput) -> dict[str, Any]:
 
 
 def differences(before: Any, after: Any, where: str = "") -> Iterator[str]:
-    """Every leaf that differs, by its path."""
+    """Every leaf that differs, by its path (a figure the record does not have is an addition, not a
+    difference: `additions`)."""
     if isinstance(before, dict) and isinstance(after, dict):
         for key in sorted(set(before) | set(after)):
-            yield from differences(before.get(key), after.get(key), f"{where}/{key}")
+            if key in before:
+                yield from differences(before[key], after.get(key), f"{where}/{key}")
     elif before != after and not (before != before and after != after):  # (NaN is NaN)
         yield f"{where}: {before!r} -> {after!r}"
+
+
+def additions(before: Any, after: Any, where: str = "") -> Iterator[str]:
+    """Every figure of `after` the record `before` does not have, by its path."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        for key in sorted(after):
+            yield from (
+                additions(before[key], after[key], f"{where}/{key}") if key in before else [f"{where}/{key}"]
+            )
 
 
 def main() -> int:
@@ -110,8 +128,14 @@ def main() -> int:
         return 0
     before = json.loads(Path(args.check).read_text())
     diffs = [d for name in runs for d in differences(before.get(name), runs[name], name)]
+    added = [a for name in runs for a in additions(before.get(name), runs[name], name)]
     for line in diffs:
         print(line)
+    if added:
+        print(
+            f"{len(added)} figures added (not in the record): "
+            + ", ".join(sorted({a.rsplit("/", 1)[-1] for a in added}))
+        )
     print(f"{len(runs)} runs: " + ("identical" if not diffs else f"{len(diffs)} figures differ"))
     return 1 if diffs else 0
 

@@ -15,9 +15,12 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from cluster.config_rules import violations
-from cluster.config_rules_hybrid import resolve_block_size
+from cluster.config_rules_hybrid import engine_pools, resolve_block_size
+from cluster.engine_defaults import resolve_engine_defaults
 from emulation.config import TestbedConfig
 from emulation.config.errors import describe, fields_at
+from emulation.profiles import GPUS
+from emulation.quantization import gemm_compute
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 _ADAPTER = TypeAdapter(TestbedConfig)
@@ -117,16 +120,23 @@ def apply_override(raw: dict[str, Any], text: str) -> None:
 
 
 def build_config(raw: dict[str, Any]) -> TestbedConfig:
-    """Validate a raw config: each field against its own bounds, a hybrid target's block size raised
-    (unless set), then the rules relating fields."""
+    """Validate a raw config: each field against its own bounds, the engine settings left unset at
+    vLLM's defaults for the GPU, a hybrid target's block size raised (unless set), then the rules
+    relating fields."""
     try:
         cfg = _ADAPTER.validate_python(raw)
     except ValidationError as e:
         raise ConfigError(describe(TestbedConfig, e)) from None
-    resolved = resolve_block_size(cfg, configured="block_size" in (raw.get("scheduler") or {}))
-    if isinstance(resolved, str):
-        raise ConfigError(resolved)
-    cfg = resolved
+    scheduler = raw.get("scheduler")
+    configured = set(scheduler) if isinstance(scheduler, dict) else set()
+    for resolve in (
+        lambda c: resolve_engine_defaults(c, configured),
+        lambda c: resolve_block_size(c, configured="block_size" in configured),
+    ):
+        resolved = resolve(cfg)
+        if isinstance(resolved, str):
+            raise ConfigError(resolved)
+        cfg = resolved
     problem = next(violations(cfg), None)
     if problem is not None:
         raise ConfigError(problem)
@@ -140,7 +150,36 @@ def config_to_dict(cfg: TestbedConfig) -> dict[str, Any]:
 
 
 def dump_config(cfg: TestbedConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    """`cfg` as YAML that loads back as it is, after a commented header of what its names resolved to
+    (`resolved_target`): the model's geometry and formats, each pool's GPU and its source."""
+    header = yaml.safe_dump(resolved_target(cfg), sort_keys=False)
+    commented = "".join(f"# {line}\n" for line in header.splitlines())
+    path.write_text(commented + yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def resolved_target(cfg: TestbedConfig) -> dict[str, Any]:
+    """What `cfg.target` and the pools' GPUs resolved to: the model's geometry and quantization as the
+    time models read them, its parameter and byte counts, and each engine pool's GPU figures."""
+    m = cfg.target.profile
+    profile = {k: v for k, v in dataclasses.asdict(m).items() if v is not None}
+    counts = {
+        "num_params": m.num_params,
+        "num_active_layer_params": m.num_active_layer_params,
+        "weight_bytes": m.weight_bytes,
+        "kv_bytes_per_token": m.kv_bytes_per_token,
+    }
+    gpus = {
+        f"pools.{name}": {
+            "gpus": pool.num_gpus,
+            **{k: v for k, v in dataclasses.asdict(GPUS[pool.gpu]).items() if v is not None},
+            "gemm_tensor_cores": {
+                "layers": gemm_compute(m.weight_format, GPUS[pool.gpu], "linear"),
+                "experts": gemm_compute(m.expert_format, GPUS[pool.gpu], "moe"),
+            },
+        }
+        for name, pool in engine_pools(cfg)
+    }
+    return {"resolved_target": {"model_profile": {**profile, **counts}, **gpus, "chunked_prefill": True}}
 
 
 def _read_source(source: str) -> dict[str, Any]:

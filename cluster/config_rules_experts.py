@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from cluster.config_rules_target import unknown_gpu
 from emulation.config import AfdConfig, PoolConfig, TestbedConfig
 from emulation.expert_parallel import ffn_weight_bytes_per_gpu
 from emulation.kv_cache import cdiv
@@ -128,7 +129,7 @@ def _pool_afd(cfg: TestbedConfig, key: str, pool: PoolConfig, model: ModelProfil
         )
     ffn_gpu = afd.ffn_gpu or pool.gpu
     if ffn_gpu not in GPUS:
-        yield f"{k}.ffn_gpu={ffn_gpu!r}: unknown GPU; allowed: {', '.join(GPUS)}"
+        yield unknown_gpu(f"{k}.ffn_gpu", ffn_gpu)
         return
     if model.moe.num_experts % afd.ffn_ep:
         yield (

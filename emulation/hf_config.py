@@ -84,7 +84,7 @@ def read_config(model: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
-            raise ModelConfigError(f"no config.json there")
+            raise ModelConfigError("no config.json there")
         return _json(path, model), _optional_json(path.with_name("hf_quant_config.json"), model)
     root = package_dir()
     where = "aiconfigurator-core's model_configs"
@@ -123,6 +123,8 @@ def language_config(config: Mapping[str, Any]) -> dict[str, Any]:
     text = dict(config.get("text_config") or config)
     model_type = str(text.get("model_type") or config.get("model_type"))
     text["model_type"] = model_type
+    if "tie_word_embeddings" in config:  # a multimodal config keeps it at its top (Qwen3-VL)
+        text.setdefault("tie_word_embeddings", config["tie_word_embeddings"])
     return {**_transformers_defaults(ALIASES.get(model_type, model_type), text), **text}
 
 
@@ -151,8 +153,7 @@ def profile_from_config(
     if model_type not in SUPPORTED:
         listed = ", ".join(SUPPORTED)
         raise ModelConfigError(
-            f"architecture {model_type!r} is not one the testbed's geometry "
-            f"expresses; supported: {listed}"
+            f"architecture {model_type!r} is not one the testbed's geometry expresses; supported: {listed}"
         )
     f = _Fields(name, text)
     weights, experts, kv = checkpoint_quantization(name, config, hf_quant)
@@ -255,7 +256,10 @@ def _dense_width(f: _Fields, layers: list[str]) -> int:
     profile counts dense MLP layers as those that are not MoE)."""
     if "none" in layers:
         if "dense" in layers:
-            raise ModelConfigError(f"MLP and MoE blocks with mixers left over")
+            raise ModelConfigError(
+                "nemotron_h with MLP blocks after some mixers only is not one the testbed's geometry "
+                f"expresses (its MLP layers are all alike); supported: {', '.join(SUPPORTED)}"
+            )
         return 0
     if "dense" not in layers:  # every layer MoE: the width is not read
         return f.int("intermediate_size", default=0)
@@ -345,7 +349,7 @@ def checkpoint_quantization(
         return fmt, fmt, kv
     if algo == "MIXED_PRECISION":
         raise ModelConfigError(
-            f"its checkpoint mixes formats layer by layer; set "
+            "its checkpoint mixes formats layer by layer; set "
             "target.quantization.weights and .experts (allowed: bf16, fp8, fp8_block, nvfp4, mxfp4, int4_wo)"
         )
     fmt = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(algo) or _group_format(name, q)

@@ -56,7 +56,7 @@ from emulation.config import CpuOverhead, OperatorEfficiencies
 from emulation.expert_parallel import ExpertParallel, RoutedWork
 from emulation.moe import ExpertLoad
 from emulation.profiles import GpuProfile, ModelProfile
-from emulation.quantization import gemm_peak_tflops
+from emulation.quantization import Kernels, gemm_peak_tflops
 from emulation.roofline import maximum, timed
 from emulation.step_shape import StepItem, StepShape, share_of
 
@@ -236,7 +236,8 @@ class OperatorRoofline:
         flops, nbytes = m.ssm_work(rank.num_prefill_tokens, num_chunks, rank.num_decodes, tp)
         return (
             self._gemm("ssm_proj", 2.0 * layers * params * t / tp,
-                       layers * (params / tp * m.weight_bytes_per_layer_param + activations), m.weight_format),
+                       layers * (params / tp * m.weight_bytes_per_layer_param + activations),
+                       m.weight_format),
             self._group("ssm_scan", flops, nbytes, e.attention_compute, e.kv_bandwidth),
         )  # fmt: skip
 
@@ -249,7 +250,8 @@ class OperatorRoofline:
         return (
             self._gemm("shared_experts", 2.0 * shared * rank.num_new_tokens / tp,
                        shared / tp * m.weight_bytes_per_layer_param, m.weight_format),
-            self._gemm("routed_experts", routed.flops, routed.weight_bytes + activations, m.expert_format),
+            self._gemm("routed_experts", routed.flops, routed.weight_bytes + activations, m.expert_format,
+                       "moe"),
         )  # fmt: skip
 
     def _projection_widths(self) -> tuple[int, int]:
@@ -277,10 +279,12 @@ class OperatorRoofline:
         wire_s = 2 * (tp - 1) / tp * message / (self.gpu.tp_link_gbs * 1e9 * self.eta.all_reduce_bandwidth)
         return m.num_all_reduces * (wire_s + self.gpu.all_reduce_latency_s)
 
-    def _gemm(self, name: str, flops: float, nbytes: float, weight_format: str) -> GroupTime:
-        """A group of weight GEMMs, at the peak of their weights' format on this GPU
-        (emulation.quantization)."""
-        peak = gemm_peak_tflops(weight_format, self.gpu)
+    def _gemm(
+        self, name: str, flops: float, nbytes: float, weight_format: str, kernels: Kernels = "linear"
+    ) -> GroupTime:
+        """A group of weight GEMMs, at the peak of their weights' format in vLLM's `kernels` on this
+        GPU (emulation.quantization)."""
+        peak = gemm_peak_tflops(weight_format, self.gpu, kernels)
         return self._group(name, flops, nbytes, self.eta.gemm_compute, self.eta.weights_bandwidth, peak)
 
     def _group(

@@ -5,14 +5,15 @@ where it has none they run as vLLM runs them there, weight-only: the weights sta
 in memory (what a memory-bound decode step reads) and are dequantized into BF16 GEMMs (vLLM's Marlin
 kernels for FP8 on Ampere and FP4 before Blackwell)::
 
-    format      stored bytes / weight             tensor cores           without them
-    bf16        2                                 BF16                   -
-    fp8         1 (a scale per tensor/channel)    FP8 (sm >= 89)         BF16, weight-only (A100)
-    fp8_block   1 (a scale per 128 x 128: 0.02 %) FP8 (sm >= 89)         BF16, weight-only
-    nvfp4       0.5 + an FP8 scale per 16: 0.5625 FP4 (Blackwell)        BF16, weight-only (Marlin)
-    mxfp4       0.5 + an 8-bit scale per 32       BF16: vLLM's default   -
-                                                  MoE kernels take BF16 activations (W4A16)
-    int4_wo     0.5 + a BF16 scale per 32: 0.5625 BF16, weight-only      -
+    format      stored bytes / weight             tensor cores (vLLM 0.32's kernels)     without them
+    bf16        2                                 BF16                                   -
+    fp8         1 (a scale per tensor/channel)    FP8 from sm 89 (CUTLASS, Triton MoE)   BF16, weight-only
+    fp8_block   1 (a scale per 128 x 128: 0.02 %) FP8 from sm 90; MoE from sm 89 (on     BF16, weight-only
+                                                  sm 89 its linear layers run on Marlin)
+    nvfp4       0.5 + an FP8 scale per 16: 0.5625 FP4 from sm 100 (CUTLASS, FlashInfer)  BF16, weight-only
+    mxfp4       0.5 + an 8-bit scale per 32       none: vLLM's MoE kernels take BF16     -
+                                                  activations by default (W4A16)
+    int4_wo     0.5 + a BF16 scale per 32: 0.5625 none (Marlin, Machete: W4A16)          -
                 (compressed-tensors W4A16, as Kimi-K2.5's experts)
 
 Scales under 0.1 % of a weight's bytes (per tensor, per channel, per 128 x 128 block) are left out, as
@@ -40,39 +41,50 @@ KV_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp8": 1}
 """Bytes of one KV cache element by `target.quantization.kv_cache`."""
 
 
+Kernels = Literal["linear", "moe"]
+"""vLLM's two kernel families: dense layers' GEMMs and the routed experts' fused MoE."""
+
+
 @dataclass(frozen=True)
 class FormatSpec:
     """What one weight format stores and the tensor cores it can use."""
 
     bytes_per_weight: float
     tensor_cores: Compute
-    """The low-precision tensor cores its GEMMs use where the GPU has them (bf16: none needed)."""
+    """The low-precision tensor cores its GEMMs use where vLLM has kernels for them (bf16: none)."""
+    min_sm_linear: int = 0
+    """The compute capability (x 10) from which vLLM's linear kernels use them."""
+    min_sm_moe: int = 0
+    """The same for its fused-MoE kernels."""
 
 
 FORMATS: dict[str, FormatSpec] = {
     "bf16": FormatSpec(2.0, "bf16"),
-    "fp8": FormatSpec(1.0, "fp8"),
-    "fp8_block": FormatSpec(1.0, "fp8"),
-    "nvfp4": FormatSpec(0.5 + 1 / 16, "fp4"),
+    "fp8": FormatSpec(1.0, "fp8", 89, 89),
+    "fp8_block": FormatSpec(1.0, "fp8", 90, 89),
+    "nvfp4": FormatSpec(0.5 + 1 / 16, "fp4", 100, 100),
     "mxfp4": FormatSpec(0.5 + 1 / 32, "bf16"),
     "int4_wo": FormatSpec(0.5 + 2 / 32, "bf16"),
 }
 
 
-def gemm_compute(weight_format: str, gpu: GpuProfile) -> Compute:
-    """The tensor cores GEMMs of `weight_format` weights run on, on `gpu` (BF16 where it has none of
-    the format's: weight-only)."""
-    cores = FORMATS[weight_format].tensor_cores
-    if cores == "fp8" and gpu.peak_fp8_tflops is not None:
-        return "fp8"
-    if cores == "fp4" and gpu.peak_fp4_tflops is not None:
-        return "fp4"
-    return "bf16"
+def gemm_compute(weight_format: str, gpu: GpuProfile, kernels: Kernels) -> Compute:
+    """The tensor cores `kernels` GEMMs of `weight_format` weights run on, on `gpu`: the format's where
+    the GPU has them and vLLM's kernels use them there, else BF16 (weight-only). A GPU that is not
+    NVIDIA's (no sm_version) runs them wherever it has the peak (the Ascend 910C: INT8 W8A8)."""
+    spec = FORMATS[weight_format]
+    peak = {"bf16": gpu.peak_tflops, "fp8": gpu.peak_fp8_tflops, "fp4": gpu.peak_fp4_tflops}[
+        spec.tensor_cores
+    ]
+    min_sm = spec.min_sm_linear if kernels == "linear" else spec.min_sm_moe
+    if peak is None or (gpu.sm_version is not None and gpu.sm_version < min_sm):
+        return "bf16"
+    return spec.tensor_cores
 
 
-def gemm_peak_tflops(weight_format: str, gpu: GpuProfile) -> float:
-    """Dense peak, TFLOP/s, of GEMMs of `weight_format` weights on `gpu`."""
-    return gpu.peak_tflops_of(gemm_compute(weight_format, gpu))
+def gemm_peak_tflops(weight_format: str, gpu: GpuProfile, kernels: Kernels = "linear") -> float:
+    """Dense peak, TFLOP/s, of `kernels` GEMMs of `weight_format` weights on `gpu`."""
+    return gpu.peak_tflops_of(gemm_compute(weight_format, gpu, kernels))
 
 
 @functools.cache

@@ -177,7 +177,7 @@ class Roofline:
         routed = ex.routed(shape.num_new_tokens)
         dense = 2.0 * m.num_dense_params * rank.num_new_tokens * ranks
         gemm = dense + routed.flops * g
-        expert_scale = gemm_peak_tflops(m.weight_format, gpu) / gemm_peak_tflops(m.expert_format, gpu)
+        expert_scale = gemm_peak_tflops(m.weight_format, gpu) / gemm_peak_tflops(m.expert_format, gpu, "moe")
         at_peak = dense + routed.flops * g * expert_scale
         bf16 = ranks * (
             m.prefill_attention_flops_per_key

@@ -1,0 +1,41 @@
+"""The rules of the target on its GPUs: names that resolve, and formats vLLM can run there."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from cluster.config_rules_hybrid import engine_pools
+from emulation.config import TestbedConfig
+from emulation.profiles import GPUS
+from emulation.silicon_systems import SYSTEM_NAMES, missing_package_line, system_gpus
+
+MIN_SM_MLA_FP8_KV = 89
+"""vLLM 0.32 reads an MLA model's FP8 KV cache with Triton MLA from sm 89 (its fallback backend),
+FlashMLA on Hopper and FlashInfer or CUTLASS MLA on Blackwell; on sm 80 none takes it and it refuses."""
+
+
+def unknown_gpu(field: str, name: str) -> str:
+    """The line for a GPU name that is not one: the names, and what is missing when aiconfigurator-core
+    (which describes most of them) is not installed."""
+    line = f"{field}={name!r}: unknown GPU; allowed: {', '.join(GPUS)}"
+    if not system_gpus():
+        line += f"; {len(SYSTEM_NAMES)} more ({', '.join(SYSTEM_NAMES)}) need {missing_package_line()}"
+    return line
+
+
+def target(cfg: TestbedConfig) -> Iterator[str]:
+    """A KV cache format no attention backend of vLLM's reads on a pool's GPU (before the pools' KV
+    room is checked: the format sizes it)."""
+    model, q = cfg.target.profile, cfg.target.quantization
+    if model.mla is None or model.kv_dtype_bytes != 1:
+        return
+    for name, pool in engine_pools(cfg):
+        sm = GPUS[pool.gpu].sm_version if pool.gpu in GPUS else None  # (an unknown one: a later rule)
+        if sm is not None and sm < MIN_SM_MLA_FP8_KV:
+            given = "" if q.kv_cache == "fp8" else " (auto: the checkpoint's fp8)"
+            yield (
+                f"target.quantization.kv_cache={q.kv_cache!r}{given}: vLLM has no MLA attention backend that "
+                f"reads an FP8 KV cache on pools.{name}.gpu={pool.gpu!r} (sm {sm}; Triton MLA needs sm "
+                f"{MIN_SM_MLA_FP8_KV}); allowed: bf16, or a GPU of sm {MIN_SM_MLA_FP8_KV} or later"
+            )
+            return
