@@ -59,8 +59,8 @@ def plan(tmp_path_factory):
 
 
 def test_the_terminal_table_fits_and_says_goodput_in_one_unit(plan):
-    _, info, printed = plan
-    lines = printed.splitlines()
+    out, info, printed = plan
+    lines = [line for line in printed.splitlines() if str(out) not in line]  # (a path is as long as it is)
     assert max(len(line) for line in lines) <= CONSOLE_WIDTH
     assert "…" not in printed  # no header or cell cut short
     for raw in (*RAW_NAMES, "tok/s/", "GPU(s)", "req/$"):
