@@ -108,11 +108,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{flag.replace(' ', '=')} replays a trace; run it with: {command}")
     configs = configs_of(args)
     c = configs[0]
-    notes = [
-        f"workload: {c.workload.num_requests} requests at {c.workload.rate:g} req/s, prompt "
-        f"{c.workload.prompt_len}, output {c.workload.output_len}, seed {c.seed}"
-    ]
-    return _run_designs(args, configs, "run", notes, c.workload.num_requests)
+    return _run_designs(args, configs, "run", [workload_note(c)], c.workload.num_requests)
+
+
+def workload_note(cfg: TestbedConfig) -> str:
+    """The report's line on a synthetic workload: how many requests, sent how (open loop at a rate, or
+    closed loop at a concurrency), the warm-up left out of the figures, their lengths, the seed."""
+    w = cfg.workload
+    sent = f"at {w.rate:g} req/s"
+    if w.max_concurrency is not None:
+        sent = f"{w.max_concurrency} at once (closed loop)"
+    warmup = f", the first {w.num_warmup_requests} a warm-up" if w.num_warmup_requests else ""
+    spread = f" (each ±{w.random_range_ratio:.0%})" if w.random_range_ratio else ""
+    return (
+        f"workload: {w.num_requests} requests {sent}{warmup}, prompt {w.prompt_len}, output "
+        f"{w.output_len}{spread}, seed {cfg.seed}"
+    )
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

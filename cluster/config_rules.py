@@ -13,10 +13,12 @@ from pathlib import Path
 from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
 from cluster.config_rules_experts import experts
 from cluster.config_rules_hybrid import hybrid
+from cluster.config_rules_target import target, unknown_gpu
 from emulation.config import PoolConfig, TestbedConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS, block_bytes, cdiv, num_gpu_blocks
 from emulation.profiles import GPUS, LINKS, MODELS
 from workloads.slo import SloError, parse_slo
+from workloads.synthetic import output_len_bounds, prompt_len_bounds
 from workloads.traces.multi_turn import parse_dist
 
 
@@ -26,6 +28,7 @@ def violations(cfg: TestbedConfig) -> Iterator[str]:
         _scheduler,
         experts,
         hybrid,
+        target,
         _pools,
         _workload,
         _replay,
@@ -34,6 +37,7 @@ def violations(cfg: TestbedConfig) -> Iterator[str]:
         _rest,
         _offload,
         _faults,
+        _load_shape,
     ):
         yield from rules(cfg)
 
@@ -64,7 +68,7 @@ def _pools(cfg: TestbedConfig) -> Iterator[str]:
         if not pool.replicas:
             continue
         if pool.gpu not in GPUS:
-            yield f"pools.{name}.gpu={pool.gpu!r}: unknown GPU; allowed: {', '.join(GPUS)}"
+            yield unknown_gpu(f"pools.{name}.gpu", pool.gpu)
         have = num_gpu_blocks(cfg, pool) // pool.num_attention_ranks  # a request's KV is on one rank
         a_rank = " a rank" if pool.num_attention_ranks > 1 else ""
         if have - NUM_NULL_BLOCKS < need:
@@ -93,7 +97,7 @@ def _pools(cfg: TestbedConfig) -> Iterator[str]:
         )
     e = p.encoder
     if e.replicas and e.gpu not in GPUS:
-        yield f"pools.encoder.gpu={e.gpu!r}: unknown GPU; allowed: {', '.join(GPUS)}"
+        yield unknown_gpu("pools.encoder.gpu", e.gpu)
     if e.replicas and cfg.target.profile.vision_encoder is None:
         vl = ", ".join(n for n, m in MODELS.items() if m.vision_encoder)
         yield (
@@ -257,3 +261,37 @@ def _faults(cfg: TestbedConfig) -> Iterator[str]:
 def _kv_gpus(pool: PoolConfig) -> int:
     """The GPUs of a replica of `pool` that hold KV: all of them, or with AFD its attention ranks'."""
     return pool.num_gpus if pool.afd is None else pool.num_attention_ranks * pool.tp
+
+
+def _load_shape(cfg: TestbedConfig) -> Iterator[str]:
+    """How a synthetic workload is sent and sized: closed loop over synthetic requests only, a warm-up
+    that leaves requests to measure, and ranged lengths (`random_range_ratio`) that vLLM would draw and
+    the engines would take."""
+    w = cfg.workload
+    if w.max_concurrency is not None and w.kind != "synthetic":
+        yield (
+            f"workload.max_concurrency={w.max_concurrency}: closed loop over synthetic requests only; "
+            f"workload.kind={w.kind!r} replays sessions, whose closed loop is replay.max_sessions "
+            "(top-level sessions at once); allowed: null here"
+        )
+    if w.kind == "synthetic" and w.num_warmup_requests >= w.num_requests:
+        yield (
+            f"workload.num_warmup_requests={w.num_warmup_requests}: leaves none of "
+            f"workload.num_requests={w.num_requests} to measure; allowed: 0 to {w.num_requests - 1}"
+        )
+    if w.kind != "synthetic" or w.random_range_ratio == 0:
+        return
+    (shortest, longest), (_, longest_output) = prompt_len_bounds(w), output_len_bounds(w)
+    if shortest < 1:  # as vLLM refuses it (RandomDataset.sample)
+        yield (
+            f"workload.random_range_ratio={w.random_range_ratio:g}: draws prompts of {shortest} tokens "
+            f"from prompt_len={w.prompt_len}; allowed: a ratio or prompt_len with "
+            "floor(prompt_len x (1 - ratio)) >= 1"
+        )
+    max_model_len = cfg.scheduler.max_model_len
+    if longest + longest_output > max_model_len:
+        yield (
+            f"workload.random_range_ratio={w.random_range_ratio:g}: the longest requests need "
+            f"{longest + longest_output} tokens (prompt {longest} + output {longest_output}), more than "
+            f"scheduler.max_model_len={max_model_len}; allowed: a smaller ratio, or a larger max_model_len"
+        )

@@ -352,7 +352,8 @@ def checkpoint_quantization(
             "its checkpoint mixes formats layer by layer; set "
             "target.quantization.weights and .experts (allowed: bf16, fp8, fp8_block, nvfp4, mxfp4, int4_wo)"
         )
-    fmt = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(algo) or _group_format(name, q)
+    by_algo: dict[str, WeightFormat] = {"FP8": "fp8", "NVFP4": "nvfp4"}
+    fmt = by_algo.get(algo) or _group_format(name, q)
     skipped = [str(x) for x in (q.get("ignore") or q.get("exclude_modules") or [])]
     weights: WeightFormat = "bf16" if any(_ATTENTION.search(x) for x in skipped) else fmt
     return weights, fmt, kv
@@ -360,8 +361,9 @@ def checkpoint_quantization(
 
 def _group_format(name: str, q: Mapping[str, Any]) -> WeightFormat:
     """compressed-tensors: the first config group's weights."""
-    groups = q.get("config_groups") or {}
-    weights = next(iter(groups.values()), {}).get("weights") or {} if groups else {}
+    groups: Mapping[str, Any] = q.get("config_groups") or {}
+    first: Mapping[str, Any] = next(iter(groups.values()), {})
+    weights: Mapping[str, Any] = first.get("weights") or {}
     bits, kind = weights.get("num_bits"), weights.get("type")
     if (bits, kind) == (4, "int"):
         return "int4_wo"

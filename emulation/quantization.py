@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal, cast, get_args
 
 from emulation.gpu_profile import Compute, GpuProfile
 
@@ -97,7 +97,7 @@ def quantized(profile: ModelProfile, weights: str, experts: str, kv_cache: str) 
     expert_format = profile.expert_format if experts == weights == "auto" else experts
     return dataclasses.replace(
         profile,
-        weight_format=profile.weight_format if weights == "auto" else weights,
-        expert_format=weights if expert_format == "auto" else expert_format,
+        weight_format=profile.weight_format if weights == "auto" else cast(WeightFormat, weights),
+        expert_format=cast(WeightFormat, weights if expert_format == "auto" else expert_format),
         kv_dtype_bytes=profile.kv_dtype_bytes if kv_cache == "auto" else KV_DTYPE_BYTES[kv_cache],
     )

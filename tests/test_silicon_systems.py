@@ -78,8 +78,8 @@ sys.exit(main(sys.argv[1:]))
 def test_without_the_package_built_in_names_run_and_the_others_say_what_is_missing(
     tmp_path, sets, code, words
 ):
-    argv = ["run", "--preset", "guide-l40s", "--design", "collocated", "--compute", "skip", "--num-requests", "2",
-            "--out", str(tmp_path)]  # fmt: skip
+    argv = ["run", "--preset", "guide-l40s", "--design", "collocated", "--compute", "skip",
+            "--num-requests", "2", "--out", str(tmp_path)]  # fmt: skip
     for s in sets:
         argv += ["--set", s]
     done = subprocess.run([sys.executable, "-c", HIDE_PACKAGE, *argv], capture_output=True, text=True,

@@ -11,6 +11,7 @@ from typing import Any
 from emulation.config import TestbedConfig
 from emulation.vision import vision_encoder_of
 from messages import ClientRequest, RequestResult
+from workloads.closed_loop import ClosedLoop
 from workloads.render_tier import RenderTier
 from workloads.session_replay import Clock, SessionReplay
 from workloads.synthetic import synthetic_requests
@@ -41,7 +42,19 @@ def load_workload(cfg: TestbedConfig, requests: Workload | LoadedWorkload | None
     workload = workload_for(cfg) if requests is None else requests
     if isinstance(workload, Trace):  # described as replayed: its window, its turns
         workload = workload.replayed(cfg.replay.window_s, cfg.replay.max_turns)
-    return LoadedWorkload(workload, workload_info(workload, cfg.replay.speedup))
+    return LoadedWorkload(workload, {**workload_info(workload, cfg.replay.speedup), **load_info(cfg)})
+
+
+def load_info(cfg: TestbedConfig) -> dict[str, Any]:
+    """Summary keys of how the load is sent, where it is not the default: the closed loop's
+    `max_concurrency` (vLLM's key) and the warm-up's size (none for a default run)."""
+    w = cfg.workload
+    info: dict[str, Any] = {}
+    if w.max_concurrency is not None:
+        info["max_concurrency"] = w.max_concurrency
+    if w.num_warmup_requests:
+        info["num_warmup_requests"] = w.num_warmup_requests
+    return info
 
 
 def workload_for(cfg: TestbedConfig) -> Workload:
@@ -96,14 +109,18 @@ async def run_workload(
     lead_s: float = 0.0,
     render_chat: Callable[[list[dict[str, Any]]], list[int]] | None = None,
 ) -> list[RequestResult]:
-    """Replay `workload` through `submit` (see `replay` and `SessionReplay`); `render_chat`: the render
-    tier's template and tokenizer, for a trace of chat prompts."""
+    """Replay `workload` through `submit` (see `replay`, `ClosedLoop` under workload.max_concurrency,
+    and `SessionReplay`); `render_chat`: the render tier's template and tokenizer, for a trace of chat
+    prompts."""
     if isinstance(workload, Trace):
         synth = TokenSynthesizer(cfg.runner.vocab_size, workload.block_size, cfg.seed, render_chat)
         forced = cfg.workload.output_policy == "forced"
         images = (vision_encoder_of(cfg.target.model) is not None, image_patch_size(cfg))
         driver = SessionReplay(submit, clock, synth, cfg.replay, render, on_result, lead_s, forced, images)
         return await driver.run(workload)
+    if cfg.workload.max_concurrency is not None:  # closed loop: sent as slots free, never ahead
+        closed = ClosedLoop(submit, clock, cfg.workload.max_concurrency, render, on_result)
+        return await closed.run(workload)
     return await replay(submit, workload, clock, on_result, lead_s, render)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from messages import OFFLOAD_TIERS, RequestResult, RequestTimes
@@ -33,9 +34,13 @@ _RESULT_FIELDS = [
 """A result's own columns, ahead of the engines' times."""
 
 
-def results_frame(results: list[RequestResult], design: str, rate: float, seed: int) -> pd.DataFrame:
+def results_frame(
+    results: list[RequestResult], design: str, rate: float, seed: int, num_warmup_requests: int = 0
+) -> pd.DataFrame:
     """One row per result, the engines' times flattened into columns of their own (built column by
-    column: a frame from per-row dicts costs several times more)."""
+    column: a frame from per-row dicts costs several times more). `warmup`: True for the first
+    `num_warmup_requests` sent (`warmup_mask`; `workload.num_warmup_requests`), which the summary leaves
+    out."""
     n = len(results)
     cols: dict[str, Any] = {"design": [design] * n, "rate": [rate] * n, "seed": [seed] * n}
     for name in _RESULT_FIELDS:
@@ -63,6 +68,7 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     handoff = {f"handoff_{part}_s": [p[part] if p else float("nan") for p in parts] for part in HANDOFF_PARTS}
     df = pd.concat([df, pd.DataFrame(handoff, index=df.index)], axis=1)
     df["ok"] = df["finished_reason"].isin(["length", "stop"])
+    df["warmup"] = warmup_mask(df["arrival_s"], num_warmup_requests)
     # Where the prompt was computed (prefill in P/D), how much of it each offload tier and the caches
     # altogether (GPU prefix cache, then the tiers) served.
     for tier in OFFLOAD_TIERS:
@@ -75,3 +81,12 @@ def results_frame(results: list[RequestResult], design: str, rate: float, seed: 
     pulled = df["prefill_pulled_back_tokens"].fillna(0)
     df["prompt_computed_tokens"] = df["num_prompt_tokens"] - df["prompt_cached_tokens"] - pulled
     return df
+
+
+def warmup_mask(arrival_s: pd.Series, num_warmup_requests: int) -> np.ndarray:
+    """True for the first `num_warmup_requests` requests sent: the earliest arrivals, ties in the
+    results' order (a closed loop's first slots all send at 0, in the order the results keep)."""
+    mask = np.zeros(len(arrival_s), dtype=bool)
+    first = np.argsort(arrival_s.to_numpy(dtype=float), kind="stable")[:num_warmup_requests]
+    mask[first] = True
+    return mask

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from emulation.config import PoolsConfig
 from messages import OFFLOAD_TIERS
 from messages.latency import HANDOFF_PARTS
 from messages.stats import EngineReport, LostEngine
@@ -40,9 +41,16 @@ def _percentiles_ms(values: Any, *qs: float) -> list[float | None]:
     return [v * 1000.0 for v in percentiles(arr, qs)]
 
 
-def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """One record: bench-serve keys (ms, req/s), worst gap, handoff, and per SLO set (`slo_figures`)
-    attainment, goodput and what decides whether it holds."""
+def summarize(
+    df: pd.DataFrame, slos: tuple[str, ...] | list[str], num_gpus: int | None = None
+) -> dict[str, Any]:
+    """One record: bench-serve keys (ms, req/s, tok/s), worst gap, handoff, and per SLO set
+    (`slo_figures`) attainment, goodput and what decides whether it holds. Warm-up requests (the
+    results' `warmup` column, `workload.num_warmup_requests`) are left out of every figure, here.
+    `num_gpus`: the deployment's GPUs (`deployment_gpus`), for `output_throughput_per_gpu` (None:
+    not a deployment of the testbed's, so none)."""
+    if "warmup" in df and df["warmup"].any():  # (a table written before warm-ups has no such column)
+        df = df[~df["warmup"]]
     ok = df[df["ok"]]
     rejected = df["finished_reason"] == "rejected"
     itls = gaps([t for t in ok["token_times_s"] if len(t) > 1])
@@ -54,13 +62,16 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
     median_tpot, p99_tpot = _percentiles_ms(tpot, 50, 99)
     median_e2el, p99_e2el = _percentiles_ms(ok["e2el_s"], 50, 99)
     median_handoff, p99_handoff = _percentiles_ms(ok["handoff_s"], 50, 99)
+    output_throughput = output_tps(ok, duration)
     record: dict[str, Any] = {
         "completed": len(ok),
         "failed": int((~df["ok"] & ~rejected).sum()),
-        "rejected": int(rejected.sum()),  # completed + failed + rejected: every request sent
+        "rejected": int(rejected.sum()),  # completed + failed + rejected: every request sent but warm-ups
         "duration_s": duration,
         "request_throughput": len(ok) / duration if duration and duration > 0 else 0.0,
-        "output_throughput": float(ok["num_output_tokens"].sum()) / duration if duration > 0 else 0.0,
+        "output_throughput": output_throughput,
+        "num_gpus": num_gpus,
+        "output_throughput_per_gpu": output_throughput / num_gpus if num_gpus else None,
         "mean_ttft_ms": _mean_ms(ttft),
         "median_ttft_ms": median_ttft,
         "p99_ttft_ms": p99_ttft,
@@ -96,6 +107,18 @@ def summarize(df: pd.DataFrame, slos: tuple[str, ...] | list[str]) -> dict[str, 
         **slo_figures(df, slos, duration),
     }
     return record
+
+
+def output_tps(ok: pd.DataFrame, duration_s: float) -> float:
+    """Output tokens a second of the successful requests `ok` over `duration_s` (vLLM's
+    `output_throughput`; 0 without a duration)."""
+    return float(ok["num_output_tokens"].sum()) / duration_s if duration_s > 0 else 0.0
+
+
+def deployment_gpus(pools: PoolsConfig) -> int:
+    """The GPUs a design's pools take: each pool's replicas x its GPUs a replica (`PoolConfig.num_gpus`:
+    ep x tp, or AFD's attention and FFN ranks), the encoder pool's among them."""
+    return sum(p.replicas * p.num_gpus for p in (pools.mixed, pools.prefill, pools.decode, pools.encoder))
 
 
 def slo_figures(df: pd.DataFrame, slos: Sequence[str], duration_s: float) -> dict[str, dict[str, Any]]:

@@ -1,8 +1,11 @@
-"""The guide's synthetic workload: Poisson arrivals, random fixed-length prompts and answers.
+"""The guide's synthetic workload: Poisson arrivals, random prompts and answers of fixed lengths.
 
 Like `vllm bench serve --dataset-name random`: prompt tokens drawn uniformly from the runner's
-vocabulary (so no two prompts share a prefix block), a fixed answer length, EOS ignored.
-Deterministic for a seed.
+vocabulary (so no two prompts share a prefix block), a fixed answer length, EOS ignored; with
+`workload.random_range_ratio` R, each request's lengths drawn around the nominal ones as its
+`--random-range-ratio` draws them (`length_bounds`). Deterministic for a seed. Under
+`workload.max_concurrency` the arrival times are not used: `workloads.closed_loop` sends the requests
+in order, each when a slot frees.
 
 With images (`workload.images_per_request`), like `vllm bench serve --dataset-name random-mm`: each a
 square grid of `image_tokens` (`workloads.images`), its placeholders leading the prompt; a reused image
@@ -35,7 +38,11 @@ def synthetic_requests(
 
 
 def _text_requests(w: WorkloadConfig, vocab_size: int, seed: int) -> list[ClientRequest]:
-    std_gaps, prompts, answers = _draws(seed, w.num_requests, w.prompt_len, w.output_len, vocab_size)
+    if w.random_range_ratio == 0:  # fixed lengths: the very draws of runs before the ratio existed
+        std_gaps, prompts, answers = _draws(seed, w.num_requests, w.prompt_len, w.output_len, vocab_size)
+    else:
+        ranges = prompt_len_bounds(w), output_len_bounds(w)
+        std_gaps, prompts, answers = _ranged_draws(seed, w.num_requests, *ranges, vocab_size)
     gaps = std_gaps * (1.0 / w.rate)  # numpy's exponential(scale) is this product, bit for bit
     gaps[0] = 0.0  # the first request goes out at t=0, as a benchmark client sends it
     arrivals = np.cumsum(gaps)
@@ -44,11 +51,29 @@ def _text_requests(w: WorkloadConfig, vocab_size: int, seed: int) -> list[Client
             request_id=f"req-{i:05d}",
             arrival_s=float(arrivals[i]),
             prompt_token_ids=prompts[i],
-            max_tokens=w.output_len,
+            max_tokens=len(answers[i]),
             forced_output_token_ids=answers[i] if w.output_policy == "forced" else None,
         )
         for i in range(w.num_requests)
     ]
+
+
+def length_bounds(nominal: int, ratio: float) -> tuple[int, int]:
+    """The lengths a request of `nominal` tokens may have under range ratio `ratio`, both ends included:
+    vLLM's `[floor(L x (1 - R)), ceil(L x (1 + R))]` (`benchmarks.datasets.utils.get_sampling_params`,
+    float for float: 100 at 0.1 is [90, 111], since 100 x 1.1 is 110.00000000000001)."""
+    return math.floor(nominal * (1 - ratio)), math.ceil(nominal * (1 + ratio))
+
+
+def prompt_len_bounds(w: WorkloadConfig) -> tuple[int, int]:
+    """A synthetic request's shortest and longest prompt (vLLM refuses a shortest of 0: a config rule)."""
+    return length_bounds(w.prompt_len, w.random_range_ratio)
+
+
+def output_len_bounds(w: WorkloadConfig) -> tuple[int, int]:
+    """A synthetic request's shortest and longest answer, at least 1 token (as vLLM's)."""
+    low, high = length_bounds(w.output_len, w.random_range_ratio)
+    return max(low, 1), max(high, 1)
 
 
 @functools.lru_cache(maxsize=2)
@@ -64,6 +89,26 @@ def _draws(
     prompts = rng.integers(0, vocab_size, size=(num_requests, prompt_len))
     answers = rng.integers(0, vocab_size, size=(num_requests, output_len))
     return std_gaps, [TokenIds(p) for p in prompts], [a.tolist() for a in answers]
+
+
+@functools.lru_cache(maxsize=2)
+def _ranged_draws(
+    seed: int,
+    num_requests: int,
+    prompt_range: tuple[int, int],
+    output_range: tuple[int, int],
+    vocab_size: int,
+) -> tuple[np.ndarray, list[TokenIds], list[list[int]]]:
+    """`_draws` with each request's lengths drawn uniformly from the ranges (both ends included), as
+    vLLM's RandomDataset draws them (every prompt length, then every output length); the same gaps as
+    `_draws` for the seed. Never changed, as `_draws`."""
+    rng = np.random.default_rng(seed)
+    std_gaps = rng.standard_exponential(num_requests)
+    prompt_lens = rng.integers(prompt_range[0], prompt_range[1] + 1, size=num_requests)
+    output_lens = rng.integers(output_range[0], output_range[1] + 1, size=num_requests)
+    prompts = [TokenIds(rng.integers(0, vocab_size, size=int(n))) for n in prompt_lens]
+    answers = [rng.integers(0, vocab_size, size=int(n)).tolist() for n in output_lens]
+    return std_gaps, prompts, answers
 
 
 def _add_images(

@@ -32,16 +32,39 @@ class WorkloadConfig:
     __pydantic_config__ = STRICT
 
     kind: Literal["synthetic", "trace", "multi_turn"] = "synthetic"
-    """synthetic: random prompts of fixed lengths (the guide's `vllm bench serve --dataset random`);
-    trace: the sessions of `replay.trace`; multi_turn: conversations as `multi_turn` describes them
-    (the fields below apply to synthetic only)."""
+    """synthetic: random prompts of fixed lengths, or drawn around them (the guide's `vllm bench serve
+    --dataset random`); trace: the sessions of `replay.trace`; multi_turn: conversations as
+    `multi_turn` describes them (the fields below apply to synthetic only, but num_warmup_requests
+    and output_policy)."""
     rate: Annotated[float, Field(gt=0)] = 0.2
-    """Offered load, requests per emulated second (Poisson arrivals)."""
+    """Offered load, requests per emulated second (Poisson arrivals); not used with max_concurrency."""
+    max_concurrency: Annotated[int | None, Field(ge=1)] = None
+    """Closed loop, as `vllm bench serve --max-concurrency N` (at its default --request-rate inf) and
+    genai-perf's --concurrency: N requests in flight, the next one sent the moment one finishes or
+    fails, num_requests in all; `rate` is then not used for arrivals. A request's clock starts when
+    it is sent: its arrival_s is that moment, and its TTFT counts every wait after it (rendering, the
+    proxy, an engine's waiting queue). None: open loop, Poisson arrivals at `rate`. Synthetic
+    workloads only (a trace's closed loop is replay.max_sessions)."""
     num_requests: Annotated[int, Field(ge=1)] = 100
+    """Requests sent in all, num_warmup_requests among them."""
+    num_warmup_requests: Annotated[int, Field(ge=0)] = 0
+    """The first K requests sent (any kind: the earliest arrivals) are a warm-up: sent like the others
+    (under max_concurrency they take slots), kept in the results table (its `warmup` column True) and
+    left out of every summary figure. `vllm bench serve --num-warmups W --num-prompts P` is
+    num_requests W + P with K = W, except that vLLM's warm-ups all finish before the measured requests
+    start."""
     prompt_len: Annotated[int, Field(ge=1)] = 8192
-    """Prompt tokens per request."""
+    """Prompt tokens per request (with random_range_ratio: the nominal length)."""
     output_len: Annotated[int, Field(ge=1)] = 256
-    """Output tokens per request (max_tokens, EOS ignored)."""
+    """Output tokens per request (max_tokens, EOS ignored; with random_range_ratio: the nominal
+    length)."""
+    random_range_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """R: each request's prompt and output lengths drawn uniformly from the integers
+    [floor(L x (1 - R)), ceil(L x (1 + R))] of their nominal L (outputs at least 1), as
+    `vllm bench serve --dataset-name random --random-range-ratio R` draws them; seeded by `seed`.
+    0: every request of prompt_len and output_len exactly. Lengths uniform over [a L, b L] are nominal
+    (a + b) / 2 x L and R = (b - a) / (b + a): InferenceX's 0.8 to 1.0 of L is prompt_len 0.9 L and
+    R 0.1111 (1/9)."""
     output_policy: Literal["forced", "greedy"] = "forced"
     """forced: emit the workload's answer tokens; greedy: argmax of the runner's real logits."""
     images_per_request: str = "constant:0"
