@@ -35,9 +35,11 @@ from cluster.cli_run import (
 )
 from cluster.config_load import ConfigError, available_presets, dump_config, needs_trace, preset_designs
 from cluster.interrupt import EXIT_CODE, Interrupted
+from cluster.load import closed_loop_refusal, load_key
 from cluster.outcome import clean_json, write_json
 from cluster.plan.cli import ERRORS as PLAN_ERRORS
 from cluster.plan.cli import add_plan_parser, cmd_plan
+from cluster.plan.load_unit import LOAD_UNITS
 from emulation.config import TestbedConfig
 
 
@@ -72,6 +74,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "--set replay.trace=FILE --rates 0.5,1,2"
         )
     configs = configs_of(args)
+    if (problem := closed_loop_refusal(configs[0], "sweep")) is not None:
+        raise ConfigError(problem)
     out = out_dir(args, "sweep")
     for cfg in configs:
         dump_config(cfg, out / "configs" / f"{cfg.design}.yaml")
@@ -115,8 +119,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _sweep_notes(configs: list[TestbedConfig], args: argparse.Namespace) -> list[str]:
     """What a sweep's report says it ran."""
     c = configs[0]
+    unit = LOAD_UNITS[load_key(c)].unit
     return [
-        f"designs {', '.join(x.design for x in configs)}; rates {args.rates} req/s; {args.seeds} seed(s) "
+        f"designs {', '.join(x.design for x in configs)}; loads {args.rates} {unit}; {args.seeds} seed(s) "
         f"from {c.seed}; virtual mode, compute {c.runner.compute}",
         f"workload: {c.workload.num_requests} requests per point, prompt {c.workload.prompt_len}, "
         f"output {c.workload.output_len}; table and curves: means over seeds",

@@ -26,3 +26,15 @@ def with_load(cfg: TestbedConfig, load: float, seed: int) -> TestbedConfig:
     if kind == "multi_turn":
         return replace(cfg, multi_turn=replace(cfg.multi_turn, conversation_rate=load), seed=seed)
     return replace(cfg, workload=replace(cfg.workload, rate=load), seed=seed)
+
+
+def closed_loop_refusal(cfg: TestbedConfig, command: str) -> str | None:
+    """Why `testbed <command>` (a sweep or a plan: they vary the arrival rate) cannot load `cfg`, in one
+    line; None if it can. A closed loop (`workload.max_concurrency`) has no arrival rate to vary."""
+    if cfg.workload.kind != "synthetic" or cfg.workload.max_concurrency is None:
+        return None
+    return (
+        f"workload.max_concurrency={cfg.workload.max_concurrency}: testbed {command} varies the arrival "
+        "rate, and a closed loop has none; allowed: unset, or one testbed run per concurrency "
+        "(--set workload.max_concurrency=N)"
+    )

@@ -346,3 +346,12 @@ def test_summary_of_a_table_without_a_warmup_column_is_unchanged():
     assert json.dumps(with_column, sort_keys=True) == json.dumps(without, sort_keys=True)
     assert with_column["num_gpus"] is None and with_column["output_throughput_per_gpu"] is None
     assert math.isfinite(with_column["output_throughput"])
+
+
+@pytest.mark.parametrize("command", [["sweep", "--rates", "1,4"], ["plan"]])
+def test_a_sweep_or_plan_of_a_closed_loop_is_refused_in_one_line(command, capsys):
+    """They vary the arrival rate, which a closed loop does not have: one line, no run."""
+
+    assert main([*command, "--preset", "guide-l40s", "--set", "workload.max_concurrency=4"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: workload.max_concurrency=4: testbed ") and "a closed loop has none" in line

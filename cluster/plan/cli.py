@@ -16,7 +16,7 @@ from cluster.cli_args import add_command
 from cluster.cli_run import out_dir, overrides
 from cluster.config_load import ConfigError, load_designs
 from cluster.interrupt import Interrupted
-from cluster.load import load_key
+from cluster.load import closed_loop_refusal, load_key
 from cluster.plan.floors import floors_s
 from cluster.plan.load_unit import LOAD_UNITS, LoadUnit
 from cluster.plan.outputs import Verdict, terminal_table, write_outputs, write_replays
@@ -97,6 +97,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     source = args.config or args.preset
     pins = (["workload.kind=trace"] if args.trace else []) + overrides(args)
     candidates, left_out, axes = _space(args, source, pins)
+    if (problem := closed_loop_refusal(candidates[0].cfg, "plan")) is not None:
+        raise ConfigError(problem)
     key = load_key(candidates[0].cfg)
     loads = parse_loads(args.loads or DEFAULT_LOADS[key])
     by_cost = args.rank == "cost"
