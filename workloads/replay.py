@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -47,11 +48,13 @@ def load_workload(cfg: TestbedConfig, requests: Workload | LoadedWorkload | None
 
 def load_info(cfg: TestbedConfig) -> dict[str, Any]:
     """Summary keys of how the load is sent, where it is not the default: the closed loop's
-    `max_concurrency` (vLLM's key) and the warm-up's size (none for a default run)."""
+    `max_concurrency` (vLLM's key) and its rate, inf (as `vllm bench serve --max-concurrency` at its
+    default `--request-rate inf`: every request ready at the start, `workload.rate` unused), and the
+    warm-up's size (none for a default run)."""
     w = cfg.workload
     info: dict[str, Any] = {}
     if w.max_concurrency is not None:
-        info["max_concurrency"] = w.max_concurrency
+        info.update(max_concurrency=w.max_concurrency, rate=math.inf)
     if w.num_warmup_requests:
         info["num_warmup_requests"] = w.num_warmup_requests
     return info
