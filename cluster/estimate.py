@@ -54,7 +54,7 @@ def _size(cfg: TestbedConfig, loaded: LoadedWorkload | None) -> tuple[int, float
     workload = loaded.workload if loaded is not None else None
     if not isinstance(workload, Trace):
         w = cfg.workload
-        closed_loop = w.max_concurrency is not None  # sent as answers come: no span known before (0 bounds it)
+        closed_loop = w.max_concurrency is not None  # sent as answers come: no span known (0 bounds it)
         return w.num_requests * w.prompt_len, 0.0 if closed_loop else w.num_requests / w.rate
     turns = [t for s in workload.all_sessions() for t in s.turns]
     times = [t.t_s for t in turns] or [0.0]
