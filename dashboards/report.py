@@ -46,6 +46,7 @@ from dashboards.report_plots import (
 )
 from dashboards.report_tables import failures_table, goodput_table, hybrid_table, moe_table, summary_table
 from dashboards.session_plots import divergence_by_turn, ttft_by_context, ttft_by_turn
+from workloads.summary import measured
 
 
 def report_figures(
@@ -105,7 +106,7 @@ def write_report(
     (out / "plots").mkdir(parents=True, exist_ok=True)
     engines = _engines(out, records)
     sections = []
-    for name, caption, fig in report_figures(results, records, engines, hybrid):
+    for name, caption, fig in report_figures(measured(results), records, engines, hybrid):
         if fig is None:
             continue
         buf = io.BytesIO()

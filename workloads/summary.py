@@ -41,16 +41,23 @@ def _percentiles_ms(values: Any, *qs: float) -> list[float | None]:
     return [v * 1000.0 for v in percentiles(arr, qs)]
 
 
+def measured(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows every figure counts: the results less their warm-up requests (the `warmup` column,
+    `workload.num_warmup_requests`; a table written before warm-ups has no such column)."""
+    if "warmup" in df and df["warmup"].any():
+        return df[~df["warmup"]]
+    return df
+
+
 def summarize(
     df: pd.DataFrame, slos: tuple[str, ...] | list[str], num_gpus: int | None = None
 ) -> dict[str, Any]:
     """One record: bench-serve keys (ms, req/s, tok/s), worst gap, handoff, and per SLO set
     (`slo_figures`) attainment, goodput and what decides whether it holds. Warm-up requests (the
-    results' `warmup` column, `workload.num_warmup_requests`) are left out of every figure, here.
+    results' `warmup` column, `workload.num_warmup_requests`) are left out (`measured`).
     `num_gpus`: the deployment's GPUs (`deployment_gpus`), for `output_throughput_per_gpu` (None:
     not a deployment of the testbed's, so none)."""
-    if "warmup" in df and df["warmup"].any():  # (a table written before warm-ups has no such column)
-        df = df[~df["warmup"]]
+    df = measured(df)
     ok = df[df["ok"]]
     rejected = df["finished_reason"] == "rejected"
     itls = gaps([t for t in ok["token_times_s"] if len(t) > 1])
