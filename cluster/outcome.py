@@ -15,7 +15,7 @@ from emulation.config import TestbedConfig
 from messages import RequestResult
 from messages.stats import EncoderStats, EngineReport, LostEngine
 from workloads.results import results_frame
-from workloads.summary import deployment_gpus, fault_summary, lag_summary, moe_summary, summarize
+from workloads.summary import fault_summary, lag_summary, moe_summary, summarize
 
 
 @dataclass
@@ -46,7 +46,7 @@ def run_output(
     info = workload_info or {}
     rate = info.get("rate", cfg.workload.rate)
     df = results_frame(results, cfg.design, rate, cfg.seed, cfg.workload.num_warmup_requests)
-    num_gpus = None if "target" in info else deployment_gpus(cfg.pools)  # (a server's: unknown)
+    num_gpus = None if "target" in info else cfg.pools.num_gpus  # (a server's: unknown)
     summary = {
         "design": cfg.design,
         "rate": rate,

@@ -23,7 +23,7 @@ from messages import ClientRequest, RequestResult
 from tests.factories import COLLOCATED, PD, TRACES, make_config, make_requests, run_async
 from workloads.closed_loop import ClosedLoop
 from workloads.results import results_frame
-from workloads.summary import deployment_gpus, summarize
+from workloads.summary import summarize
 from workloads.synthetic import length_bounds, output_len_bounds, prompt_len_bounds, synthetic_requests
 
 SKIP = {"runner": {"compute": "skip"}}
@@ -256,12 +256,12 @@ def test_output_throughput_per_gpu_counts_every_pool_gpu():
     )
     out = run_virtual(cfg, metrics=False)
     s = out.summary
-    assert deployment_gpus(cfg.pools) == 5 and s["num_gpus"] == 5
+    assert cfg.pools.num_gpus == 5 and s["num_gpus"] == 5
     assert s["output_throughput_per_gpu"] == pytest.approx(s["output_throughput"] / 5)
     for key in ("mean", "median", "p99"):
         assert s[f"{key}_ttft_ms"] > 0 and s[f"{key}_tpot_ms"] > 0
     (epd,) = load_designs("epd-a100", ["e-p-d"])
-    assert deployment_gpus(epd.pools) == 4  # the encoder's GPU among them
+    assert epd.pools.num_gpus == 4  # the encoder's GPU among them
 
 
 def test_a_closed_loop_run_writes_the_warmup_column_and_the_bench_figures(tmp_path, capsys):

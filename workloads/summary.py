@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from emulation.config import PoolsConfig
 from messages import OFFLOAD_TIERS
 from messages.latency import HANDOFF_PARTS
 from messages.stats import EngineReport, LostEngine
@@ -55,7 +54,7 @@ def summarize(
     """One record: bench-serve keys (ms, req/s, tok/s), worst gap, handoff, and per SLO set
     (`slo_figures`) attainment, goodput and what decides whether it holds. Warm-up requests (the
     results' `warmup` column, `workload.num_warmup_requests`) are left out (`measured`).
-    `num_gpus`: the deployment's GPUs (`deployment_gpus`), for `output_throughput_per_gpu` (None:
+    `num_gpus`: the deployment's GPUs (`PoolsConfig.num_gpus`), for `output_throughput_per_gpu` (None:
     not a deployment of the testbed's, so none)."""
     df = measured(df)
     ok = df[df["ok"]]
@@ -120,12 +119,6 @@ def output_tps(ok: pd.DataFrame, duration_s: float) -> float:
     """Output tokens a second of the successful requests `ok` over `duration_s` (vLLM's
     `output_throughput`; 0 without a duration)."""
     return float(ok["num_output_tokens"].sum()) / duration_s if duration_s > 0 else 0.0
-
-
-def deployment_gpus(pools: PoolsConfig) -> int:
-    """The GPUs a design's pools take: each pool's replicas x its GPUs a replica (`PoolConfig.num_gpus`:
-    ep x tp, or AFD's attention and FFN ranks), the encoder pool's among them."""
-    return sum(p.replicas * p.num_gpus for p in (pools.mixed, pools.prefill, pools.decode, pools.encoder))
 
 
 def slo_figures(df: pd.DataFrame, slos: Sequence[str], duration_s: float) -> dict[str, dict[str, Any]]:

@@ -49,16 +49,11 @@ class Candidate:
     @property
     def gpus(self) -> dict[str, int]:
         """GPU name -> GPUs the candidate's pools take."""
-        out: dict[str, int] = {}
-        pools = self.cfg.pools
-        for pool in (pools.prefill, pools.decode, pools.mixed, pools.encoder):
-            if pool.replicas:
-                out[pool.gpu] = out.get(pool.gpu, 0) + pool.replicas * pool.num_gpus
-        return out
+        return self.cfg.pools.gpus
 
     @property
     def num_gpus(self) -> int:
-        return sum(self.gpus.values())
+        return self.cfg.pools.num_gpus
 
     def score(self, load: float, prices: Mapping[str, float], by_cost: bool) -> float:
         """What the search ranks by: `load` per GPU, or per dollar an hour (every GPU priced)."""

@@ -89,6 +89,21 @@ class PoolsConfig:
         """(role, pool) pairs, prefill first: decode engines are wired to the prefill engines."""
         return (("prefill", self.prefill), ("decode", self.decode), ("mixed", self.mixed))
 
+    @property
+    def gpus(self) -> dict[str, int]:
+        """GPU name -> GPUs the pools take: each pool's replicas x its GPUs a replica (`PoolConfig.num_gpus`:
+        ep x tp, or AFD's attention and FFN ranks), the encoder pool's among them."""
+        out: dict[str, int] = {}
+        for pool in (self.prefill, self.decode, self.mixed, self.encoder):
+            if pool.replicas:
+                out[pool.gpu] = out.get(pool.gpu, 0) + pool.replicas * pool.num_gpus
+        return out
+
+    @property
+    def num_gpus(self) -> int:
+        """Every GPU the pools take (`gpus`)."""
+        return sum(self.gpus.values())
+
     def engine_ids(self) -> list[str]:
         """Every LM engine's id (`replica_id`), in `by_role` order."""
         return [replica_id(role, i) for role, pool in self.by_role() for i in range(pool.replicas)]
