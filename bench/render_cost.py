@@ -30,7 +30,8 @@ from actors.render.images import process_image
 from actors.render.render import Render
 from actors.render.tokenizer import load_tokenizer, training_corpus
 from emulation.config import RenderConfig, RunnerConfig
-from emulation.vision import VisionEncoderProfile, vision_encoder_of
+from emulation.vision import vision_encoder_of
+from emulation.vision_encoders import VisionEncoderProfile
 
 
 def _messages(lines: list[str], num_tokens: int, render: Render) -> list[dict[str, str]]:

@@ -16,7 +16,8 @@ file's fields where it does not. It maps into `ModelProfile`'s geometries::
 
 An architecture none of these expresses (sparse-attention indexers, latent MoE, per-layer widths) is
 refused in one line naming it; `SUPPORTED` lists those that map. Multi-token-prediction layers are left
-out (vLLM runs them only for speculative decoding), as are vision towers (the run is text only).
+out (vLLM runs them only for speculative decoding). A vision tower is the profile's where its
+vision_config is one of emulation.vision_encoders' (Qwen3-VL-4B's); otherwise the model runs text only.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from emulation.moe import MoeGeometry
 from emulation.quantization import WeightFormat
 from emulation.silicon_systems import missing_package_line, package_dir
 from emulation.ssm import GatedDeltaNetGeometry, Mamba2Geometry
+from emulation.vision_encoders import VISION_ENCODERS
 
 SUPPORTED: dict[str, str] = {
     "llama": "dense GQA",
@@ -181,7 +183,19 @@ def profile_from_config(
         ssm=_ssm(f, model_type) if "ssm" in layers else None,
         num_ssm_layers=layers.count("ssm"),
         attention_output_gate=model_type in HYBRID_ATTENTION_GATE,
+        vision_encoder=_vision_encoder(config.get("vision_config") or {}, hidden),
     )
+
+
+def _vision_encoder(vision: Mapping[str, Any], hidden_size: int) -> str | None:
+    """The known vision encoder whose geometry `vision` (a config's vision_config) gives, into a
+    language model of `hidden_size` (None: none is)."""
+    geometry = ("depth", "hidden_size", "intermediate_size", "num_heads", "patch_size")
+    for name, vit in VISION_ENCODERS.items():
+        same = all(vision.get(k) == getattr(vit, k) for k in geometry)
+        if same and vision.get("out_hidden_size", hidden_size) == vit.out_hidden_size == hidden_size:
+            return name
+    return None
 
 
 class _Fields:

@@ -84,7 +84,8 @@ def test_encoding_takes_the_target_encoders_time_in_the_step():
     patches of Qwen2.5-VL-7B's encoder on an L40S at the fitted efficiency); the same prompt as text
     tokens does not pay it (rendering free here: an image's processing is on the path too)."""
     from emulation.profiles import GPUS
-    from emulation.vision import VISION_ENCODERS, EncoderRoofline
+    from emulation.vision import EncoderRoofline
+    from emulation.vision_encoders import VISION_ENCODERS
 
     free = {"s_per_call": 0.0, "s_per_prompt_token": 0.0, "s_per_image": 0.0, "s_per_image_pixel": 0.0}
     cfg = make_config(COLLOCATED, VL, runner={"compute": "skip"}, render=free)
@@ -145,7 +146,8 @@ def test_e_p_d_gives_the_tokens_of_an_engine_encoding_locally(model):
 def test_a_repeated_image_is_encoded_once_and_its_wait_is_the_encoder_plus_the_ec_transfer():
     from emulation.profiles import GPUS, LINKS
     from emulation.transfer import handoff_time
-    from emulation.vision import VISION_ENCODERS, EncoderRoofline
+    from emulation.vision import EncoderRoofline
+    from emulation.vision_encoders import VISION_ENCODERS
 
     cfg = make_config(EPD, VL, runner={"compute": "skip"})
     reqs = [image_request("a", 1), image_request("c", 1, 5.0, text="Describe it.")]
@@ -211,7 +213,8 @@ def test_the_encoder_batches_jobs_within_its_budget_and_serves_repeats_from_its_
     from actors.engine.clock import Clock
     from actors.engine.encoder_cache import EncoderCache
     from emulation.profiles import GPUS
-    from emulation.vision import VISION_ENCODERS, EncoderRoofline
+    from emulation.vision import EncoderRoofline
+    from emulation.vision_encoders import VISION_ENCODERS
     from messages import EncodeJob, MultiModalItem
     from tests.factories import run_async
 

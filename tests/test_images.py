@@ -11,7 +11,7 @@ from PIL import Image
 from actors.engine.block_hash import hash_blocks
 from actors.render.client import render_for
 from actors.render.images import ImageError, process_image
-from emulation.vision import VISION_ENCODERS
+from emulation.vision_encoders import VISION_ENCODERS
 from messages import MultiModalItem, RenderSpec
 from tests.factories import make_config
 

@@ -26,7 +26,7 @@ def test_renders_queue_on_the_replicas_first_come_first_served():
 def test_an_images_cost_follows_its_processed_pixels():
     """Per image a fixed cost and one per processed pixel: Qwen3-VL's visual token is 32 x 32 pixels,
     Qwen2.5-VL's 28 x 28; text costs per text token, the visual tokens not counted twice."""
-    from emulation.vision import VISION_ENCODERS
+    from emulation.vision_encoders import VISION_ENCODERS
 
     cfg = RenderConfig(s_per_call=0.0, s_per_prompt_token=1e-3, s_per_image=0.01, s_per_image_pixel=1e-8)
     qwen3, qwen25 = (RenderTier(cfg, VISION_ENCODERS[n]) for n in ("qwen3-vl-vit-4b", "qwen2.5-vl-vit-7b"))

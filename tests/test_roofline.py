@@ -126,7 +126,8 @@ def test_the_vision_encoder_matches_the_reference_figures():
     (1,024 patches) ~1.35 TFLOP, ~1.4 ms on an H100 and ~3.7 ms on an L40S at peak; 7 KiB per visual
     token for a 3,584-wide language model."""
     from emulation.profiles import GPUS, MODELS
-    from emulation.vision import VISION_ENCODERS, EncoderRoofline
+    from emulation.vision import EncoderRoofline
+    from emulation.vision_encoders import VISION_ENCODERS
 
     vit = VISION_ENCODERS[MODELS["qwen2.5-vl-7b"].vision_encoder]
     assert vit.weight_bytes / 2 == pytest.approx(676e6, rel=0.01)
@@ -143,7 +144,7 @@ def test_the_vision_encoder_matches_the_reference_figures():
 
 def test_qwen2_5_vl_3b_is_the_same_vit_ending_at_its_smaller_lm():
     from emulation.profiles import MODELS
-    from emulation.vision import VISION_ENCODERS
+    from emulation.vision_encoders import VISION_ENCODERS
 
     lm = MODELS["qwen2.5-vl-3b"]
     vit = VISION_ENCODERS[lm.vision_encoder]
@@ -175,7 +176,7 @@ def test_vision_encoder_parameters_match_transformers_models_of_the_same_config(
     no weights) from the same config, per part; biases and norms are the small difference."""
     import torch
 
-    from emulation.vision import VISION_ENCODERS
+    from emulation.vision_encoders import VISION_ENCODERS
 
     vit = VISION_ENCODERS[name]
     if name.startswith("qwen3"):

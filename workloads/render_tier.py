@@ -16,7 +16,8 @@ import heapq
 from collections.abc import Sequence
 
 from emulation.config import RenderConfig, TestbedConfig
-from emulation.vision import VisionEncoderProfile, vision_encoder_of
+from emulation.vision import vision_encoder_of
+from emulation.vision_encoders import VisionEncoderProfile
 
 
 class RenderTier:

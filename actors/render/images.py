@@ -30,7 +30,7 @@ import blake3
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from emulation.vision import VisionEncoderProfile
+from emulation.vision_encoders import VisionEncoderProfile
 
 MAX_ASPECT_RATIO = 200
 MAX_DECODED_PIXELS = 8192 * 8192
