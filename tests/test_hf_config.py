@@ -110,13 +110,14 @@ def test_a_shipped_config_the_geometry_cannot_express_is_refused_in_one_line(mod
 
 
 def test_config_profiles_equal_the_hand_typed_ones_of_the_same_model():
-    """deepseek-ai/DeepSeek-V3 and openai/gpt-oss-120b read from their configs are the built-in
-    profiles typed from the same files (DeepSeek's head_dim, unread with MLA, aside)."""
+    """DeepSeek-V3, gpt-oss-120b and Qwen3-VL-4B (its vision tower too) read from their configs are the
+    built-in profiles typed from the same files (DeepSeek's head_dim, unread with MLA, aside)."""
     import dataclasses
 
     for shipped, built_in in (
         ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
         ("openai/gpt-oss-120b", "gpt-oss-120b"),
+        ("Qwen/Qwen3-VL-4B-Instruct", "qwen3-vl-4b"),
     ):
         ours = dataclasses.replace(
             profile_from_source(shipped), name=built_in, head_dim=MODELS[built_in].head_dim
