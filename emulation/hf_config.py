@@ -87,7 +87,7 @@ def read_config(model: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
             raise ModelConfigError("no config.json there")
-        return _json(path, model), _optional_json(path.with_name("hf_quant_config.json"), model)
+        return _json(path), _optional_json(path.with_name("hf_quant_config.json"))
     root = package_dir()
     where = "aiconfigurator-core's model_configs"
     if root is None:
@@ -102,10 +102,10 @@ def read_config(model: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
             f"no such path, and no config for that id in {where} ({root}/model_configs;"
             " nothing is downloaded); pass a directory holding the model's config.json"
         )
-    return _json(shipped, model), _optional_json(stem.with_name(stem.name + "_hf_quant_config.json"), model)
+    return _json(shipped), _optional_json(stem.with_name(stem.name + "_hf_quant_config.json"))
 
 
-def _json(path: Path, model: str) -> dict[str, Any]:
+def _json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -115,8 +115,8 @@ def _json(path: Path, model: str) -> dict[str, Any]:
     return data
 
 
-def _optional_json(path: Path, model: str) -> dict[str, Any] | None:
-    return _json(path, model) if path.is_file() else None
+def _optional_json(path: Path) -> dict[str, Any] | None:
+    return _json(path) if path.is_file() else None
 
 
 def language_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,8 +157,8 @@ def profile_from_config(
         raise ModelConfigError(
             f"architecture {model_type!r} is not one the testbed's geometry expresses; supported: {listed}"
         )
-    f = _Fields(name, text)
-    weights, experts, kv = checkpoint_quantization(name, config, hf_quant)
+    f = _Fields(text)
+    weights, experts, kv = checkpoint_quantization(config, hf_quant)
     num_heads = f.int("num_attention_heads")
     hidden = f.int("hidden_size")
     layers = _layers(f, model_type)
@@ -199,10 +199,10 @@ def _vision_encoder(vision: Mapping[str, Any], hidden_size: int) -> str | None:
 
 
 class _Fields:
-    """A config's fields, each problem one line naming the model and the field."""
+    """A config's fields, each problem one line naming the field (the config edge names the model)."""
 
-    def __init__(self, name: str, text: Mapping[str, Any]) -> None:
-        self.name, self.text = name, text
+    def __init__(self, text: Mapping[str, Any]) -> None:
+        self.text = text
 
     def int(self, *keys: str, default: int | None = None) -> int:
         for key in keys:
@@ -335,7 +335,7 @@ _ATTENTION = re.compile(r"self_attn|\.attn\b|\battn\.|linear_attn")
 
 
 def checkpoint_quantization(
-    name: str, config: Mapping[str, Any], hf_quant: Mapping[str, Any] | None
+    config: Mapping[str, Any], hf_quant: Mapping[str, Any] | None
 ) -> tuple[WeightFormat, WeightFormat, str]:
     """(layer weights, routed experts, KV cache) as the checkpoint stores them, from config.json's
     `quantization_config` (its `text_config`'s) or ModelOpt's hf_quant_config.json::
@@ -367,13 +367,13 @@ def checkpoint_quantization(
             "target.quantization.weights and .experts (allowed: bf16, fp8, fp8_block, nvfp4, mxfp4, int4_wo)"
         )
     by_algo: dict[str, WeightFormat] = {"FP8": "fp8", "NVFP4": "nvfp4"}
-    fmt = by_algo.get(algo) or _group_format(name, q)
+    fmt = by_algo.get(algo) or _group_format(q)
     skipped = [str(x) for x in (q.get("ignore") or q.get("exclude_modules") or [])]
     weights: WeightFormat = "bf16" if any(_ATTENTION.search(x) for x in skipped) else fmt
     return weights, fmt, kv
 
 
-def _group_format(name: str, q: Mapping[str, Any]) -> WeightFormat:
+def _group_format(q: Mapping[str, Any]) -> WeightFormat:
     """compressed-tensors: the first config group's weights."""
     groups: Mapping[str, Any] = q.get("config_groups") or {}
     first: Mapping[str, Any] = next(iter(groups.values()), {})

@@ -138,7 +138,7 @@ def test_config_profiles_equal_the_hand_typed_ones_of_the_same_model():
     ],
 )
 def test_the_checkpoints_quantization_is_read_from_its_config(model, expected):
-    assert checkpoint_quantization(model, *read_config(model)) == expected
+    assert checkpoint_quantization(*read_config(model)) == expected
 
 
 def _dense_config(tmp_path: Path) -> Path:

@@ -16,7 +16,7 @@ from tests.vllm_peer import run_script
 
 NAMED = {  # the device names vLLM would read (only "a100" in them matters to its rule)
     "l40s": "NVIDIA L40S", "a100-80gb": "NVIDIA A100-SXM4-80GB", "h100-sxm": "NVIDIA H100 80GB HBM3",
-    "h200": "NVIDIA H200", "b200": "NVIDIA B200", "a100_sxm": "NVIDIA A100-SXM4-80GB",
+    "h200": "NVIDIA H200", "b200": "NVIDIA B200", "h800": "NVIDIA H800", "a100_sxm": "NVIDIA A100-SXM4-80GB",
     "a100_pcie": "NVIDIA A100 80GB PCIe", "a30": "NVIDIA A30", "h100_sxm": "NVIDIA H100 80GB HBM3",
     "h200_sxm": "NVIDIA H200", "b200_sxm": "NVIDIA B200", "b300_sxm": "NVIDIA B300", "gb200": "NVIDIA GB200",
     "l4": "NVIDIA L4", "rtx_pro_6000_server": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
