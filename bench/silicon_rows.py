@@ -1,0 +1,141 @@
+"""A silicon measurement (a row of aiconfigurator-core's `systems/silicon_sample.csv`) as the deployment
+it describes: a raw testbed config, or the reason the testbed cannot express it.
+
+Columns read (the CSV's names): `model_path`, `system` (a GPU name), `backend`, `mode` (agg or disagg),
+`isl`, `osl`, `gemm_quant_mode` and `moe_quant_mode` (the weights' and the experts' formats),
+`batch_size` (the concurrency; or `silicon_concurrency=` in `silicon_data_source`), an optional
+`request_rate` (Poisson arrivals instead), and the parallelism of one worker::
+
+    agg:      tp_size, pp_size, attention_dp_size, moe_tp_size, moe_ep_size        (one worker)
+    disagg:   prefill_/decode_ num_workers, tp_size, pp_size, attention_dp_size, moe_tp_size, moe_ep_size
+
+A worker's GPUs are tp_size x attention_dp_size (x pp_size). In the testbed a MoE replica is `ep` ranks
+of `tp` GPUs: with attention DP, each rank one attention DP group (ep = attention_dp_size, tp =
+tp_size; its experts sharded over the ranks and split tp ways inside each, where the worker may have
+put them moe_ep_size ways: the same weight a GPU, another split); without, the experts' own layout (ep =
+moe_ep_size, tp = moe_tp_size). A dense model's attention DP groups are engines of their own.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from emulation.hf_config import ModelConfigError
+from emulation.profiles import base_profile
+
+MODEL_IDS = {
+    "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
+    "meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",
+    "zhipuai/GLM-5": "zai-org/GLM-5",
+}
+"""Ids the CSV names whose config ships under another id with the same geometry (an Instruct model is
+its base model's; the rows give the formats)."""
+FORMATS = {"bfloat16": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_static": "fp8", "fp8_block": "fp8_block",
+           "nvfp4": "nvfp4", "w4a16_mxfp4": "mxfp4", "mxfp4": "mxfp4", "int4_wo": "int4_wo"}  # fmt: skip
+"""The CSV's quant modes as `target.quantization` formats."""
+KV_LINKS = {"gb200": "nvlink", "gb300": "nvlink"}
+"""A P/D handoff's link by system: inside an NVL72 rack, NVLink; elsewhere a 400 Gb/s RDMA NIC a GPU."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A row the testbed cannot express, and why (counted by reason in the report)."""
+
+    reason: str
+
+
+def concurrency(row: dict[str, Any]) -> int | None:
+    """Requests in flight: `batch_size`, else `silicon_concurrency=` in the row's source."""
+    if _number(row.get("batch_size")):
+        return int(row["batch_size"])
+    found = re.search(r"silicon_concurrency=(\d+)", str(row.get("silicon_data_source") or ""))
+    return int(found.group(1)) if found else None
+
+
+def deployment(row: dict[str, Any], num_requests: int) -> dict[str, Any] | Skipped:
+    """The raw config (`cluster.config_load.build_config`'s input) of `row`'s deployment under
+    `num_requests` requests, or why it cannot be built."""
+    mode = row.get("mode")
+    if mode not in ("agg", "disagg"):
+        return Skipped(f"mode {mode!r}")
+    rate = row.get("request_rate")
+    closed = concurrency(row)
+    if not _number(rate) and closed is None:
+        return Skipped("no concurrency or request rate")
+    weights = FORMATS.get(str(row.get("gemm_quant_mode")))
+    experts = FORMATS.get(str(row.get("moe_quant_mode")), weights)
+    if weights is None or experts is None:
+        return Skipped(f"quant mode {row.get('gemm_quant_mode')}/{row.get('moe_quant_mode')}")
+    model = MODEL_IDS.get(str(row["model_path"]), str(row["model_path"]))
+    try:
+        moe = base_profile(model).moe is not None
+    except ModelConfigError as e:
+        return Skipped(f"model: {e}".split(";")[0])
+    gpu = str(row["system"])
+    sides = ("",) if mode == "agg" else ("prefill_", "decode_")
+    pools: dict[str, Any] = {"mixed": {"replicas": 0}}
+    for side in sides:
+        pool = _pool(row, side, gpu, moe)
+        if isinstance(pool, Skipped):
+            return pool
+        pools["mixed" if side == "" else side.rstrip("_")] = pool
+    isl, osl = int(row["isl"]), int(row["osl"])
+    workload: dict[str, Any] = {"kind": "synthetic", "prompt_len": isl, "output_len": osl,
+                                "num_requests": num_requests}  # fmt: skip
+    if _number(rate):
+        workload["rate"] = float(rate)
+    else:
+        assert closed is not None
+        workload.update(max_concurrency=closed, num_warmup_requests=min(closed, num_requests // 4))
+    return {
+        "design": str(row["id"]),
+        "target": {
+            "model": model,
+            "quantization": {"weights": weights, "experts": experts},
+        },
+        "pools": pools,
+        "scheduler": {"max_model_len": isl + osl},
+        "kv_transfer": {"link": KV_LINKS.get(gpu, "rdma-400g"), "mode": "pull"},
+        "runner": {"compute": "skip"},
+        "workload": workload,
+    }
+
+
+def _pool(row: dict[str, Any], side: str, gpu: str, moe: bool) -> dict[str, Any] | Skipped:
+    """One side's workers as a pool (`side`: "" for an aggregated worker, else `prefill_`/`decode_`;
+    `moe`: the model has routed experts). Sizes the CSV leaves empty or writes as 0 are 1; experts laid
+    out over one GPU's worth (moe_tp x moe_ep = 1) of a larger worker are tensor-parallel over all of it
+    (vLLM's default without --enable-expert-parallel)."""
+
+    def get(name: str) -> int:
+        value = row.get(side + name)
+        return max(1, int(value)) if _number(value) else 1
+
+    if get("pp_size") > 1:
+        return Skipped("pipeline parallelism (pp_size > 1) is not modelled")
+    tp, dp, workers = get("tp_size"), get("attention_dp_size"), get("num_workers") if side else 1
+    if not moe:  # attention DP groups of a dense model are engines of their own
+        return {"replicas": workers * dp, "gpu": gpu, "tp": tp}
+    gpus = tp * dp
+    moe_tp, moe_ep = get("moe_tp_size"), get("moe_ep_size")
+    if moe_tp * moe_ep == 1:
+        moe_tp = gpus
+    if moe_tp * moe_ep != gpus:
+        return Skipped(
+            "experts laid out over other GPUs than the worker's (moe_tp x moe_ep != tp x attention_dp)"
+        )
+    if dp > 1:
+        return {"replicas": workers, "gpu": gpu, "ep": dp, "tp": tp, "dp_attention": True}
+    return {"replicas": workers, "gpu": gpu, "ep": moe_ep, "tp": moe_tp}
+
+
+def _number(value: Any) -> bool:
+    """A present, finite number (a CSV cell read by pandas is NaN where empty)."""
+    try:
+        return value is not None and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
