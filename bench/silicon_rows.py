@@ -31,6 +31,8 @@ MODEL_IDS = {
     "meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B",
     "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",
     "zhipuai/GLM-5": "zai-org/GLM-5",
+    "nvidia/DeepSeek-R1-NVFP4": "deepseek-ai/DeepSeek-R1",
+    "nvidia/Qwen3-32B-NVFP4": "Qwen/Qwen3-32B",
 }
 """Ids the CSV names whose config ships under another id with the same geometry (an Instruct model is
 its base model's; the rows give the formats)."""
@@ -66,8 +68,7 @@ def deployment(row: dict[str, Any], num_requests: int) -> dict[str, Any] | Skipp
     closed = concurrency(row)
     if not _number(rate) and closed is None:
         return Skipped("no concurrency or request rate")
-    weights = FORMATS.get(str(row.get("gemm_quant_mode")))
-    experts = FORMATS.get(str(row.get("moe_quant_mode")), weights)
+    weights, experts = (_format(row.get(f"{kind}_quant_mode")) for kind in ("gemm", "moe"))
     if weights is None or experts is None:
         return Skipped(f"quant mode {row.get('gemm_quant_mode')}/{row.get('moe_quant_mode')}")
     model = MODEL_IDS.get(str(row["model_path"]), str(row["model_path"]))
@@ -131,6 +132,14 @@ def _pool(row: dict[str, Any], side: str, gpu: str, moe: bool) -> dict[str, Any]
     if dp > 1:
         return {"replicas": workers, "gpu": gpu, "ep": dp, "tp": tp, "dp_attention": True}
     return {"replicas": workers, "gpu": gpu, "ep": moe_ep, "tp": moe_tp}
+
+
+def _format(mode: Any) -> str | None:
+    """A quant mode as a `target.quantization` format: an empty cell is the checkpoint's own (auto);
+    None for a mode the testbed has no format for."""
+    if mode is None or (isinstance(mode, float) and math.isnan(mode)):
+        return "auto"
+    return FORMATS.get(str(mode))
 
 
 def _number(value: Any) -> bool:
