@@ -1,0 +1,61 @@
+"""The silicon validation bench end to end on a reduced set: 40 held-out rows of aiconfigurator-core's
+silicon_sample.csv, half aggregated and half disaggregated, across backends and models (the cheapest
+of each kind to replay), on both time models. It proves the harness works (every row predicted or
+skipped with a reason, the tables and the report written); it judges no error (bench/, docs/validation.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from emulation.silicon_systems import package_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+pytestmark = [
+    pytest.mark.full,
+    pytest.mark.skipif(package_dir() is None, reason="aiconfigurator-core is not installed"),
+]
+
+
+def _reduced_rows(path: Path) -> pd.DataFrame:
+    """20 aggregated and 20 disaggregated held-out rows, up to three a (backend, model), cheapest first."""
+    sys.path.insert(0, str(BENCH))
+    from silicon_rows import concurrency
+    from silicon_validation import split_of
+
+    assert package_dir() is not None
+    rows = pd.read_csv(package_dir() / "systems" / "silicon_sample.csv")
+    rows["c"] = [concurrency(r) for r in rows.to_dict("records")]
+    rows = rows[(rows["id"].map(split_of) == "held-out") & rows["c"].notna()]
+    rows = rows.assign(cost=rows["c"] * (rows["isl"] + rows["osl"])).sort_values(["cost", "id"])
+    picked = [
+        rows[rows["mode"] == mode].groupby(["backend", "model_path"]).head(3).head(20)
+        for mode in ("agg", "disagg")
+    ]
+    chosen = pd.concat(picked).drop(columns=["c", "cost"])
+    chosen.to_csv(path, index=False)
+    return chosen
+
+
+def test_the_bench_predicts_or_explains_every_row_and_writes_its_tables(tmp_path):
+    chosen = _reduced_rows(tmp_path / "rows.csv")
+    assert len(chosen) == 40 and set(chosen["mode"]) == {"agg", "disagg"}
+    argv = [sys.executable, str(BENCH / "silicon_validation.py"), "--rows", str(tmp_path / "rows.csv"),
+            "--jobs", "2", "--out", str(tmp_path / "out")]  # fmt: skip
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    predictions = pd.read_csv(tmp_path / "out" / "predictions.csv")
+    assert len(predictions) == 80 and set(predictions["time_model"]) == {"aggregate", "operators"}
+    predicted = predictions["skipped"].isna()
+    assert predicted.sum() >= 60, predictions["skipped"].value_counts()
+    assert (predictions.loc[predicted, ["ttft_ms", "tpot_ms"]] > 0).all().all()
+    assert (predictions.loc[predicted, "failed"] == 0).all()
+    errors = pd.read_csv(tmp_path / "out" / "errors.csv")
+    assert {"all", "system", "backend", "model_path", "mode", "load"} <= set(errors["by"])
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "rows expressed" in html and html.count("<img") == 2
