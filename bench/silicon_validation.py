@@ -9,7 +9,10 @@ ones. Nothing here is fitted: rows whose id's sha256 is 0 mod 5 are the calibrat
 in `predictions.csv`, and every error table is over the other four fifths (`--split`).
 
     .venv/bin/python bench/silicon_validation.py --out runs/silicon [--rows CSV] [--limit N] \\
-        [--time-model aggregate operators] [--jobs 2] [--split held-out|calibration|all]
+        [--time-model aggregate operators] [--jobs 2] [--split held-out|calibration|all] [--aiconfigurator]
+
+With `--aiconfigurator`, AIConfigurator's own estimates of the same rows (`bench/silicon_aic.py`,
+`aiconfigurator==0.12.0` in a venv of its own) are a third "time model" in every table and plot.
 
 Writes `predictions.csv` (one row per silicon row and time model: predicted TTFT and TPOT means, the
 requests replayed, or why the row was skipped), `errors.csv` (median and mean absolute percentage
@@ -31,7 +34,8 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from silicon_rows import Skipped, concurrency, deployment  # bench/, beside this script
+from silicon_aic import aic_estimates, ensure_aiconfigurator  # bench/, beside this script
+from silicon_rows import Skipped, concurrency, deployment
 
 from cluster.config_load import ConfigError, build_config
 from cluster.sweep import run_in_processes
@@ -132,8 +136,10 @@ def write_report(out: Path, predictions: pd.DataFrame, rows: pd.DataFrame, split
     judged = done if split == "all" else done[done["split"] == split]
     errs = errors(judged) if len(judged) else pd.DataFrame()
     errs.to_csv(out / "errors.csv", index=False)
-    skipped = predictions.get("skipped", pd.Series(dtype=str)).dropna().value_counts()
-    n_rows, n_expressed, n_judged = rows["id"].nunique(), done["id"].nunique(), judged["id"].nunique()
+    has_reason = table[table["skipped"].notna()] if "skipped" in table else table.iloc[:0]
+    skipped = has_reason.groupby(["time_model", "skipped"]).size().sort_values(ascending=False)
+    ours = done[done["time_model"] != "aiconfigurator"]
+    n_rows, n_expressed, n_judged = rows["id"].nunique(), ours["id"].nunique(), judged["id"].nunique()
     share = n_expressed / max(n_rows, 1)
     parts = [
         f"<h1>Silicon validation</h1><p>{n_expressed} of {n_rows} rows expressed ({share:.0%}); errors "
@@ -145,10 +151,26 @@ def write_report(out: Path, predictions: pd.DataFrame, rows: pd.DataFrame, split
         parts.append(f'<h2>{metric.upper()}</h2><img src="data:image/png;base64,{_scatter(judged, metric)}">')
     head = "<head><meta charset='utf-8'><title>silicon validation</title></head>"
     (out / "report.html").write_text(f"<html>{head}<body>{''.join(parts)}</body></html>")
-    reasons = "; ".join(f"{reason} ({n})" for reason, n in skipped.items())
+    reasons = "; ".join(f"{model}: {reason} ({n})" for (model, reason), n in skipped.items())
     print(f"{n_expressed} of {n_rows} rows expressed; skipped: {reasons or 'none'}")
     if len(errs):
         print(errs[errs["by"] == "all"].to_string(index=False))
+
+
+def aiconfigurator(rows: pd.DataFrame, jobs: int) -> pd.DataFrame:
+    """AIConfigurator's estimates of `rows` as predictions of a time model named `aiconfigurator`
+    (`bench/silicon_aic.py`); every row skipped, with the reason, where it cannot be installed."""
+    py, why = ensure_aiconfigurator()
+    if py is None:
+        return pd.DataFrame({"id": rows["id"], "time_model": "aiconfigurator", "skipped": why})
+    est = aic_estimates(rows.to_dict("records"), py, jobs)
+    renamed = {
+        "aic_ttft_ms": "ttft_ms",
+        "aic_tpot_ms": "tpot_ms",
+        "aic_skipped": "skipped",
+        "aic_wall_s": "wall_s",
+    }
+    return est.rename(columns=renamed).assign(time_model="aiconfigurator")
 
 
 def main() -> int:
@@ -159,6 +181,11 @@ def main() -> int:
     p.add_argument("--limit", type=int, help="the first N rows only (after --split)")
     p.add_argument("--split", default="held-out", choices=("held-out", "calibration", "all"))
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--aiconfigurator",
+        action="store_true",
+        help="set AIConfigurator's own estimates beside (aiconfigurator==0.12.0, in a venv of its own)",
+    )
     args = p.parse_args()
     source = args.rows or (package_dir() / "systems" / "silicon_sample.csv" if package_dir() else None)
     if source is None:
@@ -173,6 +200,8 @@ def main() -> int:
     jobs = [(row, tm) for row in chosen.to_dict("records") for tm in args.time_model]
     start = time.perf_counter()
     predictions = pd.DataFrame(run_in_processes(predict, jobs, args.jobs))
+    if args.aiconfigurator:
+        predictions = pd.concat([predictions, aiconfigurator(chosen, args.jobs)], ignore_index=True)
     args.out.mkdir(parents=True, exist_ok=True)
     predictions.to_csv(args.out / "predictions.csv", index=False)
     print(f"{len(jobs)} predictions in {time.perf_counter() - start:.0f} s wall")
