@@ -96,7 +96,7 @@ def deployment(row: dict[str, Any], num_requests: int) -> dict[str, Any] | Skipp
         "design": str(row["id"]),
         "target": {
             "model": model,
-            "quantization": {"weights": weights, "experts": experts},
+            "quantization": {"weights": weights, "experts": experts, "kv_cache": kv_cache_of(row)},
         },
         "pools": pools,
         "scheduler": {"max_model_len": isl + osl},
@@ -132,6 +132,20 @@ def _pool(row: dict[str, Any], side: str, gpu: str, moe: bool) -> dict[str, Any]
     if dp > 1:
         return {"replicas": workers, "gpu": gpu, "ep": dp, "tp": tp, "dp_attention": True}
     return {"replicas": workers, "gpu": gpu, "ep": moe_ep, "tp": moe_tp}
+
+
+FP8_KV_MODES = ("fp8", "fp8_static", "fp8_block", "nvfp4")
+"""Weight quant modes whose rows ran with an FP8 KV cache: the rows carry no KV column, and
+aiconfigurator-core, which collected them, sets its KV cache to FP8 for these modes when it builds a
+row's deployment (its sdk/models/helpers.py). Its own rows are what this follows; vLLM's
+`--kv-cache-dtype auto` would keep a plain FP8 checkpoint's KV in BF16. With BF16 KV, a MiniMax-M2.5 row
+at 256 in flight on two B300s (8k prompts) does not fit its prompts and waits a whole decode wave:
+56 s TTFT against 2.2 s measured (0.98 s with FP8 KV)."""
+
+
+def kv_cache_of(row: dict[str, Any]) -> str:
+    """The row's KV cache format: FP8 for FP8_KV_MODES, else the checkpoint's own (auto)."""
+    return "fp8" if str(row.get("gemm_quant_mode")) in FP8_KV_MODES else "auto"
 
 
 def _format(mode: Any) -> str | None:

@@ -131,13 +131,13 @@ def _scatter(table: pd.DataFrame, metric: str) -> str:
 
 def write_report(out: Path, predictions: pd.DataFrame, rows: pd.DataFrame, split: str) -> None:
     """`errors.csv` and `report.html` of `predictions` against `rows`' measurements, over `split`."""
-    table = predictions.merge(rows, on="id")
-    done = table[table["skipped"].isna()] if "skipped" in table else table
+    table = predictions.reindex(columns=[*predictions.columns.drop("skipped", errors="ignore"), "skipped"])
+    table = table.merge(rows, on="id")
+    done = table[table["skipped"].isna()]
     judged = done if split == "all" else done[done["split"] == split]
     errs = errors(judged) if len(judged) else pd.DataFrame()
     errs.to_csv(out / "errors.csv", index=False)
-    has_reason = table[table["skipped"].notna()] if "skipped" in table else table.iloc[:0]
-    skipped = has_reason.groupby(["time_model", "skipped"]).size().sort_values(ascending=False)
+    skipped = table.groupby(["time_model", "skipped"]).size().sort_values(ascending=False)
     ours = done[done["time_model"] != "aiconfigurator"]
     n_rows, n_expressed, n_judged = rows["id"].nunique(), ours["id"].nunique(), judged["id"].nunique()
     share = n_expressed / max(n_rows, 1)
