@@ -29,8 +29,8 @@ class GpuProfile:
     9.3-11.8 us at TP 8 (sgl-project/sglang#2904); no A100 or L40S figure found, so the same value is
     used there. Set it from nccl-tests or that benchmark on your system."""
     peak_fp8_tflops: float | None = None
-    """Dense 8-bit tensor-core peak, TFLOP/s (FP8; INT8 where the chip has no FP8): the GEMMs of a
-    model whose layer weights are one byte run at it. None: as BF16."""
+    """Dense 8-bit tensor-core peak, TFLOP/s (FP8; INT8 where the chip has no FP8): FP8 formats' GEMMs
+    run at it (emulation.quantization). None: no such cores (FP8 weights run weight-only, as BF16)."""
     gpus_per_node: int = 8
     """GPUs one scale-up link joins (an HGX node)."""
     scale_out_gbs: float = 50.0
@@ -51,9 +51,13 @@ class GpuProfile:
     source: str = "hand-typed (emulation.profiles)"
     """Where the figures come from."""
 
+    def tensor_core_peak(self, compute: Compute) -> float | None:
+        """Dense tensor-core peak, TFLOP/s, computing in `compute`; None where the GPU has no such cores."""
+        return {"bf16": self.peak_tflops, "fp8": self.peak_fp8_tflops, "fp4": self.peak_fp4_tflops}[compute]
+
     def peak_tflops_of(self, compute: Compute) -> float:
-        """Dense tensor-core peak, TFLOP/s, of GEMMs computing in `compute` (a format this GPU has no
-        tensor cores for never reaches here: `emulation.quantization` runs it as BF16)."""
-        peak = {"bf16": self.peak_tflops, "fp8": self.peak_fp8_tflops, "fp4": self.peak_fp4_tflops}[compute]
+        """`tensor_core_peak` of a format this GPU has cores for (`emulation.quantization` runs the
+        others as BF16)."""
+        peak = self.tensor_core_peak(compute)
         assert peak is not None, (self.name, compute)
         return peak

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, cast, get_args
+from typing import TYPE_CHECKING, Literal, cast
 
 from emulation.gpu_profile import Compute, GpuProfile
 
@@ -34,9 +34,6 @@ if TYPE_CHECKING:  # the profile reads FORMATS: a runtime import would be circul
     from emulation.model_profile import ModelProfile
 
 WeightFormat = Literal["bf16", "fp8", "fp8_block", "nvfp4", "mxfp4", "int4_wo"]
-KVCacheDtype = Literal["bf16", "fp8"]
-WEIGHT_FORMATS: tuple[str, ...] = get_args(WeightFormat)
-KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDtype)
 KV_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp8": 1}
 """Bytes of one KV cache element by `target.quantization.kv_cache`."""
 
@@ -73,9 +70,7 @@ def gemm_compute(weight_format: str, gpu: GpuProfile, kernels: Kernels) -> Compu
     the GPU has them and vLLM's kernels use them there, else BF16 (weight-only). A GPU that is not
     NVIDIA's (no sm_version) runs them wherever it has the peak (the Ascend 910C: INT8 W8A8)."""
     spec = FORMATS[weight_format]
-    peak = {"bf16": gpu.peak_tflops, "fp8": gpu.peak_fp8_tflops, "fp4": gpu.peak_fp4_tflops}[
-        spec.tensor_cores
-    ]
+    peak = gpu.tensor_core_peak(spec.tensor_cores)
     min_sm = spec.min_sm_linear if kernels == "linear" else spec.min_sm_moe
     if peak is None or (gpu.sm_version is not None and gpu.sm_version < min_sm):
         return "bf16"
