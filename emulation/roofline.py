@@ -130,12 +130,14 @@ class Roofline:
         context = m.layer_mean_keys(shape.num_context_tokens, shape.num_requests)
         num_chunks = shape.num_requests - shape.num_decodes
         ssm_flops, ssm_bytes = m.ssm_work(shape.num_prefill_tokens, num_chunks, shape.num_decodes)
+        attention_flops = m.prefill_attention_flops_per_key * keys
+        head_flops = 2.0 * m.num_head_params * shape.num_logits
         layer_flops = 2.0 * m.num_layer_params * shape.num_new_tokens
-        other_flops = m.prefill_attention_flops_per_key * keys + 2.0 * m.num_head_params * shape.num_logits
-        flops = layer_flops + other_flops + ssm_flops
-        # the layers' GEMMs at their format's peak, counted in BF16-peak FLOPs (x 1.0 for BF16 weights)
+        flops = layer_flops + attention_flops + head_flops + ssm_flops
+        # the layers' GEMMs at their format's peak, counted in BF16-peak FLOPs (x 1.0 for BF16 weights,
+        # so a BF16 target's sum is the same IEEE operations as before formats existed)
         at_bf16_peak = layer_flops * self.gpu.peak_tflops / gemm_peak_tflops(m.weight_format, self.gpu)
-        timed_flops = at_bf16_peak + other_flops + ssm_flops
+        timed_flops = at_bf16_peak + attention_flops + head_flops + ssm_flops
         nbytes = 1.0 * (m.step_weight_bytes + context * m.kv_bytes_per_token + ssm_bytes)  # float(s)
         # as the operator model counts it: KV heads replicated where tp exceeds them
         written = 1.0 * shape.num_new_tokens * m.kv_bytes_per_token_per_gpu(self.tp) * self.tp
