@@ -46,6 +46,11 @@ TIME_MODELS = ("aggregate", "operators")
 REQUESTS_PER_SLOT = 3
 """Requests a closed loop sends per slot after its warm-up (one slot's worth), at least MIN_REQUESTS."""
 MIN_REQUESTS = 32
+MAX_REPLAY_TOKENS = 20_000_000
+"""The most prompt and output tokens one row's replay may carry: a row above (concurrency up to 16,384
+at 9k tokens: 600 M) is skipped with its size as the reason, not run out of memory (one took 12 GB)."""
+CHUNK = 64
+"""Predictions run and written a chunk at a time: a run stopped or crashed keeps what it finished."""
 BY = ("system", "backend", "model_path", "mode", "load")
 
 
@@ -63,6 +68,9 @@ def predict(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
     """One row on one time model: its predicted means, or why it was skipped."""
     row, time_model = job
     out: dict[str, Any] = {"id": row["id"], "time_model": time_model}
+    tokens = num_requests(row) * (int(row["isl"]) + int(row["osl"]))
+    if tokens > MAX_REPLAY_TOKENS:
+        return {**out, "skipped": f"replay over the bench's {MAX_REPLAY_TOKENS // 10**6} M-token bound"}
     raw = deployment(row, num_requests(row))
     if isinstance(raw, Skipped):
         return {**out, "skipped": raw.reason}
@@ -199,11 +207,15 @@ def main() -> int:
         chosen = chosen.head(args.limit)
     jobs = [(row, tm) for row in chosen.to_dict("records") for tm in args.time_model]
     start = time.perf_counter()
-    predictions = pd.DataFrame(run_in_processes(predict, jobs, args.jobs))
+    args.out.mkdir(parents=True, exist_ok=True)
+    done: list[dict[str, Any]] = []
+    for i in range(0, len(jobs), CHUNK):
+        done += run_in_processes(predict, jobs[i : i + CHUNK], args.jobs)
+        pd.DataFrame(done).to_csv(args.out / "predictions.csv", index=False)
+    predictions = pd.DataFrame(done)
     if args.aiconfigurator:
         predictions = pd.concat([predictions, aiconfigurator(chosen, args.jobs)], ignore_index=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    predictions.to_csv(args.out / "predictions.csv", index=False)
+        predictions.to_csv(args.out / "predictions.csv", index=False)
     print(f"{len(jobs)} predictions in {time.perf_counter() - start:.0f} s wall")
     keep = ["id", "split", "load", *BY[:4], "silicon_ttft_ms", "silicon_tpot_ms"]
     write_report(args.out, predictions, chosen[list(dict.fromkeys(keep))], args.split)
