@@ -51,12 +51,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from emulation.config import CpuOverhead, OperatorEfficiencies
 from emulation.expert_parallel import ExpertParallel, RoutedWork
 from emulation.moe import ExpertLoad
 from emulation.profiles import GpuProfile, ModelProfile
-from emulation.quantization import Kernels, gemm_peak_tflops
+from emulation.quantization import GemmPeaks, gemm_peaks
 from emulation.roofline import maximum, timed
 from emulation.step_shape import StepItem, StepShape, share_of
 
@@ -210,9 +211,9 @@ class OperatorRoofline:
         decode_keys = m.layer_mean_keys(rank.decode_keys_attended, rank.num_decodes)
         return (
             self._gemm("qkv_o", 2.0 * attn_layers * attn_params * t / tp,
-                       attn_layers * (attn_params / tp * wb + attn_activations), m.weight_format),
+                       attn_layers * (attn_params / tp * wb + attn_activations), self.peaks.layers),
             self._gemm("mlp", 2.0 * mlp_layers * mlp_params * t / tp,
-                       mlp_layers * (mlp_params / tp * wb + mlp_activations), m.weight_format),
+                       mlp_layers * (mlp_params / tp * wb + mlp_activations), self.peaks.layers),
             self._group("prefill_attention", prefill_flops, kv_per_token * prefill_kv_tokens,
                         e.attention_compute, e.kv_bandwidth),
             self._group("decode_attention", m.decode_attention_flops_per_key / tp * decode_keys,
@@ -237,7 +238,7 @@ class OperatorRoofline:
         return (
             self._gemm("ssm_proj", 2.0 * layers * params * t / tp,
                        layers * (params / tp * m.weight_bytes_per_layer_param + activations),
-                       m.weight_format),
+                       self.peaks.layers),
             self._group("ssm_scan", flops, nbytes, e.attention_compute, e.kv_bandwidth),
         )  # fmt: skip
 
@@ -249,9 +250,9 @@ class OperatorRoofline:
         activations = m.num_moe_layers * self._spilled_bytes(routed.activation_bytes / m.num_moe_layers)
         return (
             self._gemm("shared_experts", 2.0 * shared * rank.num_new_tokens / tp,
-                       shared / tp * m.weight_bytes_per_layer_param, m.weight_format),
-            self._gemm("routed_experts", routed.flops, routed.weight_bytes + activations, m.expert_format,
-                       "moe"),
+                       shared / tp * m.weight_bytes_per_layer_param, self.peaks.layers),
+            self._gemm("routed_experts", routed.flops, routed.weight_bytes + activations,
+                       self.peaks.experts),
         )  # fmt: skip
 
     def _projection_widths(self) -> tuple[int, int]:
@@ -279,12 +280,13 @@ class OperatorRoofline:
         wire_s = 2 * (tp - 1) / tp * message / (self.gpu.tp_link_gbs * 1e9 * self.eta.all_reduce_bandwidth)
         return m.num_all_reduces * (wire_s + self.gpu.all_reduce_latency_s)
 
-    def _gemm(
-        self, name: str, flops: float, nbytes: float, weight_format: str, kernels: Kernels = "linear"
-    ) -> GroupTime:
-        """A group of weight GEMMs, at the peak of their weights' format in vLLM's `kernels` on this
-        GPU (emulation.quantization)."""
-        peak = gemm_peak_tflops(weight_format, self.gpu, kernels)
+    @cached_property
+    def peaks(self) -> GemmPeaks:
+        """The peaks this model's weight GEMMs run at on this GPU (emulation.quantization)."""
+        return gemm_peaks(self.model, self.gpu)
+
+    def _gemm(self, name: str, flops: float, nbytes: float, peak: float) -> GroupTime:
+        """A group of weight GEMMs, at `peak` TFLOP/s (`peaks`: its weights' format's)."""
         return self._group(name, flops, nbytes, self.eta.gemm_compute, self.eta.weights_bandwidth, peak)
 
     def _group(

@@ -77,9 +77,23 @@ def gemm_compute(weight_format: str, gpu: GpuProfile, kernels: Kernels) -> Compu
     return spec.tensor_cores
 
 
-def gemm_peak_tflops(weight_format: str, gpu: GpuProfile, kernels: Kernels = "linear") -> float:
-    """Dense peak, TFLOP/s, of `kernels` GEMMs of `weight_format` weights on `gpu`."""
-    return gpu.peak_tflops_of(gemm_compute(weight_format, gpu, kernels))
+@dataclass(frozen=True)
+class GemmPeaks:
+    """The dense peaks, TFLOP/s, a model's weight GEMMs run at on one GPU (a time model reads them at
+    every step: it keeps one, `gemm_peaks`)."""
+
+    layers: float
+    """The decoder layers' (vLLM's linear kernels, at the layer weights' format)."""
+    experts: float
+    """The routed experts' (its fused-MoE kernels, at the experts' format)."""
+
+
+def gemm_peaks(model: ModelProfile, gpu: GpuProfile) -> GemmPeaks:
+    """`model`'s GEMM peaks on `gpu` (`gemm_compute`)."""
+    return GemmPeaks(
+        gpu.peak_tflops_of(gemm_compute(model.weight_format, gpu, "linear")),
+        gpu.peak_tflops_of(gemm_compute(model.expert_format, gpu, "moe")),
+    )
 
 
 @functools.cache

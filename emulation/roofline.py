@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from emulation.config import PoolConfig, TestbedConfig
 from emulation.expert_parallel import ExpertParallel
 from emulation.moe import ExpertLoad
 from emulation.profiles import GPUS, GpuProfile, ModelProfile
-from emulation.quantization import gemm_peak_tflops
+from emulation.quantization import GemmPeaks, gemm_peaks
 from emulation.step_shape import StepItem, StepShape, share_of
 
 
@@ -119,6 +120,11 @@ class Roofline:
     def step_time(self, items: Iterable[StepItem]) -> StepTime:
         return self.step_time_of(StepShape.of(items))
 
+    @cached_property
+    def peaks(self) -> GemmPeaks:
+        """The peaks this model's weight GEMMs run at on this GPU (emulation.quantization)."""
+        return gemm_peaks(self.model, self.gpu)
+
     def step_time_of(self, shape: StepShape) -> StepTime:
         """The time of a step of `shape` (the engine's entry: the scheduler builds the shape)."""
         m = self.model
@@ -136,7 +142,7 @@ class Roofline:
         flops = layer_flops + attention_flops + head_flops + ssm_flops
         # the layers' GEMMs at their format's peak, counted in BF16-peak FLOPs (x 1.0 for BF16 weights,
         # so a BF16 target's sum is the same IEEE operations as before formats existed)
-        at_bf16_peak = layer_flops * self.gpu.peak_tflops / gemm_peak_tflops(m.weight_format, self.gpu)
+        at_bf16_peak = layer_flops * self.gpu.peak_tflops / self.peaks.layers
         timed_flops = at_bf16_peak + attention_flops + head_flops + ssm_flops
         nbytes = 1.0 * (m.step_weight_bytes + context * m.kv_bytes_per_token + ssm_bytes)  # float(s)
         # as the operator model counts it: KV heads replicated where tp exceeds them
@@ -153,8 +159,7 @@ class Roofline:
         parts = 2 if ex.splits(shape) else 1
         gemm, at_peak, bf16, nbytes = (parts * x for x in self._moe_work(share_of(shape, parts), ex))
         m, g, e_c, e_b = self.model, self.tp, self.eta_compute, self.eta_bandwidth
-        peak = gemm_peak_tflops(m.weight_format, self.gpu)
-        gemm_t = timed(at_peak, nbytes, self.gpu, g, e_c, e_b, self.overhead_s, peak_tflops=peak)
+        gemm_t = timed(at_peak, nbytes, self.gpu, g, e_c, e_b, self.overhead_s, peak_tflops=self.peaks.layers)
         compute_s = gemm_t.compute_s + timed(bf16, 0.0, self.gpu, g, e_c, e_b, 0.0).compute_s
         a2a_s = parts * ex.all_to_all_s(shape.num_new_tokens / parts)
         overlap_s = 0.0
@@ -174,12 +179,12 @@ class Roofline:
         head) and the bytes read of a step of `shape`, over all the replica's GPUs: each data-parallel
         attention rank as busy as the busiest (reading the dense weights and its requests' KV), each
         GPU its busiest EP rank's routed share."""
-        m, g, ranks, gpu = self.model, self.tp, ex.num_attention_ranks, self.gpu
+        m, g, ranks = self.model, self.tp, ex.num_attention_ranks
         rank = ex.busiest_rank(shape)
         routed = ex.routed(shape.num_new_tokens)
         dense = 2.0 * m.num_dense_params * rank.num_new_tokens * ranks
         gemm = dense + routed.flops * g
-        expert_scale = gemm_peak_tflops(m.weight_format, gpu) / gemm_peak_tflops(m.expert_format, gpu, "moe")
+        expert_scale = self.peaks.layers / self.peaks.experts
         at_peak = dense + routed.flops * g * expert_scale
         bf16 = ranks * (
             m.prefill_attention_flops_per_key
