@@ -68,10 +68,10 @@ def predict(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
     """One row on one time model: its predicted means, or why it was skipped."""
     row, time_model = job
     out: dict[str, Any] = {"id": row["id"], "time_model": time_model}
-    tokens = num_requests(row) * (int(row["isl"]) + int(row["osl"]))
-    if tokens > MAX_REPLAY_TOKENS:
+    requests = num_requests(row)
+    if requests * (int(row["isl"]) + int(row["osl"])) > MAX_REPLAY_TOKENS:
         return {**out, "skipped": f"replay over the bench's {MAX_REPLAY_TOKENS // 10**6} M-token bound"}
-    raw = deployment(row, num_requests(row))
+    raw = deployment(row, requests)
     if isinstance(raw, Skipped):
         return {**out, "skipped": raw.reason}
     raw["target"]["time_model"] = time_model

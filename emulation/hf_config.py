@@ -32,7 +32,7 @@ from typing import Any
 from emulation.mla import MlaGeometry
 from emulation.model_profile import ModelProfile
 from emulation.moe import MoeGeometry
-from emulation.quantization import WeightFormat
+from emulation.quantization import KV_DTYPE_BYTES, WeightFormat
 from emulation.silicon_systems import missing_package_line, package_dir
 from emulation.ssm import GatedDeltaNetGeometry, Mamba2Geometry
 from emulation.vision_encoders import VISION_ENCODERS
@@ -177,7 +177,7 @@ def profile_from_config(
         mla=_mla(f),
         weight_format=weights,
         expert_format=experts,
-        kv_dtype_bytes=2 if kv == "bf16" else 1,
+        kv_dtype_bytes=KV_DTYPE_BYTES[kv],
         sliding_window=f.int("sliding_window") if "sliding" in layers else None,
         num_sliding_layers=layers.count("sliding"),
         ssm=_ssm(f, model_type) if "ssm" in layers else None,
