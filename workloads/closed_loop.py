@@ -73,9 +73,7 @@ class ClosedLoop:
 
     async def _send(self, creq: ClientRequest) -> RequestResult:
         """`creq`, its arrival time now (and its render from now)."""
-        sent_s = self.clock.now()
-        creq = dataclasses.replace(creq, arrival_s=sent_s)
+        creq = dataclasses.replace(creq, arrival_s=self.clock.now())
         if self.render is not None:
-            image_tokens = [m.num_tokens for m in creq.mm_items]
-            creq.render_s = self.render.render_s(sent_s, len(creq.prompt_token_ids), image_tokens)
+            creq = self.render.rendered(creq)
         return await self.submit(creq)

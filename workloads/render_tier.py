@@ -12,12 +12,14 @@ Behind `testbed serve` nothing is modelled: every render is timed on the run's c
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Sequence
 
 from emulation.config import RenderConfig, TestbedConfig
 from emulation.vision import vision_encoder_of
 from emulation.vision_encoders import VisionEncoderProfile
+from messages import ClientRequest
 
 
 class RenderTier:
@@ -42,6 +44,12 @@ class RenderTier:
         done_s = start_s + self.cost_s(num_prompt_tokens, image_tokens)
         heapq.heappush(self._free_s, done_s)
         return done_s - arrival_s
+
+    def rendered(self, creq: ClientRequest) -> ClientRequest:
+        """`creq` with its `render_s` from this tier, from its arrival (`render_s`: in arrival order)."""
+        image_tokens = [m.num_tokens for m in creq.mm_items]
+        render_s = self.render_s(creq.arrival_s, len(creq.prompt_token_ids), image_tokens)
+        return dataclasses.replace(creq, render_s=render_s)
 
 
 def render_tier_for(cfg: TestbedConfig) -> RenderTier:

@@ -152,9 +152,7 @@ async def replay(
     tasks = []
     for creq in sorted(requests, key=lambda r: r.arrival_s):
         if render is not None:
-            image_tokens = [m.num_tokens for m in creq.mm_items]
-            render_s = render.render_s(creq.arrival_s, len(creq.prompt_token_ids), image_tokens)
-            creq = dataclasses.replace(creq, render_s=render_s)
+            creq = render.rendered(creq)
         await clock.sleep_until(creq.arrival_s - lead_s)
         tasks.append(asyncio.ensure_future(one(creq)))
     results = await asyncio.gather(*tasks)

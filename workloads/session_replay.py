@@ -167,8 +167,7 @@ class SessionReplay:
         if turn.image_tokens:
             self._add_images(creq, turn, rid)
         if self.render is not None:
-            image_tokens = [m.num_tokens for m in creq.mm_items]
-            creq.render_s = self.render.render_s(sent_s, len(creq.prompt_token_ids), image_tokens)
+            creq = self.render.rendered(creq)
         result = await self.submit(creq)
         harness.answered(prompt, result, nxt.prompt if nxt is not None else None)
         self.results.append(result)
