@@ -2,8 +2,8 @@
 it describes: a raw testbed config, or the reason the testbed cannot express it.
 
 Columns read (the CSV's names): `model_path`, `system` (a GPU name), `backend`, `mode` (agg or disagg),
-`isl`, `osl`, `gemm_quant_mode` and `moe_quant_mode` (the weights' and the experts' formats),
-`batch_size` (the concurrency; or `silicon_concurrency=` in `silicon_data_source`), an optional
+`isl`, `osl`, `gemm_quant_mode` and `moe_quant_mode` (the weights' and the experts' formats), the
+concurrency (`silicon_concurrency=` in `silicon_data_source`, else `batch_size`), an optional
 `request_rate` (Poisson arrivals instead), and the parallelism of one worker::
 
     agg:      tp_size, pp_size, attention_dp_size, moe_tp_size, moe_ep_size        (one worker)
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulation.hf_config import ModelConfigError
-from emulation.profiles import base_profile
+from emulation.profiles import GPUS, base_profile
+from workloads.synthetic import length_bounds
 
 MODEL_IDS = {
     "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
@@ -51,11 +52,17 @@ class Skipped:
 
 
 def concurrency(row: dict[str, Any]) -> int | None:
-    """Requests in flight: `batch_size`, else `silicon_concurrency=` in the row's source."""
-    if _number(row.get("batch_size")):
-        return int(row["batch_size"])
+    """Requests in flight: the benchmark's (`silicon_concurrency=` in the row's source), else
+    `batch_size` (per attention-DP rank where the source gives the concurrency too)."""
     found = re.search(r"silicon_concurrency=(\d+)", str(row.get("silicon_data_source") or ""))
-    return int(found.group(1)) if found else None
+    if found:
+        return int(found.group(1))
+    return int(row["batch_size"]) if _number(row.get("batch_size")) else None
+
+
+def from_inferencex(row: dict[str, Any]) -> bool:
+    """Whether the row is a SemiAnalysis InferenceX result (a dated export or its database's dump)."""
+    return re.match(r"source_file=20\d\d-|db-dump/", str(row.get("silicon_data_source") or "")) is not None
 
 
 def deployment(row: dict[str, Any], num_requests: int) -> dict[str, Any] | Skipped:
@@ -77,6 +84,8 @@ def deployment(row: dict[str, Any], num_requests: int) -> dict[str, Any] | Skipp
     except ModelConfigError as e:
         return Skipped(f"model: {e}".split(";")[0])
     gpu = str(row["system"])
+    if mode == "disagg" and not all(_number(row.get(f"{s}_num_workers")) for s in ("prefill", "decode")):
+        return Skipped("disaggregated row without worker counts (its export lost them and attention DP)")
     sides = ("",) if mode == "agg" else ("prefill_", "decode_")
     pools: dict[str, Any] = {"mixed": {"replicas": 0}}
     for side in sides:
@@ -87,11 +96,13 @@ def deployment(row: dict[str, Any], num_requests: int) -> dict[str, Any] | Skipp
     isl, osl = int(row["isl"]), int(row["osl"])
     workload: dict[str, Any] = {"kind": "synthetic", "prompt_len": isl, "output_len": osl,
                                 "num_requests": num_requests}  # fmt: skip
+    if from_inferencex(row):  # [0.8 L, L]: the nominal 0.9 L, +-1/9 of it in vLLM's sense of the ratio
+        workload.update(prompt_len=round(0.9 * isl), output_len=round(0.9 * osl), random_range_ratio=1 / 9)
     if _number(rate):
         workload["rate"] = float(rate)
     else:
         assert closed is not None
-        workload.update(max_concurrency=closed, num_warmup_requests=min(closed, num_requests // 4))
+        workload["max_concurrency"] = closed  # no warm-up: the bench weighs the first wave itself
     return {
         "design": str(row["id"]),
         "target": {
@@ -99,7 +110,7 @@ def deployment(row: dict[str, Any], num_requests: int) -> dict[str, Any] | Skipp
             "quantization": {"weights": weights, "experts": experts, "kv_cache": kv_cache_of(row)},
         },
         "pools": pools,
-        "scheduler": {"max_model_len": isl + osl},
+        "scheduler": {"max_model_len": _longest(workload, "prompt_len") + _longest(workload, "output_len")},
         "kv_transfer": {"link": KV_LINKS.get(gpu, "rdma-400g"), "mode": "pull"},
         "runner": {"compute": "skip"},
         "workload": workload,
@@ -122,6 +133,8 @@ def _pool(row: dict[str, Any], side: str, gpu: str, moe: bool) -> dict[str, Any]
     if not moe:  # attention DP groups of a dense model are engines of their own
         return {"replicas": workers * dp, "gpu": gpu, "tp": tp}
     gpus = tp * dp
+    if not side and gpu in GPUS and gpus > GPUS[gpu].gpus_per_node:
+        return Skipped("an aggregated worker larger than a node (its export wrote tp x ep)")
     moe_tp, moe_ep = get("moe_tp_size"), get("moe_ep_size")
     if moe_tp * moe_ep == 1:
         moe_tp = gpus
@@ -146,6 +159,11 @@ at 256 in flight on two B300s (8k prompts) does not fit its prompts and waits a 
 def kv_cache_of(row: dict[str, Any]) -> str:
     """The row's KV cache format: FP8 for FP8_KV_MODES, else the checkpoint's own (auto)."""
     return "fp8" if str(row.get("gemm_quant_mode")) in FP8_KV_MODES else "auto"
+
+
+def _longest(workload: dict[str, Any], kind: str) -> int:
+    """The longest prompt or output (`kind`) `workload` draws."""
+    return length_bounds(workload[kind], workload.get("random_range_ratio", 0.0))[1]
 
 
 def _format(mode: Any) -> str | None:

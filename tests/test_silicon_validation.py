@@ -23,15 +23,17 @@ pytestmark = [
 
 
 def _reduced_rows(path: Path) -> pd.DataFrame:
-    """20 aggregated and 20 disaggregated held-out rows, up to three a (backend, model), cheapest first."""
+    """20 aggregated and 20 disaggregated held-out rows the bench expresses, up to three a (backend,
+    model), cheapest first."""
     sys.path.insert(0, str(BENCH))
-    from silicon_rows import concurrency
-    from silicon_validation import split_of
+    from silicon_rows import Skipped, concurrency, deployment
+    from silicon_validation import num_requests, split_of
 
     assert package_dir() is not None
     rows = pd.read_csv(package_dir() / "systems" / "silicon_sample.csv")
     rows["c"] = [concurrency(r) for r in rows.to_dict("records")]
-    rows = rows[(rows["id"].map(split_of) == "held-out") & rows["c"].notna()]
+    expressed = [not isinstance(deployment(r, num_requests(r)), Skipped) for r in rows.to_dict("records")]
+    rows = rows[(rows["id"].map(split_of) == "held-out") & rows["c"].notna() & expressed]
     rows = rows.assign(cost=rows["c"] * (rows["isl"] + rows["osl"])).sort_values(["cost", "id"])
     picked = [
         rows[rows["mode"] == mode].groupby(["backend", "model_path"]).head(3).head(20)
@@ -56,6 +58,16 @@ def test_the_bench_predicts_or_explains_every_row_and_writes_its_tables(tmp_path
     assert (predictions.loc[predicted, ["ttft_ms", "tpot_ms"]] > 0).all().all()
     assert (predictions.loc[predicted, "failed"] == 0).all()
     errors = pd.read_csv(tmp_path / "out" / "errors.csv")
-    assert {"all", "system", "backend", "model_path", "mode", "load"} <= set(errors["by"])
+    assert {"all", "system", "backend", "model_kind", "model_path", "mode", "load"} <= set(errors["by"])
+    columns = set(pd.read_csv(tmp_path / "out" / "side_by_side.csv").columns)
+    assert {"TTFT aggregate", "TTFT operators", "TPOT aggregate", "TPOT operators"} <= columns
     html = (tmp_path / "out" / "report.html").read_text()
     assert "rows expressed" in html and html.count("<img") == 2
+    tables = (tmp_path / "out" / "tables.md").read_text()
+    assert "rows expressed" in tables and "| operators |" in tables
+
+    # The tables again from the predictions alone, as they were.
+    (tmp_path / "out" / "tables.md").unlink()
+    again = subprocess.run([*argv, "--report-only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (tmp_path / "out" / "tables.md").read_text() == tables
