@@ -1,0 +1,187 @@
+"""Kernel latencies measured on real GPUs: aiconfigurator-core's per-kernel tables, queried at a step's
+own shapes.
+
+The package (NVIDIA, Apache-2.0) ships, per GPU and serving backend version, latencies of the kernels
+an engine step runs, measured on silicon (`systems/data/<gpu>/<family>/<backend>/<version>/*.parquet`:
+107k GEMM shapes on H100 for vLLM 0.24.0 alone), and a Rust engine that interpolates them: linear
+along each measured axis (context attention in sqrt(latency) along the sequence), and outside what was
+measured, the nearest points' share of the roofline held. That engine is the library made for the
+job, so every lookup goes through it (`EngineHandle.evaluate_ops_json`); nothing here reads a table.
+
+Each lookup answers one kernel at one shape, in seconds, with where its number came from
+(`KernelTime.measured`: the tables, or the package's own roofline where they hold nothing near), or
+None where the package has no answer at all (a format the GPU's tables lack): the caller then prices
+that kernel its own way. Answers are cached by shape: an uncached GEMM costs ~100 µs, a cached one a
+dictionary lookup.
+
+Units the tables use and the lookups hide: all-reduce message sizes are elements (tokens x hidden),
+not bytes; DeepEP tables hold µs; a context-attention table has no prefix axis (the package scales a
+chunk after a prefix by (full² - prefix²) / full²); a generation-attention lookup averages five KV
+lengths within ±10 %.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from emulation.silicon_systems import missing_package_line
+
+BACKEND_VERSION = "current"
+"""The tables' version: the package's `current` slot (vLLM 0.24.0 on Hopper and Blackwell in 0.12.0)."""
+
+GEMM_FORMATS = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4",
+                "int4_wo": "int4_wo"}  # fmt: skip
+"""`target.quantization` formats as the tables' GEMM modes (MXFP4 is an experts-only format: none)."""
+MOE_FORMATS = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4",
+               "mxfp4": "w4a16_mxfp4", "int4_wo": "int4_wo"}  # fmt: skip
+"""The same for the fused-MoE tables."""
+KV_FORMATS = {2: "bfloat16", 1: "fp8"}
+"""KV cache element bytes as the attention tables' KV modes."""
+MEASURED_SOURCES = ("silicon", "mixed")
+"""The package's names for an answer read from measured rows (`mixed`: measured attention plus its
+small analytic parts, RoPE and the KV write); the others (`sol`, `empirical`) are its roofline."""
+
+
+class KernelTablesError(ValueError):
+    """The tables cannot be opened for this GPU and backend (one line: what, and what is allowed)."""
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One kernel at one shape."""
+
+    s: float
+    measured: bool
+    """Read from the GPU's measured rows (else the package's roofline, where they hold nothing near)."""
+
+
+class KernelTables:
+    """One GPU's kernel tables for one serving backend (`system`: a name aiconfigurator-core ships,
+    e.g. h100_sxm; `backend`: vllm, sglang or trtllm)."""
+
+    def __init__(self, system: str, backend: str = "vllm") -> None:
+        pkg = _package()
+        try:
+            database = pkg.perf_database.get_database(system, backend, BACKEND_VERSION)
+        except (ValueError, RuntimeError, KeyError, FileNotFoundError) as e:
+            raise KernelTablesError(
+                f"no {backend} kernel tables for {system}: {str(e).splitlines()[0]}"
+            ) from None
+        if database is None:
+            raise KernelTablesError(f"no {backend} kernel tables for {system}")
+        self.system, self.backend, self.version = system, backend, str(database.version)
+        self._pkg = pkg
+        self._engine = pkg.EngineHandle.for_database(database)
+        self._answers: dict[tuple[Any, ...], KernelTime | None] = {}
+
+    def __repr__(self) -> str:
+        return f"KernelTables({self.system}, {self.backend} {self.version})"
+
+    def gemm(self, num_tokens: int, n: int, k: int, weight_format: str) -> KernelTime | None:
+        """A GEMM of `num_tokens` rows by a [k, n] weight of `weight_format` (a `target.quantization`
+        format; None where the tables have no such mode)."""
+        mode = GEMM_FORMATS.get(weight_format)
+        if mode is None:
+            return None
+        return self._lookup(
+            ("gemm", n, k, mode), dict(x=num_tokens),
+            lambda: self._pkg.GEMM("gemm", 1.0, n, k, self._pkg.GEMMQuantMode[mode]),
+        )  # fmt: skip
+
+    def context_attention(
+        self, num_requests: int, num_new_tokens: int, num_cached_tokens: int, num_heads: int,
+        num_kv_heads: int, head_dim: int, kv_bytes: int,
+    ) -> KernelTime | None:  # fmt: skip
+        """Prefill attention of `num_requests` chunks of `num_new_tokens` each after `num_cached_tokens`
+        in the cache, `num_heads` query and `num_kv_heads` KV heads a GPU, KV of `kv_bytes` an element."""
+        kv = self._pkg.KVCacheQuantMode[KV_FORMATS[kv_bytes]]
+        return self._lookup(
+            ("context_attention", num_heads, num_kv_heads, head_dim, kv_bytes),
+            dict(batch_size=num_requests, s=num_new_tokens, prefix=num_cached_tokens),
+            lambda: self._pkg.ContextAttention(
+                "attention", 1.0, num_heads, num_kv_heads, kv, self._pkg.FMHAQuantMode.bfloat16,
+                head_size=head_dim,
+            ),
+        )  # fmt: skip
+
+    def generation_attention(
+        self, num_requests: int, kv_len: int, num_heads: int, num_kv_heads: int, head_dim: int, kv_bytes: int
+    ) -> KernelTime | None:
+        """Decode attention of `num_requests` single-token queries over `kv_len` cached tokens each."""
+        kv = self._pkg.KVCacheQuantMode[KV_FORMATS[kv_bytes]]
+        return self._lookup(
+            ("generation_attention", num_heads, num_kv_heads, head_dim, kv_bytes),
+            dict(batch_size=num_requests, s=kv_len),
+            lambda: self._pkg.GenerationAttention(
+                "attention", 1.0, num_heads, num_kv_heads, kv, head_size=head_dim
+            ),
+            is_context=False,
+        )
+
+    def all_reduce(self, num_tokens: int, hidden_size: int, tp: int) -> KernelTime | None:
+        """One all-reduce of `num_tokens` x `hidden_size` BF16 activations over `tp` GPUs (the
+        backend's custom all-reduce, as its CUDA graphs run it)."""
+        return self._lookup(
+            ("all_reduce", hidden_size, tp), dict(x=num_tokens),
+            lambda: self._pkg.CustomAllReduce("all_reduce", 1.0, hidden_size, tp),
+        )  # fmt: skip
+
+    def moe(
+        self, num_tokens: int, hidden_size: int, moe_intermediate_size: int, top_k: int, num_experts: int,
+        moe_tp: int, moe_ep: int, expert_format: str, distribution: str = "balanced",
+    ) -> KernelTime | None:  # fmt: skip
+        """One MoE layer's experts (routing, grouped GEMMs, combine) over `num_tokens` tokens, experts
+        split `moe_tp` ways and spread over `moe_ep` ranks; `distribution`: the tables' token skew
+        (balanced, power_law_1.01, power_law_1.2)."""
+        mode = MOE_FORMATS.get(expert_format)
+        if mode is None:
+            return None
+        shape = (hidden_size, moe_intermediate_size, top_k, num_experts, moe_tp, moe_ep, mode, distribution)
+        return self._lookup(
+            ("moe", *shape), dict(x=num_tokens),
+            lambda: self._pkg.MoE("moe", 1.0, *shape[:6], self._pkg.MoEQuantMode[mode], distribution, 1),
+        )  # fmt: skip
+
+    def _lookup(
+        self, op_key: tuple[Any, ...], at: dict[str, int], make_op: Callable[[], Any], is_context: bool = True
+    ) -> KernelTime | None:
+        """The kernel `make_op()` builds (`op_key` names it) at the shape `at`, from the cache or the
+        package's engine; None where the package has no data for it."""
+        key = (*op_key, *sorted(at.items()))
+        if key not in self._answers:
+            try:
+                [(_, ms, _, source)] = self._engine.evaluate_ops_json(
+                    self._pkg.build_ops_json([make_op()]),
+                    is_context=is_context,
+                    **{"batch_size": 1, "s": 1, **at},
+                )
+                self._answers[key] = KernelTime(ms / 1000, source in MEASURED_SOURCES)
+            except self._pkg.NO_DATA:
+                self._answers[key] = None
+        return self._answers[key]
+
+
+@functools.cache
+def _package() -> SimpleNamespace:
+    """What the lookups use of aiconfigurator-core, imported once (its Rust extension loads here)."""
+    try:
+        from aiconfigurator_core.sdk import common, perf_database
+        from aiconfigurator_core.sdk.engine import EngineHandle, build_ops_json
+        from aiconfigurator_core.sdk.errors import MissingSystemFlopsError, PerfDataNotAvailableError
+        from aiconfigurator_core.sdk.operations.attention import ContextAttention, GenerationAttention
+        from aiconfigurator_core.sdk.operations.communication import CustomAllReduce
+        from aiconfigurator_core.sdk.operations.gemm import GEMM
+        from aiconfigurator_core.sdk.operations.moe import MoE
+    except ImportError:
+        raise KernelTablesError(missing_package_line()) from None
+    return SimpleNamespace(
+        perf_database=perf_database, EngineHandle=EngineHandle, build_ops_json=build_ops_json,
+        GEMM=GEMM, ContextAttention=ContextAttention, GenerationAttention=GenerationAttention,
+        CustomAllReduce=CustomAllReduce, MoE=MoE, GEMMQuantMode=common.GEMMQuantMode,
+        MoEQuantMode=common.MoEQuantMode, KVCacheQuantMode=common.KVCacheQuantMode,
+        FMHAQuantMode=common.FMHAQuantMode, NO_DATA=(MissingSystemFlopsError, PerfDataNotAvailableError),
+    )  # fmt: skip
