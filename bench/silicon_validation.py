@@ -53,7 +53,8 @@ REQUESTS_PER_SLOT = 2
 """Requests a closed loop sends per slot after its first wave (one slot's worth), at least MIN_REQUESTS
 in all. Two, not InferenceX's nine: on 55 rows (a random 60) two against three moved the predicted
 means by a median of 0 % and a mean of 1.3 % (TTFT) and 0.9 % (TPOT), at most 19 % and 7 %, for 27 %
-less work; one moved them up to 50 %."""
+less work; one moved them up to 50 % (measured with the first wave left out, before it was weighed
+as FIRST_WAVE_WEIGHT)."""
 FIRST_WAVE_WEIGHT = 0.1
 """The first wave's share of a measured mean. InferenceX warms up in a separate run, then sends
 10 x concurrency requests, all measured: the first `concurrency` arrive at once (a burst whose prompts
@@ -222,7 +223,8 @@ def _scatter(table: pd.DataFrame, metric: str) -> bytes:
 
 
 def _markdown(table: pd.DataFrame) -> str:
-    """`table` as a Markdown table, numbers to three figures."""
+    """`table` as a Markdown table, numbers to three figures (by hand: pandas' `to_markdown` needs
+    tabulate, which the project does not depend on)."""
     cells = table.map(lambda x: f"{x:.3g}" if isinstance(x, float) else str(x))
     lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
     lines += ["| " + " | ".join(r) + " |" for r in cells.itertuples(index=False)]
