@@ -108,6 +108,9 @@ def deployment(row: dict[str, Any], num_requests: int) -> dict[str, Any] | Skipp
         "target": {
             "model": model,
             "quantization": {"weights": weights, "experts": experts, "kv_cache": kv_cache_of(row)},
+            # Under `measured`: the row's engine's kernels; a GPU without them runs on the roofline.
+            "kernel_tables": {"backend": str(row["backend"])},
+            "measured_fallback": "roofline",
         },
         "pools": pools,
         "scheduler": {"max_model_len": _longest(workload, "prompt_len") + _longest(workload, "output_len")},

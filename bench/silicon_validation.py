@@ -9,8 +9,8 @@ predicted means set beside the measured ones. Nothing here is fitted: rows whose
 5 are the calibration split, and every error table is over the other four fifths (`--split`).
 
     .venv/bin/python bench/silicon_validation.py --out runs/silicon [--rows CSV] [--limit N] \\
-        [--time-model aggregate operators] [--jobs 2] [--split held-out|calibration|all] [--aiconfigurator] \\
-        [--report-only]
+        [--time-model aggregate operators measured] [--jobs 2] [--split held-out|calibration|all] \\
+        [--aiconfigurator] [--report-only]
 
 With `--aiconfigurator`, AIConfigurator's own estimates of the same rows (`bench/silicon_aic.py`,
 `aiconfigurator==0.12.0` in a venv of its own) are a third "time model" in every table and plot.
@@ -48,7 +48,7 @@ from emulation.hf_config import ModelConfigError
 from emulation.profiles import base_profile
 from emulation.silicon_systems import package_dir
 
-TIME_MODELS = ("aggregate", "operators")
+TIME_MODELS = ("aggregate", "operators", "measured")
 REQUESTS_PER_SLOT = 2
 """Requests a closed loop sends per slot after its first wave (one slot's worth), at least MIN_REQUESTS
 in all. Two, not InferenceX's nine: on 55 rows (a random 60) two against three moved the predicted
@@ -107,7 +107,14 @@ def predict(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
         "requests": summary["completed"],
         "failed": summary["failed"] + summary["rejected"],
         "wall_s": round(time.perf_counter() - start, 3),
+        **measured_share(summary),
     }
+
+
+def measured_share(summary: dict[str, Any]) -> dict[str, float]:
+    """`measured`: the mean over the row's engine roles of their step time's measured share."""
+    shares = summary.get("measured_share_by_role")
+    return {"measured_share": float(np.mean(list(shares.values())))} if shares else {}
 
 
 def benchmark_means(results: pd.DataFrame, max_concurrency: int | None) -> tuple[float, float]:

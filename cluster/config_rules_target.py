@@ -1,4 +1,5 @@
-"""The rules of the target on its GPUs: names that resolve, and formats vLLM can run there."""
+"""The rules of the target on its GPUs: names that resolve, formats vLLM can run there, and measured
+kernel tables where the time model reads them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterator
 
 from cluster.config_rules_hybrid import engine_pools
 from emulation.config import TestbedConfig
+from emulation.kernel_tables import KernelTablesError, tables_for
 from emulation.profiles import GPUS
 from emulation.silicon_systems import SYSTEM_NAMES, missing_package_line, system_gpus
 
@@ -24,6 +26,32 @@ def unknown_gpu(field: str, name: str) -> str:
 
 
 def target(cfg: TestbedConfig) -> Iterator[str]:
+    yield from _mla_kv_format(cfg)
+    yield from _kernel_tables(cfg)
+
+
+def _kernel_tables(cfg: TestbedConfig) -> Iterator[str]:
+    """`time_model: measured` on a pool whose GPU has no such tables, unless `measured_fallback` lets it
+    run on the roofline (AFD pools: their pipeline's rooflines, tables or not)."""
+    t = cfg.target
+    if t.time_model != "measured" or t.measured_fallback == "roofline":
+        return
+    k = t.kernel_tables
+    for name, pool in engine_pools(cfg):
+        if pool.afd is not None or pool.gpu not in GPUS:  # (an unknown GPU: a later rule)
+            continue
+        try:
+            tables_for(pool.gpu, k.backend, k.version)
+        except KernelTablesError as e:
+            yield (
+                f"target.time_model='measured': pools.{name}.gpu={pool.gpu!r} has {e}; allowed: a GPU "
+                "aiconfigurator-core measured (h100-sxm, h200, b200, l40s, ...), another "
+                "target.kernel_tables, or target.measured_fallback: roofline"
+            )
+            return
+
+
+def _mla_kv_format(cfg: TestbedConfig) -> Iterator[str]:
     """A KV cache format no attention backend of vLLM's reads on a pool's GPU (before the pools' KV
     room is checked: the format sizes it)."""
     model, q = cfg.target.profile, cfg.target.quantization

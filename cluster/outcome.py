@@ -11,7 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from emulation.config import TestbedConfig
+from emulation.config import PoolConfig, TestbedConfig
+from emulation.kernel_tables import KernelTablesError, tables_for
 from messages import RequestResult
 from messages.stats import EncoderStats, EngineReport, LostEngine
 from workloads.results import results_frame
@@ -59,6 +60,7 @@ def run_output(
     }
     summary.update(encoder_summary(encoder_stats, summary.get("duration_s") or 0.0))
     summary["cpu_overhead_share"] = cpu_overhead_share(reports)
+    summary.update(measured_summary(cfg, reports))
     summary.update(deployment_info or {})
     return RunOutput(df, summary, reports, metrics)
 
@@ -68,6 +70,44 @@ def cpu_overhead_share(reports: Mapping[str, EngineReport | LostEngine]) -> floa
     counters = [r.counters for r in reports.values() if isinstance(r, EngineReport)]
     busy_s = sum(c.busy_s for c in counters)
     return sum(c.cpu_s for c in counters) / busy_s if busy_s > 0 else 0.0
+
+
+def measured_summary(cfg: TestbedConfig, reports: Mapping[str, EngineReport | LostEngine]) -> dict[str, Any]:
+    """`target.time_model: measured`: per engine role, the share of its GPU step time that kernels
+    measured on silicon priced, and which tables (the rest: the operators roofline), with one line
+    saying so (`time_model`); empty for the other time models."""
+    if cfg.target.time_model != "measured":
+        return {}
+    measured: dict[str, float] = {}
+    gpu: dict[str, float] = {}
+    for report in reports.values():
+        if isinstance(report, EngineReport):
+            c = report.counters
+            measured[report.role] = measured.get(report.role, 0.0) + c.measured_s
+            gpu[report.role] = gpu.get(report.role, 0.0) + c.busy_s - c.cpu_s
+    shares = {role: measured[role] / gpu[role] for role in gpu if gpu[role] > 0}
+    tables = {role: tables_line(cfg, pool) for role, pool in cfg.pools.by_role() if pool.replicas}
+    parts = [
+        f"{role} {100 * shares[role]:.0f} % ({tables[role]})" if role in shares else f"{role}: no steps"
+        for role in tables
+    ]
+    return {
+        "measured_share_by_role": shares,
+        "kernel_tables_by_role": tables,
+        "time_model": "measured: share of step time from measured kernels: " + ", ".join(parts),
+    }
+
+
+def tables_line(cfg: TestbedConfig, pool: PoolConfig) -> str:
+    """Which tables priced `pool`'s steps under `measured`, in words (or why none did)."""
+    if pool.afd is not None:
+        return "AFD: its pipeline's rooflines"
+    k = cfg.target.kernel_tables
+    try:
+        tables = tables_for(pool.gpu, k.backend, k.version)
+    except KernelTablesError:
+        return f"no {k.backend} tables for {pool.gpu}: operators roofline"
+    return f"{tables.backend} {tables.version} tables, {pool.gpu}"
 
 
 def encoder_summary(encoder_stats: Sequence[EncoderStats], duration_s: float) -> dict[str, float]:

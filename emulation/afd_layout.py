@@ -133,6 +133,11 @@ class AfdStepTime:
         """0: no dual-batch overlap; what the pipeline hides is in `pipeline`."""
         return 0.0
 
+    @property
+    def measured_s(self) -> float:
+        """0: AFD's pipeline is priced by its rooflines."""
+        return 0.0
+
 
 @dataclass(frozen=True)
 class AfdLayout:

@@ -31,7 +31,8 @@ from typing import Any
 from emulation.silicon_systems import missing_package_line
 
 BACKEND_VERSION = "current"
-"""The tables' version: the package's `current` slot (vLLM 0.24.0 on Hopper and Blackwell in 0.12.0)."""
+"""The tables' default version: the package's `current` slot (vLLM 0.24.0 on Hopper and Blackwell in
+0.12.0); `next` or a slot's version number name others."""
 
 GEMM_FORMATS = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4",
                 "int4_wo": "int4_wo"}  # fmt: skip
@@ -44,6 +45,11 @@ KV_FORMATS = {2: "bfloat16", 1: "fp8"}
 MEASURED_SOURCES = ("silicon", "mixed")
 """The package's names for an answer read from measured rows (`mixed`: measured attention plus its
 small analytic parts, RoPE and the KV write); the others (`sol`, `empirical`) are its roofline."""
+
+
+TABLE_SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "a100-80gb": "a100_sxm", "b200": "b200_sxm"}
+"""The hand-typed GPUs (`emulation.profiles`) the package measured, by its system names; every other GPU
+name is already one (or has no tables: H800, Ascend 910C)."""
 
 
 class KernelTablesError(ValueError):
@@ -61,18 +67,19 @@ class KernelTime:
 
 class KernelTables:
     """One GPU's kernel tables for one serving backend (`system`: a name aiconfigurator-core ships,
-    e.g. h100_sxm; `backend`: vllm, sglang or trtllm)."""
+    e.g. h100_sxm; `backend`: vllm, sglang or trtllm; `version`: a slot, `current` or `next`, or its
+    version number)."""
 
-    def __init__(self, system: str, backend: str = "vllm") -> None:
+    def __init__(self, system: str, backend: str = "vllm", version: str = BACKEND_VERSION) -> None:
         pkg = _package()
         try:
-            database = pkg.perf_database.get_database(system, backend, BACKEND_VERSION)
+            database = pkg.perf_database.get_database(system, backend, version)
         except (ValueError, RuntimeError, KeyError, FileNotFoundError) as e:
             raise KernelTablesError(
-                f"no {backend} kernel tables for {system}: {str(e).splitlines()[0]}"
+                f"no {backend} {version} kernel tables for {system}: {str(e).splitlines()[0]}"
             ) from None
         if database is None:
-            raise KernelTablesError(f"no {backend} kernel tables for {system}")
+            raise KernelTablesError(f"no {backend} {version} kernel tables for {system}")
         self.system, self.backend, self.version = system, backend, str(database.version)
         self._pkg = pkg
         self._engine = pkg.EngineHandle.for_database(database)
@@ -133,17 +140,22 @@ class KernelTables:
     def moe(
         self, num_tokens: int, hidden_size: int, moe_intermediate_size: int, top_k: int, num_experts: int,
         moe_tp: int, moe_ep: int, expert_format: str, distribution: str = "balanced",
+        num_attention_ranks: int = 1,
     ) -> KernelTime | None:  # fmt: skip
-        """One MoE layer's experts (routing, grouped GEMMs, combine) over `num_tokens` tokens, experts
-        split `moe_tp` ways and spread over `moe_ep` ranks; `distribution`: the tables' token skew
-        (balanced, power_law_1.01, power_law_1.2)."""
+        """One MoE layer's experts (routing, grouped GEMMs, combine) over `num_tokens` tokens a
+        data-parallel attention rank (`num_attention_ranks` of them send their tokens to the experts),
+        experts split `moe_tp` ways and spread over `moe_ep` ranks; `distribution`: the tables' token
+        skew (balanced, power_law_1.01, power_law_1.2)."""
         mode = MOE_FORMATS.get(expert_format)
         if mode is None:
             return None
-        shape = (hidden_size, moe_intermediate_size, top_k, num_experts, moe_tp, moe_ep, mode, distribution)
+        shape = (hidden_size, moe_intermediate_size, top_k, num_experts, moe_tp, moe_ep, mode, distribution,
+                 num_attention_ranks)  # fmt: skip
         return self._lookup(
             ("moe", *shape), dict(x=num_tokens),
-            lambda: self._pkg.MoE("moe", 1.0, *shape[:6], self._pkg.MoEQuantMode[mode], distribution, 1),
+            lambda: self._pkg.MoE(
+                "moe", 1.0, *shape[:6], self._pkg.MoEQuantMode[mode], distribution, num_attention_ranks
+            ),
         )  # fmt: skip
 
     def _lookup(
@@ -163,6 +175,13 @@ class KernelTables:
             except self._pkg.NO_DATA:
                 self._answers[key] = None
         return self._answers[key]
+
+
+@functools.cache
+def tables_for(gpu: str, backend: str = "vllm", version: str = BACKEND_VERSION) -> KernelTables:
+    """The kernel tables of the GPU named `gpu` (a name of `emulation.profiles.GPUS`), opened once a
+    process (KernelTablesError: none)."""
+    return KernelTables(TABLE_SYSTEMS.get(gpu, gpu), backend, version)
 
 
 @functools.cache

@@ -49,6 +49,7 @@ spilled activations).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -74,6 +75,8 @@ class GroupTime:
     bytes: float
     compute_s: float
     memory_s: float
+    measured_s: float = 0.0
+    """Of `total_s`, what kernels measured on silicon priced (0: a roofline's; `emulation.measured`)."""
 
     @property
     def total_s(self) -> float:
@@ -81,7 +84,10 @@ class GroupTime:
 
     def times(self, n: int) -> GroupTime:
         """The group run for `n` micro-batches of the same shape."""
-        return GroupTime(self.name, n * self.flops, n * self.bytes, n * self.compute_s, n * self.memory_s)
+        return dataclasses.replace(
+            self, flops=n * self.flops, bytes=n * self.bytes, compute_s=n * self.compute_s,
+            memory_s=n * self.memory_s, measured_s=n * self.measured_s,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,8 @@ class OperatorStepTime:
     """Of the groups' and all-to-alls' time, what dual-batch overlap hides."""
     expert_load: ExpertLoad | None = None
     """What the step asked of the experts (MoE targets)."""
+    measured_s: float = 0.0
+    """Of `gpu_s`, what kernels measured on silicon priced (`emulation.measured`; 0: all roofline)."""
 
     @property
     def gpu_s(self) -> float:

@@ -1,5 +1,6 @@
-"""The step-time model an engine runs on: the aggregate roofline or the per-operator one
-(`target.time_model`), both pure functions of the step's shape."""
+"""The step-time model an engine runs on: the aggregate roofline, the per-operator one, or the
+per-operator one priced from measured kernels (`target.time_model`), all pure functions of the step's
+shape."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Protocol
 
 from emulation.afd_layout import AfdLayout
 from emulation.config import PoolConfig, TestbedConfig
+from emulation.kernel_tables import KernelTablesError, tables_for
+from emulation.measured import MeasuredKernels
 from emulation.moe import ExpertLoad
 from emulation.operators import OperatorRoofline
 from emulation.profiles import GPUS, LINKS
@@ -50,6 +53,12 @@ class TimedStep(Protocol):
         ...
 
     @property
+    def measured_s(self) -> float:
+        """Of `total_s` less the CPU's, what kernels measured on silicon priced (0: all roofline;
+        `emulation.measured`)."""
+        ...
+
+    @property
     def expert_load(self) -> ExpertLoad | None:
         """What the step asked of the experts (None: a dense target)."""
         ...
@@ -60,14 +69,25 @@ class StepTimeModel(Protocol):
 
 
 def time_model_for(cfg: TestbedConfig, pool: PoolConfig) -> StepTimeModel:
-    """The step-time model of one replica of `pool` under `cfg`'s target."""
+    """The step-time model of one replica of `pool` under `cfg`'s target (`measured` on a GPU without
+    tables: the operators roofline where `measured_fallback` allows it, else KernelTablesError; an AFD
+    pool's pipeline is priced by its rooflines)."""
     t = cfg.target
     if pool.afd is not None:
         return afd_layout_for(cfg, pool)
+    if t.time_model == "aggregate":
+        return roofline_for(cfg, pool)
+    model, gpu, experts = t.profile, GPUS[pool.gpu], experts_for(cfg, pool)
+    operators = OperatorRoofline(model, gpu, pool.attention_tp, t.operators, t.cpu_overhead, experts)
     if t.time_model == "operators":
-        model, gpu, experts = t.profile, GPUS[pool.gpu], experts_for(cfg, pool)
-        return OperatorRoofline(model, gpu, pool.attention_tp, t.operators, t.cpu_overhead, experts)
-    return roofline_for(cfg, pool)
+        return operators
+    try:
+        tables = tables_for(pool.gpu, t.kernel_tables.backend, t.kernel_tables.version)
+    except KernelTablesError:
+        if t.measured_fallback == "roofline":
+            return operators
+        raise
+    return MeasuredKernels(model, gpu, pool.attention_tp, t.operators, t.cpu_overhead, experts, tables=tables)
 
 
 def afd_layout_for(cfg: TestbedConfig, pool: PoolConfig) -> AfdLayout:

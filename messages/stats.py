@@ -107,6 +107,8 @@ class EngineCounters:
     """Emulated seconds spent in steps."""
     cpu_s: float = 0.0
     """Of `busy_s`, the CPU work on the steps' path."""
+    measured_s: float = 0.0
+    """Of `busy_s`, what kernels measured on silicon priced (`target.time_model: measured`)."""
     num_finished: int = 0
     num_lagged_steps: int = 0
     """Steps whose real work (plus the wake-up before it) overran the emulated budget."""

@@ -110,6 +110,6 @@ def test_what_has_no_table_is_none_and_a_gpu_without_tables_is_refused_in_one_li
     assert h100.gemm(128, 6144, 4096, "mxfp4") is None  # no MXFP4 linear kernels
     assert h100.gemm(128, 6144, 4096, "nvfp4") is None  # no FP4 tensor cores on Hopper
     assert h100.gemm(128, 6144, 4096, "int4_wo") is None  # not collected for vLLM 0.24.0 on H100
-    with pytest.raises(KernelTablesError, match=r"^no vllm kernel tables for l4: ") as refused:
+    with pytest.raises(KernelTablesError, match=r"^no vllm current kernel tables for l4: ") as refused:
         KernelTables("l4")
     assert "\n" not in str(refused.value)

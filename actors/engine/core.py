@@ -249,7 +249,7 @@ class EngineCore:
         overrun = await self.clock.sleep_until(end)
         n = batch.num_scheduled_tokens
         work = StepWork.of(step) if self.stats.reads_work else NO_WORK
-        self.stats.on_step(encode_s + step.total_s, n, overrun, step.overhead_s, work)
+        self.stats.on_step(encode_s + step.total_s, n, overrun, step.overhead_s, work, step.measured_s)
         self.stats.on_state(self.scheduler)
         return end
 

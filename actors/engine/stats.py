@@ -132,26 +132,38 @@ class EngineStats(EngineCounters):
         )
 
     def on_step(
-        self, step_s: float, num_tokens: int, overrun_s: float, cpu_s: float = 0.0, work: StepWork = NO_WORK
+        self,
+        step_s: float,
+        num_tokens: int,
+        overrun_s: float,
+        cpu_s: float = 0.0,
+        work: StepWork = NO_WORK,
+        measured_s: float = 0.0,
     ) -> None:
         """`cpu_s`: of `step_s`, the CPU work on the step's path (the time model's overhead); `work`:
-        the step's on each GPU."""
-        self.on_steps([step_s], [num_tokens], [cpu_s], work)
+        the step's on each GPU; `measured_s`: of `step_s`, what measured kernels priced."""
+        self.on_steps([step_s], [num_tokens], [cpu_s], work, [measured_s])
         if overrun_s > 0:
             self.num_lagged_steps += 1
             self._lag("step", overrun_s)
 
     def on_steps(
-        self, step_s: Sequence[float], num_tokens: Sequence[int], cpu_s: Sequence[float], work: StepWork
+        self,
+        step_s: Sequence[float],
+        num_tokens: Sequence[int],
+        cpu_s: Sequence[float],
+        work: StepWork,
+        measured_s: Sequence[float],
     ) -> None:
         """Steps on time (a window's), each of its `num_tokens`: their sums added one at a time, in
         order, as single steps add them."""
         self.num_steps += len(step_s)
         self.num_scheduled_tokens += sum(num_tokens)
         self.max_num_scheduled_tokens = max(self.max_num_scheduled_tokens, *num_tokens)
-        for s, c in zip(step_s, cpu_s, strict=True):
+        for s, c, m in zip(step_s, cpu_s, measured_s, strict=True):
             self.busy_s += s
             self.cpu_s += c
+            self.measured_s += m
         if work.moe is not None:  # a MoE target's: logged with the steps' ends (their tokens' stamps)
             stamps = self._window_stamps_s or ([] if self._stamp_s is None else [self._stamp_s])
             self._moe_log.add(step_s, stamps, work.moe)

@@ -55,6 +55,8 @@ class Window:
     """Each step's emulated time (what its end adds)."""
     cpu_s: list[float]
     """Of `step_s`, the CPU's (the time model's overhead)."""
+    measured_s: list[float]
+    """Of `step_s`, what kernels measured on silicon priced (the time model's `measured_s`)."""
     num_steps: int
     chunks: list[int] = field(default_factory=list)
     """The prompt chunk the batch's last request computes at each step (none: decodes only)."""
@@ -111,10 +113,11 @@ def plan_window(
     num_steps = min(num_steps, _steps_with_blocks(batch.requests, [], sched.blocks, num_steps))
     times = time_model.step_time_of(decode_steps(batch.shape, num_steps))
     step_s = times.total_s.tolist()  # type: ignore[attr-defined]  # an array: decode_steps's
-    cpu = times.overhead_s
-    cpu_s = cpu.tolist() if hasattr(cpu, "tolist") else [cpu] * num_steps
+    cpu_s, measured_s = (
+        v.tolist() if hasattr(v, "tolist") else [v] * num_steps for v in (times.overhead_s, times.measured_s)
+    )
     ends = list(itertools.accumulate(step_s, initial=start))  # end_i = end_(i-1) + t_i, as steps do
-    window = Window(batch, ends[:-1], ends[1:], step_s, cpu_s, num_steps, timed=times)
+    window = Window(batch, ends[:-1], ends[1:], step_s, cpu_s, measured_s, num_steps, timed=times)
     window.cut_before(horizon)
     return window if window.num_steps > 1 else None
 
@@ -142,7 +145,7 @@ def _plan_chunks(
     decoding = StepShape()
     for req in decodes:
         decoding.add(1, req.num_computed_tokens, True)
-    starts, step_s, cpu_s, times = [start], [], [], []
+    starts, step_s, cpu_s, measured_s, times = [start], [], [], [], []
     computed = chunked.num_computed_tokens
     for i in range(num_steps):
         if i > 0 and starts[-1] >= horizon:
@@ -157,11 +160,12 @@ def _plan_chunks(
         times.append(t)
         step_s.append(t.total_s)
         cpu_s.append(t.overhead_s)
+        measured_s.append(t.measured_s)
         starts.append(starts[-1] + t.total_s)  # end_i = end_(i-1) + t_i, as steps do
     ends = starts[1:]
     if len(ends) <= 1:
         return None
-    return Window(batch, starts[:-1], ends, step_s, cpu_s, len(ends), chunks, times)
+    return Window(batch, starts[:-1], ends, step_s, cpu_s, measured_s, len(ends), chunks, times)
 
 
 def steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:

@@ -79,7 +79,9 @@ class Windows:
         await self.clock.sleep_until(window.end)
         k = window.num_steps
         work = window.work() if self.stats.reads_work else NO_WORK
-        self.stats.on_steps(window.step_s[:k], window.num_scheduled_tokens, window.cpu_s[:k], work)
+        self.stats.on_steps(
+            window.step_s[:k], window.num_scheduled_tokens, window.cpu_s[:k], work, window.measured_s[:k]
+        )
         self.stats.on_state(self.scheduler)
         return window.end
 

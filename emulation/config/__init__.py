@@ -12,7 +12,13 @@ from typing import Literal
 from emulation.config.afd import AfdConfig
 from emulation.config.engines import PoolConfig, PoolsConfig, RunnerConfig, SchedulerConfig, replica_id
 from emulation.config.faults import EngineFault, FaultsConfig, LinkSlowdown
-from emulation.config.model import CpuOverhead, OperatorEfficiencies, QuantizationConfig, TargetConfig
+from emulation.config.model import (
+    CpuOverhead,
+    KernelTablesConfig,
+    OperatorEfficiencies,
+    QuantizationConfig,
+    TargetConfig,
+)
 from emulation.config.moe import EpFabricConfig, MoeRoutingConfig
 from emulation.config.offload import KVOffloadConfig
 from emulation.config.serving import ClockConfig, MetricsConfig, RenderConfig, RouterConfig
@@ -30,6 +36,7 @@ __all__ = [
     "FaultsConfig",
     "KVOffloadConfig",
     "KVTransferConfig",
+    "KernelTablesConfig",
     "LinkSlowdown",
     "MetricsConfig",
     "MoeRoutingConfig",

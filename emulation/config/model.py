@@ -54,6 +54,20 @@ class CpuOverhead:
     when a profile of your server shows gaps between steps growing with the batch's tokens."""
 
 
+@dataclass(frozen=True)
+class KernelTablesConfig:
+    """Which measured kernel tables price the steps (`target.time_model: measured`): aiconfigurator-core's,
+    per GPU and serving backend (`emulation.kernel_tables`)."""
+
+    __pydantic_config__ = STRICT
+
+    backend: Literal["vllm", "sglang", "trtllm"] = "vllm"
+    """The serving engine whose kernels were measured."""
+    version: Annotated[str, Field(min_length=1)] = "current"
+    """The tables' version: the package's `current` slot (its newest measured release for the GPU),
+    `next`, or a slot's version number (e.g. 0.24.0)."""
+
+
 def _check_model(model: str) -> str:
     """A built-in name, or a config that reads (a path, a shipped Hugging Face id)."""
     if model in MODELS:
@@ -110,12 +124,19 @@ class TargetConfig:
     """Fraction of peak memory bandwidth a step achieves."""
     step_overhead_s: Annotated[float, Field(ge=0)] = 0.002
     """Fixed per-step cost: scheduling, launch, sampling (the aggregate model's)."""
-    time_model: Literal["aggregate", "operators"] = "aggregate"
+    time_model: Literal["aggregate", "operators", "measured"] = "aggregate"
     """aggregate: one roofline over the whole step, max(compute, memory) + step_overhead_s (eta_compute,
     eta_bandwidth); operators: a roofline per operator group, summed, with tensor-parallel all-reduces
-    and a CPU overhead that grows with the batch (`operators`, `cpu_overhead`; emulation.operators)."""
+    and a CPU overhead that grows with the batch (`operators`, `cpu_overhead`; emulation.operators);
+    measured: the operators model's groups priced from kernels measured on the pool's GPU
+    (`kernel_tables`; emulation.measured), the roofline where the tables lack a kernel."""
     operators: OperatorEfficiencies = field(default_factory=OperatorEfficiencies)
-    """The per-operator model's efficiencies."""
+    """The per-operator model's efficiencies (the measured model's, where it falls back)."""
+    kernel_tables: KernelTablesConfig = field(default_factory=KernelTablesConfig)
+    """The measured model's tables."""
+    measured_fallback: Literal["refuse", "roofline"] = "refuse"
+    """measured, on a GPU with no tables (H800, Ascend 910C): refuse the config, or run that pool's steps
+    on the operators roofline (its measured share then 0 %)."""
     cpu_overhead: CpuOverhead = field(default_factory=CpuOverhead)
     """The per-operator model's CPU work per step."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9

@@ -1,0 +1,135 @@
+"""The measured time model (emulation/measured.py): each group is the tables' kernels at the step's
+shapes times the layers that run them, what the tables lack keeps its roofline and is counted out of
+the measured share, a window of decode steps gets the bits single steps get, and a run says how much
+of its step time was measured, from which tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cluster.config_load import ConfigError
+from cluster.virtual import run_virtual
+from emulation.kernel_tables import tables_for
+from emulation.measured import MeasuredGroupTime, MeasuredKernels
+from emulation.operators import OperatorRoofline
+from emulation.silicon_systems import package_dir
+from emulation.step_shape import StepShape, decode_step, decode_steps
+from emulation.time_model import time_model_for
+from tests.factories import COLLOCATED, PD, make_config
+
+pytestmark = pytest.mark.skipif(package_dir() is None, reason="aiconfigurator-core is not installed")
+
+
+def measured(gpu: str = "h100-sxm", model: str = "qwen2.5-7b", tp: int = 1, **target) -> MeasuredKernels:
+    cfg = make_config(COLLOCATED, target={"time_model": "measured", "model": model, **target},
+                      pools={"mixed": {"gpu": gpu, "tp": tp}})  # fmt: skip
+    m = time_model_for(cfg, cfg.pools.mixed)
+    assert isinstance(m, MeasuredKernels)
+    return m
+
+
+def shape(*items: tuple[int, int]) -> StepShape:
+    s = StepShape()
+    for n, c in items:
+        s.add(n, c, True)
+    return s
+
+
+def test_each_group_is_the_tables_kernels_at_the_steps_shapes_times_their_layers():
+    m = measured(tp=2)
+    tables, h = tables_for("h100-sxm"), 3584  # Qwen2.5-7B: 28 layers, 28 query and 4 KV heads of 128
+    step = m.step_time_of(shape((1000, 3000), *[(1, 2047)] * 20))  # KV 2,048: a grid point
+    groups = {g.name: g for g in step.groups}
+    t = 1020
+
+    def s(k):
+        assert k is not None and k.measured
+        return k.s
+
+    assert groups["qkv_o"].total_s == pytest.approx(
+        28 * (s(tables.gemm(t, 14 * 128 + 2 * 2 * 128, h, "bf16")) + s(tables.gemm(t, h, 14 * 128, "bf16")))
+    )
+    assert groups["mlp"].total_s == pytest.approx(
+        28 * (s(tables.gemm(t, 2 * 18944 // 2, h, "bf16")) + s(tables.gemm(t, h, 18944 // 2, "bf16")))
+    )
+    assert groups["prefill_attention"].total_s == pytest.approx(
+        28 * s(tables.context_attention(1, 1000, 3000, 14, 2, 128, 2))
+    )
+    assert groups["decode_attention"].total_s == pytest.approx(
+        28 * s(tables.generation_attention(20, 2048, 14, 2, 128, 2))
+    )
+    assert groups["logits"].total_s == pytest.approx(s(tables.gemm(21, 152064 // 2, h, "bf16")))
+    ar = tables.all_reduce(t, h, 2)
+    assert step.all_reduce_s == pytest.approx(56 * s(ar))  # after attention and after the MLP
+    assert all(isinstance(g, MeasuredGroupTime) for g in step.groups)
+    assert step.measured_s == pytest.approx(step.gpu_s)
+    same = shape((1000, 3000), *[(1, 2047)] * 20)
+    assert step.cpu_s == OperatorRoofline(m.model, m.gpu, 2).step_time_of(same).cpu_s  # as operators
+
+
+def test_what_the_tables_lack_keeps_its_roofline_and_is_not_counted_measured():
+    # DBRX's experts (6,144 x 10,752, top 4 of 16) were never measured; its attention and router were.
+    m = measured(model="dbrx", tp=8)
+    mixed = shape((512, 0), *[(1, 1000)] * 8)
+    step = m.step_time_of(mixed)
+    ops = OperatorRoofline(m.model, m.gpu, 8, experts=m.experts).step_time_of(mixed)
+    routed = step.group("routed_experts")
+    assert not isinstance(routed, MeasuredGroupTime) and routed.measured_s == 0
+    assert routed.total_s == ops.group("routed_experts").total_s
+    for name in ("qkv_o", "prefill_attention", "decode_attention", "shared_experts"):
+        assert isinstance(step.group(name), MeasuredGroupTime)
+    assert 0 < step.measured_s < step.gpu_s
+    assert step.measured_s == pytest.approx(step.gpu_s - routed.total_s)
+
+
+def test_a_window_of_decode_steps_gets_the_bits_single_steps_get():
+    m = measured()
+    decodes = shape(*[(1, 900 + 37 * i) for i in range(48)])
+    window = m.step_time_of(decode_steps(decodes, 400))
+    single = [m.step_time_of(decode_step(decodes, i)) for i in range(400)]
+    assert np.array_equal(window.total_s, [s.total_s for s in single])
+    assert np.array_equal(window.measured_s, [s.measured_s for s in single])
+    assert np.all(np.diff(window.total_s) >= 0)  # each step reads more KV
+
+
+def test_decode_attention_is_the_table_on_its_grid_and_linear_between():
+    m = measured()
+    tables = tables_for("h100-sxm")
+
+    def at(kv: int) -> float:
+        return m.step_time_of(shape(*[(1, kv - 1)] * 16)).group("decode_attention").total_s
+
+    def table(kv: int) -> float:
+        k = tables.generation_attention(16, kv, 28, 4, 128, 2)
+        assert k is not None
+        return 28 * k.s
+
+    assert at(40) == pytest.approx(table(40))  # every length below 64 is a grid point
+    assert at(4096) == pytest.approx(table(4096))
+    assert at(4096 + 64) == pytest.approx((table(4096) + table(4096 + 128)) / 2)  # the grid: 128 apart
+
+
+def test_a_gpu_without_tables_is_refused_unless_the_roofline_may_stand_in():
+    refused = r"pools.mixed.gpu='h800' has no vllm current kernel tables.*measured_fallback: roofline$"
+    with pytest.raises(ConfigError, match=refused):
+        make_config(COLLOCATED, target={"time_model": "measured"}, pools={"mixed": {"gpu": "h800"}})
+    cfg = make_config(COLLOCATED, target={"time_model": "measured", "measured_fallback": "roofline"},
+                      pools={"mixed": {"gpu": "h800"}})  # fmt: skip
+    assert type(time_model_for(cfg, cfg.pools.mixed)) is OperatorRoofline
+
+
+def test_a_run_says_how_much_of_its_step_time_was_measured_and_from_which_tables():
+    cfg = make_config(
+        PD,
+        workload={"num_requests": 6, "prompt_len": 600, "output_len": 24, "rate": 4.0},
+        target={"time_model": "measured", "measured_fallback": "roofline"},
+        pools={"prefill": {"gpu": "h100-sxm"}, "decode": {"gpu": "h800"}},
+    )
+    out = run_virtual(cfg)
+    assert out.summary["completed"] == 6
+    assert out.summary["measured_share_by_role"] == {"prefill": pytest.approx(1.0), "decode": 0.0}
+    assert out.summary["time_model"] == (
+        "measured: share of step time from measured kernels: prefill 100 % (vllm 0.24.0 tables, h100-sxm), "
+        "decode 0 % (no vllm tables for h800: operators roofline)"
+    )
