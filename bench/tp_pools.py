@@ -1,6 +1,6 @@
 """Benchmark: sizing tensor-parallel pools for Llama-3.1-70B on H100 SXM (preset llama70b-h100-tp).
 
-Two questions a P/D design answers separately ("two knobs instead of one"), on both time models:
+Two questions a P/D design answers separately ("two knobs instead of one"), on each time model:
 
 1. Prefill layout: an 8,192-token prompt's TTFT on a TP-4 and a TP-8 prefill engine, alone (no queue):
    a virtual run of one request through P/D (chunked prefill, the all-reduces, the rank-to-rank KV
@@ -31,7 +31,7 @@ from emulation.time_model import time_model_for
 PRESET = "llama70b-h100-tp"
 CONTEXT = 4096
 ITL_TARGET_S = 0.040
-TIME_MODELS = ("aggregate", "operators")
+TIME_MODELS = ("aggregate", "operators", "measured")
 
 
 def prompt_ttft(design: str, time_model: str) -> dict[str, float]:

@@ -7,12 +7,16 @@
 - The WEKA Claude Code sessions (11 sessions, 551 requests with sub-agents) on the same design, every
   router: the same figures.
 
-    python bench/trace_replay.py [--out runs/bench-trace-replay.json]
+Each on every time model asked for (default: the preset's own; `--time-models operators measured`
+also gives `measured`'s wall over `operators`' for each trace and router, aim: at most 1.5).
+
+    python bench/trace_replay.py [--out runs/bench-trace-replay.json] [--time-models preset ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -34,17 +38,22 @@ RUNS = [
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="runs/bench-trace-replay.json")
+    p.add_argument("--time-models", nargs="+", default=["preset"],
+                   choices=["preset", "aggregate", "operators", "measured"])  # fmt: skip
     args = p.parse_args()
     rows = []
-    for name, path, policies in RUNS:
+    for time_model, (name, path, policies) in itertools.product(args.time_models, RUNS):
         for policy in policies:
             overrides = ["runner.compute=skip", f"replay.trace={path}", f"router.policy={policy}"]
+            if time_model != "preset":
+                overrides.append(f"target.time_model={time_model}")
             cfg = load_designs("agentic-h200", ["collocated"], overrides)[0]
             start = time.perf_counter()
             out = run_virtual(cfg)
             wall_s = time.perf_counter() - start
             s = out.summary
             row = {
+                "time_model": time_model,
                 "trace": name,
                 "router": policy,
                 "wall_s": round(wall_s, 1),
@@ -59,6 +68,13 @@ def main() -> int:
             }
             rows.append(row)
             print(json.dumps(row))
+    walls = {(r["time_model"], r["trace"], r["router"]): r["wall_s"] for r in rows}
+    for r in rows:
+        if r["time_model"] == "measured" and ("operators", r["trace"], r["router"]) in walls:
+            r["measured_over_operators_wall"] = round(
+                r["wall_s"] / walls["operators", r["trace"], r["router"]], 2
+            )
+            print(json.dumps({k: r[k] for k in ("trace", "router", "measured_over_operators_wall")}))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2))
     return 0

@@ -53,6 +53,7 @@ from emulation.step_shape import StepShape
 
 KV_GRID_POINTS_PER_OCTAVE = 32
 """Generation attention's lookup grid over KV lengths (see the module's docstring)."""
+GRID_SHIFT = KV_GRID_POINTS_PER_OCTAVE.bit_length() - 1
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ class MeasuredKernels(OperatorRoofline):
     from `tables` where they hold its kernels (see the module's docstring)."""
 
     tables: KernelTables = field(kw_only=True)
+    _gemm_times: dict[tuple[int, int], dict[str, Any]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """The GEMM groups' times by (tokens, logits): most steps repeat a few token counts."""
 
     def step_time_of(self, shape: StepShape) -> OperatorStepTime:
         step = super().step_time_of(shape)
@@ -121,9 +126,20 @@ class MeasuredKernels(OperatorRoofline):
     def _kernel_times(self, rank: StepShape) -> dict[str, tuple[Any, Any] | None]:
         """The dense groups' times from the tables over one attention rank's share of the step (None:
         a group whose kernels they lack)."""
+        key = (_count(rank.num_new_tokens), _count(rank.num_logits, least=0))
+        gemms = self._gemm_times.get(key)
+        if gemms is None:
+            gemms = self._gemm_times[key] = self._gemm_groups(*key)
+        out = dict(gemms)
+        if self.model.mla is None and not self.model.num_sliding_layers:
+            out["prefill_attention"] = self._prefill_attention(rank)
+            out["decode_attention"] = self._decode_attention(rank)
+        return out
+
+    def _gemm_groups(self, t: int, logits: int) -> dict[str, tuple[Any, Any] | None]:
+        """The weight GEMMs' groups over `t` tokens, `logits` of them through the LM head."""
         m, tp = self.model, self.tp
         fmt, h = m.weight_format, m.hidden_size
-        t = _count(rank.num_new_tokens)
         out: dict[str, tuple[Any, Any] | None] = {}
         if m.mla is None:
             heads, kv_heads, d, _ = self._attention_heads
@@ -135,12 +151,8 @@ class MeasuredKernels(OperatorRoofline):
         out["mlp"] = _layers(mlp_layers, [
             self.tables.gemm(t, 2 * i // tp, h, fmt), self.tables.gemm(t, h, i // tp, fmt)
         ]) if mlp_layers and i else (0.0, 0.0)  # fmt: skip
-        logits = _count(rank.num_logits, least=0)
         vocab = -(-m.vocab_size // tp)
         out["logits"] = _layers(1, [self.tables.gemm(logits, vocab, h, "bf16")]) if logits else (0.0, 0.0)
-        if m.mla is None and not m.num_sliding_layers:
-            out["prefill_attention"] = self._prefill_attention(rank)
-            out["decode_attention"] = self._decode_attention(rank)
         return out
 
     def _prefill_attention(self, rank: StepShape) -> tuple[Any, Any] | None:
@@ -162,18 +174,16 @@ class MeasuredKernels(OperatorRoofline):
         if not num_decodes:
             return (0.0, 0.0)
         heads, kv_heads, d, kvb = self._attention_heads
-        kv_len = np.asarray(rank.decode_keys_attended, dtype=np.float64) / rank.num_decodes
+        kv_len = rank.decode_keys_attended / rank.num_decodes
 
-        def lookup(k: int) -> KernelTime | None:
-            return self.tables.generation_attention(num_decodes, k, heads, kv_heads, d, kvb)
+        def lookup(k: float) -> KernelTime | None:
+            return self.tables.generation_attention(num_decodes, int(k), heads, kv_heads, d, kvb)
 
         priced = _on_kv_grid(lookup, kv_len)
         if priced is None:
             return None
-        s, measured = priced
         layers = self.model.num_attention_layers
-        s, measured = layers * s, layers * measured
-        return (float(s), float(measured)) if kv_len.ndim == 0 else (s, measured)
+        return layers * priced[0], layers * priced[1]
 
     @cached_property
     def _attention_heads(self) -> tuple[int, int, int, int]:
@@ -223,23 +233,32 @@ def _layers(num_layers: int, kernels: list[KernelTime | None]) -> tuple[float, f
     return num_layers * s, num_layers * measured
 
 
-def _on_kv_grid(
-    lookup: Callable[[int], KernelTime | None], kv_len: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """`lookup` at each KV length of `kv_len` (any shape), interpolated on the module's grid: its time
-    and measured part (None: no table)."""
-    k = np.maximum(kv_len, 1.0)
-    step = np.exp2(np.maximum(0.0, np.floor(np.log2(k)) - math.log2(KV_GRID_POINTS_PER_OCTAVE)))
-    lo = step * np.floor(k / step)
-    points = np.unique(np.concatenate([lo.ravel(), (lo + step).ravel()]))
-    answers = [lookup(int(p)) for p in points]
-    if any(a is None for a in answers):
-        return None
-    s = np.array([a.s for a in answers if a is not None])
-    measured = np.array([a.s if a.measured else 0.0 for a in answers if a is not None])
-    at_lo, at_hi = np.searchsorted(points, lo), np.searchsorted(points, lo + step)
+def _on_kv_grid(lookup: Callable[[float], KernelTime | None], kv_len: Any) -> tuple[Any, Any] | None:
+    """`lookup` at the KV length `kv_len` (or each of an array's), interpolated on the module's grid:
+    its time and measured part (None: no table). One length or many, the same operations on the same
+    doubles (the grid from frexp, powers of two: exact), so the same bits."""
+    if isinstance(kv_len, np.ndarray):
+        k = np.maximum(kv_len, 1.0)
+        step = np.ldexp(1.0, np.maximum(0, np.frexp(k)[1] - 1 - GRID_SHIFT))
+        lo = step * np.floor(k / step)
+        points = np.unique(np.concatenate([lo, lo + step]))
+        answers = [lookup(p) for p in points.tolist()]
+        if any(a is None for a in answers):
+            return None
+        s = np.array([a.s for a in answers if a is not None])
+        measured = np.array([a.s if a.measured else 0.0 for a in answers if a is not None])
+        at_lo, at_hi = np.searchsorted(points, lo), np.searchsorted(points, lo + step)
+    else:
+        k = max(float(kv_len), 1.0)
+        step = math.ldexp(1.0, max(0, math.frexp(k)[1] - 1 - GRID_SHIFT))
+        lo = step * math.floor(k / step)
+        low, high = lookup(lo), lookup(lo + step)
+        if low is None or high is None:
+            return None
+        s = [low.s, high.s]
+        measured = [low.s if low.measured else 0.0, high.s if high.measured else 0.0]
+        at_lo, at_hi = 0, 1
     frac = (k - lo) / step
-    return (
-        s[at_lo] + frac * (s[at_hi] - s[at_lo]),
-        measured[at_lo] + frac * (measured[at_hi] - measured[at_lo]),
+    return s[at_lo] + frac * (s[at_hi] - s[at_lo]), measured[at_lo] + frac * (
+        measured[at_hi] - measured[at_lo]
     )
