@@ -237,6 +237,9 @@ def _on_kv_grid(lookup: Callable[[float], KernelTime | None], kv_len: Any) -> tu
     """`lookup` at the KV length `kv_len` (or each of an array's), interpolated on the module's grid:
     its time and measured part (None: no table). One length or many, the same operations on the same
     doubles (the grid from frexp, powers of two: exact), so the same bits."""
+    k: Any  # a length, or an array of them: the same operations on either
+    s: Any
+    measured: Any
     if isinstance(kv_len, np.ndarray):
         k = np.maximum(kv_len, 1.0)
         step = np.ldexp(1.0, np.maximum(0, np.frexp(k)[1] - 1 - GRID_SHIFT))
