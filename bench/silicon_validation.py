@@ -30,6 +30,7 @@ import argparse
 import base64
 import hashlib
 import io
+import json
 import sys
 import time
 from pathlib import Path
@@ -44,8 +45,9 @@ from silicon_rows import MODEL_IDS, Skipped, concurrency, deployment
 from cluster.config_load import ConfigError, build_config
 from cluster.sweep import run_in_processes
 from cluster.virtual import run_virtual
+from emulation import trust
 from emulation.hf_config import ModelConfigError
-from emulation.profiles import base_profile
+from emulation.profiles import GPUS, base_profile
 from emulation.silicon_systems import package_dir
 
 TIME_MODELS = ("aggregate", "operators", "measured")
@@ -196,17 +198,30 @@ def load_bucket(num_in_flight: int | None) -> str:
 
 
 def model_kind(model_path: str) -> str:
-    """What kind of model a row serves: dense, moe, mla-moe (DeepSeek's latent attention) or hybrid
-    (SSM or linear-attention layers); `unknown` where its config does not ship."""
+    """What kind of model a row serves (`emulation.trust.model_kind`); `unknown` where its config does
+    not ship."""
     try:
-        profile = base_profile(MODEL_IDS.get(model_path, model_path))
+        return trust.model_kind(base_profile(MODEL_IDS.get(model_path, model_path)))
     except ModelConfigError:
         return "unknown"
-    if profile.ssm is not None:
-        return "hybrid"
-    if profile.moe is None:
-        return "dense"
-    return "mla-moe" if profile.mla is not None else "moe"
+
+
+def trust_groups(judged: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per time model, GPU family, model kind and mode (`emulation.trust`'s groups): the rows and their
+    TTFT and TPOT median absolute and signed percentage errors."""
+    table = judged.assign(
+        gpu_family=[trust.gpu_family(GPUS[s]) if s in GPUS else s for s in judged["system"]]
+    )
+    keys = ["time_model", "gpu_family", "model_kind", "mode"]
+    groups = []
+    for key, g in table.groupby(keys):
+        rec: dict[str, Any] = {**dict(zip(keys, key, strict=True)), "num_rows": len(g)}
+        for metric in ("ttft", "tpot"):
+            signed = (g[f"{metric}_ms"] / g[f"silicon_{metric}_ms"] - 1) * 100
+            rec[f"{metric}_mdape"] = round(float(signed.abs().median()), 1)
+            rec[f"{metric}_bias"] = round(float(signed.median()), 1)
+        groups.append(rec)
+    return groups
 
 
 def _scatter(table: pd.DataFrame, metric: str) -> bytes:
@@ -247,6 +262,9 @@ def write_report(out: Path, predictions: pd.DataFrame, rows: pd.DataFrame, split
     judged = done if split == "all" else done[done["split"] == split]
     errs = errors(judged) if len(judged) else pd.DataFrame()
     errs.to_csv(out / "errors.csv", index=False)
+    if split == "held-out":  # what runs say of their trust (emulation.trust), from the held-out rows only
+        source = {"split": split, "written": time.strftime("%Y-%m-%d"), "groups": trust_groups(judged)}
+        (out / "silicon_errors.json").write_text(json.dumps(source, indent=1) + "\n")
     both = side_by_side(judged) if len(judged) else pd.DataFrame()
     both.to_csv(out / "side_by_side.csv", index=False)
     skipped = table.groupby(["time_model", "skipped"]).size().sort_values(ascending=False)

@@ -13,6 +13,8 @@ import pandas as pd
 
 from emulation.config import PoolConfig, TestbedConfig
 from emulation.kernel_tables import KernelTablesError, tables_for
+from emulation.profiles import GPUS
+from emulation.trust import Trust, trust_of
 from messages import RequestResult
 from messages.stats import EncoderStats, EngineReport, LostEngine
 from workloads.results import results_frame
@@ -61,6 +63,8 @@ def run_output(
     summary.update(encoder_summary(encoder_stats, summary.get("duration_s") or 0.0))
     summary["cpu_overhead_share"] = cpu_overhead_share(reports)
     summary.update(measured_summary(cfg, reports))
+    if "target" not in info:  # an emulated target's figures: how far the silicon rows say to trust them
+        summary["trust"] = trust_for(cfg).line
     summary.update(deployment_info or {})
     return RunOutput(df, summary, reports, metrics)
 
@@ -75,7 +79,7 @@ def cpu_overhead_share(reports: Mapping[str, EngineReport | LostEngine]) -> floa
 def measured_summary(cfg: TestbedConfig, reports: Mapping[str, EngineReport | LostEngine]) -> dict[str, Any]:
     """`target.time_model: measured`: per engine role, the share of its GPU step time that kernels
     measured on silicon priced, and which tables (the rest: the operators roofline), with one line
-    saying so (`time_model`); empty for the other time models."""
+    saying so (`measured_coverage`); empty for the other time models."""
     if cfg.target.time_model != "measured":
         return {}
     measured: dict[str, float] = {}
@@ -94,8 +98,15 @@ def measured_summary(cfg: TestbedConfig, reports: Mapping[str, EngineReport | Lo
     return {
         "measured_share_by_role": shares,
         "kernel_tables_by_role": tables,
-        "time_model": "measured: share of step time from measured kernels: " + ", ".join(parts),
+        "measured_coverage": "measured: share of step time from measured kernels: " + ", ".join(parts),
     }
+
+
+def trust_for(cfg: TestbedConfig) -> Trust:
+    """What the held-out silicon rows nearest `cfg`'s target say of its time model (`emulation.trust`):
+    its first engine pool's GPU, its model, P/D or not."""
+    role, pool = next((r, p) for r, p in cfg.pools.by_role() if p.replicas)
+    return trust_of(cfg.target.time_model, GPUS[pool.gpu], cfg.target.profile, role != "mixed")
 
 
 def tables_line(cfg: TestbedConfig, pool: PoolConfig) -> str:

@@ -125,8 +125,8 @@ def write_report(
         f'<li class="warn">{html.escape(f.text)}</li>' if f.warn else f"<li>{html.escape(f.text)}</li>"
         for f in headline(results, records)
     )
-    time_models = (f"{r['design']}: {r['time_model']}" for r in records if "time_model" in r)
-    notes = [*notes, *dict.fromkeys(time_models)]
+    said = (f"{r['design']}: {r[k]}" for r in records for k in ("measured_coverage", "trust") if k in r)
+    notes = [*notes, *dict.fromkeys(said)]
     page = _PAGE.format(
         title=html.escape(title),
         findings=findings,

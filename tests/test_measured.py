@@ -129,7 +129,7 @@ def test_a_run_says_how_much_of_its_step_time_was_measured_and_from_which_tables
     out = run_virtual(cfg)
     assert out.summary["completed"] == 6
     assert out.summary["measured_share_by_role"] == {"prefill": pytest.approx(1.0), "decode": 0.0}
-    assert out.summary["time_model"] == (
+    assert out.summary["measured_coverage"] == (
         "measured: share of step time from measured kernels: prefill 100 % (vllm 0.24.0 tables, h100-sxm), "
         "decode 0 % (no vllm tables for h800: operators roofline)"
     )

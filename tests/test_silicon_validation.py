@@ -1,10 +1,11 @@
 """The silicon validation bench end to end on a reduced set: 40 held-out rows of aiconfigurator-core's
 silicon_sample.csv, half aggregated and half disaggregated, across backends and models (the cheapest
-of each kind to replay), on both time models. It proves the harness works (every row predicted or
+of each kind to replay), on each time model. It proves the harness works (every row predicted or
 skipped with a reason, the tables and the report written); it judges no error (bench/, docs/validation.md)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -51,15 +52,21 @@ def test_the_bench_predicts_or_explains_every_row_and_writes_its_tables(tmp_path
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     predictions = pd.read_csv(tmp_path / "out" / "predictions.csv")
-    assert len(predictions) == 80 and set(predictions["time_model"]) == {"aggregate", "operators"}
+    assert len(predictions) == 120
+    assert set(predictions["time_model"]) == {"aggregate", "operators", "measured"}
     predicted = predictions["skipped"].isna()
-    assert predicted.sum() >= 60, predictions["skipped"].value_counts()
+    assert predicted.sum() >= 90, predictions["skipped"].value_counts()
+    shares = predictions.loc[predicted & (predictions["time_model"] == "measured"), "measured_share"]
+    assert shares.between(0, 1).all() and shares.median() > 0.5  # most step time from the tables
     assert (predictions.loc[predicted, ["ttft_ms", "tpot_ms"]] > 0).all().all()
     assert (predictions.loc[predicted, "failed"] == 0).all()
     errors = pd.read_csv(tmp_path / "out" / "errors.csv")
     assert {"all", "system", "backend", "model_kind", "model_path", "mode", "load"} <= set(errors["by"])
     columns = set(pd.read_csv(tmp_path / "out" / "side_by_side.csv").columns)
-    assert {"TTFT aggregate", "TTFT operators", "TPOT aggregate", "TPOT operators"} <= columns
+    assert {"TTFT aggregate", "TTFT operators", "TTFT measured", "TPOT measured"} <= columns
+    groups = json.loads((tmp_path / "out" / "silicon_errors.json").read_text())["groups"]
+    assert {g["time_model"] for g in groups} == {"aggregate", "operators", "measured"}
+    assert sum(g["num_rows"] for g in groups if g["time_model"] == "measured") == shares.size
     html = (tmp_path / "out" / "report.html").read_text()
     assert "rows expressed" in html and html.count("<img") == 2
     tables = (tmp_path / "out" / "tables.md").read_text()

@@ -17,6 +17,7 @@ from cluster.cli_run import out_dir, overrides
 from cluster.config_load import ConfigError, load_designs
 from cluster.interrupt import Interrupted
 from cluster.load import closed_loop_refusal, load_key
+from cluster.outcome import trust_for
 from cluster.plan.floors import floors_s
 from cluster.plan.load_unit import LOAD_UNITS, LoadUnit
 from cluster.plan.outputs import Verdict, terminal_table, write_outputs, write_replays
@@ -146,6 +147,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "num_runs_exhaustive": len(candidates) * len(loads) * len(seeds),
         "wall_s": time.perf_counter() - start,
         "recommended_ray_units": candidates[best.candidate].ray_units if best.score is not None else None,
+        "trust": trust_for(candidates[best.candidate].cfg).line,
     }
     paths = write_outputs(out, search, verdicts, info, LOAD_UNITS[key], by_cost)
     _print(verdicts, info, paths, out, LOAD_UNITS[key], by_cost)
@@ -204,6 +206,7 @@ def _print(
         units = ", ".join(f"{k}: {v}" for k, v in info["recommended_ray_units"].items())
         print(f"live, it needs a Ray cluster offering {{{units}}} resource units (docs/live-and-ray-up.md)")
         print(f"recommended design: {paths['recommended']}  (testbed run --config {paths['recommended']})")
+    print(f"how far to trust these figures: {info['trust']}")
 
 
 def _search(

@@ -130,6 +130,7 @@ def _notes(info: dict[str, Any], unit: LoadUnit) -> list[str]:
         f"{info['num_runs']} replays (every candidate at every load and seed: {info['num_runs_exhaustive']}) "
         f"in {info['wall_s']:.1f} s wall",
         *(f"left out: {x['candidate']}: {x['why']}" for x in info["left_out"]),
+        f"how far to trust the recommended design's figures: {info['trust']}",
     ]
 
 
