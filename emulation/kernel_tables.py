@@ -140,22 +140,19 @@ class KernelTables:
     def moe(
         self, num_tokens: int, hidden_size: int, moe_intermediate_size: int, top_k: int, num_experts: int,
         moe_tp: int, moe_ep: int, expert_format: str, distribution: str = "balanced",
-        num_attention_ranks: int = 1,
     ) -> KernelTime | None:  # fmt: skip
-        """One MoE layer's experts (routing, grouped GEMMs, combine) over `num_tokens` tokens a
-        data-parallel attention rank (`num_attention_ranks` of them send their tokens to the experts),
-        experts split `moe_tp` ways and spread over `moe_ep` ranks; `distribution`: the tables' token
-        skew (balanced, power_law_1.01, power_law_1.2)."""
+        """One MoE layer's experts (routing, grouped GEMMs, combine) on one EP rank that `num_tokens`
+        tokens reach, each routed to min(`top_k`, its experts) of its experts (as the tables measured
+        it: at EP 256, 16,384 tokens of one expert each), experts split `moe_tp` ways and spread over
+        `moe_ep` ranks; `distribution`: the tables' token skew (balanced, power_law_1.01,
+        power_law_1.2)."""
         mode = MOE_FORMATS.get(expert_format)
         if mode is None:
             return None
-        shape = (hidden_size, moe_intermediate_size, top_k, num_experts, moe_tp, moe_ep, mode, distribution,
-                 num_attention_ranks)  # fmt: skip
+        shape = (hidden_size, moe_intermediate_size, top_k, num_experts, moe_tp, moe_ep, mode, distribution)
         return self._lookup(
             ("moe", *shape), dict(x=num_tokens),
-            lambda: self._pkg.MoE(
-                "moe", 1.0, *shape[:6], self._pkg.MoEQuantMode[mode], distribution, num_attention_ranks
-            ),
+            lambda: self._pkg.MoE("moe", 1.0, *shape[:6], self._pkg.MoEQuantMode[mode], distribution, 1),
         )  # fmt: skip
 
     def _lookup(

@@ -203,19 +203,15 @@ class MeasuredKernels(OperatorRoofline):
         if shared := moe.shared_expert_intermediate_size:
             kernels += [self.tables.gemm(t, 2 * shared // tp, h, m.weight_format),
                         self.tables.gemm(t, h, shared // tp, m.weight_format)]  # fmt: skip
-        ranks = ex.num_attention_ranks
+        # The tables' rows: `x` tokens at one EP rank, each to min(top-k, its experts) of them. The
+        # busiest rank's assignments under the skew, as that many tokens (its work, whatever the dispatch).
+        local = min(moe.num_experts_per_tok, max(1, moe.num_experts // ex.ep))
+        x = _count(ex.placement.load(num_tokens).rank_tokens / local)
         routed = self.tables.moe(
-            _count(num_tokens / ranks), h, moe.moe_intermediate_size, moe.num_experts_per_tok,
-            moe.num_experts, ex.tp, ex.ep, m.expert_format, "balanced", ranks,
+            x, h, moe.moe_intermediate_size, moe.num_experts_per_tok, moe.num_experts, ex.tp, ex.ep,
+            m.expert_format,
         )  # fmt: skip
-        imbalance = ex.placement.load(num_tokens).imbalance
-        routed_s = _layers(layers, [routed])
-        return {
-            "shared_experts": _layers(layers, kernels),
-            "routed_experts": None
-            if routed_s is None
-            else (imbalance * routed_s[0], imbalance * routed_s[1]),
-        }
+        return {"shared_experts": _layers(layers, kernels), "routed_experts": _layers(layers, [routed])}
 
 
 def _count(x: float, least: int = 1) -> int:
