@@ -157,32 +157,31 @@ class MeasuredKernels(OperatorRoofline):
 
     def _prefill_attention(self, rank: StepShape) -> tuple[Any, Any] | None:
         """The step's prompt chunks as equal ones (the module's docstring), every attention layer."""
-        num_chunks = _count(rank.num_requests - rank.num_decodes, least=0)
-        if not num_chunks or not rank.num_prefill_tokens:
+        num_chunks = rank.num_requests - rank.num_decodes
+        if not rank.num_prefill_tokens or num_chunks <= 0:
             return (0.0, 0.0)
         n = rank.num_prefill_tokens / num_chunks
         cached = max(0.0, (rank.prefill_keys_attended / num_chunks - n * (n + 1) / 2) / n)
         heads, kv_heads, d, kvb = self._attention_heads
-        t = self.tables.context_attention(
-            num_chunks, _count(n), _count(cached, least=0), heads, kv_heads, d, kvb
-        )
-        return _layers(self.model.num_attention_layers, [t])
+        whole = _count(num_chunks)
+        t = self.tables.context_attention(whole, _count(n), _count(cached, least=0), heads, kv_heads, d, kvb)
+        return _layers(self.model.num_attention_layers * num_chunks / whole, [t])
 
     def _decode_attention(self, rank: StepShape) -> tuple[Any, Any] | None:
         """The decodes at their mean KV, every attention layer; elementwise over a window's arrays."""
-        num_decodes = _count(rank.num_decodes, least=0)
-        if not num_decodes:
+        if not rank.num_decodes:
             return (0.0, 0.0)
         heads, kv_heads, d, kvb = self._attention_heads
+        whole = _count(rank.num_decodes)
         kv_len = rank.decode_keys_attended / rank.num_decodes
 
         def lookup(k: float) -> KernelTime | None:
-            return self.tables.generation_attention(num_decodes, int(k), heads, kv_heads, d, kvb)
+            return self.tables.generation_attention(whole, int(k), heads, kv_heads, d, kvb)
 
         priced = _on_kv_grid(lookup, kv_len)
         if priced is None:
             return None
-        layers = self.model.num_attention_layers
+        layers = self.model.num_attention_layers * rank.num_decodes / whole
         return layers * priced[0], layers * priced[1]
 
     @cached_property
@@ -215,11 +214,12 @@ class MeasuredKernels(OperatorRoofline):
 
 
 def _count(x: float, least: int = 1) -> int:
-    """A step's (perhaps fractional: an average rank's share) count of tokens or requests, whole."""
+    """A step's (perhaps fractional: an average rank's share) count of tokens or requests, whole (a
+    fractional count of requests is priced at the nearest whole one, scaled by their ratio)."""
     return max(least, round(float(x)))
 
 
-def _layers(num_layers: int, kernels: list[KernelTime | None]) -> tuple[float, float] | None:
+def _layers(num_layers: float, kernels: list[KernelTime | None]) -> tuple[float, float] | None:
     """`kernels` run once a layer over `num_layers` layers: their time and its measured part (None:
     one of them has no table)."""
     if any(k is None for k in kernels):
