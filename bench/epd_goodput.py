@@ -14,7 +14,7 @@ Each goodput row also gives the model's reason: the ViT's share of a request's p
 encoded, then its text and visual tokens through the LM), against the encoder pool's share of the GPUs.
 
     python bench/epd_goodput.py [--out runs/bench-epd-goodput.json] [--plot docs/img/epd_goodput.png]
-                                [--time-model aggregate|operators]
+                                [--time-model aggregate|operators|measured]
     python bench/epd_goodput.py --replot runs/bench-epd-goodput.json   # the plot again, no runs
 """
 
@@ -143,7 +143,7 @@ def main() -> int:
     p.add_argument("--out", default="runs/bench-epd-goodput.json")
     p.add_argument("--plot", default="docs/img/epd_goodput.png")
     p.add_argument("--replot", metavar="JSON", help="draw the plot from an earlier --out, run nothing")
-    p.add_argument("--time-model", choices=["aggregate", "operators"], default="operators")
+    p.add_argument("--time-model", choices=["aggregate", "operators", "measured"], default="operators")
     args = p.parse_args()
     # A run `_Missed` stops leaves its tasks pending: asyncio says so, harmlessly, at exit.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/same_runs.py --save runs/same-runs.before.json   # on the build before
     .venv/bin/python bench/same_runs.py --check runs/same-runs.before.json  # on the change
+    ... [--set target.time_model=operators]   # every run with this setting too (both builds)
 
 Replays, in virtual mode with compute skip, the designs, routers and traces speed work is checked on:
 the guide sweep's three designs at two rates and two seeds; the Mooncake conversation window on the
@@ -36,31 +37,32 @@ WEKA = TRACES / "weka_claude_code"
 SKIP = "runner.compute=skip"
 
 
-def configs() -> Iterator[tuple[str, TestbedConfig]]:
+def configs(extra: list[str]) -> Iterator[tuple[str, TestbedConfig]]:
     """(run name, config) for every run checked (those named `.../no-metrics` record none, as a
-    sweep's points)."""
+    sweep's points), each with the `extra` settings too."""
+    skip = [SKIP, *extra]
     for rate in (0.4, 1.5):
         for seed in (0, 1):
-            sets = [SKIP, "workload.num_requests=100", f"workload.rate={rate}", f"seed={seed}"]
+            sets = [*skip, "workload.num_requests=100", f"workload.rate={rate}", f"seed={seed}"]
             for cfg in load_designs("guide-l40s", None, sets):
                 yield f"guide/{cfg.design}/rate={rate}/seed={seed}", cfg
                 if seed == 1:
                     yield f"guide/{cfg.design}/rate={rate}/seed={seed}/no-metrics", cfg
     for design in ("collocated", "pd"):
         for policy in ("round_robin", "kv_aware"):
-            sets = [SKIP, f"replay.trace={MOONCAKE}", f"router.policy={policy}"]
+            sets = [*skip, f"replay.trace={MOONCAKE}", f"router.policy={policy}"]
             yield f"mooncake/{design}/{policy}", load_designs("agentic-h200", [design], sets)[0]
     for policy in ("kv_aware", "kv_estimated", "session_affinity", "round_robin"):
-        sets = [SKIP, f"replay.trace={WEKA}", f"router.policy={policy}"]
+        sets = [*skip, f"replay.trace={WEKA}", f"router.policy={policy}"]
         yield f"weka/collocated/{policy}", load_designs("agentic-h200", ["collocated"], sets)[0]
-    for cfg in load_designs("qwen3-next-h200", None, [SKIP, "workload.num_requests=60"]):
+    for cfg in load_designs("qwen3-next-h200", None, [*skip, "workload.num_requests=60"]):
         yield f"hybrid/{cfg.design}", cfg
     for preset in ("qwen3-30b-a3b-h100", "deepseek-v3-afd-h800"):  # MoE and AFD steps' work
-        for cfg in load_designs(preset, None, [SKIP, "workload.num_requests=200"]):
+        for cfg in load_designs(preset, None, [*skip, "workload.num_requests=200"]):
             yield f"moe/{preset}/{cfg.design}", cfg
     covered = ("guide-l40s", "agentic-h200", "qwen3-next-h200", "qwen3-30b-a3b-h100", "deepseek-v3-afd-h800")
     for preset in (p for p in available_presets() if p not in covered):  # every other preset, briefly
-        sets = [SKIP, "workload.num_requests=60"]
+        sets = [*skip, "workload.num_requests=60"]
         if needs_trace(preset):
             sets += [f"replay.trace={MOONCAKE}", "replay.window_s=[0, 60]"]
         for cfg in load_designs(preset, None, sets):
@@ -113,9 +115,10 @@ def main() -> int:
     mode.add_argument("--save", metavar="FILE", help="record this build's runs")
     mode.add_argument("--check", metavar="FILE", help="compare this build's runs with a record")
     p.add_argument("--only", default="", help="run names starting with this prefix only")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="every run with it too")
     args = p.parse_args()
     runs: dict[str, Any] = {}
-    for name, cfg in configs():
+    for name, cfg in configs(args.set):
         if not name.startswith(args.only):
             continue
         start = time.perf_counter()

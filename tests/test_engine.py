@@ -40,7 +40,7 @@ def test_repeated_prompt_hits_prefix_cache_and_is_faster():
     assert results[0].times.num_cached_tokens == 0
     assert results[1].times.num_cached_tokens == 1008  # 63 of 64 blocks: the last token is recomputed
     ttft = [r.token_times_s[0] - r.arrival_s for r in results]
-    assert ttft[1] < ttft[0] / 3  # one memory-bound step instead of a compute-bound prefill
+    assert ttft[1] < ttft[0] / 2  # one memory-bound step instead of a compute-bound prefill
     assert dep.engines[0].scheduler.blocks.num_prefix_cache_hits == 1008
 
 

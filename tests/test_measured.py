@@ -133,3 +133,13 @@ def test_a_run_says_how_much_of_its_step_time_was_measured_and_from_which_tables
         "measured: share of step time from measured kernels: prefill 100 % (vllm 0.24.0 tables, h100-sxm), "
         "decode 0 % (no vllm tables for h800: operators roofline)"
     )
+
+
+def test_an_afd_pool_under_measured_runs_its_pipeline_on_the_rooflines_and_says_so():
+    from cluster.outcome import tables_line
+    from emulation.afd_layout import AfdLayout
+    from tests.test_afd import AFD_DSV3
+
+    cfg = make_config(AFD_DSV3, target={"time_model": "measured"}, pools={"mixed": {"gpu": "h100-sxm"}})
+    assert isinstance(time_model_for(cfg, cfg.pools.mixed), AfdLayout)
+    assert tables_line(cfg, cfg.pools.mixed) == "AFD: its pipeline's rooflines"

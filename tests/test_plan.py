@@ -210,7 +210,7 @@ def test_floors_are_the_prompt_alone_in_chunks_and_a_lone_decode():
 # -- the command, on real replays -------------------------------------------------------------------
 
 GUIDE = ["plan", "--preset", "guide-l40s", "--num-requests", "24", "--seeds", "3", "--jobs", "2"]
-GUIDE += ["--loads", ",".join(f"{0.2 * i:.1f}" for i in range(1, 17))]  # 0.2 to 3.2 req/s
+GUIDE += ["--loads", ",".join(f"{0.4 * i:.1f}" for i in range(1, 17))]  # 0.4 to 6.4 req/s
 GUIDE += ["--vary", "scheduler.max_num_batched_tokens=1024,4096"]
 
 

@@ -129,7 +129,8 @@ class TargetConfig:
     eta_bandwidth); operators: a roofline per operator group, summed, with tensor-parallel all-reduces
     and a CPU overhead that grows with the batch (`operators`, `cpu_overhead`; emulation.operators);
     measured: the operators model's groups priced from kernels measured on the pool's GPU
-    (`kernel_tables`; emulation.measured), the roofline where the tables lack a kernel."""
+    (`kernel_tables`; emulation.measured), the roofline where the tables lack a kernel. Unset: measured
+    where every LM pool's GPU has tables, else aggregate (`cluster.time_model_default`)."""
     operators: OperatorEfficiencies = field(default_factory=OperatorEfficiencies)
     """The per-operator model's efficiencies (the measured model's, where it falls back)."""
     kernel_tables: KernelTablesConfig = field(default_factory=KernelTablesConfig)
