@@ -19,8 +19,8 @@ def errors(tmp_path, monkeypatch):
     """A silicon_errors.json of two groups, read in place of the shipped one."""
     path = tmp_path / "silicon_errors.json"
     groups = [
-        {"time_model": "measured", "gpu_family": "Hopper", "model_kind": "dense", "mode": "agg", "num_rows": 140,
-         "ttft_mdape": 12.3, "tpot_mdape": 8.0, "ttft_bias": -10.0, "tpot_bias": 2.5},
+        {"time_model": "measured", "gpu_family": "Hopper", "model_kind": "dense", "mode": "agg",
+         "num_rows": 140, "ttft_mdape": 12.3, "tpot_mdape": 8.0, "ttft_bias": -10.0, "tpot_bias": 2.5},
         {"time_model": "operators", "gpu_family": "Blackwell", "model_kind": "moe", "mode": "disagg",
          "num_rows": 3, "ttft_mdape": 70.0, "tpot_mdape": 30.0, "ttft_bias": -70.0, "tpot_bias": -30.0},
     ]  # fmt: skip
