@@ -57,7 +57,7 @@ def test_the_bench_predicts_or_explains_every_row_and_writes_its_tables(tmp_path
     predicted = predictions["skipped"].isna()
     assert predicted.sum() >= 90, predictions["skipped"].value_counts()
     shares = predictions.loc[predicted & (predictions["time_model"] == "measured"), "measured_share"]
-    assert shares.between(0, 1).all() and shares.median() > 0.5  # most step time from the tables
+    assert shares.between(0, 1 + 1e-9).all() and shares.median() > 0.5  # most step time from the tables
     assert (predictions.loc[predicted, ["ttft_ms", "tpot_ms"]] > 0).all().all()
     assert (predictions.loc[predicted, "failed"] == 0).all()
     errors = pd.read_csv(tmp_path / "out" / "errors.csv")
