@@ -13,14 +13,17 @@ and multiplied by the layers that run it::
     decode_attention   generation attention: d decodes over k̄ cached tokens each    attention layers
     logits             GEMM [num_logits, h] x [h, V/tp]  (BF16)                      1
     shared_experts     router GEMM [T, h] x [h, E] (BF16) + the shared experts' two  MoE layers
-    routed_experts     fused MoE over T tokens a rank, its skew's busiest rank       MoE layers
+    routed_experts     fused MoE on the skew's busiest EP rank (below)               MoE layers
     all-reduce         custom all-reduce of T x h over tp GPUs                       num_all_reduces
 
 A step's chunks are priced as m equal ones: n̄ = P / m new tokens each after c̄ cached, solved from the
 keys they attend (`step_shape.keys_attended`: K = m·(n̄·c̄ + n̄(n̄+1)/2)), exact for one chunk. Decodes
-at their mean KV k̄ = keys / d (decode attention reads KV in proportion to it). The tables' fused MoE
-is measured under balanced routing: its time is scaled by the skew's busiest rank over the mean one
-(`ExpertLoad.imbalance`, 1 when balanced).
+at their mean KV k̄ = keys / d (decode attention reads KV in proportion to it). A rank's fractional
+share of chunks or decodes (data-parallel attention) is priced at the nearest whole count, scaled by
+their ratio. The fused-MoE tables were measured with x tokens reaching one EP rank, each routed to
+min(top-k, the rank's experts) of its experts, balanced; the busiest rank's assignments under the
+routing skew (`ExpertLoad.rank_tokens`) are looked up as that many tokens, so the kernel does the
+rank's work whatever the dispatch (DeepEP's, or vLLM's all-gather).
 
 Where the tables have no such kernel (a weight format the GPU's tables lack, an MoE shape never
 measured, MLA and SSM layers, sliding-window attention), the group keeps its roofline, and the step
