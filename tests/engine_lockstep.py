@@ -43,6 +43,7 @@ class StepTime:
     write_bytes_per_gpu: Any = 0.0
     all_to_all_s: Any = 0.0
     overlap_s: Any = 0.0
+    measured_s: Any = 0.0
     expert_load: None = None
 
 

@@ -22,6 +22,7 @@ from cluster.hosts.common import remote_stream, serve_node_metrics
 from cluster.hosts.ffn import RemoteFfnRanks
 from dashboards.recorders import EngineMetrics
 from emulation.config import PoolConfig, TestbedConfig
+from emulation.time_model import time_model_for
 from messages import (
     EngineOutput,
     EngineRequest,
@@ -133,6 +134,7 @@ class EngineHost:
         self._runner = runner_for(cfg, pool, RemoteFfnRanks(ffn) if ffn else None)
         if self._runner is not None:
             self._runner.warm_up()
+        self._time_model = time_model_for(cfg, pool)  # before the clock starts (measured: opens tables)
         self._metrics = EngineMetrics(cfg, role, replica)
         self.engine: EngineCore | None = None
 
@@ -155,7 +157,7 @@ class EngineHost:
         clock = Clock(cfg.clock.scale, epoch_s=epoch_s, offset_s=offset_s)
         self.engine = build_engine(
             engine_id, role, cfg, pool, clock, self._runner, peers, self._metrics, True, self._link,
-            kv_store=self._kv_store,
+            time_model=self._time_model, kv_store=self._kv_store,
         )  # fmt: skip
         self.engine.start()
         return serve_node_metrics(self._metrics.registry)
