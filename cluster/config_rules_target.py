@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from cluster.config_rules_hybrid import engine_pools
+from cluster.time_model_default import first_without_tables
 from emulation.config import TestbedConfig
-from emulation.kernel_tables import KernelTablesError, tables_for
 from emulation.profiles import GPUS
 from emulation.silicon_systems import SYSTEM_NAMES, missing_package_line, system_gpus
 
@@ -36,19 +36,14 @@ def _kernel_tables(cfg: TestbedConfig) -> Iterator[str]:
     t = cfg.target
     if t.time_model != "measured" or t.measured_fallback == "roofline":
         return
-    k = t.kernel_tables
-    for name, pool in engine_pools(cfg):
-        if pool.afd is not None or pool.gpu not in GPUS:  # (an unknown GPU: a later rule)
-            continue
-        try:
-            tables_for(pool.gpu, k.backend, k.version)
-        except KernelTablesError as e:
-            yield (
-                f"target.time_model='measured': pools.{name}.gpu={pool.gpu!r} has {e}; allowed: a GPU "
-                "aiconfigurator-core measured (h100-sxm, h200, b200, l40s, ...), another "
-                "target.kernel_tables, or target.measured_fallback: roofline"
-            )
-            return
+    pools = [(n, p) for n, p in engine_pools(cfg) if p.afd is None and p.gpu in GPUS]  # unknown: a later rule
+    if (missing := first_without_tables(t.kernel_tables, pools)) is not None:
+        name, pool, e = missing
+        yield (
+            f"target.time_model='measured': pools.{name}.gpu={pool.gpu!r} has {e}; allowed: a GPU "
+            "aiconfigurator-core measured (h100-sxm, h200, b200, l40s, ...), another "
+            "target.kernel_tables, or target.measured_fallback: roofline"
+        )
 
 
 def _mla_kv_format(cfg: TestbedConfig) -> Iterator[str]:

@@ -11,9 +11,10 @@ Ascend 910C) the whole config keeps `aggregate`, the model its figures were alwa
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from cluster.config_rules_hybrid import engine_pools
-from emulation.config import TestbedConfig
+from emulation.config import KernelTablesConfig, PoolConfig, TestbedConfig
 from emulation.kernel_tables import KernelTablesError, tables_for
 from emulation.profiles import GPUS
 
@@ -24,10 +25,18 @@ def resolve_time_model(cfg: TestbedConfig, *, configured: bool) -> TestbedConfig
     pools = engine_pools(cfg)
     if configured or not pools or any(pool.gpu not in GPUS for _, pool in pools):
         return cfg
-    k = cfg.target.kernel_tables
-    try:
-        for _, pool in pools:
-            tables_for(pool.gpu, k.backend, k.version)
-    except KernelTablesError:
+    if first_without_tables(cfg.target.kernel_tables, pools) is not None:
         return cfg
     return dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, time_model="measured"))
+
+
+def first_without_tables(
+    k: KernelTablesConfig, pools: Iterable[tuple[str, PoolConfig]]
+) -> tuple[str, PoolConfig, KernelTablesError] | None:
+    """The first of `pools` (name, pool) whose GPU has no `k` tables, with why; None: all have them."""
+    for name, pool in pools:
+        try:
+            tables_for(pool.gpu, k.backend, k.version)
+        except KernelTablesError as e:
+            return name, pool, e
+    return None

@@ -17,7 +17,10 @@ dictionary lookup.
 Units the tables use and the lookups hide: all-reduce message sizes are elements (tokens x hidden),
 not bytes; DeepEP tables hold µs; a context-attention table has no prefix axis (the package scales a
 chunk after a prefix by (full² - prefix²) / full²); a generation-attention lookup averages five KV
-lengths within ±10 %.
+lengths within ±10 %. MLA is measured for DeepSeek-V3's geometry only, at each per-GPU head count: as
+a whole module (vLLM's and TRT-LLM's `DeepseekV2MLAAttention` forward, every projection included), or
+as its attention kernels and absorbed batched products (SGLang); the gated delta net as its four
+kernels, at Qwen3.5's head sizes.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from emulation.mla import MlaGeometry
 from emulation.silicon_systems import missing_package_line
 
 BACKEND_VERSION = "current"
@@ -42,6 +46,19 @@ MOE_FORMATS = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp
 """The same for the fused-MoE tables."""
 KV_FORMATS = {2: "bfloat16", 1: "fp8"}
 """KV cache element bytes as the attention tables' KV modes."""
+GDN_KERNELS = {
+    "causal_conv1d_fn": "context",
+    "chunk_gated_delta_rule": "context",
+    "causal_conv1d_update": "generation",
+    "fused_sigmoid_gating_delta_rule_update": "generation",
+}
+"""A gated delta net's kernels, by the package's names, and the phase each runs in (the package maps
+them to the kernels each backend measured, e.g. vLLM's FlashInfer chunked rule)."""
+MLA_GEOMETRY = MlaGeometry(512, 128, 64, 128, q_lora_rank=1536)
+"""The MLA geometry the MLA tables measured (DeepSeek-V3's; Kimi K2 shares it): their attention kernels
+take its latent and head sizes, their whole modules its projections too, at hidden size
+`MLA_MODULE_HIDDEN_SIZE`."""
+MLA_MODULE_HIDDEN_SIZE = 7168
 MEASURED_SOURCES = ("silicon", "mixed")
 """The package's names for an answer read from measured rows (`mixed`: measured attention plus its
 small analytic parts, RoPE and the KV write); the others (`sol`, `empirical`) are its roofline."""
@@ -101,33 +118,116 @@ class KernelTables:
 
     def context_attention(
         self, num_requests: int, num_new_tokens: int, num_cached_tokens: int, num_heads: int,
-        num_kv_heads: int, head_dim: int, kv_bytes: int,
+        num_kv_heads: int, head_dim: int, kv_bytes: int, window: int = 0,
     ) -> KernelTime | None:  # fmt: skip
         """Prefill attention of `num_requests` chunks of `num_new_tokens` each after `num_cached_tokens`
-        in the cache, `num_heads` query and `num_kv_heads` KV heads a GPU, KV of `kv_bytes` an element."""
+        in the cache, `num_heads` query and `num_kv_heads` KV heads a GPU, KV of `kv_bytes` an element;
+        `window`: a sliding-window layer's (0: full attention)."""
         kv = self._pkg.KVCacheQuantMode[KV_FORMATS[kv_bytes]]
         return self._lookup(
-            ("context_attention", num_heads, num_kv_heads, head_dim, kv_bytes),
+            ("context_attention", num_heads, num_kv_heads, head_dim, kv_bytes, window),
             dict(batch_size=num_requests, s=num_new_tokens, prefix=num_cached_tokens),
             lambda: self._pkg.ContextAttention(
                 "attention", 1.0, num_heads, num_kv_heads, kv, self._pkg.FMHAQuantMode.bfloat16,
-                head_size=head_dim,
+                head_size=head_dim, window_size=window,
             ),
         )  # fmt: skip
 
     def generation_attention(
-        self, num_requests: int, kv_len: int, num_heads: int, num_kv_heads: int, head_dim: int, kv_bytes: int
-    ) -> KernelTime | None:
+        self, num_requests: int, kv_len: int, num_heads: int, num_kv_heads: int, head_dim: int, kv_bytes: int,
+        window: int = 0,
+    ) -> KernelTime | None:  # fmt: skip
         """Decode attention of `num_requests` single-token queries over `kv_len` cached tokens each."""
         kv = self._pkg.KVCacheQuantMode[KV_FORMATS[kv_bytes]]
         return self._lookup(
-            ("generation_attention", num_heads, num_kv_heads, head_dim, kv_bytes),
+            ("generation_attention", num_heads, num_kv_heads, head_dim, kv_bytes, window),
             dict(batch_size=num_requests, s=kv_len),
             lambda: self._pkg.GenerationAttention(
-                "attention", 1.0, num_heads, num_kv_heads, kv, head_size=head_dim
+                "attention", 1.0, num_heads, num_kv_heads, kv, head_size=head_dim, window_size=window
             ),
             is_context=False,
         )
+
+    def mla_context(
+        self, num_requests: int, num_new_tokens: int, num_cached_tokens: int, num_heads: int,
+        kv_bytes: int, weight_format: str,
+    ) -> KernelTime | None:  # fmt: skip
+        """A DeepSeek-V3 MLA layer's whole attention block over `num_requests` prompt chunks (`num_heads`
+        a GPU): its projections (the fused down projection, the query and KV up projections, the
+        output projection with `weight_format` weights) and the prefill attention, as vLLM's
+        `DeepseekV2MLAAttention.forward` runs it."""
+        at = dict(batch_size=num_requests, s=num_new_tokens, prefix=num_cached_tokens)
+        return self._mla(True, weight_format, num_heads, kv_bytes, at)
+
+    def mla_generation(
+        self, num_requests: int, kv_len: int, num_heads: int, kv_bytes: int, weight_format: str
+    ) -> KernelTime | None:
+        """The same block for `num_requests` decodes over `kv_len` cached tokens each (the absorbed
+        query and output BMMs, the latent attention)."""
+        return self._mla(False, weight_format, num_heads, kv_bytes, dict(batch_size=num_requests, s=kv_len))
+
+    def _mla(
+        self, is_context: bool, weight_format: str, num_heads: int, kv_bytes: int, at: dict[str, int]
+    ) -> KernelTime | None:
+        mode = GEMM_FORMATS.get(weight_format)
+        if mode is None:
+            return None
+        kv = self._pkg.KVCacheQuantMode[KV_FORMATS[kv_bytes]]
+        return self._lookup(
+            ("mla", is_context, num_heads, kv_bytes, mode), at,
+            lambda: self._pkg.MLAModule(
+                "mla", 1.0, is_context, num_heads, kv, self._pkg.FMHAQuantMode.bfloat16,
+                self._pkg.GEMMQuantMode[mode],
+            ),
+            is_context=is_context,
+        )  # fmt: skip
+
+    def mla_context_attention(
+        self, num_requests: int, num_new_tokens: int, num_cached_tokens: int, num_heads: int, kv_bytes: int
+    ) -> KernelTime | None:
+        """MLA's prefill attention kernel alone (no projections; DeepSeek-V3's head sizes), where the
+        tables hold it but not the whole module (SGLang)."""
+        kv = self._pkg.KVCacheQuantMode[KV_FORMATS[kv_bytes]]
+        return self._lookup(
+            ("mla_context_attention", num_heads, kv_bytes),
+            dict(batch_size=num_requests, s=num_new_tokens, prefix=num_cached_tokens),
+            lambda: self._pkg.ContextMLA("mla", 1.0, num_heads, kv, self._pkg.FMHAQuantMode.bfloat16),
+        )
+
+    def mla_generation_attention(
+        self, num_requests: int, kv_len: int, num_heads: int, kv_bytes: int
+    ) -> KernelTime | None:
+        """MLA's decode attention kernel alone, over the latent cache."""
+        kv = self._pkg.KVCacheQuantMode[KV_FORMATS[kv_bytes]]
+        return self._lookup(
+            ("mla_generation_attention", num_heads, kv_bytes), dict(batch_size=num_requests, s=kv_len),
+            lambda: self._pkg.GenerationMLA("mla", 1.0, num_heads, kv), is_context=False,
+        )  # fmt: skip
+
+    def mla_bmm(self, num_tokens: int, num_heads: int, weight_format: str, before: bool) -> KernelTime | None:
+        """A decode's absorbed MLA batched product, `before` the attention (the query into the latent
+        space) or after it (the latent output into the value heads); FP8 unless the weights are BF16."""
+        mode = "bfloat16" if weight_format == "bf16" else "fp8"
+        return self._lookup(
+            ("mla_bmm", num_heads, mode, before), dict(batch_size=num_tokens),
+            lambda: self._pkg.MLABmm("mla", 1.0, num_heads, self._pkg.GEMMQuantMode[mode], if_pre=before),
+            is_context=False,
+        )  # fmt: skip
+
+    def gdn(
+        self, kernel: str, num_requests: int, num_new_tokens: int, hidden_size: int, num_key_heads: int,
+        key_head_dim: int, num_value_heads: int, value_head_dim: int, conv_kernel: int,
+    ) -> KernelTime | None:  # fmt: skip
+        """One gated-delta-net kernel of a layer (`GDN_KERNELS`: the causal convolution or the delta rule,
+        of prompt chunks or decodes) over `num_requests` chunks of `num_new_tokens` each (decodes: 1),
+        `num_key_heads` and `num_value_heads` a GPU."""
+        phase = GDN_KERNELS[kernel]
+        shape = (hidden_size, num_key_heads, key_head_dim, num_value_heads, value_head_dim, conv_kernel)
+        return self._lookup(
+            ("gdn", kernel, *shape), dict(batch_size=num_requests, s=num_new_tokens),
+            lambda: self._pkg.GDNKernel("gdn", 1.0, kernel, phase, *shape),
+            is_context=phase == "context",
+        )  # fmt: skip
 
     def all_reduce(self, num_tokens: int, hidden_size: int, tp: int) -> KernelTime | None:
         """One all-reduce of `num_tokens` x `hidden_size` BF16 activations over `tp` GPUs (the
@@ -153,6 +253,25 @@ class KernelTables:
         return self._lookup(
             ("moe", *shape), dict(x=num_tokens),
             lambda: self._pkg.MoE("moe", 1.0, *shape[:6], self._pkg.MoEQuantMode[mode], distribution, 1),
+        )  # fmt: skip
+
+    def deepep(
+        self, num_tokens: int, phase: str, low_latency: bool, hidden_size: int, top_k: int, num_experts: int,
+        ep: int, num_nodes: int,
+    ) -> KernelTime | None:  # fmt: skip
+        """DeepEP's `phase` (dispatch or combine) of one MoE layer for `num_tokens` tokens a rank over
+        `ep` ranks on `num_nodes` nodes: its low-latency kernels (decode) or its high-throughput ones
+        (prefill, on DeepEP's default 20 SMs)."""
+        backend = "deepep_ll" if low_latency else "deepep_ht"
+        shape = (hidden_size, top_k, num_experts, ep, num_nodes)
+        return self._lookup(
+            ("deepep", phase, backend, *shape), dict(x=num_tokens),
+            lambda: self._pkg.MoEAllToAll(
+                "deepep", 1.0, phase=phase, comm_dtype="default", comm_backend=backend,
+                hidden_size=hidden_size, topk=top_k, num_experts=num_experts, moe_ep_size=ep,
+                node_num=num_nodes, sms=0 if low_latency else 20, attention_tp_size=1,
+            ),
+            is_context=not low_latency,
         )  # fmt: skip
 
     def _lookup(
@@ -191,13 +310,18 @@ def _package() -> SimpleNamespace:
         from aiconfigurator_core.sdk.operations.attention import ContextAttention, GenerationAttention
         from aiconfigurator_core.sdk.operations.communication import CustomAllReduce
         from aiconfigurator_core.sdk.operations.gemm import GEMM
+        from aiconfigurator_core.sdk.operations.mamba import GDNKernel
+        from aiconfigurator_core.sdk.operations.mla import ContextMLA, GenerationMLA, MLABmm, MLAModule
         from aiconfigurator_core.sdk.operations.moe import MoE
+        from aiconfigurator_core.sdk.operations.moe_comm import MoEAllToAll
     except ImportError:
         raise KernelTablesError(missing_package_line()) from None
     return SimpleNamespace(
         perf_database=perf_database, EngineHandle=EngineHandle, build_ops_json=build_ops_json,
         GEMM=GEMM, ContextAttention=ContextAttention, GenerationAttention=GenerationAttention,
-        CustomAllReduce=CustomAllReduce, MoE=MoE, GEMMQuantMode=common.GEMMQuantMode,
-        MoEQuantMode=common.MoEQuantMode, KVCacheQuantMode=common.KVCacheQuantMode,
-        FMHAQuantMode=common.FMHAQuantMode, NO_DATA=(MissingSystemFlopsError, PerfDataNotAvailableError),
+        CustomAllReduce=CustomAllReduce, MoE=MoE, MLAModule=MLAModule, GDNKernel=GDNKernel,
+        ContextMLA=ContextMLA, GenerationMLA=GenerationMLA, MLABmm=MLABmm, MoEAllToAll=MoEAllToAll,
+        GEMMQuantMode=common.GEMMQuantMode, MoEQuantMode=common.MoEQuantMode,
+        KVCacheQuantMode=common.KVCacheQuantMode, FMHAQuantMode=common.FMHAQuantMode,
+        NO_DATA=(MissingSystemFlopsError, PerfDataNotAvailableError),
     )  # fmt: skip

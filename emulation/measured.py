@@ -16,6 +16,24 @@ and multiplied by the layers that run it::
     routed_experts     fused MoE on the skew's busiest EP rank (below)               MoE layers
     all-reduce         custom all-reduce of T x h over tp GPUs                       num_all_reduces
 
+    MLA (DeepSeek-V3's geometry), where the tables hold its whole attention block (vLLM, TRT-LLM),
+    every projection included, so qkv_o is 0 and
+    prefill_attention  MLA context module: m chunks of n̄ new tokens after c̄ cached  attention layers
+    decode_attention   MLA generation module: d decodes over k̄ cached tokens each   attention layers
+    else (SGLang) as kernels:
+    qkv_o              GEMMs [T, h] x [h, q_lora + kv_lora + rope], [T, q_lora] x [q_lora, H·192/tp],
+                       [T, H·128/tp] x [H·128/tp, h]
+    prefill_attention  KV up projection GEMM over the chunks' keys + the MLA prefill kernel
+    decode_attention   absorbed query BMM + the MLA decode kernel + absorbed output BMM
+
+    gated delta nets (Qwen3-Next, Qwen3.5), per GDN layer
+    ssm_proj           GEMMs in_proj_qkvz [h, 2(k+v)/tp], in_proj_ba [h, 2Hv/tp], out_proj [v/tp, h]
+    ssm_scan           causal conv1d + chunked delta rule over m chunks of n̄;  conv1d update +
+                       recurrent delta rule over d decodes
+
+    sliding-window layers (gpt-oss): their attention looked up with the window (their chunks after no
+    prefix: a window's work does not grow with what lies behind it)
+
 A step's chunks are priced as m equal ones: n̄ = P / m new tokens each after c̄ cached, solved from the
 keys they attend (`step_shape.keys_attended`: K = m·(n̄·c̄ + n̄(n̄+1)/2)), exact for one chunk. Decodes
 at their mean KV k̄ = keys / d (decode attention reads KV in proportion to it). A rank's fractional
@@ -26,9 +44,12 @@ routing skew (`ExpertLoad.rank_tokens`) are looked up as that many tokens, so th
 rank's work whatever the dispatch (DeepEP's, or vLLM's all-gather).
 
 Where the tables have no such kernel (a weight format the GPU's tables lack, an MoE shape never
-measured, MLA and SSM layers, sliding-window attention), the group keeps its roofline, and the step
-says how much of its GPU time was measured (`OperatorStepTime.measured_s`). The CPU's work, the
-all-to-alls and dual-batch overlap are the per-operator model's (`OperatorRoofline.step_time_of`).
+measured, MLA of another geometry, Mamba2 layers), the group keeps its roofline, and the step
+says how much of its GPU time was measured (`OperatorStepTime.measured_s`). With data-parallel attention
+the all-to-alls are DeepEP's measured dispatch and combine (low-latency kernels for decode-only steps,
+high-throughput ones else, at the step's tokens a rank) where the tables hold the EP ranks and nodes,
+the per-operator model's elsewhere. The CPU's work and dual-batch overlap are the per-operator model's
+(`OperatorRoofline.step_time_of`).
 
 Decode-only windows (`step_shape.decode_steps`) ask for many KV lengths at once: the generation
 attention is looked up on a grid of 32 points an octave (every token below 64) and interpolated
@@ -50,8 +71,9 @@ from typing import Any
 
 import numpy as np
 
-from emulation.kernel_tables import KernelTables, KernelTime
+from emulation.kernel_tables import MLA_GEOMETRY, MLA_MODULE_HIDDEN_SIZE, KernelTables, KernelTime
 from emulation.operators import GroupTime, OperatorRoofline, OperatorStepTime
+from emulation.ssm import GatedDeltaNetGeometry
 from emulation.step_shape import StepItem, StepShape
 
 KV_GRID_POINTS_PER_OCTAVE = 32
@@ -99,6 +121,8 @@ class MeasuredKernels(OperatorRoofline):
         measured = sum(g.measured_s for g in step.groups)
         if self.all_reduce_measured:
             measured = measured + step.all_reduce_s
+        if self.all_to_all_measured:
+            measured = measured + step.all_to_all_s
         before_overlap = step.gpu_s + step.overlap_s  # dual-batch overlap hides measured time alike
         return dataclasses.replace(step, measured_s=measured * step.gpu_s / before_overlap)
 
@@ -123,6 +147,37 @@ class MeasuredKernels(OperatorRoofline):
         t = self.tables.all_reduce(1, self.model.hidden_size, self.tp) if self.tp > 1 else None
         return t is not None and t.measured
 
+    def all_to_all_s(self, shape: StepShape) -> float:
+        if not self.all_to_all_measured:
+            return super().all_to_all_s(shape)
+        x = _count(shape.num_new_tokens / self._deepep_shape[3])
+        low_latency = not shape.num_prefill_tokens  # decode-only steps: DeepEP's low-latency kernels
+        phases = [
+            self.tables.deepep(x, phase, low_latency, *self._deepep_shape)
+            for phase in ("dispatch", "combine")
+        ]
+        return self.model.num_moe_layers * sum(k.s for k in phases if k is not None)
+
+    @cached_property
+    def all_to_all_measured(self) -> bool:
+        """The tables measured DeepEP's dispatch and combine, both kinds, for this model over these EP
+        ranks and nodes (vLLM's: 8 ranks on one node; elsewhere the package reuses those rows, and the
+        per-operator model's all-to-all, which sees the nodes, stays)."""
+        if self.experts is None or self.experts.all_to_all is None:
+            return False
+        kernels = [self.tables.deepep(1, phase, low_latency, *self._deepep_shape)
+                   for phase in ("dispatch", "combine") for low_latency in (True, False)]  # fmt: skip
+        return all(k is not None and k.measured for k in kernels)
+
+    @cached_property
+    def _deepep_shape(self) -> tuple[int, int, int, int, int]:
+        """Hidden size, top-k, experts, EP ranks and nodes, as DeepEP's tables key them."""
+        m, ex = self.model, self.experts
+        assert m.moe is not None and ex is not None and ex.all_to_all is not None
+        a2a = ex.all_to_all
+        nodes = -(-a2a.ep // a2a.ranks_per_node)
+        return m.hidden_size, m.moe.num_experts_per_tok, m.moe.num_experts, a2a.ep, nodes
+
     @staticmethod
     def _priced(g: GroupTime, kernel: tuple[Any, Any] | None) -> GroupTime:
         """`g` priced at `kernel` (its time, its measured part), or its roofline where none."""
@@ -139,9 +194,13 @@ class MeasuredKernels(OperatorRoofline):
         if gemms is None:
             gemms = self._gemm_times[key] = self._gemm_groups(*key)
         out = dict(gemms)
-        if self.model.mla is None and not self.model.num_sliding_layers:
+        if self.model.mla is None:
             out["prefill_attention"] = self._prefill_attention(rank)
             out["decode_attention"] = self._decode_attention(rank)
+        elif self.model.mla == MLA_GEOMETRY:
+            out.update(self._mla_module(rank) or self._mla_kernels(rank))
+        if isinstance(self.model.ssm, GatedDeltaNetGeometry):
+            out["ssm_scan"] = self._gdn_scan(rank)
         return out
 
     def _gemm_groups(self, t: int, logits: int) -> dict[str, tuple[Any, Any] | None]:
@@ -159,38 +218,136 @@ class MeasuredKernels(OperatorRoofline):
         out["mlp"] = _layers(mlp_layers, [
             self.tables.gemm(t, 2 * i // tp, h, fmt), self.tables.gemm(t, h, i // tp, fmt)
         ]) if mlp_layers and i else (0.0, 0.0)  # fmt: skip
+        if isinstance(g := m.ssm, GatedDeltaNetGeometry):
+            keys, values = g.num_key_heads * g.key_head_dim, g.num_value_heads * g.value_head_dim
+            out["ssm_proj"] = _layers(m.num_ssm_layers, [
+                self.tables.gemm(t, 2 * (keys + values) // tp, h, fmt),  # in_proj_qkvz
+                self.tables.gemm(t, 2 * g.num_value_heads // tp, h, fmt),  # in_proj_ba
+                self.tables.gemm(t, h, values // tp, fmt),  # out_proj
+            ])  # fmt: skip
         vocab = -(-m.vocab_size // tp)
         out["logits"] = _layers(1, [self.tables.gemm(logits, vocab, h, "bf16")]) if logits else (0.0, 0.0)
         return out
 
     def _prefill_attention(self, rank: StepShape) -> tuple[Any, Any] | None:
-        """The step's prompt chunks as equal ones (the module's docstring), every attention layer."""
-        num_chunks = rank.num_requests - rank.num_decodes
-        if not rank.num_prefill_tokens or num_chunks <= 0:
+        """The step's prompt chunks as equal ones (the module's docstring), every attention layer: the
+        full ones over their prefix, the sliding-window ones over their window."""
+        chunks = _chunks(rank)
+        if chunks is None:
             return (0.0, 0.0)
-        n = rank.num_prefill_tokens / num_chunks
-        cached = max(0.0, (rank.prefill_keys_attended / num_chunks - n * (n + 1) / 2) / n)
-        heads, kv_heads, d, kvb = self._attention_heads
-        whole = _count(num_chunks)
-        t = self.tables.context_attention(whole, _count(n), _count(cached, least=0), heads, kv_heads, d, kvb)
-        return _layers(self.model.num_attention_layers * num_chunks / whole, [t])
+        whole, n, cached, ratio = chunks
+        m, (heads, kv_heads, d, kvb) = self.model, self._attention_heads
+        full = m.num_attention_layers - m.num_sliding_layers
+        parts = [_layers(full * ratio, [
+            self.tables.context_attention(whole, n, cached, heads, kv_heads, d, kvb)
+        ])] if full else []  # fmt: skip
+        if m.num_sliding_layers:
+            assert m.sliding_window is not None
+            # A window's work does not grow with the prefix behind it: looked up after none.
+            parts.append(_layers(m.num_sliding_layers * ratio, [
+                self.tables.context_attention(whole, n, 0, heads, kv_heads, d, kvb, window=m.sliding_window)
+            ]))  # fmt: skip
+        return _total(parts)
 
     def _decode_attention(self, rank: StepShape) -> tuple[Any, Any] | None:
-        """The decodes at their mean KV, every attention layer; elementwise over a window's arrays."""
+        """The decodes at their mean KV, every attention layer (sliding-window ones over their window);
+        elementwise over a window's arrays."""
         if not rank.num_decodes:
             return (0.0, 0.0)
-        heads, kv_heads, d, kvb = self._attention_heads
-        whole = _count(rank.num_decodes)
-        kv_len = rank.decode_keys_attended / rank.num_decodes
+        m, (heads, kv_heads, d, kvb) = self.model, self._attention_heads
+        whole, kv_len, ratio = _decodes(rank)
+        parts = []
+        for layers, window in ((m.num_attention_layers - m.num_sliding_layers, 0),
+                               (m.num_sliding_layers, m.sliding_window or 0)):  # fmt: skip
+            if not layers:
+                continue
 
-        def lookup(k: float) -> KernelTime | None:
-            return self.tables.generation_attention(whole, int(k), heads, kv_heads, d, kvb)
+            def lookup(k: float, window: int = window) -> KernelTime | None:
+                return self.tables.generation_attention(whole, int(k), heads, kv_heads, d, kvb, window)
 
-        priced = _on_kv_grid(lookup, kv_len)
-        if priced is None:
-            return None
-        layers = self.model.num_attention_layers * rank.num_decodes / whole
-        return layers * priced[0], layers * priced[1]
+            parts.append(_scaled(layers * ratio, _on_kv_grid(lookup, kv_len)))
+        return _total(parts)
+
+    def _mla_module(self, rank: StepShape) -> dict[str, tuple[Any, Any] | None]:
+        """An MLA model's attention blocks as the tables measured them, whole: the chunks' through the
+        context module and the decodes' through the generation module, each with every projection
+        (so `qkv_o` is theirs); {} where the tables lack either, or measured another hidden size."""
+        m, layers = self.model, self.model.num_attention_layers
+        heads, fmt, kvb = m.num_heads // self.tp, m.weight_format, m.kv_dtype_bytes
+        if m.hidden_size != MLA_MODULE_HIDDEN_SIZE:
+            return {}
+        prefill: tuple[Any, Any] | None = (0.0, 0.0)
+        if (chunks := _chunks(rank)) is not None:
+            whole, n, cached, ratio = chunks
+            prefill = _layers(layers * ratio, [self.tables.mla_context(whole, n, cached, heads, kvb, fmt)])
+        decode: tuple[Any, Any] | None = (0.0, 0.0)
+        if rank.num_decodes:
+            whole, kv_len, ratio = _decodes(rank)
+
+            def lookup(k: float) -> KernelTime | None:
+                return self.tables.mla_generation(whole, int(k), heads, kvb, fmt)
+
+            decode = _scaled(layers * ratio, _on_kv_grid(lookup, kv_len))
+        if prefill is None or decode is None:
+            return {}
+        return {"qkv_o": (0.0, 0.0), "prefill_attention": prefill, "decode_attention": decode}
+
+    def _mla_kernels(self, rank: StepShape) -> dict[str, tuple[Any, Any] | None]:
+        """An MLA model's attention as separate kernels, where the tables hold no whole module (SGLang's):
+        the projections every token runs as GEMMs (`qkv_o`); the chunks' KV up projection, over their
+        cached keys too, and the prefill attention kernel; the decodes' absorbed query product, latent
+        attention kernel and absorbed output product."""
+        m, tp, g, layers = self.model, self.tp, self.model.mla, self.model.num_attention_layers
+        assert g is not None
+        heads, fmt, kvb, h = m.num_heads // tp, m.weight_format, m.kv_dtype_bytes, m.hidden_size
+        t = _count(rank.num_new_tokens)
+        q_in = g.q_lora_rank or h  # queries from their latent, or straight from the hidden state
+        down = (g.q_lora_rank or 0) + g.kv_lora_rank + g.qk_rope_head_dim
+        out: dict[str, tuple[Any, Any] | None] = {"qkv_o": _layers(layers, [
+            self.tables.gemm(t, down, h, fmt), self.tables.gemm(t, heads * g.qk_head_dim, q_in, fmt),
+            self.tables.gemm(t, h, heads * g.v_head_dim, fmt),
+        ])}  # fmt: skip
+        out["prefill_attention"] = out["decode_attention"] = (0.0, 0.0)
+        if (chunks := _chunks(rank)) is not None:
+            whole, n, cached, ratio = chunks
+            kv_up = heads * (g.qk_nope_head_dim + g.v_head_dim)
+            out["prefill_attention"] = _layers(layers * ratio, [
+                self.tables.gemm(whole * (n + cached), kv_up, g.kv_lora_rank, fmt),
+                self.tables.mla_context_attention(whole, n, cached, heads, kvb),
+            ])  # fmt: skip
+        if rank.num_decodes:
+            whole, kv_len, ratio = _decodes(rank)
+            bmms = _layers(
+                layers * ratio, [self.tables.mla_bmm(whole, heads, fmt, before) for before in (True, False)]
+            )
+
+            def lookup(k: float) -> KernelTime | None:
+                return self.tables.mla_generation_attention(whole, int(k), heads, kvb)
+
+            out["decode_attention"] = _total([bmms, _scaled(layers * ratio, _on_kv_grid(lookup, kv_len))])
+        return out
+
+    def _gdn_scan(self, rank: StepShape) -> tuple[Any, Any] | None:
+        """A gated-delta-net model's scans: each layer's convolution and chunked delta rule over the
+        prompt chunks (as equal ones), its convolution update and recurrent rule over the decodes."""
+        m, tp, g = self.model, self.tp, self.model.ssm
+        assert isinstance(g, GatedDeltaNetGeometry)
+        shape = (m.hidden_size, g.num_key_heads // tp, g.key_head_dim, g.num_value_heads // tp,
+                 g.value_head_dim, g.conv_kernel)  # fmt: skip
+        parts = []
+        if (chunks := _chunks(rank)) is not None:
+            whole, n, _, ratio = chunks
+            parts.append(_layers(m.num_ssm_layers * ratio, [
+                self.tables.gdn(kernel, whole, n, *shape)
+                for kernel in ("causal_conv1d_fn", "chunk_gated_delta_rule")
+            ]))  # fmt: skip
+        if rank.num_decodes:
+            whole, _, ratio = _decodes(rank)
+            parts.append(_layers(m.num_ssm_layers * ratio, [
+                self.tables.gdn(kernel, whole, 1, *shape)
+                for kernel in ("causal_conv1d_update", "fused_sigmoid_gating_delta_rule_update")
+            ]))  # fmt: skip
+        return _total(parts)
 
     @cached_property
     def _attention_heads(self) -> tuple[int, int, int, int]:
@@ -221,6 +378,25 @@ class MeasuredKernels(OperatorRoofline):
         return {"shared_experts": _layers(layers, kernels), "routed_experts": _layers(layers, [routed])}
 
 
+def _chunks(rank: StepShape) -> tuple[int, int, int, float] | None:
+    """The rank's prompt chunks as equal ones (the module's docstring): a whole count of them, the new
+    and cached tokens of each, and the ratio of their real count to the whole one (None: no chunk)."""
+    num_chunks = rank.num_requests - rank.num_decodes
+    if not rank.num_prefill_tokens or num_chunks <= 0:
+        return None
+    n = rank.num_prefill_tokens / num_chunks
+    cached = max(0.0, (rank.prefill_keys_attended / num_chunks - n * (n + 1) / 2) / n)
+    whole = _count(num_chunks)
+    return whole, _count(n), _count(cached, least=0), num_chunks / whole
+
+
+def _decodes(rank: StepShape) -> tuple[int, Any, float]:
+    """The rank's decodes: a whole count of them, their mean KV length (an array over a decode window's
+    steps), and the ratio of their real count to the whole one."""
+    whole = _count(rank.num_decodes)
+    return whole, rank.decode_keys_attended / rank.num_decodes, rank.num_decodes / whole
+
+
 def _count(x: float, least: int = 1) -> int:
     """A step's (perhaps fractional: an average rank's share) count of tokens or requests, whole (a
     fractional count of requests is priced at the nearest whole one, scaled by their ratio)."""
@@ -235,6 +411,18 @@ def _layers(num_layers: float, kernels: list[KernelTime | None]) -> tuple[float,
     s = sum(k.s for k in kernels if k is not None)
     measured = sum(k.s for k in kernels if k is not None and k.measured)
     return num_layers * s, num_layers * measured
+
+
+def _scaled(num_layers: float, priced: tuple[Any, Any] | None) -> tuple[Any, Any] | None:
+    """A kernel's (time, measured part), perhaps arrays, run over `num_layers` layers."""
+    return None if priced is None else (num_layers * priced[0], num_layers * priced[1])
+
+
+def _total(parts: list[tuple[Any, Any] | None]) -> tuple[Any, Any] | None:
+    """The sum of kernels' (time, measured part): None if one has no table, nothing at all if empty."""
+    if any(p is None for p in parts):
+        return None
+    return sum((p[0] for p in parts if p), 0.0), sum((p[1] for p in parts if p), 0.0)
 
 
 def _on_kv_grid(lookup: Callable[[float], KernelTime | None], kv_len: Any) -> tuple[Any, Any] | None:

@@ -162,19 +162,24 @@ class OperatorRoofline:
         written = shape.num_new_tokens / ranks * self.model.kv_bytes_per_token_per_gpu(self.tp)
         all_reduce_s = self.all_reduce_s(shape.num_new_tokens / ranks)
         if ex is None or not ex.splits(shape):
-            a2a_s = ex.all_to_all_s(shape.num_new_tokens) if ex else 0.0
+            a2a_s = self.all_to_all_s(shape)
             load = ex.placement.load(shape.num_new_tokens) if ex else None
             return OperatorStepTime(self.groups(shape), all_reduce_s, cpu_s, written, a2a_s, 0.0, load)
         half = share_of(shape, 2)
         groups = tuple(g.times(2) for g in self.groups(half))
         all_reduce_s = 2 * self.all_reduce_s(half.num_new_tokens / ranks)  # each micro-batch's
-        a2a_s = 2 * ex.all_to_all_s(half.num_new_tokens)
+        a2a_s = 2 * self.all_to_all_s(half)
         compute_s = sum(g.total_s for g in groups) + all_reduce_s
         longer = maximum(compute_s, a2a_s)
         shorter = compute_s + a2a_s - longer
         overlap_s = shorter - shorter / (2 * self.model.num_moe_layers)
         load = ex.placement.load(shape.num_new_tokens)
         return OperatorStepTime(groups, all_reduce_s, cpu_s, written, a2a_s, overlap_s, load)
+
+    def all_to_all_s(self, shape: StepShape) -> float:
+        """The MoE layers' dispatches and combines of a step of `shape` (all ranks' tokens; none without
+        data-parallel attention)."""
+        return self.experts.all_to_all_s(shape.num_new_tokens) if self.experts else 0.0
 
     def cpu_s(self, shape: StepShape) -> float:
         """The CPU's work on a step of `shape` (each DP attention rank's CPU works on its own share)."""

@@ -5,6 +5,8 @@ of its step time was measured, from which tables."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -66,6 +68,117 @@ def test_each_group_is_the_tables_kernels_at_the_steps_shapes_times_their_layers
     assert step.measured_s == pytest.approx(step.gpu_s)
     same = shape((1000, 3000), *[(1, 2047)] * 20)
     assert step.cpu_s == OperatorRoofline(m.model, m.gpu, 2).step_time_of(same).cpu_s  # as operators
+
+
+def s_of(k) -> float:
+    assert k is not None and k.measured
+    return k.s
+
+
+def test_an_mla_models_attention_is_the_tables_whole_module_its_projections_included():
+    m = measured(gpu="h200", model="deepseek-v3", tp=8)  # 61 MLA layers, 128 heads: 16 a GPU
+    tables = tables_for("h200")
+    step = m.step_time_of(shape((1000, 3000), *[(1, 2047)] * 20))
+    assert step.group("prefill_attention").total_s == pytest.approx(
+        61 * s_of(tables.mla_context(1, 1000, 3000, 16, 2, "fp8_block"))
+    )
+    assert step.group("decode_attention").total_s == pytest.approx(
+        61 * s_of(tables.mla_generation(20, 2048, 16, 2, "fp8_block"))
+    )
+    qkv_o = step.group("qkv_o")  # the modules run every projection
+    assert isinstance(qkv_o, MeasuredGroupTime) and qkv_o.total_s == 0
+    longer = m.step_time_of(shape((1000, 7000))).group("prefill_attention").total_s
+    assert longer > m.step_time_of(shape((1000, 3000))).group("prefill_attention").total_s
+
+
+def test_without_a_whole_module_an_mla_models_attention_is_its_kernels_and_projections():
+    m = measured(gpu="h200", model="deepseek-v3", tp=8, kernel_tables={"backend": "sglang"})
+    tables, h = tables_for("h200", "sglang"), 7168
+    step = m.step_time_of(shape((1000, 3000), *[(1, 2047)] * 20))
+    projections = [tables.gemm(1020, 1536 + 512 + 64, h, "fp8_block"),  # q and KV down, rotary key
+                   tables.gemm(1020, 16 * 192, 1536, "fp8_block"),  # q up
+                   tables.gemm(1020, h, 16 * 128, "fp8_block")]  # out  # fmt: skip
+    assert step.group("qkv_o").total_s == pytest.approx(61 * sum(s_of(k) for k in projections))
+    assert step.group("prefill_attention").total_s == pytest.approx(61 * (
+        s_of(tables.gemm(4000, 16 * 256, 512, "fp8_block"))  # KV up, over the cached keys too
+        + s_of(tables.mla_context_attention(1, 1000, 3000, 16, 2))
+    ))  # fmt: skip
+    assert step.group("decode_attention").total_s == pytest.approx(61 * (
+        s_of(tables.mla_bmm(20, 16, "fp8_block", True)) + s_of(tables.mla_bmm(20, 16, "fp8_block", False))
+        + s_of(tables.mla_generation_attention(20, 2048, 16, 2))
+    ))  # fmt: skip
+
+
+def test_an_mla_geometry_the_tables_never_measured_keeps_its_rooflines():
+    from emulation.mla import MlaGeometry
+
+    m = measured(gpu="h200", model="deepseek-v3", tp=8)
+    lite = dataclasses.replace(m.model, mla=MlaGeometry(512, 128, 64, 128, q_lora_rank=None))
+    other = dataclasses.replace(m, model=lite)
+    step = other.step_time_of(shape((1000, 0), (1, 2047)))
+    ops = OperatorRoofline(lite, m.gpu, 8, experts=m.experts).step_time_of(shape((1000, 0), (1, 2047)))
+    for name in ("qkv_o", "prefill_attention", "decode_attention"):
+        assert not isinstance(step.group(name), MeasuredGroupTime)
+        assert step.group(name).total_s == ops.group(name).total_s
+
+
+def test_a_gated_delta_nets_projections_and_scans_are_its_tables_kernels():
+    m = measured(gpu="h200", model="qwen3-next-80b-a3b", tp=4)  # 36 GDN layers: 16 key, 32 value heads of 128
+    tables, h = tables_for("h200"), 2048
+    step = m.step_time_of(shape((1000, 0), *[(1, 2047)] * 20))
+    gdn = (h, 4, 128, 8, 128, 4)
+    assert step.group("ssm_scan").total_s == pytest.approx(36 * (
+        s_of(tables.gdn("causal_conv1d_fn", 1, 1000, *gdn))
+        + s_of(tables.gdn("chunk_gated_delta_rule", 1, 1000, *gdn))
+        + s_of(tables.gdn("causal_conv1d_update", 20, 1, *gdn))
+        + s_of(tables.gdn("fused_sigmoid_gating_delta_rule_update", 20, 1, *gdn))
+    ))  # fmt: skip
+    proj = [tables.gemm(1020, 2 * (16 * 128 + 32 * 128) // 4, h, "bf16"),  # in_proj_qkvz
+            tables.gemm(1020, 2 * 32 // 4, h, "bf16"),  # in_proj_ba
+            tables.gemm(1020, h, 32 * 128 // 4, "bf16")]  # out_proj  # fmt: skip
+    assert all(k is not None for k in proj)
+    assert step.group("ssm_proj").total_s == pytest.approx(36 * sum(k.s for k in proj if k is not None))
+
+
+def test_sliding_window_layers_are_looked_up_over_their_window():
+    m = measured(gpu="h200", model="gpt-oss-120b", tp=4)  # 36 layers, every other one a 128-token window
+    tables = tables_for("h200")
+    step = m.step_time_of(shape((1000, 3000), *[(1, 2047)] * 20))
+    assert step.group("prefill_attention").total_s == pytest.approx(18 * (
+        s_of(tables.context_attention(1, 1000, 3000, 16, 2, 64, 2))
+        + s_of(tables.context_attention(1, 1000, 0, 16, 2, 64, 2, window=128))
+    ))  # fmt: skip
+    assert step.group("decode_attention").total_s == pytest.approx(18 * (
+        s_of(tables.generation_attention(20, 2048, 16, 2, 64, 2))
+        + s_of(tables.generation_attention(20, 2048, 16, 2, 64, 2, window=128))
+    ))  # fmt: skip
+
+
+def test_deepeps_all_to_alls_are_the_tables_where_they_hold_the_ranks_and_nodes():
+    def pool(ep: int) -> MeasuredKernels:
+        cfg = make_config(COLLOCATED, target={"time_model": "measured", "model": "deepseek-v3"},
+                          pools={"mixed": {"gpu": "h200", "ep": ep, "dp_attention": True}})  # fmt: skip
+        m = time_model_for(cfg, cfg.pools.mixed)
+        assert isinstance(m, MeasuredKernels)
+        return m
+
+    one_node, tables = pool(8), tables_for("h200")  # DeepSeek-V3: 58 MoE layers, top 8 of 256, hidden 7,168
+
+    def deepep(x: int, low_latency: bool) -> float:
+        return sum(
+            s_of(tables.deepep(x, p, low_latency, 7168, 8, 256, 8, 1)) for p in ("dispatch", "combine")
+        )
+
+    prefill, decode = shape((4096, 0)), shape(*[(1, 2047)] * 64)
+    assert one_node.step_time_of(prefill).all_to_all_s == pytest.approx(58 * deepep(512, False))
+    step = one_node.step_time_of(decode)
+    assert step.all_to_all_s == pytest.approx(58 * deepep(8, True))
+    assert step.measured_s == pytest.approx(step.gpu_s)
+    two_nodes = pool(16)  # never measured: the per-operator model's all-to-all, not counted measured
+    step = two_nodes.step_time_of(decode)
+    ops = OperatorRoofline(two_nodes.model, two_nodes.gpu, 1, experts=two_nodes.experts).step_time_of(decode)
+    assert step.all_to_all_s == ops.all_to_all_s > 0
+    assert step.measured_s == pytest.approx(step.gpu_s - step.all_to_all_s)
 
 
 def test_what_the_tables_lack_keeps_its_roofline_and_is_not_counted_measured():
