@@ -3,7 +3,7 @@ tables, else `aggregate`, resolved once at the configuration edge so that every 
 shows the model used.
 
 Why `measured`: on the 2,711 held-out public silicon rows it has the lower median TTFT and TPOT errors
-of the testbed's time models (55 % and 18 %, against 64 % and 24 % per operator and 76 % and 36 % in
+of the testbed's time models (53 % and 17 %, against 64 % and 24 % per operator and 76 % and 36 % in
 aggregate; docs/validation.md), and nothing in it is fitted. Where a pool's GPU has no tables (H800,
 Ascend 910C) the whole config keeps `aggregate`, the model its figures were always given on.
 """
