@@ -16,15 +16,7 @@ and multiplied by the layers that run it::
     routed_experts     fused MoE on the skew's busiest EP rank (below)               MoE layers
     all-reduce         custom all-reduce of T x h over tp GPUs                       num_all_reduces
 
-    MLA (DeepSeek-V3's geometry), where the tables hold its whole attention block (vLLM, TRT-LLM),
-    every projection included, so qkv_o is 0 and
-    prefill_attention  MLA context module: m chunks of n̄ new tokens after c̄ cached  attention layers
-    decode_attention   MLA generation module: d decodes over k̄ cached tokens each   attention layers
-    else (SGLang) as kernels:
-    qkv_o              GEMMs [T, h] x [h, q_lora + kv_lora + rope], [T, q_lora] x [q_lora, H·192/tp],
-                       [T, H·128/tp] x [H·128/tp, h]
-    prefill_attention  KV up projection GEMM over the chunks' keys + the MLA prefill kernel
-    decode_attention   absorbed query BMM + the MLA decode kernel + absorbed output BMM
+    MLA (DeepSeek-V3's geometry): qkv_o and the attention groups as `emulation.measured_mla` reads them
 
     gated delta nets (Qwen3-Next, Qwen3.5), per GDN layer
     ssm_proj           GEMMs in_proj_qkvz [h, 2(k+v)/tp], in_proj_ba [h, 2Hv/tp], out_proj [v/tp, h]
@@ -34,14 +26,11 @@ and multiplied by the layers that run it::
     sliding-window layers (gpt-oss): their attention looked up with the window (their chunks after no
     prefix: a window's work does not grow with what lies behind it)
 
-A step's chunks are priced as m equal ones: n̄ = P / m new tokens each after c̄ cached, solved from the
-keys they attend (`step_shape.keys_attended`: K = m·(n̄·c̄ + n̄(n̄+1)/2)), exact for one chunk. Decodes
-at their mean KV k̄ = keys / d (decode attention reads KV in proportion to it). A rank's fractional
-share of chunks or decodes (data-parallel attention) is priced at the nearest whole count, scaled by
-their ratio. The fused-MoE tables were measured with x tokens reaching one EP rank, each routed to
-min(top-k, the rank's experts) of its experts, balanced; the busiest rank's assignments under the
-routing skew (`ExpertLoad.rank_tokens`) are looked up as that many tokens, so the kernel does the
-rank's work whatever the dispatch (DeepEP's, or vLLM's all-gather).
+A step's chunks are priced as m equal ones, its decodes at their mean KV, a decode window's on a grid
+of KV lengths (`emulation.step_kernels`). The fused-MoE tables were measured with x tokens reaching
+one EP rank, each routed to min(top-k, the rank's experts) of its experts, balanced; the busiest
+rank's assignments under the routing skew (`ExpertLoad.rank_tokens`) are looked up as that many
+tokens, so the kernel does the rank's work whatever the dispatch (DeepEP's, or vLLM's all-gather).
 
 Where the tables have no such kernel (a weight format the GPU's tables lack, an MoE shape never
 measured, MLA of another geometry, Mamba2 layers), the group keeps its roofline, and the step
@@ -50,35 +39,21 @@ the all-to-alls are DeepEP's measured dispatch and combine (low-latency kernels 
 high-throughput ones else, at the step's tokens a rank) where the tables hold the EP ranks and nodes,
 the per-operator model's elsewhere. The CPU's work and dual-batch overlap are the per-operator model's
 (`OperatorRoofline.step_time_of`).
-
-Decode-only windows (`step_shape.decode_steps`) ask for many KV lengths at once: the generation
-attention is looked up on a grid of 32 points an octave (every token below 64) and interpolated
-linearly between the two points around each length, the same way for one step or a window of them,
-so a window's steps and single steps get the same bits::
-
-    k in [2^e, 2^(e+1)):   step = 2^max(0, e-5)        lo = step·floor(k / step)
-                           t(k) = t(lo) + (k - lo)/step · (t(lo + step) - t(lo))
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import numpy as np
-
-from emulation.kernel_tables import MLA_GEOMETRY, MLA_MODULE_HIDDEN_SIZE, KernelTables, KernelTime
+from emulation.kernel_tables import MLA_GEOMETRY, KernelTables, KernelTime
+from emulation.measured_mla import MlaKernels
 from emulation.operators import GroupTime, OperatorRoofline, OperatorStepTime
 from emulation.ssm import GatedDeltaNetGeometry
+from emulation.step_kernels import chunks_of, decodes_of, layers_of, on_kv_grid, scaled, total, whole_count
 from emulation.step_shape import StepItem, StepShape
-
-KV_GRID_POINTS_PER_OCTAVE = 32
-"""Generation attention's lookup grid over KV lengths (see the module's docstring)."""
-GRID_SHIFT = KV_GRID_POINTS_PER_OCTAVE.bit_length() - 1
 
 
 @dataclass(frozen=True)
@@ -137,7 +112,7 @@ class MeasuredKernels(OperatorRoofline):
     def all_reduce_s(self, num_tokens: float) -> float:
         if self.tp == 1 or not self.all_reduce_measured:
             return super().all_reduce_s(num_tokens)
-        t = self.tables.all_reduce(_count(num_tokens), self.model.hidden_size, self.tp)
+        t = self.tables.all_reduce(whole_count(num_tokens), self.model.hidden_size, self.tp)
         assert t is not None  # all_reduce_measured
         return self.model.num_all_reduces * t.s
 
@@ -150,7 +125,7 @@ class MeasuredKernels(OperatorRoofline):
     def all_to_all_s(self, shape: StepShape) -> float:
         if not self.all_to_all_measured:
             return super().all_to_all_s(shape)
-        x = _count(shape.num_new_tokens / self._deepep_shape[3])
+        x = whole_count(shape.num_new_tokens / self._deepep_shape[3])
         low_latency = not shape.num_prefill_tokens  # decode-only steps: DeepEP's low-latency kernels
         phases = [
             self.tables.deepep(x, phase, low_latency, *self._deepep_shape)
@@ -189,7 +164,7 @@ class MeasuredKernels(OperatorRoofline):
     def _kernel_times(self, rank: StepShape) -> dict[str, tuple[Any, Any] | None]:
         """The dense groups' times from the tables over one attention rank's share of the step (None:
         a group whose kernels they lack)."""
-        key = (_count(rank.num_new_tokens), _count(rank.num_logits, least=0))
+        key = (whole_count(rank.num_new_tokens), whole_count(rank.num_logits, least=0))
         gemms = self._gemm_times.get(key)
         if gemms is None:
             gemms = self._gemm_times[key] = self._gemm_groups(*key)
@@ -198,7 +173,7 @@ class MeasuredKernels(OperatorRoofline):
             out["prefill_attention"] = self._prefill_attention(rank)
             out["decode_attention"] = self._decode_attention(rank)
         elif self.model.mla == MLA_GEOMETRY:
-            out.update(self._mla_module(rank) or self._mla_kernels(rank))
+            out.update(self._mla.groups(rank))
         if isinstance(self.model.ssm, GatedDeltaNetGeometry):
             out["ssm_scan"] = self._gdn_scan(rank)
         return out
@@ -211,43 +186,43 @@ class MeasuredKernels(OperatorRoofline):
         if m.mla is None:
             heads, kv_heads, d, _ = self._attention_heads
             q = heads * d * (2 if m.attention_output_gate else 1)  # Qwen3-Next's q_proj adds its gate
-            out["qkv_o"] = _layers(m.num_attention_layers, [
+            out["qkv_o"] = layers_of(m.num_attention_layers, [
                 self.tables.gemm(t, q + 2 * kv_heads * d, h, fmt), self.tables.gemm(t, h, heads * d, fmt)
             ])  # fmt: skip
         i, mlp_layers = m.intermediate_size, m.num_dense_mlp_layers
-        out["mlp"] = _layers(mlp_layers, [
+        out["mlp"] = layers_of(mlp_layers, [
             self.tables.gemm(t, 2 * i // tp, h, fmt), self.tables.gemm(t, h, i // tp, fmt)
         ]) if mlp_layers and i else (0.0, 0.0)  # fmt: skip
         if isinstance(g := m.ssm, GatedDeltaNetGeometry):
             keys, values = g.num_key_heads * g.key_head_dim, g.num_value_heads * g.value_head_dim
-            out["ssm_proj"] = _layers(m.num_ssm_layers, [
+            out["ssm_proj"] = layers_of(m.num_ssm_layers, [
                 self.tables.gemm(t, 2 * (keys + values) // tp, h, fmt),  # in_proj_qkvz
                 self.tables.gemm(t, 2 * g.num_value_heads // tp, h, fmt),  # in_proj_ba
                 self.tables.gemm(t, h, values // tp, fmt),  # out_proj
             ])  # fmt: skip
         vocab = -(-m.vocab_size // tp)
-        out["logits"] = _layers(1, [self.tables.gemm(logits, vocab, h, "bf16")]) if logits else (0.0, 0.0)
+        out["logits"] = layers_of(1, [self.tables.gemm(logits, vocab, h, "bf16")]) if logits else (0.0, 0.0)
         return out
 
     def _prefill_attention(self, rank: StepShape) -> tuple[Any, Any] | None:
         """The step's prompt chunks as equal ones (the module's docstring), every attention layer: the
         full ones over their prefix, the sliding-window ones over their window."""
-        chunks = _chunks(rank)
+        chunks = chunks_of(rank)
         if chunks is None:
             return (0.0, 0.0)
         whole, n, cached, ratio = chunks
         m, (heads, kv_heads, d, kvb) = self.model, self._attention_heads
         full = m.num_attention_layers - m.num_sliding_layers
-        parts = [_layers(full * ratio, [
+        parts = [layers_of(full * ratio, [
             self.tables.context_attention(whole, n, cached, heads, kv_heads, d, kvb)
         ])] if full else []  # fmt: skip
         if m.num_sliding_layers:
             assert m.sliding_window is not None
             # A window's work does not grow with the prefix behind it: looked up after none.
-            parts.append(_layers(m.num_sliding_layers * ratio, [
+            parts.append(layers_of(m.num_sliding_layers * ratio, [
                 self.tables.context_attention(whole, n, 0, heads, kv_heads, d, kvb, window=m.sliding_window)
             ]))  # fmt: skip
-        return _total(parts)
+        return total(parts)
 
     def _decode_attention(self, rank: StepShape) -> tuple[Any, Any] | None:
         """The decodes at their mean KV, every attention layer (sliding-window ones over their window);
@@ -255,7 +230,7 @@ class MeasuredKernels(OperatorRoofline):
         if not rank.num_decodes:
             return (0.0, 0.0)
         m, (heads, kv_heads, d, kvb) = self.model, self._attention_heads
-        whole, kv_len, ratio = _decodes(rank)
+        whole, kv_len, ratio = decodes_of(rank)
         parts = []
         for layers, window in ((m.num_attention_layers - m.num_sliding_layers, 0),
                                (m.num_sliding_layers, m.sliding_window or 0)):  # fmt: skip
@@ -265,67 +240,8 @@ class MeasuredKernels(OperatorRoofline):
             def lookup(k: float, window: int = window) -> KernelTime | None:
                 return self.tables.generation_attention(whole, int(k), heads, kv_heads, d, kvb, window)
 
-            parts.append(_scaled(layers * ratio, _on_kv_grid(lookup, kv_len)))
-        return _total(parts)
-
-    def _mla_module(self, rank: StepShape) -> dict[str, tuple[Any, Any] | None]:
-        """An MLA model's attention blocks as the tables measured them, whole: the chunks' through the
-        context module and the decodes' through the generation module, each with every projection
-        (so `qkv_o` is theirs); {} where the tables lack either, or measured another hidden size."""
-        m, layers = self.model, self.model.num_attention_layers
-        heads, fmt, kvb = m.num_heads // self.tp, m.weight_format, m.kv_dtype_bytes
-        if m.hidden_size != MLA_MODULE_HIDDEN_SIZE:
-            return {}
-        prefill: tuple[Any, Any] | None = (0.0, 0.0)
-        if (chunks := _chunks(rank)) is not None:
-            whole, n, cached, ratio = chunks
-            prefill = _layers(layers * ratio, [self.tables.mla_context(whole, n, cached, heads, kvb, fmt)])
-        decode: tuple[Any, Any] | None = (0.0, 0.0)
-        if rank.num_decodes:
-            whole, kv_len, ratio = _decodes(rank)
-
-            def lookup(k: float) -> KernelTime | None:
-                return self.tables.mla_generation(whole, int(k), heads, kvb, fmt)
-
-            decode = _scaled(layers * ratio, _on_kv_grid(lookup, kv_len))
-        if prefill is None or decode is None:
-            return {}
-        return {"qkv_o": (0.0, 0.0), "prefill_attention": prefill, "decode_attention": decode}
-
-    def _mla_kernels(self, rank: StepShape) -> dict[str, tuple[Any, Any] | None]:
-        """An MLA model's attention as separate kernels, where the tables hold no whole module (SGLang's):
-        the projections every token runs as GEMMs (`qkv_o`); the chunks' KV up projection, over their
-        cached keys too, and the prefill attention kernel; the decodes' absorbed query product, latent
-        attention kernel and absorbed output product."""
-        m, tp, g, layers = self.model, self.tp, self.model.mla, self.model.num_attention_layers
-        assert g is not None
-        heads, fmt, kvb, h = m.num_heads // tp, m.weight_format, m.kv_dtype_bytes, m.hidden_size
-        t = _count(rank.num_new_tokens)
-        q_in = g.q_lora_rank or h  # queries from their latent, or straight from the hidden state
-        down = (g.q_lora_rank or 0) + g.kv_lora_rank + g.qk_rope_head_dim
-        out: dict[str, tuple[Any, Any] | None] = {"qkv_o": _layers(layers, [
-            self.tables.gemm(t, down, h, fmt), self.tables.gemm(t, heads * g.qk_head_dim, q_in, fmt),
-            self.tables.gemm(t, h, heads * g.v_head_dim, fmt),
-        ])}  # fmt: skip
-        out["prefill_attention"] = out["decode_attention"] = (0.0, 0.0)
-        if (chunks := _chunks(rank)) is not None:
-            whole, n, cached, ratio = chunks
-            kv_up = heads * (g.qk_nope_head_dim + g.v_head_dim)
-            out["prefill_attention"] = _layers(layers * ratio, [
-                self.tables.gemm(whole * (n + cached), kv_up, g.kv_lora_rank, fmt),
-                self.tables.mla_context_attention(whole, n, cached, heads, kvb),
-            ])  # fmt: skip
-        if rank.num_decodes:
-            whole, kv_len, ratio = _decodes(rank)
-            bmms = _layers(
-                layers * ratio, [self.tables.mla_bmm(whole, heads, fmt, before) for before in (True, False)]
-            )
-
-            def lookup(k: float) -> KernelTime | None:
-                return self.tables.mla_generation_attention(whole, int(k), heads, kvb)
-
-            out["decode_attention"] = _total([bmms, _scaled(layers * ratio, _on_kv_grid(lookup, kv_len))])
-        return out
+            parts.append(scaled(layers * ratio, on_kv_grid(lookup, kv_len)))
+        return total(parts)
 
     def _gdn_scan(self, rank: StepShape) -> tuple[Any, Any] | None:
         """A gated-delta-net model's scans: each layer's convolution and chunked delta rule over the
@@ -335,19 +251,23 @@ class MeasuredKernels(OperatorRoofline):
         shape = (m.hidden_size, g.num_key_heads // tp, g.key_head_dim, g.num_value_heads // tp,
                  g.value_head_dim, g.conv_kernel)  # fmt: skip
         parts = []
-        if (chunks := _chunks(rank)) is not None:
+        if (chunks := chunks_of(rank)) is not None:
             whole, n, _, ratio = chunks
-            parts.append(_layers(m.num_ssm_layers * ratio, [
+            parts.append(layers_of(m.num_ssm_layers * ratio, [
                 self.tables.gdn(kernel, whole, n, *shape)
                 for kernel in ("causal_conv1d_fn", "chunk_gated_delta_rule")
             ]))  # fmt: skip
         if rank.num_decodes:
-            whole, _, ratio = _decodes(rank)
-            parts.append(_layers(m.num_ssm_layers * ratio, [
+            whole, _, ratio = decodes_of(rank)
+            parts.append(layers_of(m.num_ssm_layers * ratio, [
                 self.tables.gdn(kernel, whole, 1, *shape)
                 for kernel in ("causal_conv1d_update", "fused_sigmoid_gating_delta_rule_update")
             ]))  # fmt: skip
-        return _total(parts)
+        return total(parts)
+
+    @cached_property
+    def _mla(self) -> MlaKernels:
+        return MlaKernels(self.tables, self.model, self.tp)
 
     @cached_property
     def _attention_heads(self) -> tuple[int, int, int, int]:
@@ -362,7 +282,7 @@ class MeasuredKernels(OperatorRoofline):
         m, ex, tp = self.model, self.experts, self.tp
         assert ex is not None and m.moe is not None
         moe, h, layers = m.moe, m.hidden_size, m.num_moe_layers
-        t = _count(rank.num_new_tokens)
+        t = whole_count(rank.num_new_tokens)
         kernels = [self.tables.gemm(t, moe.num_experts, h, "bf16")]
         if shared := moe.shared_expert_intermediate_size:
             kernels += [self.tables.gemm(t, 2 * shared // tp, h, m.weight_format),
@@ -370,90 +290,9 @@ class MeasuredKernels(OperatorRoofline):
         # The tables' rows: `x` tokens at one EP rank, each to min(top-k, its experts) of them. The
         # busiest rank's assignments under the skew, as that many tokens (its work, whatever the dispatch).
         local = min(moe.num_experts_per_tok, max(1, moe.num_experts // ex.ep))
-        x = _count(ex.placement.load(num_tokens).rank_tokens / local)
+        x = whole_count(ex.placement.load(num_tokens).rank_tokens / local)
         routed = self.tables.moe(
             x, h, moe.moe_intermediate_size, moe.num_experts_per_tok, moe.num_experts, ex.tp, ex.ep,
             m.expert_format,
         )  # fmt: skip
-        return {"shared_experts": _layers(layers, kernels), "routed_experts": _layers(layers, [routed])}
-
-
-def _chunks(rank: StepShape) -> tuple[int, int, int, float] | None:
-    """The rank's prompt chunks as equal ones (the module's docstring): a whole count of them, the new
-    and cached tokens of each, and the ratio of their real count to the whole one (None: no chunk)."""
-    num_chunks = rank.num_requests - rank.num_decodes
-    if not rank.num_prefill_tokens or num_chunks <= 0:
-        return None
-    n = rank.num_prefill_tokens / num_chunks
-    cached = max(0.0, (rank.prefill_keys_attended / num_chunks - n * (n + 1) / 2) / n)
-    whole = _count(num_chunks)
-    return whole, _count(n), _count(cached, least=0), num_chunks / whole
-
-
-def _decodes(rank: StepShape) -> tuple[int, Any, float]:
-    """The rank's decodes: a whole count of them, their mean KV length (an array over a decode window's
-    steps), and the ratio of their real count to the whole one."""
-    whole = _count(rank.num_decodes)
-    return whole, rank.decode_keys_attended / rank.num_decodes, rank.num_decodes / whole
-
-
-def _count(x: float, least: int = 1) -> int:
-    """A step's (perhaps fractional: an average rank's share) count of tokens or requests, whole (a
-    fractional count of requests is priced at the nearest whole one, scaled by their ratio)."""
-    return max(least, round(float(x)))
-
-
-def _layers(num_layers: float, kernels: list[KernelTime | None]) -> tuple[float, float] | None:
-    """`kernels` run once a layer over `num_layers` layers: their time and its measured part (None:
-    one of them has no table)."""
-    if any(k is None for k in kernels):
-        return None
-    s = sum(k.s for k in kernels if k is not None)
-    measured = sum(k.s for k in kernels if k is not None and k.measured)
-    return num_layers * s, num_layers * measured
-
-
-def _scaled(num_layers: float, priced: tuple[Any, Any] | None) -> tuple[Any, Any] | None:
-    """A kernel's (time, measured part), perhaps arrays, run over `num_layers` layers."""
-    return None if priced is None else (num_layers * priced[0], num_layers * priced[1])
-
-
-def _total(parts: list[tuple[Any, Any] | None]) -> tuple[Any, Any] | None:
-    """The sum of kernels' (time, measured part): None if one has no table, nothing at all if empty."""
-    if any(p is None for p in parts):
-        return None
-    return sum((p[0] for p in parts if p), 0.0), sum((p[1] for p in parts if p), 0.0)
-
-
-def _on_kv_grid(lookup: Callable[[float], KernelTime | None], kv_len: Any) -> tuple[Any, Any] | None:
-    """`lookup` at the KV length `kv_len` (or each of an array's), interpolated on the module's grid:
-    its time and measured part (None: no table). One length or many, the same operations on the same
-    doubles (the grid from frexp, powers of two: exact), so the same bits."""
-    k: Any  # a length, or an array of them: the same operations on either
-    s: Any
-    measured: Any
-    if isinstance(kv_len, np.ndarray):
-        k = np.maximum(kv_len, 1.0)
-        step = np.ldexp(1.0, np.maximum(0, np.frexp(k)[1] - 1 - GRID_SHIFT))
-        lo = step * np.floor(k / step)
-        points = np.unique(np.concatenate([lo, lo + step]))
-        answers = [lookup(p) for p in points.tolist()]
-        if any(a is None for a in answers):
-            return None
-        s = np.array([a.s for a in answers if a is not None])
-        measured = np.array([a.s if a.measured else 0.0 for a in answers if a is not None])
-        at_lo, at_hi = np.searchsorted(points, lo), np.searchsorted(points, lo + step)
-    else:
-        k = max(float(kv_len), 1.0)
-        step = math.ldexp(1.0, max(0, math.frexp(k)[1] - 1 - GRID_SHIFT))
-        lo = step * math.floor(k / step)
-        low, high = lookup(lo), lookup(lo + step)
-        if low is None or high is None:
-            return None
-        s = [low.s, high.s]
-        measured = [low.s if low.measured else 0.0, high.s if high.measured else 0.0]
-        at_lo, at_hi = 0, 1
-    frac = (k - lo) / step
-    return s[at_lo] + frac * (s[at_hi] - s[at_lo]), measured[at_lo] + frac * (
-        measured[at_hi] - measured[at_lo]
-    )
+        return {"shared_experts": layers_of(layers, kernels), "routed_experts": layers_of(layers, [routed])}
