@@ -17,7 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 from cluster.config_rules import violations
 from cluster.config_rules_hybrid import engine_pools, resolve_block_size
 from cluster.engine_defaults import resolve_engine_defaults
-from cluster.time_model_default import resolve_time_model
+from cluster.time_model_default import resolve_cpu_overhead, resolve_time_model
 from emulation.config import TestbedConfig
 from emulation.config.errors import describe, fields_at
 from emulation.profiles import GPUS
@@ -123,7 +123,8 @@ def apply_override(raw: dict[str, Any], text: str) -> None:
 def build_config(raw: dict[str, Any]) -> TestbedConfig:
     """Validate a raw config: each field against its own bounds, the engine settings left unset at
     vLLM's defaults for the GPU, a hybrid target's block size raised (unless set), the time model
-    (unless named: `cluster.time_model_default`), then the rules relating fields."""
+    (unless named: `cluster.time_model_default`) and its CPU time a step (unless set), then the rules
+    relating fields."""
     try:
         cfg = _ADAPTER.validate_python(raw)
     except ValidationError as e:
@@ -131,10 +132,13 @@ def build_config(raw: dict[str, Any]) -> TestbedConfig:
     scheduler, target = raw.get("scheduler"), raw.get("target")
     configured = set(scheduler) if isinstance(scheduler, dict) else set()
     named_time_model = isinstance(target, dict) and "time_model" in target
+    cpu = target.get("cpu_overhead") if isinstance(target, dict) else None
+    named_s_per_step = isinstance(cpu, dict) and "s_per_step" in cpu
     for resolve in (
         lambda c: resolve_engine_defaults(c, configured),
         lambda c: resolve_block_size(c, configured="block_size" in configured),
         lambda c: resolve_time_model(c, configured=named_time_model),
+        lambda c: resolve_cpu_overhead(c, configured=named_s_per_step),
     ):
         resolved = resolve(cfg)
         if isinstance(resolved, str):

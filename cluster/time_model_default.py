@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from cluster.config_rules_hybrid import engine_pools
 from emulation.config import KernelTablesConfig, PoolConfig, TestbedConfig
+from emulation.config.model import MEASURED_S_PER_STEP
 from emulation.kernel_tables import KernelTablesError, tables_for
 from emulation.profiles import GPUS
 
@@ -28,6 +29,16 @@ def resolve_time_model(cfg: TestbedConfig, *, configured: bool) -> TestbedConfig
     if first_without_tables(cfg.target.kernel_tables, pools) is not None:
         return cfg
     return dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, time_model="measured"))
+
+
+def resolve_cpu_overhead(cfg: TestbedConfig, *, configured: bool) -> TestbedConfig:
+    """`cfg` with the measured model's own CPU time a step (`MEASURED_S_PER_STEP`) where its time model
+    is `measured` and `target.cpu_overhead.s_per_step` is not `configured`."""
+    t = cfg.target
+    if configured or t.time_model != "measured":
+        return cfg
+    cpu = dataclasses.replace(t.cpu_overhead, s_per_step=MEASURED_S_PER_STEP)
+    return dataclasses.replace(cfg, target=dataclasses.replace(t, cpu_overhead=cpu))
 
 
 def first_without_tables(

@@ -274,6 +274,16 @@ class KernelTables:
             is_context=not low_latency,
         )  # fmt: skip
 
+    def elementwise(self, num_tokens: int, dim_in: int, dim_out: int) -> KernelTime | None:
+        """A memory-bound element-wise kernel over `num_tokens` tokens, reading `dim_in` and writing
+        `dim_out` BF16 elements a token (a fused residual add and RMSNorm, a gated activation). No table
+        holds these: the package prices them from the GPU's memory bandwidth and a fixed latency a
+        kernel (`measured` False)."""
+        return self._lookup(
+            ("elementwise", dim_in, dim_out), dict(x=num_tokens),
+            lambda: self._pkg.ElementWise("elementwise", 1.0, dim_in, dim_out),
+        )  # fmt: skip
+
     def _lookup(
         self, op_key: tuple[Any, ...], at: dict[str, int], make_op: Callable[[], Any], is_context: bool = True
     ) -> KernelTime | None:
@@ -309,6 +319,7 @@ def _package() -> SimpleNamespace:
         from aiconfigurator_core.sdk.errors import MissingSystemFlopsError, PerfDataNotAvailableError
         from aiconfigurator_core.sdk.operations.attention import ContextAttention, GenerationAttention
         from aiconfigurator_core.sdk.operations.communication import CustomAllReduce
+        from aiconfigurator_core.sdk.operations.elementwise import ElementWise
         from aiconfigurator_core.sdk.operations.gemm import GEMM
         from aiconfigurator_core.sdk.operations.mamba import GDNKernel
         from aiconfigurator_core.sdk.operations.mla import ContextMLA, GenerationMLA, MLABmm, MLAModule
@@ -321,6 +332,7 @@ def _package() -> SimpleNamespace:
         GEMM=GEMM, ContextAttention=ContextAttention, GenerationAttention=GenerationAttention,
         CustomAllReduce=CustomAllReduce, MoE=MoE, MLAModule=MLAModule, GDNKernel=GDNKernel,
         ContextMLA=ContextMLA, GenerationMLA=GenerationMLA, MLABmm=MLABmm, MoEAllToAll=MoEAllToAll,
+        ElementWise=ElementWise,
         GEMMQuantMode=common.GEMMQuantMode, MoEQuantMode=common.MoEQuantMode,
         KVCacheQuantMode=common.KVCacheQuantMode, FMHAQuantMode=common.FMHAQuantMode,
         NO_DATA=(MissingSystemFlopsError, PerfDataNotAvailableError),

@@ -12,6 +12,9 @@ and multiplied by the layers that run it::
     prefill_attention  context attention: m chunks of n̄ new tokens after c̄ cached  attention layers
     decode_attention   generation attention: d decodes over k̄ cached tokens each    attention layers
     logits             GEMM [num_logits, h] x [h, V/tp]  (BF16)                      1
+    elementwise        residual add + RMSNorm, twice; gated activation of the       every layer;
+                       dense MLP and shared experts (no table: the package's        MLP layers
+                       bandwidth formula, counted as not measured)
     shared_experts     router GEMM [T, h] x [h, E] (BF16) + the shared experts' two  MoE layers
     routed_experts     fused MoE on the skew's busiest EP rank (below)               MoE layers
     all-reduce         custom all-reduce of T x h over tp GPUs                       num_all_reduces
@@ -107,7 +110,8 @@ class MeasuredKernels(OperatorRoofline):
         kernels = self._kernel_times(rank)
         if ex is not None:
             kernels.update(self._expert_kernel_times(rank, shape.num_new_tokens))
-        return tuple(self._priced(g, kernels.get(g.name)) for g in super().groups(shape))
+        priced = tuple(self._priced(g, kernels.get(g.name)) for g in super().groups(shape))
+        return (*priced, self._priced(self._elementwise_roofline(rank), kernels["elementwise"]))
 
     def all_reduce_s(self, num_tokens: float) -> float:
         if self.tp == 1 or not self.all_reduce_measured:
@@ -201,9 +205,31 @@ class MeasuredKernels(OperatorRoofline):
                 self.tables.gemm(t, 2 * g.num_value_heads // tp, h, fmt),  # in_proj_ba
                 self.tables.gemm(t, h, values // tp, fmt),  # out_proj
             ])  # fmt: skip
+        out["elementwise"] = total([layers_of(n, [self.tables.elementwise(t, d_in, d_out)])
+                                    for n, d_in, d_out in self._elementwise_kernels])  # fmt: skip
         vocab = -(-m.vocab_size // tp)
         out["logits"] = layers_of(1, [self.tables.gemm(logits, vocab, h, "bf16")]) if logits else (0.0, 0.0)
         return out
+
+    @cached_property
+    def _elementwise_kernels(self) -> list[tuple[int, int, int]]:
+        """The element-wise kernels a token runs through, as (layers, elements read, elements written):
+        every layer's two residual adds with RMSNorm (before its mixer and its MLP), the gated
+        activation of each dense MLP and of each MoE layer's shared experts (the routed experts'
+        runs inside the fused-MoE kernel, which the tables measured whole)."""
+        m, tp, h = self.model, self.tp, self.model.hidden_size
+        kernels = [(2 * m.num_layers, 2 * h, 2 * h)]
+        if (i := m.intermediate_size) and m.num_dense_mlp_layers:
+            kernels.append((m.num_dense_mlp_layers, 2 * i // tp, i // tp))
+        if m.moe is not None and (shared := m.moe.shared_expert_intermediate_size):
+            kernels.append((m.num_moe_layers, 2 * shared // tp, shared // tp))
+        return kernels
+
+    def _elementwise_roofline(self, rank: StepShape) -> GroupTime:
+        """The element-wise kernels' group on the roofline: BF16 in and out, at the KV bandwidth's
+        efficiency (the per-operator model folds them into its fitted efficiencies; none of its own)."""
+        nbytes = 2.0 * rank.num_new_tokens * sum(n * (a + b) for n, a, b in self._elementwise_kernels)
+        return self._group("elementwise", 0.0, nbytes, self.eta.attention_compute, self.eta.kv_bandwidth)
 
     def _prefill_attention(self, rank: StepShape) -> tuple[Any, Any] | None:
         """The step's prompt chunks as equal ones (the module's docstring), every attention layer: the

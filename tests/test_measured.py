@@ -10,8 +10,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cluster.config_load import ConfigError
+from cluster.config_load import ConfigError, config_to_dict
 from cluster.virtual import run_virtual
+from emulation.config import CpuOverhead
+from emulation.config.model import MEASURED_S_PER_STEP
 from emulation.kernel_tables import tables_for
 from emulation.measured import MeasuredGroupTime, MeasuredKernels
 from emulation.operators import OperatorRoofline
@@ -64,10 +66,15 @@ def test_each_group_is_the_tables_kernels_at_the_steps_shapes_times_their_layers
     assert groups["logits"].total_s == pytest.approx(s(tables.gemm(21, 152064 // 2, h, "bf16")))
     ar = tables.all_reduce(t, h, 2)
     assert step.all_reduce_s == pytest.approx(56 * s(ar))  # after attention and after the MLP
+    norms, act = tables.elementwise(t, 2 * h, 2 * h), tables.elementwise(t, 18944, 18944 // 2)
+    assert norms is not None and act is not None and not norms.measured  # the package's formula
+    assert groups["elementwise"].total_s == pytest.approx(56 * norms.s + 28 * act.s)
+    assert norms.s < tables.elementwise(2 * t, 2 * h, 2 * h).s  # grows with the tokens
     assert all(isinstance(g, MeasuredGroupTime) for g in step.groups)
-    assert step.measured_s == pytest.approx(step.gpu_s)
+    assert step.measured_s == pytest.approx(step.gpu_s - groups["elementwise"].total_s)
     same = shape((1000, 3000), *[(1, 2047)] * 20)
-    assert step.cpu_s == OperatorRoofline(m.model, m.gpu, 2).step_time_of(same).cpu_s  # as operators
+    operators = OperatorRoofline(m.model, m.gpu, 2, cpu=m.cpu)
+    assert step.cpu_s == operators.step_time_of(same).cpu_s  # the per-operator model's formula
 
 
 def s_of(k) -> float:
@@ -173,12 +180,14 @@ def test_deepeps_all_to_alls_are_the_tables_where_they_hold_the_ranks_and_nodes(
     assert one_node.step_time_of(prefill).all_to_all_s == pytest.approx(58 * deepep(512, False))
     step = one_node.step_time_of(decode)
     assert step.all_to_all_s == pytest.approx(58 * deepep(8, True))
-    assert step.measured_s == pytest.approx(step.gpu_s)
+    elementwise = step.group("elementwise").total_s  # the package's formula: no table
+    assert step.measured_s == pytest.approx(step.gpu_s - elementwise)
     two_nodes = pool(16)  # never measured: the per-operator model's all-to-all, not counted measured
     step = two_nodes.step_time_of(decode)
     ops = OperatorRoofline(two_nodes.model, two_nodes.gpu, 1, experts=two_nodes.experts).step_time_of(decode)
     assert step.all_to_all_s == ops.all_to_all_s > 0
-    assert step.measured_s == pytest.approx(step.gpu_s - step.all_to_all_s)
+    elementwise = step.group("elementwise").total_s
+    assert step.measured_s == pytest.approx(step.gpu_s - step.all_to_all_s - elementwise)
 
 
 def test_what_the_tables_lack_keeps_its_roofline_and_is_not_counted_measured():
@@ -193,7 +202,7 @@ def test_what_the_tables_lack_keeps_its_roofline_and_is_not_counted_measured():
     for name in ("qkv_o", "prefill_attention", "decode_attention", "shared_experts"):
         assert isinstance(step.group(name), MeasuredGroupTime)
     assert 0 < step.measured_s < step.gpu_s
-    assert step.measured_s == pytest.approx(step.gpu_s - routed.total_s)
+    assert step.measured_s == pytest.approx(step.gpu_s - routed.total_s - step.group("elementwise").total_s)
 
 
 def test_a_window_of_decode_steps_gets_the_bits_single_steps_get():
@@ -232,6 +241,18 @@ def test_a_gpu_without_tables_is_refused_unless_the_roofline_may_stand_in():
     assert type(time_model_for(cfg, cfg.pools.mixed)) is OperatorRoofline
 
 
+def test_the_measured_model_takes_its_own_cpu_time_a_step_unless_one_is_set():
+    def s_per_step(**target) -> float:
+        cfg = make_config(COLLOCATED, target=target, pools={"mixed": {"gpu": "h100-sxm"}})
+        written = config_to_dict(cfg)["target"]["cpu_overhead"]["s_per_step"]
+        assert written == cfg.target.cpu_overhead.s_per_step  # the run's written config shows it
+        return time_model_for(cfg, cfg.pools.mixed).step_time_of(StepShape()).cpu_s
+
+    assert s_per_step(time_model="measured") == MEASURED_S_PER_STEP == s_per_step()  # unset: measured
+    assert s_per_step(time_model="measured", cpu_overhead={"s_per_step": 0.002}) == 0.002
+    assert s_per_step(time_model="operators") == CpuOverhead().s_per_step == 0.002
+
+
 def test_a_run_says_how_much_of_its_step_time_was_measured_and_from_which_tables():
     cfg = make_config(
         PD,
@@ -241,9 +262,11 @@ def test_a_run_says_how_much_of_its_step_time_was_measured_and_from_which_tables
     )
     out = run_virtual(cfg)
     assert out.summary["completed"] == 6
-    assert out.summary["measured_share_by_role"] == {"prefill": pytest.approx(1.0), "decode": 0.0}
+    share = out.summary["measured_share_by_role"]
+    assert share["decode"] == 0.0 and 0.8 < share["prefill"] < 1.0  # all but the element-wise kernels
     assert out.summary["measured_coverage"] == (
-        "measured: share of step time from measured kernels: prefill 100 % (vllm 0.24.0 tables, h100-sxm), "
+        "measured: share of step time from measured kernels: "
+        f"prefill {100 * share['prefill']:.0f} % (vllm 0.24.0 tables, h100-sxm), "
         "decode 0 % (no vllm tables for h800: operators roofline)"
     )
 

@@ -33,6 +33,17 @@ class OperatorEfficiencies:
     """Tensor-parallel all-reduces, of the TP link's bandwidth (an assumed bus efficiency: measure)."""
 
 
+MEASURED_S_PER_STEP = 8e-4
+"""`cpu_overhead.s_per_step` under `measured`, calibrated on the public silicon rows' calibration fifth
+(rows whose id's sha256 is 0 mod 5; 627 rows, H100 to GB300, vLLM, SGLang, TRT-LLM): the value at which
+their median signed TPOT error is 0 (at 2 ms: +10 %; at 0.8 ms: -0.1 %, median absolute error 19.0 ->
+16.6 %; TTFT's 50.5 -> 52.0 %, its prefill steps shorter too). The guide's 2 ms was the aggregate
+model's fit on an L40S, where it also stood in for the kernels that model lacks (the measured model
+prices them, element-wise ones included); on these engines the CPU prepares the next step while the GPU
+runs this one (vLLM's async scheduling, SGLang's and TRT-LLM's overlap schedulers), so less of it lies
+on the step's path."""
+
+
 @dataclass(frozen=True)
 class CpuOverhead:
     """CPU work on a step's path (`target.time_model: operators`): scheduling, preparing inputs,
@@ -42,7 +53,7 @@ class CpuOverhead:
 
     s_per_step: Annotated[float, Field(ge=0)] = 0.002
     """Fixed per step: the aggregate model's step overhead, fitted to the guide's low-load ITL (one or
-    two running requests)."""
+    two running requests). Unset under `measured`: `MEASURED_S_PER_STEP` (resolved at load)."""
     s_per_request: Annotated[float, Field(ge=0)] = 1.4e-5
     """Per running (scheduled) request: vLLM V1 measured a 5-6 ms gap between decode steps at 256
     running requests (Llama-2-7B; vllm-project/vllm#10634), (5.5 ms - 2 ms) / 256."""
