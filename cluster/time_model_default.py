@@ -1,10 +1,11 @@
 """The time model of a config that names none: `measured` wherever every LM pool's GPU has kernel
-tables, else `aggregate`, resolved once at the configuration edge so that every run's written config
-shows the model used.
+tables, else `aggregate`; and under `measured`, its own CPU time a step where none is set. Both are
+resolved once at the configuration edge so that every run's written config shows what was used.
 
 Why `measured`: on the 2,711 held-out public silicon rows it has the lower median TTFT and TPOT errors
-of the testbed's time models (53 % and 17 %, against 64 % and 24 % per operator and 76 % and 36 % in
-aggregate; docs/validation.md), and nothing in it is fitted. Where a pool's GPU has no tables (H800,
+of the testbed's time models (52 % and 16 %, against 64 % and 24 % per operator and 76 % and 36 % in
+aggregate; docs/validation.md), with one constant fitted, on the rows' calibration fifth (its CPU time
+a step, `MEASURED_S_PER_STEP`). Where a pool's GPU has no tables (H800,
 Ascend 910C) the whole config keeps `aggregate`, the model its figures were always given on.
 """
 

@@ -86,6 +86,10 @@ class MeasuredKernels(OperatorRoofline):
         default_factory=dict, init=False, compare=False, repr=False
     )
     """The GEMM groups' times by (tokens, logits): most steps repeat a few token counts."""
+    _elementwise_groups: dict[float, GroupTime] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """The element-wise group by a rank's tokens, likewise."""
 
     def __post_init__(self) -> None:
         # The package loads a kernel family's table at its first lookup (~0.5 s each): a step with a
@@ -111,7 +115,7 @@ class MeasuredKernels(OperatorRoofline):
         if ex is not None:
             kernels.update(self._expert_kernel_times(rank, shape.num_new_tokens))
         priced = tuple(self._priced(g, kernels.get(g.name)) for g in super().groups(shape))
-        return (*priced, self._priced(self._elementwise_roofline(rank), kernels["elementwise"]))
+        return (*priced, self._elementwise(rank, kernels["elementwise"]))
 
     def all_reduce_s(self, num_tokens: float) -> float:
         if self.tp == 1 or not self.all_reduce_measured:
@@ -225,11 +229,17 @@ class MeasuredKernels(OperatorRoofline):
             kernels.append((m.num_moe_layers, 2 * shared // tp, shared // tp))
         return kernels
 
-    def _elementwise_roofline(self, rank: StepShape) -> GroupTime:
-        """The element-wise kernels' group on the roofline: BF16 in and out, at the KV bandwidth's
-        efficiency (the per-operator model folds them into its fitted efficiencies; none of its own)."""
-        nbytes = 2.0 * rank.num_new_tokens * sum(n * (a + b) for n, a, b in self._elementwise_kernels)
-        return self._group("elementwise", 0.0, nbytes, self.eta.attention_compute, self.eta.kv_bandwidth)
+    def _elementwise(self, rank: StepShape, kernels: tuple[Any, Any] | None) -> GroupTime:
+        """The element-wise kernels' group of a rank's step, priced at `kernels`; its roofline (BF16 in
+        and out, at the KV bandwidth's efficiency) says what the per-operator model would have, which
+        folds them into its fitted efficiencies instead."""
+        key = float(rank.num_new_tokens)
+        if key not in self._elementwise_groups:
+            nbytes = 2.0 * key * sum(n * (a + b) for n, a, b in self._elementwise_kernels)
+            e = self.eta
+            roofline = self._group("elementwise", 0.0, nbytes, e.attention_compute, e.kv_bandwidth)
+            self._elementwise_groups[key] = self._priced(roofline, kernels)
+        return self._elementwise_groups[key]
 
     def _prefill_attention(self, rank: StepShape) -> tuple[Any, Any] | None:
         """The step's prompt chunks as equal ones (the module's docstring), every attention layer: the
