@@ -5,8 +5,8 @@ resolved once at the configuration edge so that every run's written config shows
 Why `measured`: on the 2,711 held-out public silicon rows it has the lower median TTFT and TPOT errors
 of the testbed's time models (52 % and 16 %, against 64 % and 24 % per operator and 76 % and 36 % in
 aggregate; docs/validation.md), with one constant fitted, on the rows' calibration fifth (its CPU time
-a step, `MEASURED_S_PER_STEP`). Where a pool's GPU has no tables (H800,
-Ascend 910C) the whole config keeps `aggregate`, the model its figures were always given on.
+a step, `MEASURED_S_PER_STEP`). Where a pool's GPU has no tables (H800, Ascend 910C) the whole config
+keeps `aggregate`, the model its figures were always given on.
 """
 
 from __future__ import annotations

@@ -12,9 +12,8 @@ and multiplied by the layers that run it::
     prefill_attention  context attention: m chunks of n̄ new tokens after c̄ cached  attention layers
     decode_attention   generation attention: d decodes over k̄ cached tokens each    attention layers
     logits             GEMM [num_logits, h] x [h, V/tp]  (BF16)                      1
-    elementwise        residual add + RMSNorm, twice; gated activation of the       every layer;
-                       dense MLP and shared experts (no table: the package's        MLP layers
-                       bandwidth formula, counted as not measured)
+    elementwise        residual adds + RMSNorms, gated activations: no table, the   every layer
+                       package's bandwidth formula (`emulation.measured_elementwise`)
     shared_experts     router GEMM [T, h] x [h, E] (BF16) + the shared experts' two  MoE layers
     routed_experts     fused MoE on the skew's busiest EP rank (below)               MoE layers
     all-reduce         custom all-reduce of T x h over tp GPUs                       num_all_reduces
@@ -52,6 +51,7 @@ from functools import cached_property
 from typing import Any
 
 from emulation.kernel_tables import MLA_GEOMETRY, KernelTables, KernelTime
+from emulation.measured_elementwise import ElementwiseKernels
 from emulation.measured_mla import MlaKernels
 from emulation.operators import GroupTime, OperatorRoofline, OperatorStepTime
 from emulation.ssm import GatedDeltaNetGeometry
@@ -209,25 +209,14 @@ class MeasuredKernels(OperatorRoofline):
                 self.tables.gemm(t, 2 * g.num_value_heads // tp, h, fmt),  # in_proj_ba
                 self.tables.gemm(t, h, values // tp, fmt),  # out_proj
             ])  # fmt: skip
-        out["elementwise"] = total([layers_of(n, [self.tables.elementwise(t, d_in, d_out)])
-                                    for n, d_in, d_out in self._elementwise_kernels])  # fmt: skip
+        out["elementwise"] = self._elementwise_kernels.times(t)
         vocab = -(-m.vocab_size // tp)
         out["logits"] = layers_of(1, [self.tables.gemm(logits, vocab, h, "bf16")]) if logits else (0.0, 0.0)
         return out
 
     @cached_property
-    def _elementwise_kernels(self) -> list[tuple[int, int, int]]:
-        """The element-wise kernels a token runs through, as (layers, elements read, elements written):
-        every layer's two residual adds with RMSNorm (before its mixer and its MLP), the gated
-        activation of each dense MLP and of each MoE layer's shared experts (the routed experts'
-        runs inside the fused-MoE kernel, which the tables measured whole)."""
-        m, tp, h = self.model, self.tp, self.model.hidden_size
-        kernels = [(2 * m.num_layers, 2 * h, 2 * h)]
-        if (i := m.intermediate_size) and m.num_dense_mlp_layers:
-            kernels.append((m.num_dense_mlp_layers, 2 * i // tp, i // tp))
-        if m.moe is not None and (shared := m.moe.shared_expert_intermediate_size):
-            kernels.append((m.num_moe_layers, 2 * shared // tp, shared // tp))
-        return kernels
+    def _elementwise_kernels(self) -> ElementwiseKernels:
+        return ElementwiseKernels(self.tables, self.model, self.tp)
 
     def _elementwise(self, rank: StepShape, kernels: tuple[Any, Any] | None) -> GroupTime:
         """The element-wise kernels' group of a rank's step, priced at `kernels`; its roofline (BF16 in
@@ -235,7 +224,7 @@ class MeasuredKernels(OperatorRoofline):
         folds them into its fitted efficiencies instead."""
         key = float(rank.num_new_tokens)
         if key not in self._elementwise_groups:
-            nbytes = 2.0 * key * sum(n * (a + b) for n, a, b in self._elementwise_kernels)
+            nbytes = self._elementwise_kernels.bytes(key)
             e = self.eta
             roofline = self._group("elementwise", 0.0, nbytes, e.attention_compute, e.kv_bandwidth)
             self._elementwise_groups[key] = self._priced(roofline, kernels)
