@@ -6,7 +6,8 @@ built into the deployment it describes (`bench/silicon_rows.py`), its load repla
 (closed loop at the row's concurrency, lengths and the first wave's weight as the benchmark that
 measured it had them: `silicon_rows`, `benchmark_means`) on each time model asked for, and the
 predicted means set beside the measured ones. Nothing here is fitted: rows whose id's sha256 is 0 mod
-5 are the calibration split, and every error table is over the other four fifths (`--split`).
+5 are the calibration split (where the measured model's one constant, its CPU time a step, was set),
+and every error table is over the other four fifths (`--split`).
 
     .venv/bin/python bench/silicon_validation.py --out runs/silicon [--rows CSV] [--limit N] \\
         [--time-model aggregate operators measured] [--jobs 2] [--split held-out|calibration|all] \\
