@@ -289,18 +289,23 @@ class KernelTables:
     ) -> KernelTime | None:
         """The kernel `make_op()` builds (`op_key` names it) at the shape `at`, from the cache or the
         package's engine; None where the package has no data for it."""
-        key = (*op_key, *sorted(at.items()))
-        if key not in self._answers:
-            try:
-                [(_, ms, _, source)] = self._engine.evaluate_ops_json(
-                    self._pkg.build_ops_json([make_op()]),
-                    is_context=is_context,
-                    **{"batch_size": 1, "s": 1, **at},
-                )
-                self._answers[key] = KernelTime(ms / 1000, source in MEASURED_SOURCES)
-            except self._pkg.NO_DATA:
-                self._answers[key] = None
-        return self._answers[key]
+        key = (*op_key, *at.values())  # each op_key's shapes are named in one order, at one call site
+        try:
+            return self._answers[key]
+        except KeyError:
+            pass
+        answer: KernelTime | None
+        try:
+            [(_, ms, _, source)] = self._engine.evaluate_ops_json(
+                self._pkg.build_ops_json([make_op()]),
+                is_context=is_context,
+                **{"batch_size": 1, "s": 1, **at},
+            )
+            answer = KernelTime(ms / 1000, source in MEASURED_SOURCES)
+        except self._pkg.NO_DATA:
+            answer = None
+        self._answers[key] = answer
+        return answer
 
 
 @functools.cache

@@ -28,11 +28,12 @@ and multiplied by the layers that run it::
     sliding-window layers (gpt-oss): their attention looked up with the window (their chunks after no
     prefix: a window's work does not grow with what lies behind it)
 
-A step's chunks are priced as m equal ones, its decodes at their mean KV, a decode window's on a grid
-of KV lengths (`emulation.step_kernels`). The fused-MoE tables were measured with x tokens reaching
-one EP rank, each routed to min(top-k, the rank's experts) of its experts, balanced; the busiest
-rank's assignments under the routing skew (`ExpertLoad.rank_tokens`) are looked up as that many
-tokens, so the kernel does the rank's work whatever the dispatch (DeepEP's, or vLLM's all-gather).
+A step's chunks are priced as m equal ones, its decodes at their mean KV read on a grid of KV lengths,
+its weight GEMMs and element-wise kernels at its token count on the same grid (`emulation.step_kernels`).
+The fused-MoE tables were measured with x tokens reaching one EP rank, each routed to min(top-k, the
+rank's experts) of its experts, balanced; the busiest rank's assignments under the routing skew
+(`ExpertLoad.rank_tokens`) are looked up as that many tokens, so the kernel does the rank's work
+whatever the dispatch (DeepEP's, or vLLM's all-gather).
 
 Where the tables have no such kernel (a weight format the GPU's tables lack, an MoE shape never
 measured, MLA of another geometry, Mamba2 layers), the group keeps its roofline, and the step
@@ -55,7 +56,17 @@ from emulation.measured_elementwise import ElementwiseKernels
 from emulation.measured_mla import MlaKernels
 from emulation.operators import GroupTime, OperatorRoofline, OperatorStepTime
 from emulation.ssm import GatedDeltaNetGeometry
-from emulation.step_kernels import chunks_of, decodes_of, layers_of, on_kv_grid, scaled, total, whole_count
+from emulation.step_kernels import (
+    between,
+    chunks_of,
+    decodes_of,
+    grid_bracket,
+    layers_of,
+    on_kv_grid,
+    scaled,
+    total,
+    whole_count,
+)
 from emulation.step_shape import StepItem, StepShape
 
 
@@ -82,10 +93,12 @@ class MeasuredKernels(OperatorRoofline):
     from `tables` where they hold its kernels (see the module's docstring)."""
 
     tables: KernelTables = field(kw_only=True)
-    _gemm_times: dict[tuple[int, int], dict[str, Any]] = field(
+    _weight_times: dict[int, dict[str, Any]] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
-    """The GEMM groups' times by (tokens, logits): most steps repeat a few token counts."""
+    """The weight GEMMs' and element-wise groups by a grid point's tokens (`_weight_groups`)."""
+    _logit_times: dict[int, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+    """The LM head by its tokens (`_logits`)."""
     _elementwise_groups: dict[float, GroupTime] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
@@ -105,8 +118,9 @@ class MeasuredKernels(OperatorRoofline):
             measured = measured + step.all_reduce_s
         if self.all_to_all_measured:
             measured = measured + step.all_to_all_s
-        before_overlap = step.gpu_s + step.overlap_s  # dual-batch overlap hides measured time alike
-        return dataclasses.replace(step, measured_s=measured * step.gpu_s / before_overlap)
+        gpu_s = step.gpu_s
+        before_overlap = gpu_s + step.overlap_s  # dual-batch overlap hides measured time alike
+        return dataclasses.replace(step, measured_s=measured * gpu_s / before_overlap)
 
     def groups(self, shape: StepShape) -> tuple[GroupTime, ...]:
         ex = self.experts
@@ -173,11 +187,13 @@ class MeasuredKernels(OperatorRoofline):
     def _kernel_times(self, rank: StepShape) -> dict[str, tuple[Any, Any] | None]:
         """The dense groups' times from the tables over one attention rank's share of the step (None:
         a group whose kernels they lack)."""
-        key = (whole_count(rank.num_new_tokens), whole_count(rank.num_logits, least=0))
-        gemms = self._gemm_times.get(key)
-        if gemms is None:
-            gemms = self._gemm_times[key] = self._gemm_groups(*key)
-        out = dict(gemms)
+        t = whole_count(rank.num_new_tokens)
+        lo, step = grid_bracket(t)
+        out = dict(self._weight_groups(int(lo)))
+        if t > lo:  # between two of the grid's points (`emulation.step_kernels`)
+            high, frac = self._weight_groups(int(lo + step)), (t - lo) / step
+            out = {name: between(g, high[name], frac) for name, g in out.items()}
+        out["logits"] = self._logits(whole_count(rank.num_logits, least=0))
         if self.model.mla is None:
             out["prefill_attention"] = self._prefill_attention(rank)
             out["decode_attention"] = self._decode_attention(rank)
@@ -187,8 +203,20 @@ class MeasuredKernels(OperatorRoofline):
             out["ssm_scan"] = self._gdn_scan(rank)
         return out
 
-    def _gemm_groups(self, t: int, logits: int) -> dict[str, tuple[Any, Any] | None]:
-        """The weight GEMMs' groups over `t` tokens, `logits` of them through the LM head."""
+    def _logits(self, num_logits: int) -> tuple[Any, Any] | None:
+        """The LM head over the tokens sampled (BF16, the vocabulary split over the TP ranks)."""
+        if num_logits not in self._logit_times:
+            vocab, h = -(-self.model.vocab_size // self.tp), self.model.hidden_size
+            self._logit_times[num_logits] = (
+                layers_of(1, [self.tables.gemm(num_logits, vocab, h, "bf16")]) if num_logits else (0.0, 0.0)
+            )
+        return self._logit_times[num_logits]
+
+    def _weight_groups(self, t: int) -> dict[str, tuple[Any, Any] | None]:
+        """The groups over `t` tokens that every token runs through alike, their weight GEMMs and
+        element-wise kernels (cached: a step's token count is read on the grid)."""
+        if (groups := self._weight_times.get(t)) is not None:
+            return groups
         m, tp = self.model, self.tp
         fmt, h = m.weight_format, m.hidden_size
         out: dict[str, tuple[Any, Any] | None] = {}
@@ -210,8 +238,7 @@ class MeasuredKernels(OperatorRoofline):
                 self.tables.gemm(t, h, values // tp, fmt),  # out_proj
             ])  # fmt: skip
         out["elementwise"] = self._elementwise_kernels.times(t)
-        vocab = -(-m.vocab_size // tp)
-        out["logits"] = layers_of(1, [self.tables.gemm(logits, vocab, h, "bf16")]) if logits else (0.0, 0.0)
+        self._weight_times[t] = out
         return out
 
     @cached_property

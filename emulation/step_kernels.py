@@ -1,5 +1,5 @@
 """A step's shape as kernel lookups (`emulation.measured`): whole counts of chunks and decodes, the
-sum of kernels over the layers that run them, and the KV-length grid decode attention is read on.
+sum of kernels over the layers that run them, and the grid that token counts and KV lengths are read on.
 
 A step's chunks are priced as m equal ones: n̄ = P / m new tokens each after c̄ cached, solved from the
 keys they attend (`step_shape.keys_attended`: K = m·(n̄·c̄ + n̄(n̄+1)/2)), exact for one chunk; decodes
@@ -9,10 +9,14 @@ attention) is priced at the nearest whole count, scaled by their ratio.
 Decode-only windows (`step_shape.decode_steps`) ask for many KV lengths at once: the generation
 attention is looked up on a grid of 32 points an octave (every token below 64) and interpolated
 linearly between the two points around each length, the same way for one step or a window of them,
-so a window's steps and single steps get the same bits::
+so a window's steps and single steps get the same bits. The weight GEMMs and element-wise kernels are
+read on the same grid by a step's token count: a trace's steps take thousands of token counts, each a
+new lookup of every GEMM (~60 µs each), and the grid holds a few hundred (its points at most 1/32
+apart, where the tables' own points are further apart and the package interpolates linearly too)::
 
     k in [2^e, 2^(e+1)):   step = 2^max(0, e-5)        lo = step·floor(k / step)
                            t(k) = t(lo) + (k - lo)/step · (t(lo + step) - t(lo))
+    lo is the grid's point i = lo/step + 32·max(0, e-5), and lo + step its point i + 1
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ import numpy as np
 from emulation.kernel_tables import KernelTime
 from emulation.step_shape import StepShape
 
-KV_GRID_POINTS_PER_OCTAVE = 32
-"""Generation attention's lookup grid over KV lengths (see the module's docstring)."""
-GRID_SHIFT = KV_GRID_POINTS_PER_OCTAVE.bit_length() - 1
+GRID_POINTS_PER_OCTAVE = 32
+"""The lookup grid over token counts and KV lengths (see the module's docstring)."""
+GRID_SHIFT = GRID_POINTS_PER_OCTAVE.bit_length() - 1
 
 
 def chunks_of(rank: StepShape) -> tuple[int, int, int, float] | None:
@@ -78,6 +82,27 @@ def total(parts: list[tuple[Any, Any] | None]) -> tuple[Any, Any] | None:
     return sum((p[0] for p in parts if p), 0.0), sum((p[1] for p in parts if p), 0.0)
 
 
+def grid_bracket(k: float) -> tuple[float, float]:
+    """The grid's point `lo` at or below `k` (at least 1) and its `step` there (the module's docstring)."""
+    k = max(float(k), 1.0)
+    step = math.ldexp(1.0, max(0, math.frexp(k)[1] - 1 - GRID_SHIFT))
+    return step * math.floor(k / step), step
+
+
+def grid_point(i: int) -> float:
+    """The grid's `i`-th point (counted from 0, every whole number below two octaves' points)."""
+    octave = max(0, i // GRID_POINTS_PER_OCTAVE - 1)
+    return math.ldexp(i - GRID_POINTS_PER_OCTAVE * octave, octave)
+
+
+def between(low: tuple[Any, Any] | None, high: tuple[Any, Any] | None, frac: float) -> tuple[Any, Any] | None:
+    """Kernels' (time, measured part) a fraction `frac` of the way from `low` to `high` (None: either
+    has no table)."""
+    if low is None or high is None:
+        return None
+    return low[0] + frac * (high[0] - low[0]), low[1] + frac * (high[1] - low[1])
+
+
 def on_kv_grid(lookup: Callable[[float], KernelTime | None], kv_len: Any) -> tuple[Any, Any] | None:
     """`lookup` at the KV length `kv_len` (or each of an array's), interpolated on the module's grid:
     its time and measured part (None: no table). One length or many, the same operations on the same
@@ -87,19 +112,21 @@ def on_kv_grid(lookup: Callable[[float], KernelTime | None], kv_len: Any) -> tup
     measured: Any
     if isinstance(kv_len, np.ndarray):
         k = np.maximum(kv_len, 1.0)
-        step = np.ldexp(1.0, np.maximum(0, np.frexp(k)[1] - 1 - GRID_SHIFT))
+        octave = np.maximum(0, np.frexp(k)[1] - 1 - GRID_SHIFT)
+        step = np.ldexp(1.0, octave)
         lo = step * np.floor(k / step)
-        points = np.unique(np.concatenate([lo, lo + step]))
-        answers = [lookup(p) for p in points.tolist()]
+        index = (lo / step + GRID_POINTS_PER_OCTAVE * octave).astype(np.intp)  # lo's, counted from 0
+        first = int(index.min())
+        answers = [lookup(grid_point(i)) for i in range(first, int(index.max()) + 2)]
         if any(a is None for a in answers):
             return None
         s = np.array([a.s for a in answers if a is not None])
         measured = np.array([a.s if a.measured else 0.0 for a in answers if a is not None])
-        at_lo, at_hi = np.searchsorted(points, lo), np.searchsorted(points, lo + step)
+        at_lo = index - first
+        at_hi = at_lo + 1  # lo + step: the grid's next point
     else:
         k = max(float(kv_len), 1.0)
-        step = math.ldexp(1.0, max(0, math.frexp(k)[1] - 1 - GRID_SHIFT))
-        lo = step * math.floor(k / step)
+        lo, step = grid_bracket(k)
         low, high = lookup(lo), lookup(lo + step)
         if low is None or high is None:
             return None

@@ -43,9 +43,9 @@ def shape(*items: tuple[int, int]) -> StepShape:
 def test_each_group_is_the_tables_kernels_at_the_steps_shapes_times_their_layers():
     m = measured(tp=2)
     tables, h = tables_for("h100-sxm"), 3584  # Qwen2.5-7B: 28 layers, 28 query and 4 KV heads of 128
-    step = m.step_time_of(shape((1000, 3000), *[(1, 2047)] * 20))  # KV 2,048: a grid point
+    step = m.step_time_of(shape((1004, 3000), *[(1, 2047)] * 20))  # 1,024 tokens, KV 2,048: grid points
     groups = {g.name: g for g in step.groups}
-    t = 1020
+    t = 1024
 
     def s(k):
         assert k is not None and k.measured
@@ -58,7 +58,7 @@ def test_each_group_is_the_tables_kernels_at_the_steps_shapes_times_their_layers
         28 * (s(tables.gemm(t, 2 * 18944 // 2, h, "bf16")) + s(tables.gemm(t, h, 18944 // 2, "bf16")))
     )
     assert groups["prefill_attention"].total_s == pytest.approx(
-        28 * s(tables.context_attention(1, 1000, 3000, 14, 2, 128, 2))
+        28 * s(tables.context_attention(1, 1004, 3000, 14, 2, 128, 2))
     )
     assert groups["decode_attention"].total_s == pytest.approx(
         28 * s(tables.generation_attention(20, 2048, 14, 2, 128, 2))
@@ -72,7 +72,7 @@ def test_each_group_is_the_tables_kernels_at_the_steps_shapes_times_their_layers
     assert norms.s < tables.elementwise(2 * t, 2 * h, 2 * h).s  # grows with the tokens
     assert all(isinstance(g, MeasuredGroupTime) for g in step.groups)
     assert step.measured_s == pytest.approx(step.gpu_s - groups["elementwise"].total_s)
-    same = shape((1000, 3000), *[(1, 2047)] * 20)
+    same = shape((1004, 3000), *[(1, 2047)] * 20)
     operators = OperatorRoofline(m.model, m.gpu, 2, cpu=m.cpu)
     assert step.cpu_s == operators.step_time_of(same).cpu_s  # the per-operator model's formula
 
@@ -230,6 +230,26 @@ def test_decode_attention_is_the_table_on_its_grid_and_linear_between():
     assert at(40) == pytest.approx(table(40))  # every length below 64 is a grid point
     assert at(4096) == pytest.approx(table(4096))
     assert at(4096 + 64) == pytest.approx((table(4096) + table(4096 + 128)) / 2)  # the grid: 128 apart
+
+
+def test_the_weight_gemms_are_the_tables_on_the_token_grid_and_linear_between():
+    m = measured()
+    tables, h = tables_for("h100-sxm"), 3584
+
+    def at(t: int) -> tuple[float, float]:
+        step = m.step_time_of(shape((t, 0)))
+        return step.group("mlp").total_s, step.group("elementwise").total_s
+
+    def table(t: int) -> tuple[float, float]:
+        mlp = [tables.gemm(t, 2 * 18944, h, "bf16"), tables.gemm(t, h, 18944, "bf16")]
+        norms, act = tables.elementwise(t, 2 * h, 2 * h), tables.elementwise(t, 2 * 18944, 18944)
+        return 28 * sum(s_of(k) for k in mlp), 56 * norms.s + 28 * act.s
+
+    assert at(37) == pytest.approx(table(37))  # every count below 64 is a grid point
+    assert at(4096) == pytest.approx(table(4096))
+    lo, hi = table(4096), table(4096 + 128)  # the grid: 128 apart
+    assert at(4096 + 32) == pytest.approx((0.75 * lo[0] + 0.25 * hi[0], 0.75 * lo[1] + 0.25 * hi[1]))
+    assert abs(at(4096 + 32)[0] - table(4096 + 32)[0]) < 0.01 * table(4096 + 32)[0]  # the tables' own curve
 
 
 def test_a_gpu_without_tables_is_refused_unless_the_roofline_may_stand_in():
