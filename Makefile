@@ -31,8 +31,12 @@ demo: $(STAMP)
 # (Debian's packages, installed when missing), and
 # `ray up` cluster/ray-up/onprem.yaml over SSH on this host (as root; openssh-server and rsync installed
 # when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
+# test-fast's tests on both cores, then those marked `full` one at a time (live Ray, the real peers,
+# Prometheus and `ray up` hold ports and time their waits); both parts run, and either failing fails.
 test: $(STAMP) prometheus chromium ssh-tools
-	$(PY) -m pytest
+	$(PY) -m pytest -m 'not slow and not bench and not full' -n 2; fast=$$?; \
+	$(PY) -m pytest -m 'full and not slow and not bench'; full=$$?; \
+	[ $$fast = 0 ] && [ $$full = 0 ]
 
 # The developer loop: unit, engine, scheduler, P/D and KV handoff in virtual time, real-compute
 # correctness, config, trace loaders, sessions and routers, on both cores; no live Ray, Prometheus,
