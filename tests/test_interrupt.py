@@ -106,10 +106,11 @@ def test_ctrl_c_during_a_replay_keeps_the_requests_finished(tmp_path):
 def test_ctrl_c_during_designs_in_worker_processes_keeps_what_each_finished(tmp_path, group):
     """Several designs in worker processes: each one under way keeps the requests it finished (the
     signal passed on to the workers where only the command got it); no worker is left."""
-    # Each worker opens its GPU's kernel tables before its first step (1-3 s on a busy 2-core host); a
-    # design of 3,000 requests runs in 4-6 s here, so one could finish inside the wait.
+    # Each worker builds 20,000 requests and opens its GPU's kernel tables before its first step: 4 s
+    # after "0/3" one had finished none on a slow host. A design of 3,000 requests runs in 4-6 s here,
+    # so 20,000 run far past a 10 s wait.
     args = ["run", "--preset", "guide-l40s", "--compute", "skip", "--num-requests", "20000"]
-    out, alive = _interrupt([*args, "--out", str(tmp_path)], "in parallel: 0/3", group=group, settle_s=4.0)
+    out, alive = _interrupt([*args, "--out", str(tmp_path)], "in parallel: 0/3", group=group, settle_s=10.0)
     m = _one_line(out)
     assert m[3] == "60,000" and not alive
     done = int(m[1].replace(",", ""))

@@ -46,8 +46,11 @@ def test_import_contracts_catch_an_upward_import(tmp_path):
     assert "emulation.roofline -> cluster.virtual" in proc.stdout
 
 
-MAX_FUNCTION_LINES, MAX_CLASS_LINES = 80, 250
-"""Hard limits (aim for ~50 and ~200): a longer function or class is doing more than one thing."""
+MAX_FUNCTION_LINES, MAX_CLASS_LINES = 80, 400
+"""Alarms, not targets. Aim for functions of ~50 lines and classes of one concept (often ~200 lines);
+past 80 a function does more than one thing, and past 400 a class is several concepts. A class is
+never cut to meet a number: its methods stay in it, lines are not packed, and a concept leaves only
+for a class of its own (docs/development.md)."""
 
 
 def test_no_function_or_class_is_too_long():
