@@ -31,8 +31,8 @@ demo: $(STAMP)
 # (Debian's packages, installed when missing), and
 # `ray up` cluster/ray-up/onprem.yaml over SSH on this host (as root; openssh-server and rsync installed
 # when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
-# test-fast's tests on both cores, then those marked `full` one at a time (live Ray, the real peers,
-# Prometheus and `ray up` hold ports and time their waits); both parts run, and either failing fails.
+# It runs test-fast's tests on both cores, then those marked `full` one at a time (live Ray, the real
+# peers, Prometheus and `ray up` hold ports and time their waits); both parts run, either failing fails.
 test: $(STAMP) prometheus chromium ssh-tools
 	$(PY) -m pytest -m 'not slow and not bench and not full' -n 2; fast=$$?; \
 	$(PY) -m pytest -m 'full and not slow and not bench'; full=$$?; \
