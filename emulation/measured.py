@@ -189,10 +189,12 @@ class MeasuredKernels(OperatorRoofline):
         a group whose kernels they lack)."""
         t = whole_count(rank.num_new_tokens)
         lo, step = grid_bracket(t)
-        out = dict(self._weight_groups(int(lo)))
+        low = self._weight_groups(int(lo))
         if t > lo:  # between two of the grid's points (`emulation.step_kernels`)
             high, frac = self._weight_groups(int(lo + step)), (t - lo) / step
-            out = {name: between(g, high[name], frac) for name, g in out.items()}
+            out = {name: between(g, high[name], frac) for name, g in low.items()}
+        else:
+            out = dict(low)
         out["logits"] = self._logits(whole_count(rank.num_logits, least=0))
         if self.model.mla is None:
             out["prefill_attention"] = self._prefill_attention(rank)

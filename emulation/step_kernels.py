@@ -136,7 +136,4 @@ def on_kv_grid(lookup: Callable[[float], KernelTime | None], kv_len: Any) -> tup
         s = [low.s, high.s]
         measured = [low.s if low.measured else 0.0, high.s if high.measured else 0.0]
         at_lo, at_hi = 0, 1
-    frac = (k - lo) / step
-    return s[at_lo] + frac * (s[at_hi] - s[at_lo]), measured[at_lo] + frac * (
-        measured[at_hi] - measured[at_lo]
-    )
+    return between((s[at_lo], measured[at_lo]), (s[at_hi], measured[at_hi]), (k - lo) / step)
