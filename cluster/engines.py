@@ -3,7 +3,7 @@
 Every composition root (virtual, live actors, serve) builds engines here, so an engine is wired the
 same way wherever it runs::
 
-    EngineCore ─┬─ Scheduler ── BlockManager          (what runs each step; paged KV, prefix cache)
+    EngineCore ─┬─ Scheduler ── KVCacheCoordinator    (what runs each step; paged KV, prefix cache)
                 ├─ Executor ── ModelRunner | None      (real compute, or none with compute skip)
                 ├─ KVConnectorScheduler ── KVReceiver   (what to load/save, and when it moves)
                 ├─ KVConnectorWorker ── peers           (moving it)
@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any
 from actors.encoder.encoder import EncoderCore
 from actors.encoding import EncoderClient, EncoderPool
 from actors.engine.admission import Admission
-from actors.engine.block_manager import BlockManager
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
 from actors.engine.encoder_cache import EncoderCache
 from actors.engine.executor import Executor
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
+from actors.engine.kv_cache.mamba_state import MambaStateSpec
+from actors.engine.kv_cache.manager import KVCacheSpec
 from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
 from actors.engine.kv_faults import KVLoadFaults
@@ -32,13 +34,12 @@ from actors.engine.kv_offload import KVOffload, Tier
 from actors.engine.kv_shared_tier import KVStoreClient, SharedKVTier
 from actors.engine.kv_tier import KVTier, TierPath
 from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue
-from actors.engine.mamba_align import block_aligned_split
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from dashboards.recorders import EncoderMetrics, EngineMetrics
 from emulation.config import PoolConfig, TestbedConfig, replica_id
 from emulation.kv_cache import block_bytes, num_gpu_blocks, num_usable_blocks
-from emulation.profiles import GPUS, LINKS
+from emulation.profiles import GPUS, LINKS, ModelProfile
 from emulation.time_model import StepTimeModel, time_model_for
 from emulation.vision import encoder_roofline_for, vision_encoder_of
 from workloads.replay import Workload, needs_render
@@ -97,26 +98,27 @@ def vision_for(cfg: TestbedConfig) -> Any:
     return None if vit is None else load_vision_model(cfg.runner, vit.patch_size)
 
 
+def kv_cache_specs(model: ModelProfile, max_prefill_tokens: int) -> list[KVCacheSpec]:
+    """The kinds of KV cache `model` has beside full attention (a hybrid's SSM states), each with what
+    its manager needs; `max_prefill_tokens`: the most tokens a step gives one request."""
+    if model.ssm is None:
+        return []
+    groups = model.kv_cache_groups.num_state_groups
+    return [MambaStateSpec(groups, model.ssm.exports_prefill_checkpoint, max_prefill_tokens)]
+
+
 def scheduler_for(cfg: TestbedConfig, pool: PoolConfig, role: Role) -> Scheduler:
     """The scheduler of one replica of `role`'s `pool`, over its KV blocks (publishing KV events where
     a KV-aware router reads them; a hybrid target's also hold SSM states) and its encoder cache."""
     s, model = cfg.scheduler, cfg.target.profile
-    num_state_groups = model.kv_cache_groups.num_state_groups
-    blocks = BlockManager(
-        num_usable_blocks(cfg, pool), s.block_size, s.enable_prefix_caching, num_state_groups=num_state_groups
+    ranks = pool.num_attention_ranks  # data-parallel attention: one scheduler for the replica's ranks
+    threshold = _long_prefill_threshold(s.long_prefill_token_threshold, s.max_num_batched_tokens, ranks)
+    specs = kv_cache_specs(model, max_prefill_tokens=threshold or s.max_num_batched_tokens * ranks)
+    blocks = KVCacheCoordinator(
+        num_usable_blocks(cfg, pool), s.block_size, s.enable_prefix_caching, specs=specs
     )
     if cfg.router.policy_for(role) == "kv_aware":
         blocks.publish_kv_events()
-    ranks = pool.num_attention_ranks  # data-parallel attention: one scheduler for the replica's ranks
-    threshold = _long_prefill_threshold(s.long_prefill_token_threshold, s.max_num_batched_tokens, ranks)
-    block_aligned = None
-    if model.ssm is not None and s.enable_prefix_caching:  # vLLM's align mode
-        block_aligned = functools.partial(
-            block_aligned_split,
-            block_size=s.block_size,
-            max_prefill_tokens=threshold or s.max_num_batched_tokens * ranks,
-            internal_checkpoint=model.ssm.exports_prefill_checkpoint,
-        )
     return Scheduler(
         blocks,
         max_num_batched_tokens=s.max_num_batched_tokens * ranks,
@@ -125,7 +127,6 @@ def scheduler_for(cfg: TestbedConfig, pool: PoolConfig, role: Role) -> Scheduler
         encoder_cache=EncoderCache(s.encoder_cache_embeds),
         reserve_full_isl=s.reserve_full_isl,
         long_prefill_token_threshold=threshold,
-        block_aligned=block_aligned,
     )
 
 

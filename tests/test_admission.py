@@ -13,7 +13,7 @@ import pytest
 
 from actors.api.errors import RETRY_AFTER_S, rejection
 from actors.engine.admission import VLLM_QUEUE_LIMITS, Admission, vllm_queue_limit
-from actors.engine.block_manager import BlockManager
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from dashboards import metrics as m
@@ -96,7 +96,7 @@ def _engine_state() -> tuple[Scheduler, Request]:
     """A scheduler holding requests of 10 to 40 prompt tokens (waiting; preempted after its first token
     at 0.5; running, its first token due at 2.0; loading remote KV), one of 1,000 tokens sent ahead to
     arrive at 3.0; and a 50-token request the scheduler let go whose output is due at 1.5."""
-    scheduler = Scheduler(BlockManager(64, 16, True), max_num_batched_tokens=512, max_num_seqs=8)
+    scheduler = Scheduler(KVCacheCoordinator(64, 16, True), max_num_batched_tokens=512, max_num_seqs=8)
     waiting, preempted, running, loading = (_request(r, 10 * (i + 1)) for i, r in enumerate("wpRL"))
     preempted.output_token_ids, preempted.times.first_token_s = [5], 0.5
     running.times.first_token_s = 2.0

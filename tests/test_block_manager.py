@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from actors.engine.block_hash import hash_blocks
-from actors.engine.block_manager import BlockManager
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request
 from messages import EngineRequest
 
@@ -15,7 +15,7 @@ def req(tokens, rid="a", max_tokens=4):
     return Request(EngineRequest(rid, list(tokens), max_tokens), 0.0)
 
 
-def admit(bm: BlockManager, r: Request) -> int:
+def admit(bm: KVCacheCoordinator, r: Request) -> int:
     """Look `r` up and take its prefix hit, as the scheduler admits it: the tokens the hit covers."""
     hits = bm.get_computed_blocks(r)
     r.num_computed_tokens = len(hits) * bm.block_size
@@ -24,14 +24,14 @@ def admit(bm: BlockManager, r: Request) -> int:
     return r.num_computed_tokens
 
 
-def compute_all(bm: BlockManager, r: Request) -> None:
+def compute_all(bm: KVCacheCoordinator, r: Request) -> None:
     """Allocate and 'compute' every prompt token (full blocks are published as they are allocated)."""
     assert bm.allocate_slots(r, r.num_tokens - r.num_computed_tokens)
     r.num_computed_tokens = r.num_tokens
 
 
 def test_repeated_prompt_hits_all_but_the_last_token():
-    bm = BlockManager(64, 16, True)
+    bm = KVCacheCoordinator(64, 16, True)
     a = req(range(64), "a")
     assert admit(bm, a) == 0
     compute_all(bm, a)
@@ -47,7 +47,7 @@ def test_repeated_prompt_hits_all_but_the_last_token():
 
 
 def test_changed_history_changes_every_later_hash():
-    bm = BlockManager(64, 16, True)
+    bm = KVCacheCoordinator(64, 16, True)
     a = req(range(80), "a")
     compute_all(bm, a)
     bm.free(a)
@@ -63,7 +63,7 @@ def test_changed_history_changes_every_later_hash():
 
 
 def test_shared_prefix_is_referenced_not_copied():
-    bm = BlockManager(64, 16, True)
+    bm = KVCacheCoordinator(64, 16, True)
     a = req(range(40), "a")
     compute_all(bm, a)
     b = req([*range(32), 7, 7, 7, 7], "b")
@@ -77,7 +77,7 @@ def test_shared_prefix_is_referenced_not_copied():
 
 
 def test_lru_eviction_reuses_oldest_free_block_and_forgets_its_hash():
-    bm = BlockManager(4, 16, True)
+    bm = KVCacheCoordinator(4, 16, True)
     a = req(range(33), "a")  # 3 blocks, 2 full
     compute_all(bm, a)
     bm.free(a)
@@ -92,14 +92,14 @@ def test_lru_eviction_reuses_oldest_free_block_and_forgets_its_hash():
 
 
 def test_allocation_fails_cleanly_when_short():
-    bm = BlockManager(2, 16, False)
+    bm = KVCacheCoordinator(2, 16, False)
     r = req(range(40))
     assert not bm.allocate_slots(r, 40)
     assert r.block_ids == [] and bm.num_free_blocks == 2
 
 
 def test_prefix_caching_off_never_hits():
-    bm = BlockManager(16, 16, False)
+    bm = KVCacheCoordinator(16, 16, False)
     a = req(range(64))
     compute_all(bm, a)
     bm.free(a)
@@ -135,7 +135,7 @@ def test_a_block_hash_chains_over_everything_before_it():
 
 
 def test_a_next_turn_is_hashed_one_block_past_the_prefix_it_shares():
-    bm = BlockManager(64, 16, True)
+    bm = KVCacheCoordinator(64, 16, True)
     a = req(range(100), "a")
     compute_all(bm, a)  # its 6 full blocks, unhashed under their first
     bm.free(a)
@@ -151,7 +151,7 @@ def test_a_next_turn_is_hashed_one_block_past_the_prefix_it_shares():
 
 
 def test_a_prompt_sharing_nothing_is_hashed_only_at_its_first_block():
-    bm = BlockManager(64, 16, True)
+    bm = KVCacheCoordinator(64, 16, True)
     a = req(range(160), "a")
     assert admit(bm, a) == 0
     compute_all(bm, a)
@@ -168,7 +168,7 @@ def _random_ops(seed: int, events: bool) -> list[object]:
     """A random mix of requests on a small cache (shared prefixes, evictions, preemptions), with
     everything the block manager answers along the way."""
     rng = random.Random(seed)
-    bm = BlockManager(32, 4, True)
+    bm = KVCacheCoordinator(32, 4, True)
     if events:
         bm.publish_kv_events()
     prefixes = [[rng.randrange(50) for _ in range(rng.randrange(1, 30))] for _ in range(4)]
@@ -215,7 +215,7 @@ def test_hashing_when_needed_gives_the_cache_of_hashing_as_blocks_fill():
 def test_blocks_are_cached_as_they_are_allocated():
     """vLLM caches the full blocks a step will compute as it schedules them: a request admitted later
     in the same step hits them."""
-    bm = BlockManager(16, 16, True)
+    bm = KVCacheCoordinator(16, 16, True)
     a = req(range(40), "a")
     assert admit(bm, a) == 0 and bm.allocate_slots(a, 40)  # scheduled, not computed yet
     b = req(range(40), "b")
@@ -228,7 +228,7 @@ def test_blocks_are_cached_as_they_are_allocated():
 def test_blocks_without_a_hash_are_reused_first():
     """vLLM prepends freed blocks without a hash (here a partly filled last block) to the free queue
     and appends hashed ones: the next allocation takes the partial block, the cached prefix stays."""
-    bm = BlockManager(2, 16, True)
+    bm = KVCacheCoordinator(2, 16, True)
     a = req(range(20), "a")
     compute_all(bm, a)  # block 0 full and cached, block 1 partial
     bm.free(a)
@@ -241,7 +241,7 @@ def test_blocks_without_a_hash_are_reused_first():
 def test_a_request_that_does_not_fit_leaves_its_hit_where_it_was():
     """vLLM checks the fit (a free hit block counts as one to take) before touching the hit: a failed
     admission does not make its hit the most recently used."""
-    bm = BlockManager(3, 16, True)
+    bm = KVCacheCoordinator(3, 16, True)
     old, new = req(range(17), "old"), req(range(100, 117), "new")
     for r in (old, new):  # cached in this order: old is the least recently used
         compute_all(bm, r)

@@ -9,8 +9,9 @@ import functools
 
 import pytest
 
-from actors.engine.block_manager import BlockManager
-from actors.engine.mamba_align import block_aligned_split
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
+from actors.engine.kv_cache.mamba_align import block_aligned_split
+from actors.engine.kv_cache.mamba_state import MambaStateSpec
 from actors.engine.request import Request
 from cluster.config_load import ConfigError
 from emulation.kv_cache import num_gpu_blocks
@@ -27,7 +28,7 @@ def req(tokens, rid="a", max_tokens=4):
     return Request(EngineRequest(rid, list(tokens), max_tokens), 0.0)
 
 
-def compute(bm: BlockManager, r: Request, n: int | None = None) -> None:
+def compute(bm: KVCacheCoordinator, r: Request, n: int | None = None) -> None:
     """Admit `r` with its prefix hit and compute `n` more tokens (all: its prompt) in one step."""
     if not r.block_ids:
         hits = bm.get_computed_blocks(r)
@@ -37,7 +38,7 @@ def compute(bm: BlockManager, r: Request, n: int | None = None) -> None:
     n = r.num_tokens - r.num_computed_tokens if n is None else n
     assert bm.allocate_slots(r, n, hits)
     r.num_computed_tokens += n
-    bm.on_step_done(r)
+    bm.on_step_done([r])
 
 
 def test_the_block_size_is_raised_unless_set_and_a_set_one_must_hold_the_state():
@@ -69,7 +70,7 @@ def test_blocks_are_counted_in_kv_cache_groups():
 
 
 def test_each_request_holds_a_state_block_in_each_mamba_group_and_gives_them_back():
-    bm = BlockManager(64, BS, False, num_state_groups=G)
+    bm = KVCacheCoordinator(64, BS, False, specs=[MambaStateSpec(G, False, 8192)])
     a = req(range(40))
     compute(bm, a, 20)
     assert len(a.state_block_ids) == G and len(a.block_ids) == 2 and bm.num_free_blocks == 64 - 2 - G
@@ -87,16 +88,16 @@ def test_a_state_is_cached_only_at_a_prompts_checkpoint_and_hits_end_there():
     hits 4 blocks (64 tokens, the state there); C sharing A's first 40 tokens hits attention blocks
     0-1 but no state at 32: no hit (vLLM keeps one boundary a prompt); D of 16 tokens: no hit below
     one block, even repeated."""
-    bm = BlockManager(64, BS, True, num_state_groups=G)
+    bm = KVCacheCoordinator(64, BS, True, specs=[MambaStateSpec(G, False, 8192)])
     a = req(range(72), "a")
     compute(bm, a)
-    assert a.checkpoint is None and len(bm._states) == 1
+    assert a.checkpoint is None and len(bm.pool.state_cache) == 1
     bm.free(a)
     b = req(range(72), "b")
     assert len(bm.get_computed_blocks(b)) == 4
     compute(bm, b)
     c = req([*range(40), *range(1000, 1040)], "c")
-    assert bm._index.find(c) and bm.get_computed_blocks(c) == []
+    assert bm.pool.prefix_index.find(c) and bm.get_computed_blocks(c) == []
     for rid in ("d1", "d2"):
         d = req(range(500, 516), rid)
         compute(bm, d)
@@ -107,7 +108,7 @@ def test_a_state_is_cached_only_at_a_prompts_checkpoint_and_hits_end_there():
 
 
 def test_a_hit_holds_the_cached_state_until_its_first_step_and_eviction_forgets_it():
-    bm = BlockManager(16, BS, True, num_state_groups=G)
+    bm = KVCacheCoordinator(16, BS, True, specs=[MambaStateSpec(G, False, 8192)])
     a = req(range(40), "a")  # checkpoint at 32
     compute(bm, a)
     bm.free(a)
@@ -115,14 +116,14 @@ def test_a_hit_holds_the_cached_state_until_its_first_step_and_eviction_forgets_
     hits = bm.get_computed_blocks(b)
     b.num_computed_tokens = 32
     assert bm.allocate_slots(b, 8, hits)
-    assert len(b.state_hold) == G and all(block in bm._ref_cnt for block in b.state_hold)
-    bm.on_step_done(b)
+    assert len(b.state_hold) == G and all(block in bm.pool.ref_cnt for block in b.state_hold)
+    bm.on_step_done([b])
     assert not b.state_hold
     bm.free(b)
     bm.assert_empty()
     big = req(range(2000, 2200), "big")  # 12 KV and 4 state blocks: all 16, the cached state's too
     compute(bm, big, 190)
-    assert len(bm._states) == 0 and bm.get_computed_blocks(req(range(40), "c")) == []
+    assert len(bm.pool.state_cache) == 0 and bm.get_computed_blocks(req(range(40), "c")) == []
     bm.free(big)
     bm.assert_empty()
 

@@ -120,7 +120,7 @@ def test_decode_never_computes_on_a_state_it_did_not_get(collocated_tokens):
     assert [r.output_token_ids for r in results] == [r.output_token_ids for r in colo] * 2
     assert all(r.times.state_bytes == 36 * 806_400 for r in results)
     decode = next(e for e in dep.engines if e.role == "decode")
-    assert len(decode.scheduler.blocks._states) == 0  # decode loads prompts: it caches no checkpoint
+    assert len(decode.scheduler.blocks.pool.state_cache) == 0  # decode loads prompts: it caches no checkpoint
     shared = make_requests(3, [1000, 802, 802], 8, vocab=128, seed=11, gap_s=3.0)
     for r in shared[1:]:
         r.prompt_token_ids[:800] = shared[0].prompt_token_ids[:800]

@@ -261,8 +261,8 @@ def test_a_shared_store_needs_a_link_and_fits_in_host_memory():
 def _store_and_engine_b(store_client=None):
     """A shared store of 4 blocks, engines a and b's sides of it, and b's offloading connector over
     a scheduler of its own (no engine around them); a request of five blocks for b."""
-    from actors.engine.block_manager import BlockManager
     from actors.engine.executor import Executor
+    from actors.engine.kv_cache.coordinator import KVCacheCoordinator
     from actors.engine.kv_offload import KVOffload
     from actors.engine.kv_shared_tier import SharedKVTier
     from actors.engine.request import Request
@@ -274,7 +274,7 @@ def _store_and_engine_b(store_client=None):
     store = KVStore(num_blocks=4, engine_ids=["a", "b"])
     path = TierPath(LINKS["rdma-400g"], BLOCK_BYTES, lanes=1)
     tiers = {"a": SharedKVTier("a", store, path), "b": SharedKVTier("b", store_client or store, path)}
-    scheduler = Scheduler(BlockManager(64, 16, True), max_num_batched_tokens=2048, max_num_seqs=8)
+    scheduler = Scheduler(KVCacheCoordinator(64, 16, True), max_num_batched_tokens=2048, max_num_seqs=8)
     offload = KVOffload(
         [tiers["b"]], scheduler=scheduler, executor=Executor(None, vocab_size=8192), stats=EngineStats()
     )

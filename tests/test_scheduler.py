@@ -1,6 +1,6 @@
 """The one scheduler: budget, order, max_num_seqs, preemption, roles at the edges."""
 
-from actors.engine.block_manager import BlockManager
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from messages import EngineRequest, KVTransferParams
@@ -8,7 +8,7 @@ from messages import EngineRequest, KVTransferParams
 
 def make(num_blocks=1000, budget=64, max_seqs=8, caching=True):
     return Scheduler(
-        BlockManager(num_blocks, 16, caching), max_num_batched_tokens=budget, max_num_seqs=max_seqs
+        KVCacheCoordinator(num_blocks, 16, caching), max_num_batched_tokens=budget, max_num_seqs=max_seqs
     )
 
 
@@ -123,7 +123,7 @@ def test_a_waiting_request_is_admitted_only_if_its_whole_prompt_fits_as_vllm_032
 
     def scenario(reserve_full_isl):
         s = Scheduler(
-            BlockManager(10, 16, True),
+            KVCacheCoordinator(10, 16, True),
             max_num_batched_tokens=32,
             max_num_seqs=8,
             reserve_full_isl=reserve_full_isl,
@@ -144,7 +144,7 @@ def test_long_prefill_token_threshold_caps_one_request_s_chunk_not_the_step():
     """vLLM's long_prefill_token_threshold: a 200-token prompt runs in chunks of 48 though the budget
     holds 128; a second prompt takes what the first leaves."""
     s = Scheduler(
-        BlockManager(1000, 16, True),
+        KVCacheCoordinator(1000, 16, True),
         max_num_batched_tokens=128,
         max_num_seqs=8,
         long_prefill_token_threshold=48,

@@ -3,7 +3,7 @@
 Generated, seeded scenarios (prompts from one token to several chunks, shared prefixes and repeats for
 prefix-cache hits, KV small enough to preempt, several token budgets and `max_num_seqs`, arrivals
 between steps, aborts) run through vLLM's v1 `Scheduler` alone (`vllm_peer_scripts/step_scheduler.py`,
-in the vLLM peer's venv: `vllm_peer.py`) and through the testbed's `Scheduler` over its `BlockManager`,
+in the vLLM peer's venv: `vllm_peer.py`) and through the testbed's `Scheduler` over its `KVCacheCoordinator`,
 stepped the same way: arrivals added before the step they arrive at, aborts applied before it, one
 fixed token for every request whose computed tokens caught up, `finish` at `max_tokens`. Each runs
 with `reserve_full_isl` on (vLLM 0.32's default) and off. Pass: the same record at every step::
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from actors.engine.block_manager import BlockManager
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request, RequestStatus
 from actors.engine.runner_model import ensure_model
 from actors.engine.scheduler import Scheduler
@@ -162,12 +162,12 @@ def scenario(name: str, reserve_full_isl: bool) -> Scenario:
 
 
 class EmulatedSide:
-    """The testbed's `Scheduler` over its `BlockManager` for one scenario, stepped as the peer script
+    """The testbed's `Scheduler` over its `KVCacheCoordinator` for one scenario, stepped as the peer script
     steps vLLM's (its `run` loop), one record per step."""
 
     def __init__(self, sc: Scenario, reserve_full_isl: bool) -> None:
         self.sc = sc
-        self.blocks = BlockManager(
+        self.blocks = KVCacheCoordinator(
             sc["num_gpu_blocks"] - NUM_NULL_BLOCKS, sc["block_size"], sc["enable_prefix_caching"]
         )
         self.sched = Scheduler(

@@ -5,7 +5,7 @@ vLLM's v1 `Scheduler` runs alone (`vllm_peer_scripts/step_hybrid_scheduler.py`, 
 the config vLLM's engine core resolves for a hybrid model (`mamba_cache_mode="align"`, Mamba block size =
 attention block size, `prefix_cache_retention_interval=0`), with or without a prefill checkpoint the
 Mamba layer exports from inside a step (Mamba2's `num_prefill_checkpoint_blocks=1`). The testbed's
-`Scheduler` runs over its `BlockManager(num_state_groups=G)` with `block_aligned_split`, wired as
+`Scheduler` runs over its `KVCacheCoordinator` with a `MambaStateSpec` of G groups, wired as
 `cluster/engines.py::scheduler_for` wires them; both are stepped as `test_vllm_conformance.py` steps them.
 
 What vLLM 0.32 does, and where the testbed agrees (each checked below):
@@ -43,7 +43,6 @@ vLLM is installed on first use (minutes); a machine that cannot install it skips
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import shutil
@@ -52,8 +51,8 @@ from typing import Any
 
 import pytest
 
-from actors.engine.block_manager import BlockManager
-from actors.engine.mamba_align import block_aligned_split
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
+from actors.engine.kv_cache.mamba_state import MambaStateSpec
 from actors.engine.runner_model import ensure_model
 from actors.engine.scheduler import Scheduler
 from emulation.config import RunnerConfig
@@ -237,29 +236,25 @@ ALL = {**AGREE, **GENERATED, **DIFFER}
 
 
 class HybridSide(EmulatedSide):
-    """The testbed's `Scheduler` over a hybrid `BlockManager`, wired as `scheduler_for` wires them for
+    """The testbed's `Scheduler` over a hybrid `KVCacheCoordinator`, wired as `scheduler_for` wires them for
     a hybrid target with prefix caching (vLLM's align mode)."""
 
     def __init__(self, sc: Scenario) -> None:
         self.sc = sc
-        self.blocks = BlockManager(
+        states = MambaStateSpec(
+            sc["num_state_groups"], sc["internal_checkpoint"], sc["max_num_batched_tokens"]
+        )
+        self.blocks = KVCacheCoordinator(
             sc["num_gpu_blocks"] - NUM_NULL_BLOCKS,
             sc["block_size"],
             sc["enable_prefix_caching"],
-            num_state_groups=sc["num_state_groups"],
-        )
-        aligned = functools.partial(
-            block_aligned_split,
-            block_size=sc["block_size"],
-            max_prefill_tokens=sc["max_num_batched_tokens"],
-            internal_checkpoint=sc["internal_checkpoint"],
+            specs=[states],
         )
         self.sched = Scheduler(
             self.blocks,
             max_num_batched_tokens=sc["max_num_batched_tokens"],
             max_num_seqs=sc["max_num_seqs"],
             reserve_full_isl=sc["reserve_full_isl"],
-            block_aligned=aligned,
         )
         self.requests = {}
 

@@ -131,7 +131,7 @@ class KVConnectorScheduler:
         else:
             req.times.kv_load_failed = True
         req.times.kv_bytes = req.times.state_bytes = 0
-        if self.scheduler.blocks.num_state_groups:  # a hybrid's hit had no state of its own: from the start
+        if not self.scheduler.blocks.keeps_hit_without_load:  # (a hybrid's hit had no state of its own)
             req.times.num_cached_tokens = 0
         self.scheduler.kv_received(req)
 

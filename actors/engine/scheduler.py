@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from actors.engine.block_manager import BlockManager
 from actors.engine.encoder_cache import EncoderCache
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduled_batch import ScheduledBatch
 from messages import FinishedReason
@@ -29,7 +29,7 @@ class ExternalKV:
     tiers'. Its rules are set by the connectors: `pull_back_rule` by the KV connector, `offload_lookup`
     by the offloading connector (`kv_offload.py`)."""
 
-    def __init__(self, blocks: BlockManager) -> None:
+    def __init__(self, blocks: KVCacheCoordinator) -> None:
         self.blocks = blocks
         self.pull_back_rule: Callable[[Request], int] | None = None
         """Bidirectional: the tokens of decode's sequence a pull back takes."""
@@ -80,7 +80,7 @@ class HeldKV(dict[str, Request]):
     conversation's next turn (a cache: when blocks run short the oldest gives way before a request
     waits or one running is preempted, `release_oldest_turn`; its pull back then computes instead)."""
 
-    def __init__(self, blocks: BlockManager) -> None:
+    def __init__(self, blocks: KVCacheCoordinator) -> None:
         super().__init__()
         self.blocks = blocks
         self._turns: dict[str, None] = {}
@@ -110,7 +110,7 @@ class HeldKV(dict[str, Request]):
 class Scheduler:
     def __init__(
         self,
-        blocks: BlockManager,
+        blocks: KVCacheCoordinator,
         *,
         max_num_batched_tokens: int,
         max_num_seqs: int,
@@ -118,13 +118,10 @@ class Scheduler:
         encoder_cache: EncoderCache | None = None,
         reserve_full_isl: bool = True,
         long_prefill_token_threshold: int = 0,
-        block_aligned: Callable[[Request, int], int] | None = None,
     ) -> None:
         """`reserve_full_isl`: admit a waiting request only if its whole sequence fits in the free
         blocks (vLLM's default), not just its first chunk; `long_prefill_token_threshold`: the most
-        tokens one request computes in a step (vLLM's; 0: the budget); `block_aligned`: a hybrid model's
-        prompt chunks cut to block boundaries (`mamba_align.py`; None: as the budget gives)."""
-        self.block_aligned = block_aligned
+        tokens one request computes in a step (vLLM's; 0: the budget)."""
         self.blocks = blocks
         self.reserve_full_isl = reserve_full_isl
         self.max_num_new_tokens = long_prefill_token_threshold or max_num_batched_tokens
@@ -258,10 +255,9 @@ class Scheduler:
         return req.is_remote_prefill and not req.remote_kv_loaded and req.status is RequestStatus.WAITING
 
     def _cut(self, req: Request, n: int, batch: ScheduledBatch) -> int:
-        """`n`, or fewer where the chunk must end on a block boundary (`block_aligned`) or an image it
+        """`n`, or fewer where a kind of KV cuts the chunk (a hybrid's block boundaries) or an image it
         reaches cannot be encoded this step (the images to encode join the batch)."""
-        if self.block_aligned is not None:
-            n = self.block_aligned(req, n)
+        n = self.blocks.align_chunk(req, n)
         if not n or not req.mm_items:
             return n
         return batch.add_images(req, n, self.encoder_cache, self.max_num_batched_encoder_embeds)
@@ -289,8 +285,7 @@ class Scheduler:
         """Advance each request of the step that began at `start_s` (and took `step_s`) by the tokens
         it computed; the requests that reached their end emit a token (the forced answer's, or
         `sampled`): returns each with its token and the reason it now stops (None: it goes on)."""
-        emitted = []
-        states = self.blocks.num_state_groups
+        emitted, computed = [], []
         for req, n, token in zip(batch.requests, batch.num_new_tokens, sampled, strict=True):
             if req.status is not RequestStatus.RUNNING:  # aborted while the step ran
                 continue
@@ -298,8 +293,7 @@ class Scheduler:
                 req.times.first_scheduled_s = start_s
             req.num_computed_tokens += n
             req.compute_s += step_s
-            if states:
-                self.blocks.on_step_done(req)
+            computed.append(req)
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk short of the end: no token yet
             forced = req.forced_output_token_ids
@@ -308,6 +302,7 @@ class Scheduler:
             assert token is not None, "greedy output needs real compute"
             req.output_token_ids.append(token)
             emitted.append((req, token, stop_reason(req, token)))
+        self.blocks.on_step_done(computed)
         return emitted
 
     def kv_received(self, req: Request) -> None:

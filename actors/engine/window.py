@@ -34,7 +34,7 @@ import math
 import operator
 from dataclasses import dataclass, field
 
-from actors.engine.block_manager import BlockManager
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduled_batch import ScheduledBatch
 from actors.engine.scheduler import Scheduler, stop_reason
@@ -191,10 +191,8 @@ def steady(batch: ScheduledBatch, sched: Scheduler, start: float) -> bool:
         return False
     if last > 1 and batch.requests[-1].mm_items:  # its chunks would stop at images to encode
         return False
-    if last > 1 and sched.block_aligned is not None:  # its chunks would stop at block boundaries
-        return False
-    if sched.blocks.num_state_groups and any(r.state_hold or r.checkpoint for r in batch.requests):
-        return False  # a hybrid's state blocks change after this step
+    if not sched.blocks.steady(batch.requests, chunked=last > 1):
+        return False  # a kind of KV changes its blocks otherwise (a hybrid's aligned chunks, states)
     return all(r.forced_output_token_ids is not None for r in batch.requests)
 
 
@@ -254,7 +252,7 @@ def _chunk_new_blocks(
 
 
 def _steps_with_blocks(
-    requests: list[Request], chunks: list[int], blocks: BlockManager, num_steps: int
+    requests: list[Request], chunks: list[int], blocks: KVCacheCoordinator, num_steps: int
 ) -> int:
     """How many of the steps the free blocks last for (a step short of blocks would preempt)."""
     bs = blocks.block_size

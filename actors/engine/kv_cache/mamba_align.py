@@ -18,8 +18,8 @@ a running one waits a step (vLLM's rules). Decodes are never cut.
 
 from __future__ import annotations
 
+from actors.engine.kv_cache.state_cache import checkpoint_position
 from actors.engine.request import Request
-from actors.engine.state_cache import checkpoint_position
 
 
 def block_aligned_split(

@@ -1,0 +1,170 @@
+"""The engine's KV cache (vLLM's `KVCacheCoordinator`): one `BlockPool`, and a manager per kind of KV
+the model has (`manager.py`), asked in turn. The scheduler, the connectors and the windows of steps ask
+the coordinator; only the managers know the kinds.
+
+    KVCacheCoordinator ─┬─ BlockPool (free queue, holds, PrefixIndex, StateCache)
+                        ├─ the specs' managers (MambaStateManager: a hybrid's SSM states), then
+                        └─ FullAttentionManager (block_ids, prefix cache)
+
+Managers take blocks in that order and free them in the reverse one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from actors.engine.block_hash import BlockHash
+from actors.engine.kv_cache.block_pool import BlockPool
+from actors.engine.kv_cache.full_attention import FullAttentionManager
+from actors.engine.kv_cache.manager import KVCacheManager, KVCacheSpec
+from actors.engine.request import Request
+from messages import KVEvents
+
+
+class KVCacheCoordinator:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        *,
+        specs: Sequence[KVCacheSpec] = (),
+    ) -> None:
+        """`specs`: the model's kinds of KV beside full attention (a hybrid's `MambaStateSpec`)."""
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, block_size)
+        self.attention = FullAttentionManager(self.pool, block_size, enable_prefix_caching)
+        self._others = [spec.manager(self.pool, block_size, enable_prefix_caching) for spec in specs]
+        self._managers: list[KVCacheManager] = [*self._others, self.attention]
+        """In the order they take blocks (a Mamba checkpoint is read before any take can evict it)."""
+        self._freeing = self._managers[::-1]
+        self.keeps_hit_without_load = all(m.keeps_hit_without_load for m in self._managers)
+        """Whether a request whose remote KV failed to load keeps its local prefix hit."""
+        self.num_prefix_cache_queries = 0
+        """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
+        self.num_prefix_cache_hits = 0
+
+    def publish_kv_events(self) -> None:
+        """Record every block stored in and evicted from the prefix cache (for a KV-aware router)."""
+        self.pool.publish_kv_events()
+
+    @property
+    def publishes_kv_events(self) -> bool:
+        return self.pool.publishes_kv_events
+
+    def take_kv_events(self) -> KVEvents | None:
+        """The changes since the last call, or None (none, or events off)."""
+        return self.pool.take_kv_events()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def block_hashes(self, req: Request, num_blocks: int) -> list[BlockHash]:
+        """The chained hashes of `req`'s first `num_blocks` full blocks; none without prefix caching."""
+        return self.attention.block_hashes(req, num_blocks)
+
+    def get_computed_blocks(self, req: Request) -> list[int]:
+        """The blocks of the longest cached prefix of `req`'s tokens that every kind holds (`block_size`
+        tokens each), touched by nothing: a request that is not admitted leaves them where they are in
+        the free queue, as vLLM's `get_computed_blocks` leaves them until `allocate_slots` takes them.
+        At least one token is always left to compute, since the next token needs logits."""
+        hits = self.attention.find_longest_cache_hit(req)
+        for manager in self._others:
+            if hits:
+                hits = hits[: manager.num_hit_blocks(req, hits)]
+        return hits
+
+    def record_prefix_cache_stats(self, req: Request, num_hit_tokens: int) -> None:
+        """Count an admitted request's lookup (vLLM records at admission, so a request that waits is
+        counted once, and a preempted one coming back is not counted again)."""
+        if self.enable_prefix_caching and req.times.num_preemptions == 0:
+            self.num_prefix_cache_queries += req.num_tokens
+            self.num_prefix_cache_hits += num_hit_tokens
+
+    def allocate_slots(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[int] | None = None,
+        *,
+        full_sequence_must_fit: bool = False,
+        delay_cache_blocks: bool = False,
+    ) -> bool:
+        """Give `req` blocks for its `num_computed_tokens` (which count `new_computed_blocks`, its prefix
+        hit, when it has one) plus `num_new_tokens`; False, nothing changed, if the free blocks are short.
+        As vLLM's `allocate_slots`: a hit block that is free counts as one to take (it leaves the free
+        queue); `full_sequence_must_fit`: the whole sequence must fit, not only this chunk (the admission
+        gate of `scheduler.reserve_full_isl`); the full blocks this step will have computed are cached
+        now, so a request admitted later in the same step hits them, unless `delay_cache_blocks` (KV
+        that arrives from another engine later)::
+
+            block_ids  | held | new_computed_blocks |      to allocate       |
+            tokens     | <- num_computed_tokens ->  | <- num_new_tokens ->   |
+                                                   (full_sequence_must_fit: up to num_tokens)
+        """
+        end = req.num_computed_tokens + num_new_tokens
+        hits = new_computed_blocks or []
+        if (
+            not (hits or full_sequence_must_fit or self._others)
+            and end <= len(req.block_ids) * self.block_size
+        ):
+            if not delay_cache_blocks:  # (the usual decode: full attention alone, inside its blocks)
+                self.attention.cache_blocks(req, end)
+            return True
+        need = sum(m.num_blocks_to_allocate(req, end, hits) for m in self._managers)
+        num_free = self.pool.num_free_blocks
+        if (
+            full_sequence_must_fit
+            and need + sum(m.num_blocks_after(req, end) for m in self._managers) > num_free
+        ):
+            return False
+        if need > num_free:
+            return False
+        for m in self._managers:
+            m.allocate_new_computed_blocks(req, hits)
+        for m in self._managers:
+            m.allocate_new_blocks(req, end)
+        if not delay_cache_blocks:
+            self.attention.cache_blocks(req, end)
+        return True
+
+    def append_block_runs(self, runs: list[tuple[Request, int]]) -> None:
+        """Give each run's request its next `count` full-attention blocks, run after run (a window of
+        steps, where nothing but attention blocks change: `steady`)."""
+        self.attention.append_block_runs(runs)
+
+    def cache_blocks(self, req: Request, num_tokens: int) -> None:
+        """Publish the full blocks among `req`'s first `num_tokens` tokens to the prefix cache."""
+        self.attention.cache_blocks(req, num_tokens)
+
+    def on_step_done(self, requests: list[Request]) -> None:
+        """`requests` computed a step."""
+        for manager in self._others:
+            manager.on_step_done(requests)
+
+    def align_chunk(self, req: Request, num_new_tokens: int) -> int:
+        """Of `num_new_tokens` the budget gives `req` this step, those every kind lets it compute (a
+        hybrid's prompt chunks end on block boundaries)."""
+        for manager in self._others:
+            num_new_tokens = manager.align_chunk(req, num_new_tokens)
+        return num_new_tokens
+
+    def steady(self, requests: list[Request], chunked: bool) -> bool:
+        """Whether `requests`' blocks change over the next steps only by new full-attention blocks for
+        their new tokens, the last one computing prompt chunks where `chunked` (a window of steps)."""
+        return all(m.steady(requests, chunked) for m in self._others)
+
+    def free(self, req: Request) -> None:
+        """Drop `req`'s hold on its blocks, every kind's (see `FullAttentionManager.free`)."""
+        for manager in self._freeing:
+            manager.free(req)
+
+    def assert_empty(self) -> None:
+        self.pool.assert_empty()
