@@ -82,13 +82,11 @@ class Executor:
 
     def read_state(self, block: int) -> SsmState | None:
         """A hybrid model's SSM state saved to `block` (None: compute skip, or no SSM layers)."""
-        read = getattr(self.runner, "read_state", None)
-        return None if read is None else read(block)  # type: ignore[no-any-return]
+        return self.runner.read_state(block) if self.runner is not None else None
 
     def write_state(self, block: int, state: SsmState | None) -> None:
-        write = getattr(self.runner, "write_state", None)
-        if write is not None and state is not None:
-            write(block, state)
+        if self.runner is not None and state is not None:
+            self.runner.write_state(block, state)
 
     def assert_empty(self) -> None:
         if self.runner is not None:

@@ -33,6 +33,7 @@ from actors.engine.runner_layers import attention_inputs, is_sparse, mlp, rotary
 
 if TYPE_CHECKING:
     from actors.engine.ffn_client import AfdConnector
+    from messages import SsmState
 
 
 @dataclass
@@ -269,6 +270,15 @@ class ModelRunner:
         """Store received KV ([L, 2, H_kv, n, D]) into this engine's blocks."""
         n = kv.shape[3]  # kv may be a read-only view into Ray's object store: copy it with numpy
         self._pool_np[self._slots(block_ids, 0, n).numpy()] = kv.transpose(3, 0, 1, 2, 4)
+
+    def read_state(self, block: int) -> SsmState | None:
+        """The SSM state saved to `block`: none, this model has no SSM layers (a hybrid target run on it
+        counts its states' blocks and bytes; `HybridRunner` holds them)."""
+        return None
+
+    def write_state(self, block: int, state: SsmState) -> None:
+        """A received SSM state: nowhere to keep it in a model without SSM layers."""
+        return
 
     def assert_empty(self) -> None:
         assert not self._working, f"runner still holds working KV of {list(self._working)}"
