@@ -15,7 +15,7 @@ from cluster.config_rules_experts import experts
 from cluster.config_rules_hybrid import hybrid
 from cluster.config_rules_target import target, unknown_gpu
 from emulation.config import PoolConfig, TestbedConfig
-from emulation.kv_cache import NUM_NULL_BLOCKS, block_bytes, cdiv, num_gpu_blocks
+from emulation.kv_cache import NUM_NULL_BLOCKS, block_bytes, cdiv, max_window_blocks, num_gpu_blocks
 from emulation.profiles import GPUS, LINKS, MODELS
 from workloads.slo import SloError, parse_slo
 from workloads.synthetic import output_len_bounds, prompt_len_bounds
@@ -61,8 +61,14 @@ def _scheduler(cfg: TestbedConfig) -> Iterator[str]:
 def _pools(cfg: TestbedConfig) -> Iterator[str]:
     s = cfg.scheduler
     p = cfg.pools
-    # a hybrid's request also holds a state block a Mamba group, and its checkpoint's while caching it
-    states = cfg.target.profile.kv_cache_groups.num_state_groups * (1 + s.enable_prefix_caching)
+    # a hybrid's request also holds a state block a Mamba group, and its checkpoint's while caching it;
+    # a sliding-window model's, its window's blocks in each sliding group
+    groups, model = cfg.target.profile.kv_cache_groups, cfg.target.profile
+    states = groups.num_state_groups * (1 + s.enable_prefix_caching)
+    if groups.num_sliding_groups:
+        assert model.sliding_window is not None
+        cap = max_window_blocks(model.sliding_window, s.block_size, s.max_num_batched_tokens)
+        states += groups.num_sliding_groups * min(cap, cdiv(s.max_model_len, s.block_size))
     need = cdiv(cfg.workload.prompt_len + cfg.workload.output_len, s.block_size) + states
     for name, pool in (("mixed", p.mixed), ("prefill", p.prefill), ("decode", p.decode)):
         if not pool.replicas:
@@ -81,7 +87,7 @@ def _pools(cfg: TestbedConfig) -> Iterator[str]:
         # (else one could wait for blocks that never come free).
         key = "scheduler.num_gpu_blocks_override" if s.num_gpu_blocks_override else f"pools.{name}"
         if (have - states) * s.block_size < s.max_model_len:
-            beside = " beside a request's states" if states else ""
+            beside = " beside a request's states or window" if states else ""
             yield (
                 f"{key}: {have} blocks{a_rank} of {s.block_size} hold {(have - states) * s.block_size} "
                 f"tokens of KV{beside}, less "

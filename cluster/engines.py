@@ -27,6 +27,7 @@ from actors.engine.executor import Executor
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.kv_cache.mamba_state import MambaStateSpec
 from actors.engine.kv_cache.manager import KVCacheSpec
+from actors.engine.kv_cache.sliding_window import SlidingWindowSpec
 from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
 from actors.engine.kv_faults import KVLoadFaults
@@ -98,13 +99,22 @@ def vision_for(cfg: TestbedConfig) -> Any:
     return None if vit is None else load_vision_model(cfg.runner, vit.patch_size)
 
 
-def kv_cache_specs(model: ModelProfile, max_prefill_tokens: int) -> list[KVCacheSpec]:
-    """The kinds of KV cache `model` has beside full attention (a hybrid's SSM states), each with what
-    its manager needs; `max_prefill_tokens`: the most tokens a step gives one request."""
-    if model.ssm is None:
-        return []
-    groups = model.kv_cache_groups.num_state_groups
-    return [MambaStateSpec(groups, model.ssm.exports_prefill_checkpoint, max_prefill_tokens)]
+def kv_cache_specs(
+    model: ModelProfile, max_num_batched_tokens: int, max_prefill_tokens: int
+) -> list[KVCacheSpec]:
+    """The kinds of KV cache `model` has beside full attention (a hybrid's SSM states, sliding-window
+    layers), each with what its manager needs: an engine's step budget, and the most tokens a step
+    gives one request."""
+    groups, specs = model.kv_cache_groups, list[KVCacheSpec]()
+    if model.ssm is not None:
+        specs.append(
+            MambaStateSpec(groups.num_state_groups, model.ssm.exports_prefill_checkpoint, max_prefill_tokens)
+        )
+    if model.sliding_window is not None and groups.num_sliding_groups:
+        specs.append(
+            SlidingWindowSpec(model.sliding_window, groups.num_sliding_groups, max_num_batched_tokens)
+        )
+    return specs
 
 
 def scheduler_for(cfg: TestbedConfig, pool: PoolConfig, role: Role) -> Scheduler:
@@ -113,7 +123,7 @@ def scheduler_for(cfg: TestbedConfig, pool: PoolConfig, role: Role) -> Scheduler
     s, model = cfg.scheduler, cfg.target.profile
     ranks = pool.num_attention_ranks  # data-parallel attention: one scheduler for the replica's ranks
     threshold = _long_prefill_threshold(s.long_prefill_token_threshold, s.max_num_batched_tokens, ranks)
-    specs = kv_cache_specs(model, max_prefill_tokens=threshold or s.max_num_batched_tokens * ranks)
+    specs = kv_cache_specs(model, s.max_num_batched_tokens, threshold or s.max_num_batched_tokens * ranks)
     blocks = KVCacheCoordinator(
         num_usable_blocks(cfg, pool), s.block_size, s.enable_prefix_caching, specs=specs
     )

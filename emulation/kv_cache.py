@@ -38,17 +38,29 @@ def _usable_bytes(
 def hybrid_num_blocks(
     model: ModelProfile, gpu: GpuProfile, pool: PoolConfig, gpu_memory_utilization: float, block_size: int
 ) -> int:
-    """Blocks of a hybrid model's one pool, as vLLM's hybrid KV cache manager sizes it: a block id holds
-    a page in each layer of one KV cache group (`ModelProfile.kv_cache_groups`), so each GPU's memory
-    goes in units of group_size pages::
+    """Blocks of a model's one pool when its layers form KV cache groups (a hybrid's SSM layers, or
+    sliding-window ones), as vLLM's hybrid KV cache manager sizes it: a block id holds a page in each
+    layer of one group (`ModelProfile.kv_cache_groups`), so each GPU's memory goes in units of
+    group_size pages::
 
         num_blocks = usable bytes // (group_size · page bytes)        (per data-parallel attention rank)
 
-    A request takes blocks for its attention KV, as any model's, and one a Mamba group for its state."""
+    A request takes blocks for its full-attention KV, as any model's, one a Mamba group for its state,
+    and a sliding group's for its window."""
     page = model.page(pool.attention_tp, block_size).page_bytes
     usable = _usable_bytes(model, gpu, pool, gpu_memory_utilization)
     per_rank = max(0, int(usable // (model.kv_cache_groups.group_size * page)))
     return per_rank * pool.num_attention_ranks
+
+
+def max_window_blocks(sliding_window: int, block_size: int, max_num_batched_tokens: int) -> int:
+    """The most blocks a request holds in a sliding-window group (vLLM's admission cap,
+    `SlidingWindowSpec.max_admission_blocks_per_request`, synchronous scheduling): the window before a
+    step's first token, the step's tokens, and a block either side::
+
+        cdiv(W - 1 + max_num_batched_tokens, block_size) + 1
+    """
+    return cdiv(sliding_window - 1 + max_num_batched_tokens, block_size) + 1
 
 
 NUM_NULL_BLOCKS = 1
@@ -68,7 +80,7 @@ def num_gpu_blocks(cfg: TestbedConfig, pool: PoolConfig) -> int:
     if s.num_gpu_blocks_override is not None:
         return s.num_gpu_blocks_override
     model, gpu, util = cfg.target.profile, GPUS[pool.gpu], cfg.target.gpu_memory_utilization
-    if model.ssm is not None:
+    if model.ssm is not None or model.num_sliding_layers:  # KV cache groups of a page each
         return hybrid_num_blocks(model, gpu, pool, util, s.block_size)
     return kv_capacity_tokens(model, gpu, pool, util) // s.block_size
 

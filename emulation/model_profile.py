@@ -9,8 +9,8 @@ Per layer::
 
 Biases, norms and attention sinks (gpt-oss: one logit a head) are left out: under 0.1 % of any
 profile's parameters and FLOPs. Sliding-window layers attend over at most `sliding_window` keys
-(`layer_mean_keys`); their KV is counted for every token, as vLLM's cache counts it without its hybrid
-KV cache manager (with it, a sliding layer keeps only its window's blocks).
+(`layer_mean_keys`); with vLLM's hybrid KV cache manager they keep only their window's blocks
+(`kv_cache_groups`, `actors/engine/kv_cache/sliding_window.py`).
 
 Hybrid models (`ssm`): of the num_layers token mixers, num_ssm_layers are state-space layers (Mamba2 or
 gated delta nets, `emulation.ssm`) with a fixed-size state a request instead of KV; the rest attend.
@@ -31,7 +31,15 @@ import numpy as np
 from emulation.mla import MlaGeometry
 from emulation.moe import MoeGeometry
 from emulation.quantization import FORMATS, WeightFormat
-from emulation.ssm import HybridPage, KVCacheGroups, SsmGeometry, hybrid_page, kv_cache_groups, scan_work
+from emulation.ssm import (
+    HybridPage,
+    KVCacheGroups,
+    SsmGeometry,
+    group_size,
+    hybrid_page,
+    kv_cache_groups,
+    scan_work,
+)
 
 
 @dataclass(frozen=True)
@@ -266,11 +274,15 @@ class ModelProfile:
 
     @cached_property
     def kv_cache_groups(self) -> KVCacheGroups:
-        """vLLM's KV cache groups (`ssm.kv_cache_groups`); a model without SSM layers has one group of
-        all its layers."""
-        if self.ssm is None:
-            return KVCacheGroups(self.num_layers, 1, 0)
-        return kv_cache_groups(self.num_attention_layers, self.num_ssm_layers)
+        """vLLM's KV cache groups (`ssm.kv_cache_groups`): a hybrid's attention and Mamba groups, a
+        sliding-window model's full and sliding ones, else one group of all its layers."""
+        if self.ssm is not None:
+            return kv_cache_groups(self.num_attention_layers, self.num_ssm_layers)
+        if self.num_sliding_layers:
+            full, sliding = self.num_attention_layers - self.num_sliding_layers, self.num_sliding_layers
+            size = group_size(full, sliding)
+            return KVCacheGroups(size, -(-full // size), 0, -(-sliding // size))
+        return KVCacheGroups(self.num_layers, 1, 0)
 
     def state_crossover_tokens(self, tp: int = 1) -> float:
         """Prompt tokens past which the model's states weigh less than its attention KV (a P/D handoff

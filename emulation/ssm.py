@@ -211,27 +211,37 @@ class HybridPage:
 
 @dataclass(frozen=True)
 class KVCacheGroups:
-    """vLLM's KV cache groups of a hybrid model (`_get_kv_cache_groups_uniform_page_size`): each kind of
-    layer is cut into groups of `group_size` layers; a block id belongs to one group at a time and
+    """vLLM's KV cache groups of a model with two kinds of layer (`_get_kv_cache_groups_uniform_page_size`):
+    each kind is cut into groups of `group_size` layers; a block id belongs to one group at a time and
     holds a page in each of its layers, so a block costs group_size pages (a short group's slot is
     unused)::
 
-        group_size = min(attention, ssm layers), or the larger if it is under 1.5x the smaller
+        group_size = min(full attention, other layers), or the larger if it is under 1.5x the smaller
         Nemotron-3-Nano  6 attention + 23 Mamba   -> 6: 1 attention group, 4 Mamba groups (6 6 6 5)
         Qwen3-Next       12 attention + 36 GDN    -> 12: 1 + 3
         Granite-4.0-H    4 attention + 36 Mamba   -> 4: 1 + 9
+        gpt-oss-120b     18 full + 18 sliding     -> 18: 1 + 1 sliding-window group
     """
 
     group_size: int
     num_attention_groups: int
+    """Full-attention groups."""
     num_state_groups: int
     """Mamba groups: a request holds one running-state block in each."""
+    num_sliding_groups: int = 0
+    """Sliding-window groups: a request holds a block in each for every position of its window."""
 
 
 def kv_cache_groups(num_attention_layers: int, num_ssm_layers: int) -> KVCacheGroups:
-    smaller, larger = sorted((num_attention_layers, num_ssm_layers))
-    size = larger if larger < 1.5 * smaller else smaller
+    """A hybrid's groups: `num_attention_layers` full-attention layers beside `num_ssm_layers`."""
+    size = group_size(num_attention_layers, num_ssm_layers)
     return KVCacheGroups(size, -(-num_attention_layers // size), -(-num_ssm_layers // size))
+
+
+def group_size(num_layers: int, num_other_layers: int) -> int:
+    """Layers a group of two kinds holds (`KVCacheGroups`)."""
+    smaller, larger = sorted((num_layers, num_other_layers))
+    return larger if larger < 1.5 * smaller else smaller
 
 
 def hybrid_page(state_bytes: int, attention_bytes_per_token: int, block_size: int = 16) -> HybridPage:

@@ -52,20 +52,31 @@ class ExternalKV:
         if req.is_pull_back:
             assert self.pull_back_rule is not None, "a pull back needs the KV connector's reuse rule"
             req.pull_back_tokens = self.pull_back_rule(req)
-        if self.allocate_for_load(req, hits, req.num_prompt_tokens - req.num_computed_tokens):
+        # All but its last prompt token arrive; that one is computed here (its slot taken now).
+        if self.allocate_for_load(req, hits, req.num_prompt_tokens - req.num_computed_tokens - 1, 1):
             return True
         req.num_computed_tokens = 0
         return False
 
     def allocate_for_load(
-        self, req: Request, hits: list[int], num_new_tokens: int, must_fit: bool = False
+        self,
+        req: Request,
+        hits: list[int],
+        num_external_tokens: int,
+        num_new_tokens: int = 0,
+        must_fit: bool = False,
     ) -> bool:
-        """Blocks for `req`'s prefix hit `hits` and `num_new_tokens` more whose KV comes from elsewhere
-        (cached once it has come; the budget is not spent on them, as vLLM allocates for external
-        tokens); False (nothing held, nothing changed) if they do not fit (`must_fit`: the whole
-        prompt must)."""
+        """Blocks for `req`'s prefix hit `hits`, `num_external_tokens` more whose KV comes from
+        elsewhere (cached once it has come; the budget is not spent on them, as vLLM allocates for
+        external tokens) and `num_new_tokens` to compute after them; False (nothing held, nothing
+        changed) if they do not fit (`must_fit`: the whole prompt must)."""
         if not self.blocks.allocate_slots(
-            req, num_new_tokens, hits, full_sequence_must_fit=must_fit, delay_cache_blocks=True
+            req,
+            num_new_tokens,
+            hits,
+            num_external_computed_tokens=num_external_tokens,
+            full_sequence_must_fit=must_fit,
+            delay_cache_blocks=True,
         ):
             return False
         self.blocks.record_prefix_cache_stats(req, req.num_computed_tokens)
@@ -210,7 +221,9 @@ class Scheduler:
                 req.num_computed_tokens = len(hits) * self.blocks.block_size
                 if num_loaded := self.external.offload_hit(req, hits, now):  # its tiers hold more of it
                     must_fit = self.reserve_full_isl
-                    if not self._allocate(self.external.allocate_for_load, req, hits, num_loaded, must_fit):
+                    if not self._allocate(
+                        self.external.allocate_for_load, req, hits, num_loaded, 0, must_fit
+                    ):
                         req.num_computed_tokens = 0
                         break
                     self._wait_for_kv(req, batch.new_offload_loads)

@@ -2,7 +2,8 @@
 
 A block is free or held. A held block that the prefix cache shares is counted in `ref_cnt` (how many
 requests hold it); any other held block has exactly one holder. A free block keeps what it cached (an
-attention block its chained hash in the `PrefixIndex`, a state block its place in the `StateCache`)
+attention block its chained hash in the `PrefixIndex`, a state block or a sliding-window block its
+place in a `StateCache`)
 until it is taken again: `take` forgets it in both, as vLLM's `get_new_blocks` evicts a cached block
 when it is reused.
 """
@@ -30,6 +31,8 @@ class BlockPool:
         """Attention blocks by chained block hash."""
         self.state_cache = StateCache()
         """SSM states by the hash of the block they end (hybrid models with prefix caching)."""
+        self.window_cache = StateCache()
+        """Sliding-window blocks by their block hash, a block a sliding group (those a hit can use)."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -56,6 +59,7 @@ class BlockPool:
         new = self.free_queue.pop_oldest(count)
         self.prefix_index.forget(new)
         self.state_cache.forget(new)
+        self.window_cache.forget(new)
         return new
 
     def num_free_among(self, blocks: Iterable[int]) -> int:

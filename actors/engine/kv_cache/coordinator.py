@@ -2,8 +2,9 @@
 the model has (`manager.py`), asked in turn. The scheduler, the connectors and the windows of steps ask
 the coordinator; only the managers know the kinds.
 
-    KVCacheCoordinator ─┬─ BlockPool (free queue, holds, PrefixIndex, StateCache)
-                        ├─ the specs' managers (MambaStateManager: a hybrid's SSM states), then
+    KVCacheCoordinator ─┬─ BlockPool (free queue, holds, the caches by block hash)
+                        ├─ the specs' managers (MambaStateManager: a hybrid's SSM states;
+                        │   SlidingWindowManager: sliding-window layers' blocks), then
                         └─ FullAttentionManager (block_ids, prefix cache)
 
 Managers take blocks in that order and free them in the reverse one.
@@ -37,10 +38,10 @@ class KVCacheCoordinator:
         self.pool = BlockPool(num_blocks, block_size)
         self.attention = FullAttentionManager(self.pool, block_size, enable_prefix_caching)
         self._others = [spec.manager(self.pool, block_size, enable_prefix_caching) for spec in specs]
-        self._managers: list[KVCacheManager] = [*self._others, self.attention]
-        """In the order they take blocks (a Mamba checkpoint is read before any take can evict it)."""
-        self._freeing = self._managers[::-1]
-        self.keeps_hit_without_load = all(m.keeps_hit_without_load for m in self._managers)
+        self.managers: list[KVCacheManager] = [*self._others, self.attention]
+        """Every kind's manager, in the order they take blocks (a Mamba checkpoint is read before any take can evict it)."""
+        self._freeing = self.managers[::-1]
+        self.keeps_hit_without_load = all(m.keeps_hit_without_load for m in self.managers)
         """Whether a request whose remote KV failed to load keeps its local prefix hit."""
         self.num_prefix_cache_queries = 0
         """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
@@ -74,10 +75,13 @@ class KVCacheCoordinator:
         """The blocks of the longest cached prefix of `req`'s tokens that every kind holds (`block_size`
         tokens each), touched by nothing: a request that is not admitted leaves them where they are in
         the free queue, as vLLM's `get_computed_blocks` leaves them until `allocate_slots` takes them.
-        At least one token is always left to compute, since the next token needs logits."""
+        At least one token is always left to compute, since the next token needs logits. Each kind cuts
+        the hit in turn until none cuts it further (vLLM's hybrid coordinator)."""
         hits = self.attention.find_longest_cache_hit(req)
-        for manager in self._others:
-            if hits:
+        num_before = -1
+        while hits and len(hits) != num_before:
+            num_before = len(hits)
+            for manager in self._others:
                 hits = hits[: manager.num_hit_blocks(req, hits)]
         return hits
 
@@ -94,22 +98,26 @@ class KVCacheCoordinator:
         num_new_tokens: int,
         new_computed_blocks: list[int] | None = None,
         *,
+        num_external_computed_tokens: int = 0,
         full_sequence_must_fit: bool = False,
         delay_cache_blocks: bool = False,
     ) -> bool:
         """Give `req` blocks for its `num_computed_tokens` (which count `new_computed_blocks`, its prefix
-        hit, when it has one) plus `num_new_tokens`; False, nothing changed, if the free blocks are short.
-        As vLLM's `allocate_slots`: a hit block that is free counts as one to take (it leaves the free
-        queue); `full_sequence_must_fit`: the whole sequence must fit, not only this chunk (the admission
-        gate of `scheduler.reserve_full_isl`); the full blocks this step will have computed are cached
-        now, so a request admitted later in the same step hits them, unless `delay_cache_blocks` (KV
-        that arrives from another engine later)::
+        hit, when it has one), the `num_external_computed_tokens` whose KV comes from elsewhere, and
+        `num_new_tokens`; False if the free blocks are short (nothing changed but blocks that left a
+        sliding window, freed first as vLLM frees them). As vLLM's `allocate_slots`: a hit block that
+        is free counts as one to take (it leaves the free queue); `full_sequence_must_fit`: the whole
+        sequence must fit, not only this chunk (the admission gate of `scheduler.reserve_full_isl`);
+        the full blocks this step will have computed are cached now, so a request admitted later in the
+        same step hits them, unless `delay_cache_blocks` (KV that arrives from another engine later)::
 
-            block_ids  | held | new_computed_blocks |      to allocate       |
-            tokens     | <- num_computed_tokens ->  | <- num_new_tokens ->   |
-                                                   (full_sequence_must_fit: up to num_tokens)
+            block_ids  | held | new_computed_blocks | external |     new      |
+            tokens     | <- num_computed_tokens ->  |          |              |
+                       | <------- computed before the step --> | <- to run -> |
+                                                    (full_sequence_must_fit: up to num_tokens)
         """
-        end = req.num_computed_tokens + num_new_tokens
+        num_computed = req.num_computed_tokens + num_external_computed_tokens
+        end = num_computed + num_new_tokens
         hits = new_computed_blocks or []
         if (
             not (hits or full_sequence_must_fit or self._others)
@@ -118,21 +126,24 @@ class KVCacheCoordinator:
             if not delay_cache_blocks:  # (the usual decode: full attention alone, inside its blocks)
                 self.attention.cache_blocks(req, end)
             return True
-        need = sum(m.num_blocks_to_allocate(req, end, hits) for m in self._managers)
+        managers = self.managers
+        for m in self._others:
+            m.remove_skipped_blocks(req, num_computed)
+        need = sum(m.num_blocks_to_allocate(req, hits, num_computed, end) for m in managers)
         num_free = self.pool.num_free_blocks
-        if (
-            full_sequence_must_fit
-            and need + sum(m.num_blocks_after(req, end) for m in self._managers) > num_free
-        ):
-            return False
         if need > num_free:
             return False
-        for m in self._managers:
-            m.allocate_new_computed_blocks(req, hits)
-        for m in self._managers:
+        if full_sequence_must_fit:
+            num_after = sum(m.num_blocks_after(req, hits, num_computed, end) for m in managers)
+            if need + num_after > num_free:
+                return False
+        for m in managers:
+            m.allocate_new_computed_blocks(req, hits, num_computed)
+        for m in managers:
             m.allocate_new_blocks(req, end)
         if not delay_cache_blocks:
-            self.attention.cache_blocks(req, end)
+            for m in managers:
+                m.cache_blocks(req, end)
         return True
 
     def append_block_runs(self, runs: list[tuple[Request, int]]) -> None:
@@ -141,8 +152,10 @@ class KVCacheCoordinator:
         self.attention.append_block_runs(runs)
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
-        """Publish the full blocks among `req`'s first `num_tokens` tokens to the prefix cache."""
-        self.attention.cache_blocks(req, num_tokens)
+        """Publish the full blocks among `req`'s first `num_tokens` tokens to the prefix cache (every
+        kind what a later prompt can hit)."""
+        for m in self.managers:
+            m.cache_blocks(req, num_tokens)
 
     def on_step_done(self, requests: list[Request]) -> None:
         """`requests` computed a step."""

@@ -25,14 +25,16 @@ class FullAttentionManager(KVCacheManager):
         """The blocks of the longest cached prefix of `req`'s tokens, at least one token left to compute."""
         return self.pool.prefix_index.find(req) if self.enable_prefix_caching else []
 
-    def num_blocks_to_allocate(self, req: Request, end: int, hits: list[int]) -> int:
+    def num_blocks_to_allocate(
+        self, req: Request, hits: list[int], num_computed_tokens: int, end: int
+    ) -> int:
         num_held = len(req.block_ids) + len(hits)
         return cdiv(end, self.block_size) - num_held + self.pool.num_free_among(hits)
 
-    def num_blocks_after(self, req: Request, end: int) -> int:
+    def num_blocks_after(self, req: Request, hits: list[int], num_computed_tokens: int, end: int) -> int:
         return cdiv(req.num_tokens, self.block_size) - cdiv(end, self.block_size)
 
-    def allocate_new_computed_blocks(self, req: Request, hits: list[int]) -> None:
+    def allocate_new_computed_blocks(self, req: Request, hits: list[int], num_computed_tokens: int) -> None:
         if hits:
             self.pool.touch(hits)
             req.block_ids = list(hits)

@@ -81,14 +81,16 @@ class MambaStateManager(KVCacheManager):
         hashes = self.pool.prefix_index.block_hashes(req, num)
         return at if self._states.get(hashes[num - 1]) is None else None
 
-    def num_blocks_to_allocate(self, req: Request, end: int, hits: list[int]) -> int:
+    def num_blocks_to_allocate(
+        self, req: Request, hits: list[int], num_computed_tokens: int, end: int
+    ) -> int:
         """Its running states at its first allocation, its checkpoint's when this step reaches it, and a
         hit state nobody holds."""
         g = self.spec.num_groups
         num_states = g * (not req.state_block_ids) + g * (self._checkpoint_in(req, end) is not None)
         return num_states + self.pool.num_free_among(self._state_hit(req, hits))
 
-    def allocate_new_computed_blocks(self, req: Request, hits: list[int]) -> None:
+    def allocate_new_computed_blocks(self, req: Request, hits: list[int], num_computed_tokens: int) -> None:
         if hits:
             req.state_hold = self._state_hit(req, hits)
             self.pool.touch(req.state_hold)

@@ -3,10 +3,15 @@ request, the rule by which a prefix hit holds for it, and when it frees them.
 
 The coordinator asks every manager, in order, and never branches on the model's kind::
 
-    allocate_slots:  num_blocks_to_allocate  (each; the sum must fit the free blocks)
+    allocate_slots:  remove_skipped_blocks   (each frees what the step no longer reads, fit or not)
+                     num_blocks_to_allocate  (each; the sum must fit the free blocks)
                      allocate_new_computed_blocks  (each holds its part of the prefix hit)
-                     allocate_new_blocks  (each takes its new blocks)
-    after a step:    on_step_done          free:  free (in the reverse order)
+                     allocate_new_blocks     (each takes its new blocks)
+                     cache_blocks            (each enters what a later prompt can hit)
+    after a step:    on_step_done            free:  free (in the reverse order)
+
+`num_computed_tokens`: the tokens whose KV is in place before the step (computed, hit, or arriving
+from elsewhere); `end`: the tokens that need a slot once the step has run.
 
 A request's full-attention blocks are its `block_ids` (every model has full-attention layers:
 `full_attention.py`, the coordinator's first kind); the others keep what they hold beside them.
@@ -35,18 +40,24 @@ class KVCacheManager(ABC):
         """Of the full-attention prefix hit `hits`, the leading blocks this kind's cache also holds."""
         return len(hits)
 
+    def remove_skipped_blocks(self, req: Request, num_computed_tokens: int) -> None:
+        """Free the blocks no step of `req` reads any more: none by default."""
+        return
+
     @abstractmethod
-    def num_blocks_to_allocate(self, req: Request, end: int, hits: list[int]) -> int:
+    def num_blocks_to_allocate(
+        self, req: Request, hits: list[int], num_computed_tokens: int, end: int
+    ) -> int:
         """Blocks `req` takes from the free ones to hold its first `end` tokens, given the prefix hit
         `hits` (a cached block nobody holds counts: it leaves the free queue). It may be negative where
         `req` holds more than it needs."""
 
-    def num_blocks_after(self, req: Request, end: int) -> int:
+    def num_blocks_after(self, req: Request, hits: list[int], num_computed_tokens: int, end: int) -> int:
         """Blocks `req` will need past those for its first `end` tokens to reach its last token (the
         admission gate that the whole sequence fits)."""
         return 0
 
-    def allocate_new_computed_blocks(self, req: Request, hits: list[int]) -> None:
+    def allocate_new_computed_blocks(self, req: Request, hits: list[int], num_computed_tokens: int) -> None:
         """Hold this kind's part of the prefix hit `hits` (before any manager takes a block): none by
         default, its hits being full attention's."""
         return
@@ -54,6 +65,11 @@ class KVCacheManager(ABC):
     @abstractmethod
     def allocate_new_blocks(self, req: Request, end: int) -> None:
         """Take the blocks `num_blocks_to_allocate` counted."""
+
+    def cache_blocks(self, req: Request, num_tokens: int) -> None:
+        """Enter the blocks among `req`'s first `num_tokens` tokens that a later prompt can hit: none by
+        default."""
+        return
 
     def on_step_done(self, requests: list[Request]) -> None:
         """`requests` computed a step: nothing changes by default."""
