@@ -31,12 +31,13 @@ from actors.engine.kv_cache.sliding_window import SlidingWindowSpec
 from actors.engine.kv_connector import KVConnectorScheduler
 from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
 from actors.engine.kv_faults import KVLoadFaults
-from actors.engine.kv_offload import KVOffload, Tier
+from actors.engine.kv_offload import KVOffload
 from actors.engine.kv_shared_tier import KVStoreClient, SharedKVTier
-from actors.engine.kv_tier import KVTier, TierPath
+from actors.engine.kv_tier import KVTier, Tier, TierPath
 from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue
-from actors.engine.scheduler import Scheduler
+from actors.engine.scheduler import KVLookup, Scheduler
 from actors.engine.stats import EngineStats
+from actors.engine.step_clock import StepClock
 from dashboards.recorders import EncoderMetrics, EngineMetrics
 from emulation.config import PoolConfig, TestbedConfig, replica_id
 from emulation.kv_cache import block_bytes, num_gpu_blocks, num_usable_blocks
@@ -117,9 +118,9 @@ def kv_cache_specs(
     return specs
 
 
-def scheduler_for(cfg: TestbedConfig, pool: PoolConfig, role: Role) -> Scheduler:
-    """The scheduler of one replica of `role`'s `pool`, over its KV blocks (publishing KV events where
-    a KV-aware router reads them; a hybrid target's also hold SSM states) and its encoder cache."""
+def kv_cache_for(cfg: TestbedConfig, pool: PoolConfig, role: Role) -> KVCacheCoordinator:
+    """The KV cache of one replica of `role`'s `pool`: its blocks, a manager per kind of KV the target
+    has (`kv_cache_specs`), publishing KV events where a KV-aware router reads them."""
     s, model = cfg.scheduler, cfg.target.profile
     ranks = pool.num_attention_ranks  # data-parallel attention: one scheduler for the replica's ranks
     threshold = _long_prefill_threshold(s.long_prefill_token_threshold, s.max_num_batched_tokens, ranks)
@@ -129,6 +130,16 @@ def scheduler_for(cfg: TestbedConfig, pool: PoolConfig, role: Role) -> Scheduler
     )
     if cfg.router.policy_for(role) == "kv_aware":
         blocks.publish_kv_events()
+    return blocks
+
+
+def scheduler_for(
+    cfg: TestbedConfig, pool: PoolConfig, blocks: KVCacheCoordinator, offload: Sequence[KVLookup] = ()
+) -> Scheduler:
+    """The scheduler of one replica of `pool` over its KV cache `blocks` (`kv_cache_for`) and its encoder
+    cache; `offload`: its offloading connectors (`offload_for`)."""
+    s = cfg.scheduler
+    ranks = pool.num_attention_ranks  # data-parallel attention: one scheduler for the replica's ranks
     return Scheduler(
         blocks,
         max_num_batched_tokens=s.max_num_batched_tokens * ranks,
@@ -136,7 +147,11 @@ def scheduler_for(cfg: TestbedConfig, pool: PoolConfig, role: Role) -> Scheduler
         max_num_batched_encoder_embeds=s.encoder_budget,
         encoder_cache=EncoderCache(s.encoder_cache_embeds),
         reserve_full_isl=s.reserve_full_isl,
-        long_prefill_token_threshold=threshold,
+        long_prefill_token_threshold=_long_prefill_threshold(
+            s.long_prefill_token_threshold, s.max_num_batched_tokens, ranks
+        ),
+        pull_back_reuse=cfg.kv_transfer.reuse,
+        offload=offload,
     )
 
 
@@ -144,7 +159,7 @@ def kv_scheduler_for(
     engine_id: str, role: Role, cfg: TestbedConfig, pool: PoolConfig, scheduler: Scheduler
 ) -> KVConnectorScheduler:
     """The scheduler side of an engine's KV connector: the timing of transfers into it (from its peer
-    pool's TP), how long finished requests hold KV, the reuse rule, a hybrid's prefill backoff."""
+    pool's TP), how long finished requests hold KV, a hybrid's prefill backoff."""
     kv = cfg.kv_transfer
     peer = {"decode": cfg.pools.prefill, "prefill": cfg.pools.decode}.get(role, pool)  # who sends to it
     receiver = KVReceiver(
@@ -165,7 +180,6 @@ def kv_scheduler_for(
         receiver=receiver,
         scheduler=scheduler,
         hold_timeout_s=hold_timeout_s,
-        reuse=kv.reuse,
         prefill_backoff=prefill_backoff(cfg),
     )
 
@@ -175,17 +189,18 @@ def offload_for(
     cfg: TestbedConfig,
     pool: PoolConfig,
     role: Role,
-    scheduler: Scheduler,
+    blocks: KVCacheCoordinator,
     executor: Executor,
     stats: EngineStats,
+    step_clock: StepClock,
     kv_store: KVStoreClient | None,
-) -> KVOffload | None:
+) -> list[KVOffload]:
     """The offloading connector of one replica of `pool` over its tiers (host memory, then disk, then
     its side of the shared store `kv_store`), each sized in blocks of the replica's KV (every GPU's
-    share of a block); None without tiers, and for a decode engine."""
+    share of a block); none without tiers, and for a decode engine."""
     o = cfg.kv_offload
     if not o.for_role(role):
-        return None
+        return []
     tp, gpu = pool.attention_tp, GPUS[pool.gpu]
     bytes_a_block = block_bytes(cfg.target.profile, pool, cfg.scheduler.block_size)
     tiers: list[Tier] = [
@@ -200,10 +215,12 @@ def offload_for(
         assert o.shared_link is not None
         path = TierPath(LINKS[o.shared_link], bytes_a_block, tp)  # (tp lanes: a NIC a GPU)
         tiers.append(SharedKVTier(engine_id, kv_store, path))
-    offload = KVOffload(tiers, scheduler=scheduler, executor=executor, stats=stats, prompt_only=o.prompt_only)
+    offload = KVOffload(
+        tiers, blocks=blocks, executor=executor, stats=stats, wake=step_clock.wake, prompt_only=o.prompt_only
+    )
     if cfg.router.policy_for(role) == "kv_aware":
         offload.publish_kv_events()
-    return offload
+    return [offload]
 
 
 def kv_store_args(cfg: TestbedConfig) -> tuple[int, list[str]]:
@@ -252,7 +269,7 @@ def build_engine(
     deployment's shared KV store (kv_offload.shared_gb > 0)."""
     s = cfg.scheduler
     time_model = time_model or time_model_for(cfg, pool)
-    scheduler = scheduler_for(cfg, pool, role)
+    blocks = kv_cache_for(cfg, pool, role)
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
     executor = Executor(runner, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision)
@@ -261,6 +278,9 @@ def build_engine(
     stats = EngineStats(
         recorder=metrics, moe_target=moe, kv_consumer=role != "mixed" or cfg.kv_offload.for_role(role)
     )
+    step_clock = StepClock(clock)
+    offload = offload_for(engine_id, cfg, pool, role, blocks, executor, stats, step_clock, kv_store)
+    scheduler = scheduler_for(cfg, pool, blocks, offload)
     kv_scheduler = kv_scheduler_for(engine_id, role, cfg, pool, scheduler)
     f = cfg.faults
     faults = (
@@ -285,6 +305,7 @@ def build_engine(
         engine_id,
         role=role,
         clock=clock,
+        step_clock=step_clock,
         time_model=time_model,
         scheduler=scheduler,
         executor=executor,
@@ -294,7 +315,7 @@ def build_engine(
         max_model_len=s.max_model_len,
         encoder_roofline=encoder_roofline,
         macro_steps=cfg.runner.macro_steps,
-        offload=offload_for(engine_id, cfg, pool, role, scheduler, executor, stats, kv_store),
+        offload=offload[0] if offload else None,
         admission=Admission(
             engine_id,
             scheduler=scheduler,

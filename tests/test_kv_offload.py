@@ -274,10 +274,15 @@ def _store_and_engine_b(store_client=None):
     store = KVStore(num_blocks=4, engine_ids=["a", "b"])
     path = TierPath(LINKS["rdma-400g"], BLOCK_BYTES, lanes=1)
     tiers = {"a": SharedKVTier("a", store, path), "b": SharedKVTier("b", store_client or store, path)}
-    scheduler = Scheduler(KVCacheCoordinator(64, 16, True), max_num_batched_tokens=2048, max_num_seqs=8)
+    blocks = KVCacheCoordinator(64, 16, True)
     offload = KVOffload(
-        [tiers["b"]], scheduler=scheduler, executor=Executor(None, vocab_size=8192), stats=EngineStats()
+        [tiers["b"]],
+        blocks=blocks,
+        executor=Executor(None, vocab_size=8192),
+        stats=EngineStats(),
+        wake=lambda: None,
     )
+    scheduler = Scheduler(blocks, max_num_batched_tokens=2048, max_num_seqs=8, offload=[offload])
     req = Request(EngineRequest("r", list(range(80)), 1, forced_output_token_ids=[0]), 0.0)
     return tiers, scheduler, offload, req
 

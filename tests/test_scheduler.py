@@ -158,7 +158,7 @@ def test_long_prefill_token_threshold_caps_one_request_s_chunk_not_the_step():
 def test_a_data_parallel_attention_replica_holds_its_ranks_limits_and_a_request_runs_on_one_rank():
     """One scheduler for 4 DP attention ranks: 4 ranks' sequences and tokens a step, one rank's budget
     for any one request."""
-    from cluster.engines import scheduler_for
+    from cluster.engines import kv_cache_for, scheduler_for
     from tests.factories import make_config
 
     cfg = make_config(
@@ -166,7 +166,7 @@ def test_a_data_parallel_attention_replica_holds_its_ranks_limits_and_a_request_
         pools={"mixed": {"replicas": 1, "gpu": "h100-sxm", "ep": 4, "dp_attention": True}},
         scheduler={"max_num_batched_tokens": 2048, "max_num_seqs": 64},
     )
-    s = scheduler_for(cfg, cfg.pools.mixed, "mixed")
+    s = scheduler_for(cfg, cfg.pools.mixed, kv_cache_for(cfg, cfg.pools.mixed, "mixed"))
     assert (s.max_num_batched_tokens, s.max_num_seqs, s.max_num_new_tokens) == (8192, 256, 2048)
     add(s, 6000, "long")
     assert step(s).num_new_tokens == [2048]

@@ -96,7 +96,9 @@ def test_gpt_oss_blocks_hold_one_group_of_layers_so_the_pool_doubles():
     model = MODELS["gpt-oss-120b"]
     groups = model.kv_cache_groups
     assert (groups.group_size, groups.num_attention_groups, groups.num_sliding_groups) == (18, 1, 1)
-    cfg = make_config(target={"model": "gpt-oss-120b"}, pools={"mixed": {"replicas": 1, "gpu": "h200", "tp": 1}})
+    cfg = make_config(
+        target={"model": "gpt-oss-120b"}, pools={"mixed": {"replicas": 1, "gpu": "h200", "tp": 1}}
+    )
     pool = cfg.pools.mixed
     all_layers = kv_capacity_tokens(model, GPUS[pool.gpu], pool, cfg.target.gpu_memory_utilization) // BS
     assert abs(num_gpu_blocks(cfg, pool) - 2 * all_layers) <= 2

@@ -9,7 +9,7 @@ import actors.engine.block_hash as block_hash
 from actors.engine.block_hash import ROOT_BLOCK_HASH, hash_blocks, prompt_block_hashes
 from actors.router import Router
 from cluster.config_load import load_designs
-from cluster.engines import scheduler_for
+from cluster.engines import kv_cache_for
 from emulation.config import RouterConfig
 from messages import BlockRemoved, BlockStored, KVEvents
 from messages.token_ids import TokenIds
@@ -87,5 +87,5 @@ def test_only_pools_a_kv_aware_router_reads_publish_events():
     cfg = load_designs("guide-l40s", ["pd-testbox"], ["router.policy=kv_aware"])[0]
     policy = cfg.router.policy_for
     assert policy("prefill") == "kv_aware" and policy("decode") == "least_loaded"
-    assert scheduler_for(cfg, cfg.pools.prefill, "prefill").blocks.publishes_kv_events
-    assert not scheduler_for(cfg, cfg.pools.decode, "decode").blocks.publishes_kv_events
+    assert kv_cache_for(cfg, cfg.pools.prefill, "prefill").publishes_kv_events
+    assert not kv_cache_for(cfg, cfg.pools.decode, "decode").publishes_kv_events

@@ -5,8 +5,9 @@ vLLM's v1 `Scheduler` runs alone (`vllm_peer_scripts/step_hybrid_scheduler.py`, 
 the config vLLM's engine core resolves for a hybrid model (`mamba_cache_mode="align"`, Mamba block size =
 attention block size, `prefix_cache_retention_interval=0`), with or without a prefill checkpoint the
 Mamba layer exports from inside a step (Mamba2's `num_prefill_checkpoint_blocks=1`). The testbed's
-`Scheduler` runs over its `KVCacheCoordinator` with a `MambaStateSpec` of G groups, wired as
-`cluster/engines.py::scheduler_for` wires them; both are stepped as `test_vllm_conformance.py` steps them.
+`Scheduler` runs over its `KVCacheCoordinator` with a `MambaStateSpec` of G groups, as
+`cluster/engines.py::kv_cache_for` and `scheduler_for` wire them; both are stepped as
+`test_vllm_conformance.py` steps them.
 
 What vLLM 0.32 does, and where the testbed agrees (each checked below):
 

@@ -64,6 +64,7 @@ class EngineCore:
         *,
         role: Role,
         clock: Clock,
+        step_clock: StepClock,
         time_model: StepTimeModel,
         scheduler: Scheduler,
         executor: Executor,
@@ -94,7 +95,7 @@ class EngineCore:
         self.admission = admission or Admission(engine_id, scheduler=scheduler)
         self._requests: dict[str, Request] = {}
         self._loop_task: asyncio.Future[None] | None = None
-        self.step_clock = StepClock(clock)
+        self.step_clock = step_clock
         self._stopped = False
         self.health = EngineHealth(engine_id)
         self.streams = OutputStreams()

@@ -35,21 +35,18 @@ class KVConnectorScheduler:
         receiver: KVReceiver,
         scheduler: Scheduler,
         hold_timeout_s: float,
-        reuse: str = "verified",
         prefill_backoff: int = 0,
     ) -> None:
         """`receiver`: the emulated timing of transfers into this engine. `hold_timeout_s`: how long a
         finished request's KV waits for its pull (prefill: the decode engine's; decode, bidirectional:
-        the conversation's next turn's). `reuse`: which of decode's blocks a pull back takes.
-        `prefill_backoff`: prompt tokens a prefill request leaves for decode to compute (vLLM's
-        `_prefill_backoff`: 1 for a hybrid model, whose state decode continues from; else 0)."""
+        the conversation's next turn's). `prefill_backoff`: prompt tokens a prefill request leaves for
+        decode to compute (vLLM's `_prefill_backoff`: 1 for a hybrid model, whose state decode continues
+        from; else 0)."""
         self.prefill_backoff = prefill_backoff
         self.engine_id = engine_id
         self.receiver = receiver
         self.scheduler = scheduler
         self.hold_timeout_s = hold_timeout_s
-        self.reuse = reuse
-        scheduler.external.pull_back_rule = self._pull_back_tokens
         self._loaded: dict[str, Request] = {}
         """Decode side: requests whose KV is in this engine's blocks, not yet noticed by a step."""
         self._holding: set[str] = set()
@@ -95,26 +92,6 @@ class KVConnectorScheduler:
         req.times.kv_bytes = plan.kv_bytes
         req.times.state_bytes = plan.state_bytes
         return plan
-
-    def _pull_back_tokens(self, req: Request) -> int:
-        """How many leading tokens of decode's sequence a pull back takes: full blocks, never the
-        prompt's last token (computed here, for the first output token's logits). verified: as far as
-        the chained block hashes agree with this prompt's; positional: as far as decode's sequence
-        reaches, whatever its tokens (the bug vLLM issue #43094 describes, kept to reproduce it)."""
-        params = req.kv_transfer_params
-        assert params is not None
-        bs = self.scheduler.blocks.block_size
-        limit = (req.num_prompt_tokens - 1) // bs
-        theirs = params.remote_block_hashes
-        assert theirs is not None
-        if self.reuse == "positional":
-            return min(len(theirs), limit) * bs
-        num = 0
-        for own, other in zip(self.scheduler.blocks.block_hashes(req, limit), theirs, strict=False):
-            if own != other:
-                break
-            num += 1
-        return num * bs
 
     def on_load_failed(self, req: Request) -> bool:
         """The load failed: the prefill side holds nothing for `req` (it died, lost the KV, or was told

@@ -42,8 +42,6 @@ class KVHandoff:
     ) -> None:
         """`offload`: the engine's offloading connector (None: no offload tiers)."""
         self.offload = offload
-        if offload is not None:
-            offload.wake = step_clock.wake
         self.engine_id = engine_id
         self.scheduler = scheduler
         self.kv_scheduler = kv_scheduler

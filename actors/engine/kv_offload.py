@@ -24,15 +24,11 @@ import numpy as np
 
 from actors.engine.background import Background
 from actors.engine.executor import Executor
-from actors.engine.kv_shared_tier import SharedKVTier
-from actors.engine.kv_tier import KVTier
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
+from actors.engine.kv_tier import Tier
 from actors.engine.request import Request
-from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from messages import OFFLOAD_TIERS, BlockRemoved, BlockStored
-
-Tier = KVTier | SharedKVTier
-"""An engine's offload tier: its own (host, disk) or its side of the shared store."""
 
 
 @dataclass(frozen=True)
@@ -66,18 +62,19 @@ class KVOffload:
         self,
         tiers: Sequence[Tier],
         *,
-        scheduler: Scheduler,
+        blocks: KVCacheCoordinator,
         executor: Executor,
         stats: EngineStats,
+        wake: Callable[[], None],
         prompt_only: bool = True,
     ) -> None:
+        """`blocks`: the engine's KV cache; `wake`: wakes its step loop (a fetch from the shared store
+        came in)."""
         self.tiers = tiers
-        self.wake: Callable[[], None] = lambda: None
-        """Wakes the engine's step loop (a fetch from the shared store came in; set by its KV handoff)."""
+        self.wake = wake
         self._fetches = Background()
         self.stats = stats
-        self.blocks = scheduler.blocks
-        scheduler.external.offload_lookup = self.lookup
+        self.blocks = blocks
         self.executor = executor
         self.prompt_only = prompt_only
         self._found: dict[str, list[_Segment]] = {}
@@ -88,8 +85,7 @@ class KVOffload:
     def on_added(self) -> None:
         """A request arrived: the engine's view of the shared store is brought up to date."""
         for tier in self.tiers:
-            if isinstance(tier, SharedKVTier):
-                tier.refresh()
+            tier.refresh()
 
     def publish_kv_events(self) -> None:
         for tier in self.tiers:
@@ -134,7 +130,7 @@ class KVOffload:
             kvs += part
             load.done_s = max(load.done_s, done_s)
         self._record(load)
-        if any(isinstance(seg.tier, SharedKVTier) for seg in load.segments):
+        if any(seg.tier.fetches_later for seg in load.segments):
             load.fetched = False
             self._fetches.run(self._fetch(load, kvs))
         else:
@@ -145,7 +141,7 @@ class KVOffload:
         be reached), the load ends before the first one missing (the request computes from there)."""
         first = load.segments[0].first_block
         for i, seg in enumerate(load.segments):
-            if not isinstance(seg.tier, SharedKVTier):
+            if not seg.tier.fetches_later:  # (its KV came with the load)
                 continue
             try:
                 got = await seg.tier.fetch(load.req.block_hashes[seg.first_block : seg.end])
@@ -237,15 +233,7 @@ class KVOffload:
                 req.times.offload_store_bytes += num_bytes
                 req.times.offload_store_done_s = max(req.times.offload_store_done_s or ready_s, ready_s)
                 self.stats.on_kv_offload("store", tier.medium, num_bytes, ready_s - now)
-            if isinstance(tier, KVTier):  # (the shared store's occupancy is the store's own)
-                self._report(tier)
-
-    def _report(self, tier: KVTier) -> None:
-        """`tier`'s usage, and its evictions and skipped stores since its last report."""
-        self.stats.on_kv_offload_tier(
-            tier.medium, tier.usage, tier.num_evicted_blocks, tier.num_skipped_stores
-        )
-        tier.num_evicted_blocks = tier.num_skipped_stores = 0
+            tier.report(self.stats.on_kv_offload_tier)
 
     def _read(self, req: Request, num_blocks: int) -> list[np.ndarray | None]:
         """The runner's KV of `req`'s first `num_blocks` blocks, a copy each (None each: compute skip)."""

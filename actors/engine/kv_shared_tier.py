@@ -9,7 +9,7 @@ one wire for loads and one for stores, as a host tier's do on PCIe (`kv_tier.py`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -38,6 +38,7 @@ class SharedKVTier:
     """The engine `engine_id`'s tier over the store `kv_store` (its capacity is the store's)."""
 
     medium = "shared"
+    fetches_later = True
 
     def __init__(self, engine_id: str, store: KVStoreClient, path: TierPath) -> None:
         self.engine_id = engine_id
@@ -98,6 +99,9 @@ class SharedKVTier:
 
     def loaded(self, hashes: Sequence[BlockHash]) -> None:
         """Nothing pinned: a fetch copies the blocks out of the store."""
+
+    def report(self, record: Callable[[str, float, int, int], None]) -> None:
+        """Nothing: the store's occupancy is the store's own (`actors/kv_store.py`)."""
 
     def _apply(self, changes: KVStoreChanges) -> None:
         for h, ready_s in changes.entries:

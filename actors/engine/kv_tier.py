@@ -13,8 +13,9 @@ link (a GPU's copies to host run on a stream each way)::
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
+from typing import Protocol
 
 import numpy as np
 
@@ -23,6 +24,54 @@ from actors.engine.kv_transfer import LinkQueue
 from emulation.profiles import LinkProfile
 from emulation.transfer import handoff_time
 from messages import BlockRemoved, BlockStored
+
+
+class Tier(Protocol):
+    """An engine's offload tier as its offloading connector drives it: one of its own (`KVTier`: host
+    memory, disk) or its side of the deployment's shared store (`SharedKVTier`)."""
+
+    medium: str
+    """Its name in KV events and metrics (`host`, `disk`, `shared`)."""
+    block_bytes: int
+    fetches_later: bool
+    """A load's KV comes after it, from `fetch` (the shared store's, over the network)."""
+
+    def refresh(self) -> None:
+        """A request arrived: what it holds is brought up to date before a lookup."""
+
+    def touch(self, hashes: Sequence[BlockHash]) -> None:
+        """A prompt looked up these blocks: those it holds are recently used."""
+
+    def num_ready(self, hashes: Sequence[BlockHash], now: float) -> int:
+        """Leading `hashes` it holds, their stores complete by `now`."""
+        ...
+
+    def load(self, hashes: Sequence[BlockHash], now: float) -> tuple[list[np.ndarray | None], float]:
+        """Start loading `hashes` at `now`: their KV (placeholders where `fetches_later`) and when the
+        load completes; they stay pinned until `loaded`."""
+        ...
+
+    async def fetch(self, hashes: Sequence[BlockHash]) -> list[np.ndarray | None]:
+        """The KV of the leading `hashes` it still holds."""
+        ...
+
+    def loaded(self, hashes: Sequence[BlockHash]) -> None:
+        """A load of `hashes` is over: unpin them."""
+
+    def store(
+        self, hashes: Sequence[BlockHash], kvs: Sequence[np.ndarray | None], now: float
+    ) -> tuple[int, float]:
+        """Store the blocks of `hashes` it lacks from `now` on: how many, and when they are ready."""
+        ...
+
+    def report(self, record: Callable[[str, float, int, int], None]) -> None:
+        """Its occupancy, evictions and skipped stores since its last report, to `record`."""
+
+    def publish_kv_events(self) -> None: ...
+
+    def take_kv_events(self) -> list[BlockStored | BlockRemoved]: ...
+
+    def assert_consistent(self) -> None: ...
 
 
 class TierPath:
@@ -61,6 +110,8 @@ def num_ready(ready_s: Mapping[BlockHash, float], hashes: Sequence[BlockHash], n
 
 class KVTier:
     """`medium`: the tier's name in KV events and metrics (`host`, `disk`); `path`: its link."""
+
+    fetches_later = False
 
     def __init__(self, medium: str, num_blocks: int, path: TierPath) -> None:
         self.medium = medium
@@ -160,6 +211,17 @@ class KVTier:
             pins[h] = pins.get(h, 0) + 1
         self.touch(hashes)
         return list(map(self._kv.get, hashes)), self.path.load_done_s(len(hashes), now)
+
+    async def fetch(self, hashes: Sequence[BlockHash]) -> list[np.ndarray | None]:
+        """Their KV, as `load` gave it (its blocks are pinned meanwhile: none goes missing)."""
+        return list(map(self._kv.get, hashes))
+
+    def refresh(self) -> None:
+        """Nothing to bring up to date: it is this engine's own."""
+
+    def report(self, record: Callable[[str, float, int, int], None]) -> None:
+        record(self.medium, self.usage, self.num_evicted_blocks, self.num_skipped_stores)
+        self.num_evicted_blocks = self.num_skipped_stores = 0
 
     def loaded(self, hashes: Sequence[BlockHash]) -> None:
         """A load of `hashes` is over (done, or its request ended): unpin them."""

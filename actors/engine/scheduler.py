@@ -13,8 +13,8 @@ keeps its blocks after finishing until the decode side has pulled them; a decode
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from actors.engine.encoder_cache import EncoderCache
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
@@ -23,35 +23,71 @@ from actors.engine.scheduled_batch import ScheduledBatch
 from messages import FinishedReason
 
 
+class KVLookup(Protocol):
+    """A source of KV after a fresh request's GPU prefix hit (an offloading connector's tiers)."""
+
+    def lookup(self, req: Request, num_hit_blocks: int, now: float) -> int:
+        """Blocks after a GPU hit of `num_hit_blocks` that it holds ready at `now` (its load planned)."""
+        ...
+
+
+class PullBackRule:
+    """Bidirectional: how many leading tokens of decode's sequence a pull back takes: full blocks, never
+    the prompt's last token (computed here, for the first output token's logits). `verified`: as far as
+    the chained block hashes agree with this prompt's; `positional`: as far as decode's sequence
+    reaches, whatever its tokens (the bug vLLM issue #43094 describes, kept to reproduce it)."""
+
+    def __init__(self, blocks: KVCacheCoordinator, reuse: str = "verified") -> None:
+        self.blocks = blocks
+        self.reuse = reuse
+
+    def num_tokens(self, req: Request) -> int:
+        params = req.kv_transfer_params
+        assert params is not None
+        bs = self.blocks.block_size
+        limit = (req.num_prompt_tokens - 1) // bs
+        theirs = params.remote_block_hashes
+        assert theirs is not None
+        if self.reuse == "positional":
+            return min(len(theirs), limit) * bs
+        num = 0
+        for own, other in zip(self.blocks.block_hashes(req, limit), theirs, strict=False):
+            if own != other:
+                break
+            num += 1
+        return num * bs
+
+
 class ExternalKV:
     """Blocks for a waiting request's KV that comes from outside this engine's GPU prefix cache: a
-    peer's (decode's prompt from prefill, a pull back of decode's blocks) or the engine's offload
-    tiers'. Its rules are set by the connectors: `pull_back_rule` by the KV connector, `offload_lookup`
-    by the offloading connector (`kv_offload.py`)."""
+    peer's (decode's prompt from prefill, a pull back of decode's blocks: `pull_back`) or the engine's
+    offload tiers' (`offload`, in lookup order)."""
 
-    def __init__(self, blocks: KVCacheCoordinator) -> None:
+    def __init__(
+        self, blocks: KVCacheCoordinator, pull_back: PullBackRule, offload: Sequence[KVLookup]
+    ) -> None:
         self.blocks = blocks
-        self.pull_back_rule: Callable[[Request], int] | None = None
-        """Bidirectional: the tokens of decode's sequence a pull back takes."""
-        self.offload_lookup: Callable[[Request, int, float], int] | None = None
-        """KV offloading: the blocks after a GPU prefix hit of so many blocks that the tiers hold."""
+        self.pull_back = pull_back
+        self.offload = offload
 
     def offload_hit(self, req: Request, hits: list[int], now: float) -> int:
         """The prompt tokens after the GPU hit `hits` of a fresh request that the engine's offload tiers
         supply (KV offloading; 0 without, and for a request whose KV comes from a peer)."""
-        if self.offload_lookup is None or req.is_remote_prefill:
+        if req.is_remote_prefill:
             return 0
-        return self.offload_lookup(req, len(hits), now) * self.blocks.block_size
+        for source in self.offload:
+            if num_blocks := source.lookup(req, len(hits), now):
+                return num_blocks * self.blocks.block_size
+        return 0
 
     def allocate_for_remote_kv(self, req: Request) -> bool:
         """Blocks for the whole prompt, the leading ones from this engine's own prefix cache (they need
         not move); False (nothing held) if they do not fit. A pull back learns here how much of
-        decode's sequence it takes (`pull_back_rule`, the KV connector's reuse rule)."""
+        decode's sequence it takes (`PullBackRule`)."""
         hits = self.blocks.get_computed_blocks(req)
         req.num_computed_tokens = len(hits) * self.blocks.block_size
         if req.is_pull_back:
-            assert self.pull_back_rule is not None, "a pull back needs the KV connector's reuse rule"
-            req.pull_back_tokens = self.pull_back_rule(req)
+            req.pull_back_tokens = self.pull_back.num_tokens(req)
         # All but its last prompt token arrive; that one is computed here (its slot taken now).
         if self.allocate_for_load(req, hits, req.num_prompt_tokens - req.num_computed_tokens - 1, 1):
             return True
@@ -129,10 +165,13 @@ class Scheduler:
         encoder_cache: EncoderCache | None = None,
         reserve_full_isl: bool = True,
         long_prefill_token_threshold: int = 0,
+        pull_back_reuse: str = "verified",
+        offload: Sequence[KVLookup] = (),
     ) -> None:
         """`reserve_full_isl`: admit a waiting request only if its whole sequence fits in the free
         blocks (vLLM's default), not just its first chunk; `long_prefill_token_threshold`: the most
-        tokens one request computes in a step (vLLM's; 0: the budget)."""
+        tokens one request computes in a step (vLLM's; 0: the budget); `pull_back_reuse`: which of decode's
+        blocks a pull back takes (`PullBackRule`); `offload`: the engine's offload tiers' lookups."""
         self.blocks = blocks
         self.reserve_full_isl = reserve_full_isl
         self.max_num_new_tokens = long_prefill_token_threshold or max_num_batched_tokens
@@ -145,7 +184,7 @@ class Scheduler:
         self.recving: dict[str, Request] = {}
         """Decode side: requests whose blocks are allocated and whose remote KV is in flight."""
         self.held = HeldKV(blocks)
-        self.external = ExternalKV(blocks)
+        self.external = ExternalKV(blocks, PullBackRule(blocks, pull_back_reuse), offload)
         """Admitting requests whose KV comes from outside this engine's GPU cache."""
         self.num_preemptions = 0
 

@@ -39,7 +39,8 @@ class KVCacheCoordinator:
         self.attention = FullAttentionManager(self.pool, block_size, enable_prefix_caching)
         self._others = [spec.manager(self.pool, block_size, enable_prefix_caching) for spec in specs]
         self.managers: list[KVCacheManager] = [*self._others, self.attention]
-        """Every kind's manager, in the order they take blocks (a Mamba checkpoint is read before any take can evict it)."""
+        """Every kind's manager, in the order they take blocks (a Mamba checkpoint is read before any
+        take can evict it)."""
         self._freeing = self.managers[::-1]
         self.keeps_hit_without_load = all(m.keeps_hit_without_load for m in self.managers)
         """Whether a request whose remote KV failed to load keeps its local prefix hit."""
