@@ -5,7 +5,7 @@ The store holds the blocks (their KV, by chained block hash, least recently used
 log of what it gained and lost. An engine does not ask it at each lookup: it keeps a view, brought up
 to date by the changes each of its calls returns (`KVStoreChanges`), and by a call as each request
 arrives; so a lookup may miss a block another engine stored a moment ago, or count one the store
-evicted since (the load then finds it gone and the request computes it: `KVOffload`). Transfer
+evicted since (the load then finds it gone and the request computes it: `OffloadingConnector`). Transfer
 times are the engines' own (each over its link to the store).
 
     engine A ── put(blocks, ready_s) ──▶ store ◀── get(hashes) ── engine B

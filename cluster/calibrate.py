@@ -20,7 +20,7 @@ import math
 import time
 from typing import Any
 
-from actors.engine.kv_transfer import KVReceiver
+from actors.engine.kv_connectors.transfer import KVReceiver
 from emulation.config import TestbedConfig
 from emulation.kv_cache import cdiv
 from emulation.profiles import LINKS

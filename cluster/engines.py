@@ -5,8 +5,8 @@ same way wherever it runs::
 
     EngineCore ─┬─ Scheduler ── KVCacheCoordinator    (what runs each step; paged KV, prefix cache)
                 ├─ Executor ── ModelRunner | None      (real compute, or none with compute skip)
-                ├─ KVConnectorScheduler ── KVReceiver   (what to load/save, and when it moves)
-                ├─ KVConnectorWorker ── peers           (moving it)
+                ├─ PDConnectorScheduler ── KVReceiver   (what to load/save, and when it moves)
+                ├─ PDConnectorWorker ── peers           (moving it)
                 ├─ EngineStats ── EngineMetrics         (counters of its report; Prometheus series)
                 └─ Clock, Roofline                      (when each step ends)
 """
@@ -28,13 +28,13 @@ from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.kv_cache.mamba_state import MambaStateSpec
 from actors.engine.kv_cache.manager import KVCacheSpec
 from actors.engine.kv_cache.sliding_window import SlidingWindowSpec
-from actors.engine.kv_connector import KVConnectorScheduler
-from actors.engine.kv_connector_worker import KVConnectorWorker, KVSource
-from actors.engine.kv_faults import KVLoadFaults
-from actors.engine.kv_offload import KVOffload
-from actors.engine.kv_shared_tier import KVStoreClient, SharedKVTier
-from actors.engine.kv_tier import KVTier, Tier, TierPath
-from actors.engine.kv_transfer import KVReceiver, Link, LinkQueue
+from actors.engine.kv_connectors.faults import KVLoadFaults
+from actors.engine.kv_connectors.offloading import OffloadingConnector
+from actors.engine.kv_connectors.pd_scheduler import PDConnectorScheduler
+from actors.engine.kv_connectors.pd_worker import KVSource, PDConnectorWorker
+from actors.engine.kv_connectors.shared_tier import KVStoreClient, SharedKVTier
+from actors.engine.kv_connectors.tier import KVTier, Tier, TierPath
+from actors.engine.kv_connectors.transfer import KVReceiver, Link, LinkQueue
 from actors.engine.scheduler import KVLookup, Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
@@ -157,7 +157,7 @@ def scheduler_for(
 
 def kv_scheduler_for(
     engine_id: str, role: Role, cfg: TestbedConfig, pool: PoolConfig, scheduler: Scheduler
-) -> KVConnectorScheduler:
+) -> PDConnectorScheduler:
     """The scheduler side of an engine's KV connector: the timing of transfers into it (from its peer
     pool's TP), how long finished requests hold KV, a hybrid's prefill backoff."""
     kv = cfg.kv_transfer
@@ -175,7 +175,7 @@ def kv_scheduler_for(
     hold_timeout_s = (
         kv.decoder_kv_blocks_ttl_s if role == "decode" and kv.bidirectional else kv.hold_timeout_s
     )
-    return KVConnectorScheduler(
+    return PDConnectorScheduler(
         engine_id,
         receiver=receiver,
         scheduler=scheduler,
@@ -194,7 +194,7 @@ def offload_for(
     stats: EngineStats,
     step_clock: StepClock,
     kv_store: KVStoreClient | None,
-) -> list[KVOffload]:
+) -> list[OffloadingConnector]:
     """The offloading connector of one replica of `pool` over its tiers (host memory, then disk, then
     its side of the shared store `kv_store`), each sized in blocks of the replica's KV (every GPU's
     share of a block); none without tiers, and for a decode engine."""
@@ -215,7 +215,7 @@ def offload_for(
         assert o.shared_link is not None
         path = TierPath(LINKS[o.shared_link], bytes_a_block, tp)  # (tp lanes: a NIC a GPU)
         tiers.append(SharedKVTier(engine_id, kv_store, path))
-    offload = KVOffload(
+    offload = OffloadingConnector(
         tiers, blocks=blocks, executor=executor, stats=stats, wake=step_clock.wake, prompt_only=o.prompt_only
     )
     if cfg.router.policy_for(role) == "kv_aware":
@@ -291,7 +291,7 @@ def build_engine(
         else None
     )
     link = LinkQueue(pool.num_attention_ranks) if link is None else link  # its own: a wire a DP rank
-    kv_worker = KVConnectorWorker(
+    kv_worker = PDConnectorWorker(
         engine_id,
         executor,
         peers=peers,
@@ -315,7 +315,7 @@ def build_engine(
         max_model_len=s.max_model_len,
         encoder_roofline=encoder_roofline,
         macro_steps=cfg.runner.macro_steps,
-        offload=offload[0] if offload else None,
+        kv_connectors=offload,
         admission=Admission(
             engine_id,
             scheduler=scheduler,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from actors.engine.clock import Clock
-from actors.engine.kv_transfer import LinkQueue
+from actors.engine.kv_connectors.transfer import LinkQueue
 from actors.kv_store import KVStore
 from cluster.clock_sync import ClockOffset, check_uncertainty, measure_actor, sync_summary
 from cluster.config_load import ConfigError

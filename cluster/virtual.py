@@ -18,8 +18,8 @@ from typing import Literal
 from actors.encoder.encoder import EncoderCore
 from actors.engine.clock import Clock, VirtualTimeLoop
 from actors.engine.core import EngineCore, Role
-from actors.engine.kv_connector_worker import KVSource
-from actors.engine.kv_transfer import LinkQueue
+from actors.engine.kv_connectors.pd_worker import KVSource
+from actors.engine.kv_connectors.transfer import LinkQueue
 from actors.engine_pool import watch_health
 from actors.kv_store import KVStore
 from actors.proxy import Proxy

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from actors.engine.kv_tier import KVTier, TierPath
+from actors.engine.kv_connectors.tier import KVTier, TierPath
 from actors.router import Router
 from cluster.config_load import ConfigError
 from emulation.config import RouterConfig
@@ -263,8 +263,8 @@ def _store_and_engine_b(store_client=None):
     a scheduler of its own (no engine around them); a request of five blocks for b."""
     from actors.engine.executor import Executor
     from actors.engine.kv_cache.coordinator import KVCacheCoordinator
-    from actors.engine.kv_offload import KVOffload
-    from actors.engine.kv_shared_tier import SharedKVTier
+    from actors.engine.kv_connectors.offloading import OffloadingConnector
+    from actors.engine.kv_connectors.shared_tier import SharedKVTier
     from actors.engine.request import Request
     from actors.engine.scheduler import Scheduler
     from actors.engine.stats import EngineStats
@@ -275,7 +275,7 @@ def _store_and_engine_b(store_client=None):
     path = TierPath(LINKS["rdma-400g"], BLOCK_BYTES, lanes=1)
     tiers = {"a": SharedKVTier("a", store, path), "b": SharedKVTier("b", store_client or store, path)}
     blocks = KVCacheCoordinator(64, 16, True)
-    offload = KVOffload(
+    offload = OffloadingConnector(
         [tiers["b"]],
         blocks=blocks,
         executor=Executor(None, vocab_size=8192),
@@ -292,7 +292,7 @@ async def _look_up_stored_prompt(tiers, scheduler, offload, req):
     hashes = scheduler.blocks.block_hashes(req, 4)
     tiers["a"].store(hashes, [None] * 4, now=0.0)
     await asyncio.sleep(0)  # the put reaches the store
-    offload.on_added()  # b's view: all four
+    offload.on_added(req)  # b's view: all four
     await asyncio.sleep(0)
     assert offload.lookup(req, 0, now=1.0) == 4
     return hashes
@@ -310,9 +310,9 @@ def test_a_load_from_the_shared_store_stops_where_the_store_evicted_since_the_lo
         await asyncio.sleep(0)
         assert scheduler.external.allocate_for_load(req, [], 64)
         offload.start_load(req, now=1.0)
-        assert offload.notice_loaded(now=2.0) == []  # its fetch is not back yet
+        assert offload.get_finished(now=2.0) == []  # its fetch is not back yet
         await asyncio.sleep(0)
-        return hashes, offload.notice_loaded(now=2.0)
+        return hashes, offload.get_finished(now=2.0)
 
     hashes, noticed = run_async(main())
     assert noticed == [req]
@@ -337,9 +337,9 @@ def test_a_load_whose_store_cannot_be_reached_computes_instead_and_one_ended_mea
         assert scheduler.external.allocate_for_load(req, [], 64)
         offload.start_load(req, now=1.0)
         if ends_first:  # aborted before its fetch came back: nothing of it is noticed later
-            offload.request_finished(req, now=1.0)
+            offload.request_finished(req, "abort", now=1.0)
         await asyncio.sleep(0)
-        return offload.notice_loaded(now=2.0)
+        return offload.get_finished(now=2.0)
 
     assert run_async(load(ends_first=False)) == [req]
     assert req.num_offload_tokens == 0  # it computes the prompt

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from actors.engine.clock import Clock
-from actors.engine.kv_transfer import KVReceiver, LinkQueue
+from actors.engine.kv_connectors.transfer import KVReceiver, LinkQueue
 from cluster.virtual import build_deployment, replay_on, run_virtual
 from dashboards.headline import failure_reason
 from emulation.profiles import LINKS, MODELS

@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Literal
 
 from actors.engine.admission import Admission, Refusal
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
 from actors.engine.health import EngineHealth
-from actors.engine.kv_connector import KVConnectorScheduler
-from actors.engine.kv_connector_worker import KVConnectorWorker
-from actors.engine.kv_handoff import KVHandoff
-from actors.engine.kv_offload import KVOffload
+from actors.engine.kv_connectors.base import KVConnector
+from actors.engine.kv_connectors.multi import MultiConnector
+from actors.engine.kv_connectors.pd import PDConnector
+from actors.engine.kv_connectors.pd_scheduler import PDConnectorScheduler
+from actors.engine.kv_connectors.pd_worker import PDConnectorWorker
 from actors.engine.request import Request, RequestStatus, check_request
 from actors.engine.scheduled_batch import ScheduledBatch
 from actors.engine.scheduler import Scheduler
@@ -68,19 +69,19 @@ class EngineCore:
         time_model: StepTimeModel,
         scheduler: Scheduler,
         executor: Executor,
-        kv_scheduler: KVConnectorScheduler,
-        kv_worker: KVConnectorWorker,
+        kv_scheduler: PDConnectorScheduler,
+        kv_worker: PDConnectorWorker,
         stats: EngineStats,
         max_model_len: int,
         encoder_roofline: EncoderRoofline | None = None,
         macro_steps: bool = False,
         admission: Admission | None = None,
-        offload: KVOffload | None = None,
+        kv_connectors: Sequence[KVConnector] = (),
     ) -> None:
         """`encoder_roofline`: the vision encoder's time, run in this engine's steps (None: text only,
         images refused). `macro_steps`: run steady stretches of steps as one event (`window`) where the
         clock is virtual and nothing computes. `admission`: its limits (None: none, as vLLM).
-        `offload`: its KV offload tiers' connector (None: GPU KV only)."""
+        `kv_connectors`: its KV connectors beside the P/D one (its offload tiers')."""
         self.engine_id = engine_id
         self.role = role
         self.clock = clock
@@ -100,7 +101,9 @@ class EngineCore:
         self.health = EngineHealth(engine_id)
         self.streams = OutputStreams()
         self.windows = _windows(self, allowed=macro_steps and clock.virtual and executor.runner is None)
-        self.kv = _kv_handoff(self, offload)
+        self.pd = _pd_connector(self)
+        """Its handoffs with peer engines (prefill and decode, pulls back)."""
+        self.kv = MultiConnector([self.pd, *kv_connectors])
 
     # ---- client side -------------------------------------------------------------------------------
 
@@ -123,7 +126,7 @@ class EngineCore:
         self.scheduler.add(req)
         self.step_clock.wake()
         try:
-            async for out in stream.outputs(req.request_id, self.kv.take_kv_events):
+            async for out in stream.outputs(req.request_id, self._take_kv_events):
                 if self.health.dead is not None and out.finished_reason == "error":
                     raise self.health.dead  # as a dead actor's stream breaks (the proxy may retry elsewhere)
                 yield out
@@ -148,15 +151,15 @@ class EngineCore:
     async def get_kv(self, pull: KVPull) -> KVPayload:
         """The held KV `pull` asks for; its transfer queues on this engine's link (`KVSource`)."""
         await self.check_health()
-        return await self.kv.get_kv(pull)
+        return await self.pd.get_kv(pull)
 
     async def free_kv(self, request_id: str) -> None:
-        self.kv.free_kv(request_id)
+        self.pd.free_kv(request_id)
 
     async def kv_ready(self, request_id: str, kv_transfer_params: KVTransferParams) -> None:
         """Push, decode side: prefill finished `request_id`; its KV moves once this engine has blocks too."""
         self.windows.settle()  # a change from outside: the next step sees it
-        self.kv.kv_ready(self._requests.get(request_id), request_id, kv_transfer_params)
+        self.pd.kv_ready(self._requests.get(request_id), request_id, kv_transfer_params)
 
     # ---- the step loop -----------------------------------------------------------------------------
 
@@ -171,7 +174,7 @@ class EngineCore:
         self.step_clock.wake()
         if self._loop_task is not None:
             await self._loop_task
-        self.kv.drain()
+        self.pd.drain()
 
     async def run(self) -> None:
         """The step loop, until drained. If it breaks, every request in it fails visibly, later ones
@@ -206,10 +209,11 @@ class EngineCore:
                 continue
             now = self.clock.now() if scheduled is None else scheduled
             scheduled = None
-            self.kv.expire_held(now)
+            self.pd.expire_held(now)
             for req, refusal in self.admission.expired(now):
                 self._finish(req, "rejected", now, refusal.why, refusal.limit)
-            self.kv.notice_loaded(now)
+            for req in self.kv.get_finished(now):  # their KV is in: they join the queue
+                self.scheduler.kv_received(req)
             batch = self._schedule(now)
             if batch is None or batch.num_scheduled_tokens == 0:
                 self.stats.on_state(self.scheduler)
@@ -227,7 +231,7 @@ class EngineCore:
         for req in batch.preempted:
             self.executor.release(req.request_id)
         for req in batch.pull_backs_taking_nothing:
-            self.kv.notify_done(req)
+            self.pd.notify_done(req)
         self.kv.start_loads(batch, now)
         return batch
 
@@ -257,8 +261,17 @@ class EngineCore:
     def listen_kv_events(self, listener: Callable[[KVEvents], None]) -> Callable[[], None]:
         """In process (a composition root calls it): this engine's KV events go to `listener` as its
         outputs leave; returns what to call before reading them (`Windows.read_in_process`)."""
-        self.streams.hand_over_kv_events(self.kv.take_kv_events, listener)
+        self.streams.hand_over_kv_events(self._take_kv_events, listener)
         return self.windows.read_in_process()
+
+    def _take_kv_events(self) -> KVEvents | None:
+        """What the GPU prefix cache and the connectors' tiers gained and lost since the last call
+        (each tier's in order: a router keeps a set per tier), or None."""
+        events = self.scheduler.blocks.take_kv_events()
+        more = self.kv.take_kv_events()
+        if not more:
+            return events
+        return KVEvents((events.events if events is not None else []) + more)
 
     def _upcoming(self, since: float) -> list[float]:
         """Emulated times of known events the scheduler has not seen at `since`: requests queued after
@@ -276,9 +289,7 @@ class EngineCore:
         error: str | None = None,
         rejected_by: str | None = None,
     ) -> None:
-        params, holding = self.kv.request_finished(req, reason, now)
-        if holding or (reason == "rejected" and req.is_remote_prefill):  # the prefill side may free it now
-            self.kv.notify_done(req)
+        params = self.kv.request_finished(req, reason, now)
         req.times.finished_s = now
         self.admission.finished(req)
         self._requests.pop(req.request_id, None)
@@ -328,13 +339,13 @@ def _refused(core: EngineCore, req: Request, refusal: Refusal) -> EngineOutput:
     """`req` refused on arrival (`admission`): nothing computed; its prefill engine may free its KV."""
     core.stats.on_admission_rejected(refusal.limit)
     if req.is_remote_prefill:
-        core.kv.notify_done(req)
+        core.pd.notify_done(req)
     why, limit = refusal.why, refusal.limit
     return EngineOutput(req.request_id, [], [], "rejected", None, req.times, why, rejected_by=limit)
 
 
-def _kv_handoff(core: EngineCore, offload: KVOffload | None) -> KVHandoff:
-    return KVHandoff(
+def _pd_connector(core: EngineCore) -> PDConnector:
+    return PDConnector(
         core.engine_id,
         scheduler=core.scheduler,
         kv_scheduler=core.kv_scheduler,
@@ -342,5 +353,4 @@ def _kv_handoff(core: EngineCore, offload: KVOffload | None) -> KVHandoff:
         stats=core.stats,
         step_clock=core.step_clock,
         abort=core.abort,
-        offload=offload,
     )

@@ -194,7 +194,7 @@ class Request:
 
     @property
     def kv_load_failed(self) -> bool:
-        """Its remote KV failed to load (`KVConnectorScheduler.recompute_instead`): it computes those
+        """Its remote KV failed to load (`PDConnectorScheduler.recompute_instead`): it computes those
         tokens here instead, none are external."""
         return self.times.kv_load_failed or self.times.kv_pull_back_failed
 

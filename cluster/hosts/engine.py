@@ -15,7 +15,7 @@ from actors.engine.block_hash import BlockHash
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
 from actors.engine.health import EngineDeadError
-from actors.engine.kv_connector_worker import KVSource
+from actors.engine.kv_connectors.pd_worker import KVSource
 from cluster.clock_sync import Probe, probe
 from cluster.engines import build_engine, runner_for
 from cluster.hosts.common import remote_stream, serve_node_metrics

@@ -16,7 +16,7 @@ import numpy as np
 
 from actors.engine.background import Background
 from actors.engine.block_hash import BlockHash
-from actors.engine.kv_tier import TierPath, num_ready
+from actors.engine.kv_connectors.tier import TierPath, num_ready
 from messages import BlockRemoved, BlockStored, KVStoreChanges
 
 

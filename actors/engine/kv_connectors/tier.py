@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from actors.engine.block_hash import BlockHash
-from actors.engine.kv_transfer import LinkQueue
+from actors.engine.kv_connectors.transfer import LinkQueue
 from emulation.profiles import LinkProfile
 from emulation.transfer import handoff_time
 from messages import BlockRemoved, BlockStored

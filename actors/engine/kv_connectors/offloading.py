@@ -1,11 +1,12 @@
 """An engine's KV offloading connector (vLLM's `OffloadingConnector`, LMCache's tiers): stores computed
-blocks into the engine's offload tiers and loads a prompt's blocks back from them.
+blocks into the engine's offload tiers (`tier.py`: host memory, disk; `shared_tier.py`: the shared
+store) and loads a prompt's blocks back from them.
 
     admission   GPU prefix hit ─┬─ lookup: the blocks after it that a tier holds, consecutive, each
                                 │  from the first tier that has it ready (host, then disk)
                                 └─ none: computed as usual
                 hit ─ blocks allocated for hit + loaded ─ WAITING_FOR_REMOTE_KVS ─ start_load
-    a step boundary at or after the load's end ─ notice_loaded ─ the request computes the rest
+    a step boundary at or after the load's end ─ get_finished ─ the request computes the rest
     the request ends ─ store: its full computed blocks (the prompt's, with `prompt_only`), deduplicated
                       per tier, in the background on each tier's link
 
@@ -25,10 +26,12 @@ import numpy as np
 from actors.engine.background import Background
 from actors.engine.executor import Executor
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
-from actors.engine.kv_tier import Tier
+from actors.engine.kv_connectors.base import KVConnector
+from actors.engine.kv_connectors.tier import Tier
 from actors.engine.request import Request
+from actors.engine.scheduled_batch import ScheduledBatch
 from actors.engine.stats import EngineStats
-from messages import OFFLOAD_TIERS, BlockRemoved, BlockStored
+from messages import OFFLOAD_TIERS, BlockRemoved, BlockStored, FinishedReason, KVTransferParams
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class _Load:
     """Its KV is in the request's blocks (a shared store's comes in the background)."""
 
 
-class KVOffload:
+class OffloadingConnector(KVConnector):
     """`tiers`: the engine's offload tiers in lookup order (a block comes from the first one holding
     it); `prompt_only`: store a request's prompt blocks only (vLLM's `offload_prompt_only`)."""
 
@@ -82,7 +85,7 @@ class KVOffload:
         self._loading: dict[str, _Load] = {}
         """Requests whose load started, until a step notices it (or they end)."""
 
-    def on_added(self) -> None:
+    def on_added(self, req: Request) -> None:
         """A request arrived: the engine's view of the shared store is brought up to date."""
         for tier in self.tiers:
             tier.refresh()
@@ -117,6 +120,11 @@ class KVOffload:
         if segments:
             self._found[req.request_id] = segments
         return at - num_hit_blocks
+
+    def start_loads(self, batch: ScheduledBatch, now: float) -> None:
+        """The batch's requests whose lookup hit got their blocks: their loads start."""
+        for req in batch.new_offload_loads:
+            self.start_load(req, now)
 
     def start_load(self, req: Request, now: float) -> None:
         """`req` got its blocks at `now`: its tiers copy their blocks in (the real KV moves now, or once
@@ -182,9 +190,9 @@ class KVOffload:
         ids = load.req.block_ids[first : first + len(kvs)]
         self.executor.write_kv(ids, np.concatenate(kvs, axis=3))  # type: ignore[arg-type]
 
-    def notice_loaded(self, now: float) -> list[Request]:
+    def get_finished(self, now: float) -> list[Request]:
         """Step boundary: requests whose loads are done by `now` (their blocks unpinned, each tier's
-        part recorded); the caller gives them to the scheduler."""
+        part recorded)."""
         done = [load for load in self._loading.values() if load.fetched and load.done_s <= now + 1e-12]
         for load in done:
             del self._loading[load.req.request_id]
@@ -199,14 +207,15 @@ class KVOffload:
         the shared store has not sent yet wakes the engine when it comes (`wake`)."""
         return [load.done_s for load in self._loading.values() if load.fetched and load.done_s >= since]
 
-    def request_finished(self, req: Request, now: float) -> None:
+    def request_finished(self, req: Request, reason: FinishedReason, now: float) -> KVTransferParams | None:
         """`req` ended: a load it had planned or started is dropped (its blocks unpinned), and its
-        computed blocks are stored (before the scheduler frees them)."""
+        computed blocks are stored (before the scheduler frees them); nothing is handed on."""
         self._found.pop(req.request_id, None)
         load = self._loading.pop(req.request_id, None)
         if load is not None:
             self._unpin(load)
         self.store(req, now)
+        return None
 
     @staticmethod
     def _unpin(load: _Load) -> None:

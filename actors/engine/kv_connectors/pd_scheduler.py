@@ -1,10 +1,10 @@
 """The KV connector, in the two halves vLLM's `KVConnectorBase_V1` has (here: NIXL-style P/D).
 
     scheduler side   what to load and what to save: plans a decode request's pull once it has its blocks,
-    (KVConnectorScheduler)  notices finished loads at step boundaries, describes a finished prefill's KV
+    (PDConnectorScheduler)  notices finished loads at step boundaries, describes a finished prefill's KV
                      (`kv_transfer_params`) and holds it until decode has pulled it or it expires
     worker side      moving it: reads held KV out of the runner for a peer, pulls a peer's KV into this
-    (KVConnectorWorker,     engine's blocks and tells the peer it may free it
+    (PDConnectorWorker,     engine's blocks and tells the peer it may free it
      kv_connector_worker.py)
 
 A handoff, decode side (pull mode)::
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from actors.engine.kv_transfer import KVReceiver, TransferPlan
+from actors.engine.kv_connectors.transfer import KVReceiver, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.scheduler import Scheduler
 from messages import FinishedReason, KVTransferParams
 
 
-class KVConnectorScheduler:
+class PDConnectorScheduler:
     def __init__(
         self,
         engine_id: str,
@@ -116,15 +116,14 @@ class KVConnectorScheduler:
         self._loaded[req.request_id] = req
 
     def notice_loaded(self, now: float) -> list[Request]:
-        """Step boundary: requests whose transfer is done by `now` join the scheduler's queue; returns
-        them (their prefill engines are to be notified)."""
+        """Step boundary: requests whose transfer is done by `now` (to join the scheduler's queue; their
+        prefill engines are to be notified)."""
         noticed = []
         for rid in sorted(self._loaded):
             req = self._loaded[rid]
             if (req.times.kv_transfer_done_s or 0.0) <= now + 1e-12:
                 del self._loaded[rid]
                 req.times.kv_noticed_s = now
-                self.scheduler.kv_received(req)
                 self._holding.discard(rid)
                 noticed.append(req)
         return noticed

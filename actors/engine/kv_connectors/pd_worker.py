@@ -8,8 +8,8 @@ from typing import Protocol
 
 from actors.engine.clock import Clock
 from actors.engine.executor import Executor
-from actors.engine.kv_faults import KVLoadFaults
-from actors.engine.kv_transfer import Link, LinkQueue, TransferPlan
+from actors.engine.kv_connectors.faults import KVLoadFaults
+from actors.engine.kv_connectors.transfer import Link, LinkQueue, TransferPlan
 from actors.engine.request import Request, RequestStatus
 from actors.engine.stats import EngineStats
 from messages import KVPayload, KVPull
@@ -33,7 +33,7 @@ class KVNotHeldError(LookupError):
     """The source engine holds no KV for a pull: freed, expired, released for room, or never held."""
 
 
-class KVConnectorWorker:
+class PDConnectorWorker:
     def __init__(
         self,
         engine_id: str,

@@ -1,6 +1,7 @@
-"""An engine's KV handoffs, between its entry points and step loop and its KV connector (vLLM's split
-into a scheduler-side and a worker-side connector): the source side (held KV read, freed, expired)
-and the receiving side (push notices, loads run in the background, failed loads recomputed or failed).
+"""The P/D connector (NIXL-style, vLLM's `NixlConnector`): an engine's KV handoffs with its peers, over
+the connector's scheduler side (`pd_scheduler.py`) and worker side (`pd_worker.py`): the source side
+(held KV read, freed, expired) and the receiving side (push notices, loads run in the background,
+failed loads recomputed or failed), and, bidirectional, decode's turns pulled back by prefill.
 
     prefill (source)                       decode (receiving)
     finished: KV held ── get_kv(pull) ───▶ start_load at admission ── load ── noticed at a step
@@ -13,19 +14,19 @@ import math
 from collections.abc import Callable
 
 from actors.engine.background import Background
-from actors.engine.kv_connector import KVConnectorScheduler
-from actors.engine.kv_connector_worker import KVConnectorWorker, KVLoadError, KVNotHeldError
-from actors.engine.kv_offload import KVOffload
-from actors.engine.kv_transfer import TransferPlan
+from actors.engine.kv_connectors.base import KVConnector
+from actors.engine.kv_connectors.pd_scheduler import PDConnectorScheduler
+from actors.engine.kv_connectors.pd_worker import KVLoadError, KVNotHeldError, PDConnectorWorker
+from actors.engine.kv_connectors.transfer import TransferPlan
 from actors.engine.request import Request
 from actors.engine.scheduled_batch import ScheduledBatch
 from actors.engine.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
-from messages import FinishedReason, KVEvents, KVPayload, KVPull, KVTransferParams
+from messages import FinishedReason, KVPayload, KVPull, KVTransferParams
 
 
-class KVHandoff:
+class PDConnector(KVConnector):
     """`abort(request_id, reason, error)`: end a request as the engine does."""
 
     def __init__(
@@ -33,15 +34,12 @@ class KVHandoff:
         engine_id: str,
         *,
         scheduler: Scheduler,
-        kv_scheduler: KVConnectorScheduler,
-        kv_worker: KVConnectorWorker,
+        kv_scheduler: PDConnectorScheduler,
+        kv_worker: PDConnectorWorker,
         stats: EngineStats,
         step_clock: StepClock,
         abort: Callable[[str, FinishedReason, str | None], None],
-        offload: KVOffload | None = None,
     ) -> None:
-        """`offload`: the engine's offloading connector (None: no offload tiers)."""
-        self.offload = offload
         self.engine_id = engine_id
         self.scheduler = scheduler
         self.kv_scheduler = kv_scheduler
@@ -91,8 +89,6 @@ class KVHandoff:
         """A new request: a hybrid's prefill request leaves its last prompt token to decode; if
         prefill's notice overtook it, its KV can move once it has blocks."""
         self.kv_scheduler.on_new_request(req)
-        if self.offload is not None:
-            self.offload.on_added()
         early = self._early_pushes.pop(req.request_id, None)
         if early is not None:
             self.kv_scheduler.push_ready(req, early)
@@ -104,49 +100,29 @@ class KVHandoff:
             self._background.run(self._load(req, plan))
 
     def start_loads(self, batch: ScheduledBatch, now: float) -> None:
-        """The batch's requests that just got blocks for KV from a peer or the offload tiers start
-        loading it."""
+        """The batch's requests that just got blocks for a peer's KV start loading it."""
         for req in batch.new_remote_requests:
             self.start_load(req, now)
-        for req in batch.new_offload_loads:
-            assert self.offload is not None
-            self.offload.start_load(req, now)
 
-    def notice_loaded(self, now: float) -> None:
-        """Step boundary: loads done by `now` join the scheduler's queue; the peers they came from are
-        told they may free their KV."""
-        for req in self.kv_scheduler.notice_loaded(now):
+    def get_finished(self, now: float) -> list[Request]:
+        """Step boundary: loads done by `now` (they join the scheduler's queue); the peers they came
+        from are told they may free their KV."""
+        noticed = self.kv_scheduler.notice_loaded(now)
+        for req in noticed:
             self.notify_done(req)
-        for req in self.offload.notice_loaded(now) if self.offload is not None else ():
-            self.scheduler.kv_received(req)
+        return noticed
 
     def upcoming(self, since: float) -> list[float]:
-        """Emulated times of the connectors' own events after `since` (`KVConnectorScheduler.upcoming`,
-        offload loads ending)."""
-        times = self.kv_scheduler.upcoming(since)
-        return times + self.offload.upcoming(since) if self.offload is not None else times
+        """Loads already moved and held KV coming up for expiry (`PDConnectorScheduler.upcoming`)."""
+        return self.kv_scheduler.upcoming(since)
 
-    def request_finished(
-        self, req: Request, reason: FinishedReason, now: float
-    ) -> tuple[KVTransferParams | None, bool]:
-        """`req` ended: its blocks go to the offload tiers (before the scheduler frees them); what it
-        hands on (`KVConnectorScheduler.request_finished`)."""
-        if self.offload is not None:
-            self.offload.request_finished(req, now)
-        return self.kv_scheduler.request_finished(req, reason, now)
-
-    def take_kv_events(self) -> KVEvents | None:
-        """What the GPU prefix cache and the offload tiers gained and lost since the last call (each
-        tier's in order: a router keeps a set per tier), or None."""
-        events = self.scheduler.blocks.take_kv_events()
-        more = self.offload.take_kv_events() if self.offload is not None else []
-        if not more:
-            return events
-        return KVEvents((events.events if events is not None else []) + more)
-
-    def assert_empty(self) -> None:
-        if self.offload is not None:
-            self.offload.assert_empty()
+    def request_finished(self, req: Request, reason: FinishedReason, now: float) -> KVTransferParams | None:
+        """What `req` hands on (`PDConnectorScheduler.request_finished`); its prefill engine is told it
+        may free the KV it still holds for it (and that of a request refused on arrival)."""
+        params, holding = self.kv_scheduler.request_finished(req, reason, now)
+        if holding or (reason == "rejected" and req.is_remote_prefill):
+            self.notify_done(req)
+        return params
 
     def notify_done(self, req: Request) -> None:
         """Tell `req`'s source engine it may free the KV (in the background)."""
