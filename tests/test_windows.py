@@ -29,6 +29,13 @@ MOONCAKE = (
     / "shared/traces/mooncake_fast25/conversation_trace.window_0s_1200s.jsonl"
 )
 """Whole-second arrivals: many events due at once."""
+GPT_OSS = [  # sliding-window layers (gpt-oss): blocks freed as requests advance
+    "target.model=gpt-oss-120b",
+    "workload.kind=synthetic",
+    "workload.rate=4",
+    "workload.prompt_len=3000",
+    "workload.output_len=300",
+]
 CASES = {  # id: (preset, design, overrides): every role, handoff mode and router the windows meet
     "collocated": ("guide-l40s", "collocated", ["workload.rate=2.0"]),
     "pd-pull": ("guide-l40s", "pd-testbox", ["workload.rate=1.0"]),
@@ -42,6 +49,20 @@ CASES = {  # id: (preset, design, overrides): every role, handoff mode and route
     "bidirectional": ("six-turn-l40s", "pd-bidirectional", ["multi_turn.num_conversations=6"]),
     "e-pd-operators": ("epd-a100", "e-pd", ["workload.rate=8", "workload.output_len=40"]),
     "trace": ("agentic-h200", "collocated", [f"replay.trace={MOONCAKE}", "replay.window_s=[0,30]"]),
+    "sliding-window": ("agentic-h200", "collocated", [*GPT_OSS, "scheduler.max_num_batched_tokens=1024"]),
+    "sliding-window-preempting": (  # blocks leave windows between a window's steps, and run short
+        "agentic-h200",
+        "collocated",
+        [
+            *GPT_OSS,
+            "scheduler.num_gpu_blocks_override=600",
+            "scheduler.max_num_batched_tokens=1024",
+            "scheduler.max_model_len=4096",
+            "scheduler.reserve_full_isl=false",
+            "pools.mixed.replicas=1",
+        ],
+    ),
+    "sliding-window-pd": ("agentic-h200", "pd", GPT_OSS),
     "kv-aware-evicting": (  # the router reads evictions made mid-window: they must have reached it
         "six-turn-l40s",
         "collocated",
@@ -90,7 +111,12 @@ def same(a: object, b: object) -> bool:
 def test_windows_change_nothing(case: str) -> None:
     (one, *_), (many, num_windows, num_chunked) = run(case, False), run(case, True)
     assert num_windows > 0, "no window ran: the comparison would prove nothing"
-    if case in ("collocated", "pd-pull", "preempting"):  # prompt chunks: beside decodes, or alone
+    if case in (
+        "collocated",
+        "pd-pull",
+        "preempting",
+        "sliding-window",
+    ):  # prompt chunks: beside decodes, or alone
         assert num_chunked > 0, "no window with a prompt chunk ran"
     assert one.summary.keys() == many.summary.keys()
     assert all(same(one.summary[k], many.summary[k]) for k in one.summary), {

@@ -254,16 +254,33 @@ def _chunk_new_blocks(
 def _steps_with_blocks(
     requests: list[Request], chunks: list[int], blocks: KVCacheCoordinator, num_steps: int
 ) -> int:
-    """How many of the steps the free blocks last for (a step short of blocks would preempt)."""
-    bs = blocks.block_size
+    """How many of the steps the free blocks last for (a step short of blocks would preempt): each new
+    block of tokens takes a block of every kind (`num_blocks_per_position`); blocks a sliding window
+    frees meanwhile are not counted, so a window may end before blocks would run short."""
+    bs, per_position = blocks.block_size, blocks.num_blocks_per_position
     num_needed = sum(len(range(first, num_steps, bs)) for first in _first_new_blocks(requests, chunks, bs))
     if chunks:
         num_needed += sum(_chunk_new_blocks(requests[-1], chunks, bs, num_steps)[1])
-    if num_needed <= blocks.num_free_blocks:  # counted, not listed: the usual case
+    if num_needed * per_position <= blocks.num_free_blocks:  # counted, not listed: the usual case
         return num_steps
     runs = _new_blocks(requests, chunks, bs, num_steps)
-    counts = list(itertools.accumulate(n for _, _, n in runs))
+    counts = list(itertools.accumulate(n * per_position for _, _, n in runs))
     return runs[bisect.bisect_right(counts, blocks.num_free_blocks)][0]  # it misses a block: not run
+
+
+def _allocate_each(
+    sched: Scheduler, requests: list[Request], chunks: list[int], steps: list[tuple[int, int]]
+) -> None:
+    """The allocations of the window's `steps` ((step, request index), in the order a step at a time
+    makes them), each as that step's scheduler made it: with the tokens computed before the step."""
+    for i, r in steps:
+        req = requests[r]
+        computed = req.num_computed_tokens
+        chunked = bool(chunks) and r == len(requests) - 1
+        req.num_computed_tokens = computed + (sum(chunks[:i]) if chunked else i)
+        fits = sched.blocks.allocate_slots(req, chunks[i] if chunked else 1)
+        assert fits, "a window's steps fit its free blocks (`_steps_with_blocks`)"
+        req.num_computed_tokens = computed
 
 
 def commit(
@@ -276,7 +293,11 @@ def commit(
     window.committed = True
     k, requests, chunks = window.num_steps, window.batch.requests, window.chunks
     runs = _new_blocks(requests, chunks, sched.blocks.block_size, k)
-    sched.blocks.append_block_runs([(requests[r], n) for _, r, n in runs])
+    events = sched.blocks.window_events(requests, chunks, k)
+    if events:  # a kind of KV frees blocks as it goes: every step that changes blocks, in order
+        _allocate_each(sched, requests, chunks, sorted(events.union((i, r) for i, r, _ in runs)))
+    else:  # new blocks only, taken at once (no block is freed between)
+        sched.blocks.append_block_runs([(requests[r], n) for _, r, n in runs])
     out = []
     for i, req in enumerate(requests):
         assert req.status is RequestStatus.RUNNING, "a window's requests run to its end"

@@ -12,6 +12,7 @@ Managers take blocks in that order and free them in the reverse one.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from actors.engine.block_hash import BlockHash
@@ -43,6 +44,8 @@ class KVCacheCoordinator:
         take can evict it)."""
         self._freeing = self.managers[::-1]
         self.keeps_hit_without_load = all(m.keeps_hit_without_load for m in self.managers)
+        self.num_blocks_per_position = 1 + sum(m.num_blocks_per_position for m in self._others)
+        """Blocks a request takes for each block of new tokens, every kind's (a window of steps counts)."""
         """Whether a request whose remote KV failed to load keeps its local prefix hit."""
         self.num_prefix_cache_queries = 0
         """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
@@ -174,6 +177,26 @@ class KVCacheCoordinator:
         """Whether `requests`' blocks change over the next steps only by new full-attention blocks for
         their new tokens, the last one computing prompt chunks where `chunked` (a window of steps)."""
         return all(m.steady(requests, chunked) for m in self._others)
+
+    def window_events(
+        self, requests: list[Request], chunks: list[int], num_steps: int
+    ) -> set[tuple[int, int]]:
+        """(step, request index) of a window of `num_steps` steps at which a kind of KV changes a
+        request's blocks beyond taking new ones (a sliding window freeing): the window replays those
+        allocations one by one. `chunks`: the last request's prompt chunk each step (none: decodes)."""
+        decodes = requests[:-1] if chunks else requests
+        events: set[tuple[int, int]] = set()
+        for manager in self._others:
+            for r, req in enumerate(decodes):
+                events.update(
+                    (i, r) for i in manager.decode_steps_changing(req.num_computed_tokens, num_steps)
+                )
+            if chunks:
+                computed = list(
+                    itertools.accumulate(chunks[: num_steps - 1], initial=requests[-1].num_computed_tokens)
+                )
+                events.update((i, len(requests) - 1) for i in manager.steps_changing(computed))
+        return events
 
     def free(self, req: Request) -> None:
         """Drop `req`'s hold on its blocks, every kind's (see `FullAttentionManager.free`)."""

@@ -27,6 +27,8 @@ from actors.engine.request import Request
 
 
 class KVCacheManager(ABC):
+    num_blocks_per_position: int = 0
+    """Blocks it takes for each block of new tokens (the window of steps' count of blocks needed)."""
     keeps_hit_without_load: bool = True
     """Whether a request whose remote KV failed to load still starts from its local prefix hit (a
     hybrid's hit then had no state of its own: it computes from the start)."""
@@ -82,6 +84,15 @@ class KVCacheManager(ABC):
     def align_chunk(self, req: Request, num_new_tokens: int) -> int:
         """Of `num_new_tokens` the budget gives `req` this step, those this kind lets it compute."""
         return num_new_tokens
+
+    def steps_changing(self, computed: list[int]) -> list[int]:
+        """Of steps allocating with `computed` tokens each (one a step, in order), those at which this
+        kind changes a request's blocks beyond taking new ones (what a window of steps replays)."""
+        return []
+
+    def decode_steps_changing(self, num_computed_tokens: int, num_steps: int) -> range:
+        """`steps_changing` for a decode's steps 1 .. num_steps - 1 after one with `num_computed_tokens`."""
+        return range(0)
 
     def steady(self, requests: list[Request], chunked: bool) -> bool:
         """Whether `requests`' blocks change over the next steps only by new blocks for new tokens, the

@@ -64,6 +64,7 @@ class SlidingWindowManager(KVCacheManager):
         self.num_hit_blocks_needed = cdiv(self.window - 1, block_size)
         """Contiguous cached blocks a prefix hit needs (the window before the hit's end)."""
         self.admission_cap = max_window_blocks(self.window, block_size, spec.max_num_batched_tokens)
+        self.num_blocks_per_position = spec.num_groups
         self._tables: dict[Request, list[Slot]] = {}
         self._cache = pool.window_cache
         self._num_cached: dict[Request, int] = {}
@@ -191,9 +192,17 @@ class SlidingWindowManager(KVCacheManager):
         if slots:
             self._free_slots(slots)
 
-    def steady(self, requests: list[Request], chunked: bool) -> bool:
-        """Never over a window of steps: blocks leave a window as tokens come (not counted there)."""
-        return False
+    def steps_changing(self, computed: list[int]) -> list[int]:
+        """The steps whose window leaves a block behind (freed at their allocation)."""
+        skipped = list(map(self.num_skipped_blocks, computed))
+        return [i for i in range(1, len(computed)) if skipped[i] > skipped[i - 1]]
+
+    def decode_steps_changing(self, num_computed_tokens: int, num_steps: int) -> range:
+        """Step i allocates with c = num_computed_tokens + i computed; a block leaves the window when
+        c - W + 1 reaches a positive multiple of block_size: every block_size steps from the first."""
+        bs, c = self.block_size, num_computed_tokens
+        first_x = max(bs, -(-(c - self.window + 2) // bs) * bs)  # c + i - W + 1 at the first such step
+        return range(first_x + self.window - 1 - c, num_steps, bs)
 
     def tables(self, req: Request) -> list[Slot]:
         """`req`'s table (for tests and conformance: its positions, None where a block left the window)."""
