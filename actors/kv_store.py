@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from actors.engine.block_hash import BlockHash
+from actors.engine.kv_cache.block_hash import BlockHash
 from messages import KVStoreChanges
 
 

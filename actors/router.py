@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, prompt_block_hashes
 from actors.engine.health import EngineDeadError
+from actors.engine.kv_cache.block_hash import ROOT_BLOCK_HASH, BlockHash, prompt_block_hashes
 from emulation.config import RouterConfig
 from emulation.kv_cache import cdiv
 from messages import BlockStored, ClientRequest, KVEvents

@@ -30,9 +30,9 @@ import numpy as np
 import ray
 import torch
 
-from actors.engine.ffn_client import AfdConnector
-from actors.engine.runner import ModelRunner, RunnerInput
-from actors.engine.runner_model import ensure_model, load_model
+from actors.engine.runner.ffn_client import AfdConnector
+from actors.engine.runner.model_runner import ModelRunner, RunnerInput
+from actors.engine.runner.tiny_model import ensure_model, load_model
 from actors.ffn.worker import FfnWorker, LocalFfnRanks
 from cluster.config_load import load_designs
 from cluster.hosts.ffn import FfnHost, RemoteFfnRanks

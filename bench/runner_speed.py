@@ -16,8 +16,8 @@ import timeit
 
 import torch
 
-from actors.engine.runner import ModelRunner, RunnerInput
-from actors.engine.runner_model import load_model
+from actors.engine.runner.model_runner import ModelRunner, RunnerInput
+from actors.engine.runner.tiny_model import load_model
 from emulation.config import RunnerConfig
 from emulation.profiles import GPUS, MODELS
 from emulation.roofline import Roofline

@@ -61,8 +61,8 @@ def _measure(cfg: TestbedConfig, step: list[tuple[int, int, bool]]) -> float:
     """Real seconds of the runner's forward pass for `step` (the slowest of 3 after a warm-up that builds the
     requests' working KV, as a running engine has it); contexts are zeros."""
 
-    from actors.engine.runner import ModelRunner, RunnerInput
-    from actors.engine.runner_model import load_model
+    from actors.engine.runner.model_runner import ModelRunner, RunnerInput
+    from actors.engine.runner.tiny_model import load_model
 
     bs = cfg.scheduler.block_size
     need = sum(cdiv(n + c, bs) for n, c, _ in step)
@@ -85,8 +85,8 @@ def _measure(cfg: TestbedConfig, step: list[tuple[int, int, bool]]) -> float:
 
 def _measure_handoff(cfg: TestbedConfig, num_tokens: int) -> float:
     """Real seconds to read a prompt's KV out of one runner's pool and write it into another's."""
-    from actors.engine.runner import ModelRunner
-    from actors.engine.runner_model import load_model
+    from actors.engine.runner.model_runner import ModelRunner
+    from actors.engine.runner.tiny_model import load_model
 
     bs = cfg.scheduler.block_size
     blocks = list(range(cdiv(num_tokens, bs)))

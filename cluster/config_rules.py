@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
+from actors.engine.runner.arch import UnsupportedModelError, check_runner_model
 from cluster.config_rules_experts import experts
 from cluster.config_rules_hybrid import hybrid
 from cluster.config_rules_target import target, unknown_gpu

@@ -19,11 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from actors.encoder.encoder import EncoderCore
 from actors.encoding import EncoderClient, EncoderPool
-from actors.engine.admission import Admission
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
-from actors.engine.encoder_cache import EncoderCache
-from actors.engine.executor import Executor
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.kv_cache.mamba_state import MambaStateSpec
 from actors.engine.kv_cache.manager import KVCacheSpec
@@ -35,7 +32,10 @@ from actors.engine.kv_connectors.pd_worker import KVSource, PDConnectorWorker
 from actors.engine.kv_connectors.shared_tier import KVStoreClient, SharedKVTier
 from actors.engine.kv_connectors.tier import KVTier, Tier, TierPath
 from actors.engine.kv_connectors.transfer import KVReceiver, Link, LinkQueue
-from actors.engine.scheduler import KVLookup, Scheduler
+from actors.engine.runner.executor import Executor
+from actors.engine.scheduling.admission import Admission
+from actors.engine.scheduling.encoder_cache import EncoderCache
+from actors.engine.scheduling.scheduler import KVLookup, Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from dashboards.recorders import EncoderMetrics, EngineMetrics
@@ -47,8 +47,8 @@ from emulation.vision import encoder_roofline_for, vision_encoder_of
 from workloads.replay import Workload, needs_render
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
-    from actors.engine.ffn_client import FfnRanks
-    from actors.engine.runner import ModelRunner
+    from actors.engine.runner.ffn_client import FfnRanks
+    from actors.engine.runner.model_runner import ModelRunner
 
 
 def runner_for(cfg: TestbedConfig, pool: PoolConfig, ffn: FfnRanks | None = None) -> ModelRunner | None:
@@ -57,13 +57,13 @@ def runner_for(cfg: TestbedConfig, pool: PoolConfig, ffn: FfnRanks | None = None
     default F workers in this process (`ffn_workers`)."""
     if cfg.runner.compute != "real":
         return None
-    from actors.engine.ffn_client import AfdConnector
-    from actors.engine.runner import ModelRunner
-    from actors.engine.runner_model import load_model
+    from actors.engine.runner.ffn_client import AfdConnector
+    from actors.engine.runner.model_runner import ModelRunner
+    from actors.engine.runner.tiny_model import load_model
 
     r = cfg.runner
     if r.architecture == "nemotron_h":
-        from actors.engine.hybrid_runner import HybridRunner
+        from actors.engine.runner.hybrid import HybridRunner
 
         blocks = num_gpu_blocks(cfg, pool)
         return HybridRunner(load_model(r), num_blocks=blocks, block_size=cfg.scheduler.block_size,
@@ -84,7 +84,7 @@ def runner_for(cfg: TestbedConfig, pool: PoolConfig, ffn: FfnRanks | None = None
 def ffn_workers(cfg: TestbedConfig, num_ffn_ranks: int) -> FfnRanks:
     """An AFD replica's FFN ranks in this process: each holds the MoE blocks of the runner's checkpoint,
     loaded from it apart from the engine's model (once per process, shared by the ranks)."""
-    from actors.engine.runner_model import ensure_model, runner_device
+    from actors.engine.runner.tiny_model import ensure_model, runner_device
     from actors.ffn.worker import FfnWorker, LocalFfnRanks
 
     path, device = str(ensure_model(cfg.runner)), runner_device(cfg.runner)
@@ -94,7 +94,7 @@ def ffn_workers(cfg: TestbedConfig, num_ffn_ranks: int) -> FfnRanks:
 def vision_for(cfg: TestbedConfig) -> Any:
     """The tiny vision encoder the runner's engines compute images with (loaded once per process), or
     None for a text-only target."""
-    from actors.engine.vision_model import load_vision_model
+    from actors.engine.runner.vision import load_vision_model
 
     vit = vision_encoder_of(cfg.target.model)
     return None if vit is None else load_vision_model(cfg.runner, vit.patch_size)

@@ -121,7 +121,7 @@ def deploy(cfg: TestbedConfig, render: bool = False) -> LiveDeployment:
     cfg = with_stream_flush(cfg, serving=render)
     check_resources(cfg)
     if cfg.runner.compute == "real":
-        from actors.engine.runner_model import ensure_model
+        from actors.engine.runner.tiny_model import ensure_model
 
         ensure_model(cfg.runner)  # build once here, so actors on this node only load it
     host = ray.remote(EngineHost)

@@ -10,7 +10,7 @@ prompt's end) ended where the next step started, since its requests still had wo
 
     end of a step without tokens = the next step's end - the next step's time
 
-Steps one at a time and windows of them (`actors.engine.window`) stamp the same ends and time the same
+Steps one at a time and windows of them (`actors.engine.window.plan`) stamp the same ends and time the same
 steps, so they log the same points, bit for bit.
 """
 

@@ -20,8 +20,8 @@ import numpy as np
 
 from actors.engine.clock import Clock, VirtualTimeLoop
 from actors.engine.core import EngineCore
-from actors.engine.scheduled_batch import ScheduledBatch
-from actors.engine.scheduler import Scheduler
+from actors.engine.scheduling.scheduled_batch import ScheduledBatch
+from actors.engine.scheduling.scheduler import Scheduler
 from cluster.config_load import build_config
 from cluster.engines import build_engine, runner_for
 from emulation.config import TestbedConfig

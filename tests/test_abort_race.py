@@ -6,7 +6,7 @@ import threading
 import time
 
 from actors.engine.clock import Clock
-from actors.engine.runner import ModelRunner
+from actors.engine.runner.model_runner import ModelRunner
 from cluster.virtual import build_deployment
 from messages import EngineRequest
 from tests.factories import COLLOCATED, make_config, make_requests

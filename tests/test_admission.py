@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from actors.api.errors import RETRY_AFTER_S, rejection
-from actors.engine.admission import VLLM_QUEUE_LIMITS, Admission, vllm_queue_limit
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request, RequestStatus
-from actors.engine.scheduler import Scheduler
+from actors.engine.scheduling.admission import VLLM_QUEUE_LIMITS, Admission, vllm_queue_limit
+from actors.engine.scheduling.scheduler import Scheduler
 from dashboards import metrics as m
 from dashboards.exposition import sum_series
 from messages import ClientRequest, EngineRequest

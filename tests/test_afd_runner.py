@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import cluster.engines
-from actors.engine.ffn_client import AfdConnector, attention_rank
-from actors.engine.runner import ModelRunner, RunnerInput
-from actors.engine.runner_model import load_model, model_dir
+from actors.engine.runner.ffn_client import AfdConnector, attention_rank
+from actors.engine.runner.model_runner import ModelRunner, RunnerInput
+from actors.engine.runner.tiny_model import load_model, model_dir
 from actors.ffn.worker import FfnWorker, LocalFfnRanks
 from emulation.config import RunnerConfig
 from tests.factories import COLLOCATED, make_config, make_requests, run_requests

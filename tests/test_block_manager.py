@@ -5,7 +5,7 @@ import random
 import subprocess
 import sys
 
-from actors.engine.block_hash import hash_blocks
+from actors.engine.kv_cache.block_hash import hash_blocks
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request
 from messages import EngineRequest
@@ -110,7 +110,7 @@ def test_block_hashes_are_the_same_in_every_process():
     """A router compares hashes computed in other actors: Python's salted `hash` would differ."""
     tokens = list(range(1000, 1100))
     script = (
-        "from actors.engine.block_hash import hash_blocks; "
+        "from actors.engine.kv_cache.block_hash import hash_blocks; "
         f"print(','.join(h.hex() for h in hash_blocks({tokens}, 16)))"
     )
     runs = {

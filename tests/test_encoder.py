@@ -64,7 +64,7 @@ def test_an_image_split_across_prompt_chunks_gives_the_same_tokens():
 
 
 def test_a_corrupted_embedding_changes_the_tokens(monkeypatch):
-    from actors.engine.executor import Executor
+    from actors.engine.runner.executor import Executor
 
     want, _ = outputs(make_config(COLLOCATED, VL, REAL), image_request("a", 1))
     real_encode = Executor.encode
@@ -109,8 +109,8 @@ def test_images_to_a_text_only_target_fail_with_a_clear_error():
 
 
 def test_embeddings_are_spliced_at_the_image_positions_only():
-    from actors.engine.executor import image_rows
     from actors.engine.request import Request
+    from actors.engine.runner.executor import image_rows
     from messages import EngineRequest, MultiModalItem
 
     item = MultiModalItem("ab" * 32, 10, 20)
@@ -211,7 +211,7 @@ def test_synthetic_images_lead_each_prompt_and_reuse_draws_earlier_ones():
 def test_the_encoder_batches_jobs_within_its_budget_and_serves_repeats_from_its_cache():
     from actors.encoder.encoder import EncoderCore
     from actors.engine.clock import Clock
-    from actors.engine.encoder_cache import EncoderCache
+    from actors.engine.scheduling.encoder_cache import EncoderCache
     from emulation.profiles import GPUS
     from emulation.vision import EncoderRoofline
     from emulation.vision_encoders import VISION_ENCODERS

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from actors.engine.clock import Clock, DeadlockError, VirtualTimeLoop
-from actors.engine.runner_model import ensure_model
+from actors.engine.runner.tiny_model import ensure_model
 from cluster.config_load import load_designs
 from cluster.virtual import build_deployment, run_virtual, serve
 from dashboards import metrics as m
@@ -216,7 +216,7 @@ def test_a_crashing_engine_fails_every_request_instead_of_hanging():
 def test_requests_reaching_a_crashed_engine_fail_and_the_run_ends_with_its_error(monkeypatch):
     """Requests that arrive after an engine's step loop broke are refused with the cause (they used to
     wait forever: the run then ended in a deadlock instead of the engine's error)."""
-    from actors.engine.executor import Executor
+    from actors.engine.runner.executor import Executor
 
     execute = Executor.execute
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.engine.runner import ModelRunner, RunnerInput
-from actors.engine.runner_model import load_model
+from actors.engine.runner.model_runner import ModelRunner, RunnerInput
+from actors.engine.runner.tiny_model import load_model
 from emulation.config import RunnerConfig
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_requests
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from actors.engine.hybrid_runner import HybridRunner
-from actors.engine.runner import RunnerInput
-from actors.engine.runner_arch import check_runner_model
-from actors.engine.runner_model import load_model, model_dir
+from actors.engine.runner.arch import check_runner_model
+from actors.engine.runner.hybrid import HybridRunner
+from actors.engine.runner.model_runner import RunnerInput
+from actors.engine.runner.tiny_model import load_model, model_dir
 from emulation.config import RunnerConfig
 from messages import SsmState
 from tests.runner_checks import hf_logits, logits_of, prompt

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from actors.engine.block_hash import hash_blocks
+from actors.engine.kv_cache.block_hash import hash_blocks
 from actors.render.client import render_for
 from actors.render.images import ImageError, process_image
 from emulation.vision_encoders import VISION_ENCODERS

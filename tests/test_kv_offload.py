@@ -123,7 +123,7 @@ def test_prompt_only_stores_leave_the_answer_out():
 def test_router_weighs_a_host_hit_below_a_gpu_hit_and_above_a_miss():
     prompt = list(range(64))  # four blocks of 16
     router = Router(3, cfg=RouterConfig(policy="kv_aware"), block_size=16, now=lambda: 0.0)
-    from actors.engine.block_hash import prompt_block_hashes
+    from actors.engine.kv_cache.block_hash import prompt_block_hashes
 
     hashes = prompt_block_hashes(prompt, 16, 0, 4)
     router.on_kv_events(0, KVEvents([BlockStored(hashes[:2])]))
@@ -261,12 +261,12 @@ def test_a_shared_store_needs_a_link_and_fits_in_host_memory():
 def _store_and_engine_b(store_client=None):
     """A shared store of 4 blocks, engines a and b's sides of it, and b's offloading connector over
     a scheduler of its own (no engine around them); a request of five blocks for b."""
-    from actors.engine.executor import Executor
     from actors.engine.kv_cache.coordinator import KVCacheCoordinator
     from actors.engine.kv_connectors.offloading import OffloadingConnector
     from actors.engine.kv_connectors.shared_tier import SharedKVTier
     from actors.engine.request import Request
-    from actors.engine.scheduler import Scheduler
+    from actors.engine.runner.executor import Executor
+    from actors.engine.scheduling.scheduler import Scheduler
     from actors.engine.stats import EngineStats
     from actors.kv_store import KVStore
     from messages import EngineRequest

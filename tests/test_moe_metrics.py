@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import actors.engine.windows as windows_module
+import actors.engine.window.run as windows_module
 from actors.engine.core import EngineCore
 from cluster.outcome import RunOutput, clean_json, write_json
 from cluster.virtual import run_virtual

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from actors.engine.runner import ModelRunner, RunnerInput
-from actors.engine.runner_arch import UnsupportedModelError, check_runner_model
-from actors.engine.runner_model import load_model, model_dir
+from actors.engine.runner.arch import UnsupportedModelError, check_runner_model
+from actors.engine.runner.model_runner import ModelRunner, RunnerInput
+from actors.engine.runner.tiny_model import load_model, model_dir
 from emulation.config import RunnerConfig
 from tests.factories import COLLOCATED, PD, make_config, make_requests, run_requests
 from tests.runner_checks import hf_logits, logits_of, prompt

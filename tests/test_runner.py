@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.engine.runner import ModelRunner, RunnerInput
-from actors.engine.runner_model import load_model, model_dir
+from actors.engine.runner.model_runner import ModelRunner, RunnerInput
+from actors.engine.runner.tiny_model import load_model, model_dir
 from emulation.config import RunnerConfig
 from tests.runner_checks import prompt
 

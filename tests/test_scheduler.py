@@ -2,7 +2,7 @@
 
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request, RequestStatus
-from actors.engine.scheduler import Scheduler
+from actors.engine.scheduling.scheduler import Scheduler
 from messages import EngineRequest, KVTransferParams
 
 

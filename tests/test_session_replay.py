@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from actors.engine.block_hash import hash_blocks
+from actors.engine.kv_cache.block_hash import hash_blocks
 from actors.router import Router
 from emulation.config import RouterConfig
 from messages import BlockRemoved, BlockStored, ClientRequest, KVEvents

@@ -4,7 +4,7 @@ import pickle
 
 import numpy as np
 
-from actors.engine.block_hash import hash_blocks
+from actors.engine.kv_cache.block_hash import hash_blocks
 from actors.engine.request import Request
 from messages import EngineRequest, token_ids_valid
 from messages.token_ids import TokenIds, bytes_of, span

@@ -5,8 +5,8 @@ import pickle
 
 import pytest
 
-import actors.engine.block_hash as block_hash
-from actors.engine.block_hash import ROOT_BLOCK_HASH, hash_blocks, prompt_block_hashes
+import actors.engine.kv_cache.block_hash as block_hash
+from actors.engine.kv_cache.block_hash import ROOT_BLOCK_HASH, hash_blocks, prompt_block_hashes
 from actors.router import Router
 from cluster.config_load import load_designs
 from cluster.engines import kv_cache_for

@@ -27,8 +27,8 @@ import pytest
 
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request, RequestStatus
-from actors.engine.runner_model import ensure_model
-from actors.engine.scheduler import Scheduler
+from actors.engine.runner.tiny_model import ensure_model
+from actors.engine.scheduling.scheduler import Scheduler
 from emulation.config import RunnerConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS
 from messages import EngineRequest

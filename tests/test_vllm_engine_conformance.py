@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 import torch
 
-from actors.engine.runner_model import ensure_model, load_model
+from actors.engine.runner.tiny_model import ensure_model, load_model
 from emulation.config import RunnerConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS
 from tests.engine_lockstep import EngineRun, Scenario, run_engine

@@ -54,8 +54,8 @@ import pytest
 
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.kv_cache.mamba_state import MambaStateSpec
-from actors.engine.runner_model import ensure_model
-from actors.engine.scheduler import Scheduler
+from actors.engine.runner.tiny_model import ensure_model
+from actors.engine.scheduling.scheduler import Scheduler
 from emulation.config import RunnerConfig
 from emulation.kv_cache import NUM_NULL_BLOCKS, cdiv
 from tests.test_vllm_conformance import EmulatedSide, _request, first_difference, step_until_done

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.engine.runner_model import ensure_model
+from actors.engine.runner.tiny_model import ensure_model
 from cluster.virtual import run_virtual
 from dashboards import metrics as m
 from dashboards.exposition import CREATED, sum_series

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-import actors.engine.windows as windows_module
+import actors.engine.window.run as windows_module
 from actors.engine.request import Request
-from actors.engine.window import _new_blocks
+from actors.engine.window.plan import _new_blocks
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
 from dashboards.exposition import sample_values

@@ -30,7 +30,7 @@ from typing import Any, TextIO
 
 import pytest
 
-from actors.engine.runner_model import cache_dir
+from actors.engine.runner.tiny_model import cache_dir
 
 DEFAULT_VERSION = "0.32.0"
 WHEEL_DIR = Path(os.environ.get("TESTBED_VLLM_WHEELS", "/nonexistent"))

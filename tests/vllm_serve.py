@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from actors.engine.runner_model import ensure_model
+from actors.engine.runner.tiny_model import ensure_model
 from actors.render.tokenizer import ensure_tokenizer
 from emulation.config import RunnerConfig
 from tests.factories import free_port

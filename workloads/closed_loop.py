@@ -68,7 +68,7 @@ class ClosedLoop:
     def _freed_s(self, result: RequestResult) -> float:
         """When `result`'s slot frees: its last token's time, or now if later (a failure's, a late
         delivery's). In virtual time an engine may hand over a run of steady steps' tokens at the run's
-        last step start (`actors.engine.windows`), stamped up to its end: the client has them only then."""
+        last step start (`actors.engine.window.run`), stamped up to its end: the client has them only then."""
         return max(self.clock.now(), result.token_times_s[-1] if result.token_times_s else -math.inf)
 
     async def _send(self, creq: ClientRequest) -> RequestResult:

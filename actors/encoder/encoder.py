@@ -21,8 +21,8 @@ from collections import deque
 from typing import Any, Protocol
 
 from actors.engine.clock import Clock
-from actors.engine.encoder_cache import EncoderCache
-from actors.engine.executor import encoded
+from actors.engine.runner.executor import encoded
+from actors.engine.scheduling.encoder_cache import EncoderCache
 from actors.engine.step_clock import StepClock
 from emulation.vision import EncoderRoofline
 from messages import EncodedImage, EncodeJob

@@ -23,9 +23,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Literal
 
-from actors.engine.admission import Admission, Refusal
 from actors.engine.clock import Clock
-from actors.engine.executor import Executor
 from actors.engine.health import EngineHealth
 from actors.engine.kv_connectors.base import KVConnector
 from actors.engine.kv_connectors.multi import MultiConnector
@@ -33,12 +31,14 @@ from actors.engine.kv_connectors.pd import PDConnector
 from actors.engine.kv_connectors.pd_scheduler import PDConnectorScheduler
 from actors.engine.kv_connectors.pd_worker import PDConnectorWorker
 from actors.engine.request import Request, RequestStatus, check_request
-from actors.engine.scheduled_batch import ScheduledBatch
-from actors.engine.scheduler import Scheduler
+from actors.engine.runner.executor import Executor
+from actors.engine.scheduling.admission import Admission, Refusal
+from actors.engine.scheduling.scheduled_batch import ScheduledBatch
+from actors.engine.scheduling.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
-from actors.engine.windows import Windows
+from actors.engine.window.run import Windows
 from emulation.time_model import StepTimeModel
 from emulation.vision import EncoderRoofline
 from messages import (

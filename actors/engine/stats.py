@@ -15,7 +15,7 @@ from typing import Protocol
 
 from actors.engine.health import EngineHealth
 from actors.engine.request import Request, RequestStatus
-from actors.engine.scheduler import Scheduler
+from actors.engine.scheduling.scheduler import Scheduler
 from emulation.kv_cache import NUM_NULL_BLOCKS
 from messages import FinishedReason, RequestTimes
 from messages.moe_steps import MoeStepLog

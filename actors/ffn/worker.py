@@ -3,7 +3,8 @@
 The engine's runner computes each layer's attention and sends the normed hidden states of the rows its
 attention ranks hold (`messages.afd.FfnBatch`); the rank routes them, runs the chosen experts and sends
 back their output and the router's choices (`FfnOutput`). Which rows come to which rank is the attention
-side's choice (`actors.engine.ffn_client`); a rank computes whatever rows it is sent, each row on its own.
+side's choice (`actors.engine.runner.ffn_client`); a rank computes whatever rows it is sent, each row on
+its own.
 
 What a rank holds: the `Qwen3MoeSparseMoeBlock` of each sparse layer (its router's weight, its experts'
 gate/up/down projections), loaded from the checkpoint the engine's runner model loads (the seeded tiny
@@ -76,7 +77,7 @@ class FfnWorker:
 
 class LocalFfnRanks:
     """An AFD replica's FFN ranks in this process (virtual mode), called one after another; the engine's
-    runner sees them as its `FfnRanks` (`actors.engine.ffn_client`)."""
+    runner sees them as its `FfnRanks` (`actors.engine.runner.ffn_client`)."""
 
     def __init__(self, workers: Sequence[FfnWorker]) -> None:
         self.workers = list(workers)

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from actors.engine.block_hash import BlockHash
 from actors.engine.clock import Clock
 from actors.engine.core import EngineCore, Role
 from actors.engine.health import EngineDeadError
+from actors.engine.kv_cache.block_hash import BlockHash
 from actors.engine.kv_connectors.pd_worker import KVSource
 from cluster.clock_sync import Probe, probe
 from cluster.engines import build_engine, runner_for

@@ -27,7 +27,7 @@ class FfnHost:
     def __init__(self, cfg: TestbedConfig) -> None:
         import torch  # (here: torch loads only where something computes)
 
-        from actors.engine.runner_model import ensure_model, runner_device
+        from actors.engine.runner.tiny_model import ensure_model, runner_device
         from actors.ffn.worker import FfnWorker
 
         torch.set_num_threads(cfg.runner.num_threads)

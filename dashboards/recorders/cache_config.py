@@ -58,7 +58,7 @@ def cache_config_info(cfg: TestbedConfig, role: str) -> dict[str, str]:
         "gpu_memory_utilization": str(cfg.target.gpu_memory_utilization),
         "num_gpu_blocks_override": str(s.num_gpu_blocks_override),
         "enable_prefix_caching": str(s.enable_prefix_caching),
-        "prefix_caching_hash_algo": "xxhash",  # chained XXH3-128 (actors.engine.block_hash)
+        "prefix_caching_hash_algo": "xxhash",  # chained XXH3-128 (actors.engine.kv_cache.block_hash)
         "num_gpu_blocks": str(blocks),
         "effective_attention_block_size": str(s.block_size),
         "kv_cache_size_tokens": str(int(concurrency * s.max_model_len)),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from actors.engine.block_hash import BlockHash
+from actors.engine.kv_cache.block_hash import BlockHash
 from actors.engine.kv_cache.block_pool import BlockPool
 from actors.engine.kv_cache.full_attention import FullAttentionManager
 from actors.engine.kv_cache.manager import KVCacheManager, KVCacheSpec

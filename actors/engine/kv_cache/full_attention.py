@@ -9,7 +9,7 @@ evicted last.
 
 from __future__ import annotations
 
-from actors.engine.block_hash import BlockHash
+from actors.engine.kv_cache.block_hash import BlockHash
 from actors.engine.kv_cache.manager import KVCacheManager
 from actors.engine.request import Request
 from emulation.kv_cache import cdiv

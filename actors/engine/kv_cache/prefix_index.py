@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from itertools import repeat
 
-from actors.engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks, prompt_block_hashes
+from actors.engine.kv_cache.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_blocks, prompt_block_hashes
 from actors.engine.kv_cache.free_queue import FreeQueue
 from actors.engine.request import Request
 from messages import BlockRemoved, BlockStored, KVEvents

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import repeat
 
-from actors.engine.block_hash import BlockHash
+from actors.engine.kv_cache.block_hash import BlockHash
 
 
 def checkpoint_position(num_prompt_tokens: int, block_size: int) -> int:

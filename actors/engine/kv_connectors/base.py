@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC
 
 from actors.engine.request import Request
-from actors.engine.scheduled_batch import ScheduledBatch
+from actors.engine.scheduling.scheduled_batch import ScheduledBatch
 from messages import BlockRemoved, BlockStored, FinishedReason, KVTransferParams
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from actors.engine.kv_connectors.base import KVConnector
 from actors.engine.request import Request
-from actors.engine.scheduled_batch import ScheduledBatch
+from actors.engine.scheduling.scheduled_batch import ScheduledBatch
 from messages import BlockRemoved, BlockStored, FinishedReason, KVTransferParams
 
 

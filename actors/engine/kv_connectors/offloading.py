@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from actors.engine.background import Background
-from actors.engine.executor import Executor
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.kv_connectors.base import KVConnector
 from actors.engine.kv_connectors.tier import Tier
 from actors.engine.request import Request
-from actors.engine.scheduled_batch import ScheduledBatch
+from actors.engine.runner.executor import Executor
+from actors.engine.scheduling.scheduled_batch import ScheduledBatch
 from actors.engine.stats import EngineStats
 from messages import OFFLOAD_TIERS, BlockRemoved, BlockStored, FinishedReason, KVTransferParams
 

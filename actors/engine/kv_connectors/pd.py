@@ -19,8 +19,8 @@ from actors.engine.kv_connectors.pd_scheduler import PDConnectorScheduler
 from actors.engine.kv_connectors.pd_worker import KVLoadError, KVNotHeldError, PDConnectorWorker
 from actors.engine.kv_connectors.transfer import TransferPlan
 from actors.engine.request import Request
-from actors.engine.scheduled_batch import ScheduledBatch
-from actors.engine.scheduler import Scheduler
+from actors.engine.scheduling.scheduled_batch import ScheduledBatch
+from actors.engine.scheduling.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from messages import FinishedReason, KVPayload, KVPull, KVTransferParams

@@ -23,7 +23,7 @@ import dataclasses
 
 from actors.engine.kv_connectors.transfer import KVReceiver, TransferPlan
 from actors.engine.request import Request, RequestStatus
-from actors.engine.scheduler import Scheduler
+from actors.engine.scheduling.scheduler import Scheduler
 from messages import FinishedReason, KVTransferParams
 
 

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from actors.engine.clock import Clock
-from actors.engine.executor import Executor
 from actors.engine.kv_connectors.faults import KVLoadFaults
 from actors.engine.kv_connectors.transfer import Link, LinkQueue, TransferPlan
 from actors.engine.request import Request, RequestStatus
+from actors.engine.runner.executor import Executor
 from actors.engine.stats import EngineStats
 from messages import KVPayload, KVPull
 

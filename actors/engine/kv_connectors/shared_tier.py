@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from actors.engine.background import Background
-from actors.engine.block_hash import BlockHash
+from actors.engine.kv_cache.block_hash import BlockHash
 from actors.engine.kv_connectors.tier import TierPath, num_ready
 from messages import BlockRemoved, BlockStored, KVStoreChanges
 

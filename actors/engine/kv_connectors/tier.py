@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from actors.engine.block_hash import BlockHash
+from actors.engine.kv_cache.block_hash import BlockHash
 from actors.engine.kv_connectors.transfer import LinkQueue
 from emulation.profiles import LinkProfile
 from emulation.transfer import handoff_time

@@ -15,8 +15,8 @@ at the largest item).
 
 from __future__ import annotations
 
-from actors.engine.encoder_cache import EncoderCache
 from actors.engine.request import Request
+from actors.engine.scheduling.encoder_cache import EncoderCache
 from messages import MultiModalItem
 
 

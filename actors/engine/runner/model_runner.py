@@ -29,10 +29,10 @@ import torch
 from torch.nn.functional import scaled_dot_product_attention
 from transformers import PreTrainedModel
 
-from actors.engine.runner_layers import attention_inputs, is_sparse, mlp, rotary_of
+from actors.engine.runner.layers import attention_inputs, is_sparse, mlp, rotary_of
 
 if TYPE_CHECKING:
-    from actors.engine.ffn_client import AfdConnector
+    from actors.engine.runner.ffn_client import AfdConnector
     from messages import SsmState
 
 

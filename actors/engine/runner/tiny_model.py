@@ -25,7 +25,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from actors.engine.runner_arch import check_runner_model
+from actors.engine.runner.arch import check_runner_model
 from emulation.config import RunnerConfig
 
 _LOADED: dict[tuple[str, str], PreTrainedModel] = {}

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from actors.engine.request import Request, RequestStatus
-from actors.engine.scheduler import Scheduler
+from actors.engine.scheduling.scheduler import Scheduler
 
 VLLM_QUEUE_LIMITS = ("max_num_queued_reqs", "max_num_queued_tokens")
 """vLLM's two limits (their `vllm:admission_rejections` reasons): a 503 behind the server."""

@@ -20,7 +20,7 @@ import torch
 from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-from actors.engine.runner_model import cache_dir
+from actors.engine.runner.tiny_model import cache_dir
 from emulation.config import RunnerConfig
 from messages import MultiModalItem
 

@@ -31,7 +31,7 @@ from torch.nn.functional import pad
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHAttention, NemotronHMamba2Mixer
 
-from actors.engine.runner import ModelRunner, RunnerInput
+from actors.engine.runner.model_runner import ModelRunner, RunnerInput
 from messages import SsmState
 
 

@@ -16,10 +16,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from actors.engine.encoder_cache import EncoderCache
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request, RequestStatus
-from actors.engine.scheduled_batch import ScheduledBatch
+from actors.engine.scheduling.encoder_cache import EncoderCache
+from actors.engine.scheduling.scheduled_batch import ScheduledBatch
 from messages import FinishedReason
 
 

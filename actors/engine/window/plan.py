@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request, RequestStatus
-from actors.engine.scheduled_batch import ScheduledBatch
-from actors.engine.scheduler import Scheduler, stop_reason
+from actors.engine.scheduling.scheduled_batch import ScheduledBatch
+from actors.engine.scheduling.scheduler import Scheduler, stop_reason
 from emulation.step_shape import StepShape, decode_step, decode_steps
 from emulation.time_model import StepTimeModel, TimedStep
 from messages import FinishedReason

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from actors.engine.encoder_cache import EncoderCache
 from actors.engine.request import Request
-from actors.engine.scheduled_batch import ScheduledBatch
+from actors.engine.scheduling.encoder_cache import EncoderCache
+from actors.engine.scheduling.scheduled_batch import ScheduledBatch
 from messages import MultiModalItem, SsmState
 
 if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engines stay light)
-    from actors.engine.runner import ModelRunner, RunnerInput
+    from actors.engine.runner.model_runner import ModelRunner, RunnerInput
 
 
 class Executor:
@@ -95,7 +95,7 @@ class Executor:
 
 def runner_inputs(batch: ScheduledBatch) -> list[RunnerInput]:
     """What the runner computes for each request of `batch`: its new tokens, where its KV goes."""
-    from actors.engine.runner import RunnerInput
+    from actors.engine.runner.model_runner import RunnerInput
 
     return [
         RunnerInput(
@@ -132,7 +132,7 @@ async def encoded(vision: Any, items: list[MultiModalItem], in_thread: bool) -> 
     the event loop when `in_thread` (a real-time clock). The tower loads torch, so only where it runs."""
     if vision is None:
         return [None] * len(items)
-    from actors.engine.vision_model import encode_images
+    from actors.engine.runner.vision import encode_images
 
     run = functools.partial(encode_images, vision, items)
     return list(await asyncio.to_thread(run) if in_thread else run())

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from actors.engine.encoder_cache import EncoderCache
-from actors.engine.encoder_inputs import encoder_inputs
 from actors.engine.request import Request
+from actors.engine.scheduling.encoder_cache import EncoderCache
+from actors.engine.scheduling.encoder_inputs import encoder_inputs
 from emulation.step_shape import StepShape
 from messages import MultiModalItem
 

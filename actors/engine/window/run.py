@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 from actors.engine.clock import Clock
 from actors.engine.request import Request
-from actors.engine.scheduled_batch import ScheduledBatch
-from actors.engine.scheduler import Scheduler
+from actors.engine.scheduling.scheduled_batch import ScheduledBatch
+from actors.engine.scheduling.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
-from actors.engine.window import Window, commit, plan_window, steady
+from actors.engine.window.plan import Window, commit, plan_window, steady
 from emulation.time_model import StepTimeModel
 from messages import FinishedReason
 from messages.stats import NO_WORK
