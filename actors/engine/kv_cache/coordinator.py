@@ -150,6 +150,16 @@ class KVCacheCoordinator:
                 m.cache_blocks(req, end)
         return True
 
+    def allocate_step(self, req: Request, num_new_tokens: int) -> None:
+        """A running request's allocation for a step known to fit (a window of steps replaying it): as
+        `allocate_slots`, less the count."""
+        end = req.num_computed_tokens + num_new_tokens
+        for m in self._others:
+            m.remove_skipped_blocks(req, req.num_computed_tokens)
+        for m in self.managers:
+            m.allocate_new_blocks(req, end)
+            m.cache_blocks(req, end)
+
     def append_block_runs(self, runs: list[tuple[Request, int]]) -> None:
         """Give each run's request its next `count` full-attention blocks, run after run (a window of
         steps, where nothing but attention blocks change: `steady`)."""

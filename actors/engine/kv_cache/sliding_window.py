@@ -163,9 +163,10 @@ class SlidingWindowManager(KVCacheManager):
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Cache the window blocks ending at the prompt's replay boundaries once they are full (vLLM's
         retention 0: no other sliding block can serve a hit)."""
-        if not self.enable_prefix_caching:
-            return
-        table, start = self._tables[req], self._num_cached.get(req, 0)
+        start = self._num_cached.get(req, 0)
+        if not self.enable_prefix_caching or start >= req.num_prompt_tokens // self.block_size:
+            return  # (past the last tail: a decode's)
+        table = self._tables[req]
         num_full = min(num_tokens // self.block_size, len(table))
         if num_full <= start:
             return

@@ -278,8 +278,7 @@ def _allocate_each(
         computed = req.num_computed_tokens
         chunked = bool(chunks) and r == len(requests) - 1
         req.num_computed_tokens = computed + (sum(chunks[:i]) if chunked else i)
-        fits = sched.blocks.allocate_slots(req, chunks[i] if chunked else 1)
-        assert fits, "a window's steps fit its free blocks (`_steps_with_blocks`)"
+        sched.blocks.allocate_step(req, chunks[i] if chunked else 1)  # (they fit: `_steps_with_blocks`)
         req.num_computed_tokens = computed
 
 
