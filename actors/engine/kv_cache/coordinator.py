@@ -158,6 +158,7 @@ class KVCacheCoordinator:
             m.remove_skipped_blocks(req, req.num_computed_tokens)
         for m in self.managers:
             m.allocate_new_blocks(req, end)
+        for m in self.managers:
             m.cache_blocks(req, end)
 
     def append_block_runs(self, runs: list[tuple[Request, int]]) -> None:
