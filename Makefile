@@ -31,18 +31,22 @@ demo: $(STAMP)
 # (Debian's packages, installed when missing), and
 # `ray up` cluster/ray-up/onprem.yaml over SSH on this host (as root; openssh-server and rsync installed
 # when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
-# It runs test-fast's tests on both cores, then those marked `full` one at a time (live Ray, the real
-# peers, Prometheus and `ray up` hold ports and time their waits); both parts run, either failing fails.
+# It runs test-fast's tests and the `full` tests marked `parallel` (static checks, the vLLM peer's
+# scripts and server, browsers, servers on free ports, replays that time nothing) on both cores, then
+# the other `full` tests one at a time (live Ray, Prometheus, `ray up` and the timing checks hold ports
+# or host-wide state, or time their waits); both parts run, either failing fails.
+# `--dist loadfile`: a module's tests on one core, so that its module-scoped fixtures are built once;
+# the modules that run the vLLM peer together (tests/conftest.py).
 test: $(STAMP) prometheus chromium ssh-tools
-	$(PY) -m pytest -m 'not slow and not bench and not full' -n 2; fast=$$?; \
-	$(PY) -m pytest -m 'full and not slow and not bench'; full=$$?; \
-	[ $$fast = 0 ] && [ $$full = 0 ]
+	$(PY) -m pytest -m 'not slow and not bench and (not full or parallel)' -n 2 --dist loadfile; both=$$?; \
+	$(PY) -m pytest -m 'full and not parallel and not slow and not bench'; alone=$$?; \
+	[ $$both = 0 ] && [ $$alone = 0 ]
 
 # The developer loop: unit, engine, scheduler, P/D and KV handoff in virtual time, real-compute
 # correctness, config, trace loaders, sessions and routers, on both cores; no live Ray, Prometheus,
 # `ray up`, HTTP server or fuzzing (those are `make test`'s, marked `full`).
 test-fast: $(STAMP)
-	$(PY) -m pytest -m 'not slow and not bench and not full' -n 2
+	$(PY) -m pytest -m 'not slow and not bench and not full' -n 2 --dist loadfile
 
 # The `ray up` tests alone (~4 min).
 test-cluster: $(STAMP) prometheus ssh-tools

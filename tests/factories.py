@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import os
 import signal
 import socket
 import subprocess
@@ -243,3 +244,17 @@ def stop_serve(proc: subprocess.Popen[str], timeout_s: float = 120.0) -> tuple[s
     assert proc.returncode == 130, err[-2000:]
     assert err.splitlines()[-1].startswith("interrupted: ") and "Traceback" not in err, err[-2000:]
     return out, err
+
+
+def cli_process(*argv: str, env: dict[str, str] | None = None) -> str:
+    """`testbed ARGV` in a process of its own, as a user runs it; what it printed (stdout), once it exited
+    0 (its stderr shown otherwise). `env`: variables set for it on top of this process's.
+
+    For a command whose runs go to worker processes (a plan): they fork from an interpreter without
+    torch, as a user's do. A pytest process has torch loaded (test modules import it), so the same
+    command in it spawns each pool's workers, each starting from nothing again
+    (`cluster.sweep._start_method`), and a plan's searches make a pool each: 2-10 times as long."""
+    cmd = [sys.executable, "-m", "cluster.cli", *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout

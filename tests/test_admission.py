@@ -59,6 +59,7 @@ def _cases() -> list[dict[str, Any]]:
 
 
 @pytest.mark.full
+@pytest.mark.parallel  # the peer's script on given states: no port, no time
 def test_the_rule_and_the_503_are_vllms(tmp_path):
     """vLLM's own `check_admission` on 480 states: the same refusals, counted under the same reasons,
     and for each the testbed's error body is the one vLLM's server makes (`create_error_response`)."""

@@ -159,6 +159,7 @@ def test_six_turn_preset_prints_each_turn_for_each_design(tmp_path, capsys, monk
 
 
 @pytest.mark.full  # ~2 min of real compute: `make test`, not `make test-fast`
+@pytest.mark.parallel  # replays in virtual time: no port, no wall-clock time
 def test_a_conversation_on_the_models_own_answers_diverges_only_under_positional_reuse(tmp_path):
     """Four turns whose history is the model's own greedy answers, each answer's first 32 tokens dropped
     (a template stripping past reasoning) or its last 64 rewritten (a harness), through the

@@ -15,7 +15,10 @@ from schemathesis.checks import not_a_server_error
 
 from tests.factories import ServeThread
 
-pytestmark = pytest.mark.full  # the HTTP API fuzzed over a running server: `make test`, not `make test-fast`
+pytestmark = [
+    pytest.mark.full,  # the HTTP API fuzzed over a running server: `make test`, not `make test-fast`
+    pytest.mark.parallel,  # a server on a free port; no time is checked
+]
 
 EXAMPLES_PER_OPERATION = 50
 """Hypothesis examples per endpoint and method (the same ones every run: derandomized)."""

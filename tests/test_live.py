@@ -46,9 +46,17 @@ def design(name, *overrides):
     return load_designs("guide-l40s", [name], ["metrics.linger_s=0", *overrides])[0]
 
 
-def test_pd_across_nodes_emits_the_collocated_greedy_tokens(cluster):
+@pytest.fixture(scope="module")
+def pd_greedy(cluster):
+    """A P/D run of GREEDY (KV pulled across the nodes) and the node of each engine: what collocated's
+    tokens and push's are checked against (one run for both)."""
     nodes = {}
     pd = run_live(design("pd-fast", *GREEDY), on_deployed=lambda d: nodes.update(d.nodes))
+    return pd, nodes
+
+
+def test_pd_across_nodes_emits_the_collocated_greedy_tokens(pd_greedy):
+    pd, nodes = pd_greedy
     assert nodes["prefill-0"] != nodes["decode-0"]
     colo = run_live(design("collocated", *GREEDY))
     assert pd.summary["completed"] == colo.summary["completed"] == 6
@@ -110,10 +118,10 @@ def test_an_expert_parallel_replica_spans_nodes_and_pd_gives_the_collocated_toke
         cluster.remove_node(node)
 
 
-def test_push_across_nodes_reserves_decode_blocks_first_and_emits_the_pull_tokens(cluster):
+def test_push_across_nodes_reserves_decode_blocks_first_and_emits_the_pull_tokens(pd_greedy):
     """Decode-first push through the actors (`kv_ready` crosses them): the same greedy tokens as pull."""
     push = run_live(design("pd-fast", *GREEDY, "kv_transfer.mode=push"))
-    pull = run_live(design("pd-fast", *GREEDY))
+    pull, _ = pd_greedy
     assert push.summary["completed"] == 6
     assert (push.results["kv_blocks_ready_s"] <= push.results["kv_transfer_start_s"]).all()
     assert (

@@ -22,7 +22,7 @@ from cluster.plan.space import Candidate
 from workloads.slo import DEFAULT_PERCENTILE, SloError, parse_slo
 from workloads.slo_targets import parse_slo_target, percentile_s
 
-from .factories import TRACES
+from .factories import TRACES, cli_process
 
 
 def _results(ttft: list[float], ok: list[bool] | None = None) -> pd.DataFrame:
@@ -220,16 +220,23 @@ def _plan(tmp_path, argv, name):
     return json.loads((out / "plan.json").read_text()), out
 
 
-def test_plan_picks_what_an_exhaustive_sweep_picks_with_a_fifth_of_the_replays(tmp_path, capsys):
-    plan, out = _plan(tmp_path, GUIDE, "plan")
-    ref, _ = _plan(tmp_path, [*GUIDE, "--exhaustive"], "exhaustive")
+def _plan_in_a_process(tmp_path, argv, name):
+    """`_plan` as `testbed plan` in a process of its own (`factories.cli_process`: its replays'
+    worker processes fork, as a user's do); plan.json, the run directory and what it printed."""
+    out = tmp_path / name
+    printed = cli_process(*argv, "--out", str(out))
+    return json.loads((out / "plan.json").read_text()), out, printed
+
+
+def test_plan_picks_what_an_exhaustive_sweep_picks_with_a_fifth_of_the_replays(tmp_path):
+    plan, out, text = _plan_in_a_process(tmp_path, GUIDE, "plan")
+    ref, _, _ = _plan_in_a_process(tmp_path, [*GUIDE, "--exhaustive"], "exhaustive")
     top, ref_top = plan["targets"][0]["rows"][0], ref["targets"][0]["rows"][0]
     assert top["candidate"] == ref_top["candidate"]
     loads = plan["loads"]
     assert abs(loads.index(top["goodput_load"]) - loads.index(ref_top["goodput_load"])) <= 1
     assert ref["num_runs"] == ref["num_runs_exhaustive"] == 6 * 16 * 3
     assert plan["num_runs"] * 5 <= ref["num_runs"]
-    text = capsys.readouterr().out
     assert "Recommended: " + top["candidate"] in text and "What binds" in text
     for f in ["candidates.csv", "results.parquet", "plots/pareto_tokens.png", "plots/goodput_cost.png"]:
         assert (out / f).stat().st_size > 0, f
@@ -246,14 +253,15 @@ def test_plan_picks_what_an_exhaustive_sweep_picks_with_a_fifth_of_the_replays(t
 
 
 @pytest.mark.full  # ~40 s: 64 replays of agentic sessions
+@pytest.mark.parallel  # replays in virtual time: no port, no wall-clock time
 def test_plan_over_weka_sessions_picks_what_an_exhaustive_sweep_picks(tmp_path):
     argv = ["plan", "--preset", "agentic-h200", "--trace", str(TRACES / "weka_claude_code")]
     argv += ["--set", "replay.max_turns=3", "--design", "pd", "--seeds", "1", "--jobs", "2"]
     argv += ["--slo", "ttft:p90<=1500ms,itl:p99<=60ms", "--loads", "1,2,4,8,16,32,64"]
     argv += ["--vary", "router.policy=round_robin,kv_aware"]
     argv += ["--vary", "pools.prefill.replicas=1,2", "--vary", "pools.decode.replicas=1,2"]
-    plan, _ = _plan(tmp_path, argv, "plan")
-    ref, _ = _plan(tmp_path, [*argv, "--exhaustive"], "exhaustive")
+    plan, _, _ = _plan_in_a_process(tmp_path, argv, "plan")
+    ref, _, _ = _plan_in_a_process(tmp_path, [*argv, "--exhaustive"], "exhaustive")
     top, ref_top = plan["targets"][0]["rows"][0], ref["targets"][0]["rows"][0]
     assert top["candidate"] == ref_top["candidate"]
     assert plan["num_runs"] < ref["num_runs"] == 8 * 7
@@ -315,7 +323,7 @@ def test_frontier_keeps_only_points_no_other_beats_on_both_axes():
 @pytest.mark.full  # a local Ray: ~40 s
 def test_the_recommended_design_runs_live_on_a_local_ray(tmp_path):
     argv = ["plan", "--preset", "guide-l40s", "--design", "collocated,pd-fast", "--num-requests", "16"]
-    plan, out = _plan(tmp_path, [*argv, "--seeds", "1", "--loads", "0.4,0.8,1.2"], "plan")
+    plan, out, _ = _plan_in_a_process(tmp_path, [*argv, "--seeds", "1", "--loads", "0.4,0.8,1.2"], "plan")
     live = tmp_path / "live"
     run = ["run", "--config", str(out / "recommended.yaml"), "--mode", "live", "--num-requests", "4"]
     assert main([*run, "--compute", "skip", "--time-scale", "1", "--out", str(live)]) == 0
@@ -329,8 +337,8 @@ def test_the_recommended_design_runs_live_on_a_local_ray(tmp_path):
 def test_the_same_seed_gives_the_same_plan(tmp_path):
     argv = ["plan", "--preset", "guide-l40s", "--num-requests", "16", "--seeds", "2"]
     argv += ["--loads", "0.4,0.8,1.6"]
-    first, _ = _plan(tmp_path, argv, "a")
-    second, _ = _plan(tmp_path, argv, "b")
+    first, _, _ = _plan_in_a_process(tmp_path, argv, "a")
+    second, _, _ = _plan_in_a_process(tmp_path, argv, "b")
     assert first["targets"] == second["targets"] and first["num_runs"] == second["num_runs"]
 
 

@@ -5,9 +5,7 @@ no text of either plot overlaps another."""
 
 from __future__ import annotations
 
-import contextlib
 import html
-import io
 import itertools
 import json
 import re
@@ -21,10 +19,10 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 
-from cluster.cli import main
 from dashboards.numbers import readable
 from dashboards.plan_plots import cost_figure, tokens_figure
 
+from .factories import cli_process
 from .test_report import _CHECK, _page_text
 
 RAW_NAMES = ("pareto_tokens", "goodput_cost", "usd_per_hour", "goodput_load", "goodput_rps", "tps_per_")
@@ -32,6 +30,8 @@ RAW_NAMES = ("pareto_tokens", "goodput_cost", "usd_per_hour", "goodput_load", "g
 TARGETS = ("ttft<=2s,tpot<=50ms", "ttft:p99<=4s")
 CONSOLE_WIDTH = 170
 """The terminal's width the plan prints for."""
+
+pytestmark = pytest.mark.parallel  # its `full` tests: a browser on a written page
 
 
 @pytest.fixture(autouse=True)
@@ -42,17 +42,15 @@ def _close_figures():
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
-    """A small plan of the guide's three designs x two chunk sizes under two targets: its run
-    directory, plan.json and what it printed."""
+    """A small plan of the guide's three designs x two chunk sizes under two targets (in a process of its
+    own: `factories.cli_process`): its run directory, plan.json and what it printed."""
     out = tmp_path_factory.mktemp("plan")
     argv = ["plan", "--preset", "guide-l40s", "--num-requests", "16", "--seeds", "1", "--jobs", "2"]
     argv += ["--loads", "0.4,0.8,1.2,1.6", "--vary", "scheduler.max_num_batched_tokens=1024,4096"]
     argv += [f"--slo={t}" for t in TARGETS]
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed), pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COLUMNS", str(CONSOLE_WIDTH))  # as a terminal of that width (xdist's workers say 80)
-        assert main([*argv, "--out", str(out)]) == 0
-    return out, json.loads((out / "plan.json").read_text()), printed.getvalue()
+    # as a terminal of that width (xdist's workers say 80)
+    printed = cli_process(*argv, "--out", str(out), env={"COLUMNS": str(CONSOLE_WIDTH)})
+    return out, json.loads((out / "plan.json").read_text()), printed
 
 
 # -- the terminal ----------------------------------------------------------------------------------
@@ -83,14 +81,10 @@ def test_the_terminal_table_fits_and_says_goodput_in_one_unit(plan):
 
 
 @pytest.mark.parametrize("columns", [100, 80])
-def test_on_a_narrow_terminal_the_table_leaves_columns_out_and_cuts_no_value(
-    tmp_path, capsys, monkeypatch, columns
-):
-    monkeypatch.setenv("COLUMNS", str(columns))
+def test_on_a_narrow_terminal_the_table_leaves_columns_out_and_cuts_no_value(tmp_path, columns):
     argv = ["plan", "--preset", "guide-l40s", "--num-requests", "16", "--seeds", "1", "--jobs", "2"]
     argv += ["--loads", "0.4,0.8,1.2", "--vary", "scheduler.max_num_batched_tokens=1024,4096"]
-    assert main([*argv, "--out", str(tmp_path)]) == 0
-    printed = capsys.readouterr().out
+    printed = cli_process(*argv, "--out", str(tmp_path), env={"COLUMNS": str(columns)})
     table = printed[: printed.index("Target ")]
     assert "…" not in table and max(len(line.rstrip()) for line in table.splitlines()) <= columns
     assert f"left out at {columns} columns: left the search" in " ".join(table.split())

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PACKAGES = ("emulation", "messages", "workloads", "actors", "dashboards", "cluster")
 
+pytestmark = pytest.mark.parallel  # its `full` tests: virtual runs and imports in processes of their own
+
 
 def front_page_commands() -> list[str]:
     """Every `testbed ...` line of the README's ```bash blocks (servers are shown in ```text blocks)."""

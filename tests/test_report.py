@@ -32,6 +32,8 @@ LIMIT_REASON = "HTTP 400: This model's maximum context length is 32768 tokens"
 DESIGNS = ["collocated", "pd-testbox", "pd-fast"]
 PD_DESIGNS = ["pd-testbox", "pd-fast"]
 
+pytestmark = pytest.mark.parallel  # its `full` test: a browser on a written page
+
 
 @pytest.fixture(autouse=True)
 def _close_figures():

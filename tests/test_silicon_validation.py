@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 pytestmark = [
     pytest.mark.full,
+    pytest.mark.parallel,  # a bench in a process of its own, writing to a temporary directory
     pytest.mark.skipif(package_dir() is None, reason="aiconfigurator-core is not installed"),
 ]
 

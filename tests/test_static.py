@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.full  # ruff, mypy, import-linter (also `make lint`): not `make test-fast`
+pytestmark = [
+    pytest.mark.full,  # ruff, mypy, import-linter (also `make lint`): not `make test-fast`
+    pytest.mark.parallel,  # each tool reads the tree and writes its cache in this checkout alone
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 

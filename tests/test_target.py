@@ -13,6 +13,8 @@ from cluster.cli_run import target_label
 from tests.factories import SWE_AGENT, TRACES, free_port, serve_process, stop_serve, swe_agent_through_serve
 
 pytestmark = pytest.mark.full  # replays against a running server process: `make test`, not `make test-fast`
+# Those marked `parallel` check no time (each server is on a free port): they may run beside other tests;
+# the client's TTFT against the server's runs alone.
 
 MOONCAKE = TRACES / "mooncake_fast25" / "conversation_trace.window_0s_1200s.jsonl"
 
@@ -73,6 +75,7 @@ def test_swe_agent_sessions_against_testbed_serve_agree_with_its_own_ttft(server
     assert set(client["design"]) == {record["design"]} == {target_label(server.url)}
 
 
+@pytest.mark.parallel
 def test_hash_id_trace_goes_as_token_id_prompts(server, tmp_path):
     argv = ["replay", "--trace", str(MOONCAKE), "--target", server.url, "--window", "0:1", "--speedup", "4"]
     assert main([*argv, "--out", str(tmp_path / "client")]) == 0
@@ -90,6 +93,7 @@ def test_hash_id_trace_goes_as_token_id_prompts(server, tmp_path):
     ).all()
 
 
+@pytest.mark.parallel
 def test_a_design_with_a_target_is_one_line(capsys):
     """Designs apply to the testbed; a server is replayed once, whatever the preset's designs."""
     assert (
@@ -100,6 +104,7 @@ def test_a_design_with_a_target_is_one_line(capsys):
     assert "--design=pd-fast: designs apply to the testbed only" in err and err.count("\n") == 1
 
 
+@pytest.mark.parallel
 def test_an_unreachable_target_is_one_line(capsys):
     assert main(["replay", "--trace", str(MOONCAKE), "--target", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
@@ -126,6 +131,7 @@ def bidirectional_replay(tmp_path: Path, *sets: str) -> pd.DataFrame:
     return own[own["previous_answer"].notna()]
 
 
+@pytest.mark.parallel
 @pytest.mark.parametrize("keep_reasoning", [True, False])
 def test_swe_agent_on_its_own_answers_through_bidirectional_pd_pulls_each_answer_back(
     tmp_path, keep_reasoning
@@ -145,6 +151,7 @@ def test_swe_agent_on_its_own_answers_through_bidirectional_pd_pulls_each_answer
         assert (later["prompt_computed_tokens"] == one_way).all()
 
 
+@pytest.mark.parallel
 def test_a_harness_reserialising_tool_calls_stops_verified_reuse_inside_the_call(tmp_path):
     """The same sessions given a bash tool: every answer is reasoning and a call (about 50 tokens).
     Sent back as the server gave it, prefill reuses all decode holds of the turn before (its own cache,
@@ -158,6 +165,7 @@ def test_a_harness_reserialising_tool_calls_stops_verified_reuse_inside_the_call
         assert set(short) == ({0} if edit == "verbatim" else {0, 16}), short
 
 
+@pytest.mark.parallel
 @pytest.mark.parametrize(
     ("status", "finished_reason"), [(503, "rejected"), (429, "rejected"), (400, "error"), (500, "error")]
 )
@@ -179,6 +187,7 @@ def test_a_servers_overload_answer_is_a_rejection(status, finished_reason):
     assert result.finished_reason == finished_reason and result.error.startswith(f"HTTP {status}: ")
 
 
+@pytest.mark.parallel
 def test_an_error_event_in_the_stream_ends_the_request_as_the_server_says():
     """vLLM sends a refusal that comes after its stream began as the stream's one event."""
     import asyncio

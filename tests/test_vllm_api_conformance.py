@@ -26,7 +26,10 @@ from cluster.cli import main
 from tests.factories import SWE_AGENT, ServeThread
 from tests.vllm_serve import MAX_NUM_QUEUED_REQS, VllmServe
 
-pytestmark = pytest.mark.full  # a real vLLM server (about 100 s to start): `make test`, not `make test-fast`
+pytestmark = [
+    pytest.mark.full,  # a real vLLM server (about 100 s to start): `make test`, not `make test-fast`
+    pytest.mark.parallel,  # servers on free ports; the refusals hold on a busy machine (LONG_ANSWER_TOKENS)
+]
 
 ASK = [{"role": "user", "content": "Tell me about prefill"}]
 SHORT = 5

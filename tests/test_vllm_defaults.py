@@ -24,6 +24,7 @@ NAMED = {  # the device names vLLM would read (only "a100" in them matters to it
 
 
 @pytest.mark.full
+@pytest.mark.parallel  # the peer's script on given devices: no port, no time
 def test_batch_defaults_are_vllms_own_for_every_gpu(tmp_path):
     names = [n for n in NAMED if n in GPUS]
     devices = [{"memory_bytes": int(GPUS[n].memory_gb * 1e9), "name": NAMED[n]} for n in names]

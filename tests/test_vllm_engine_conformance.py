@@ -53,7 +53,11 @@ from tests.test_vllm_conformance import first_difference
 from tests.test_vllm_metric_families import LIMITS, traffic
 from tests.vllm_peer import run_script, vllm_version
 
-pytestmark = [pytest.mark.full, pytest.mark.timeout(2400)]  # the first test may install vLLM (minutes)
+pytestmark = [
+    pytest.mark.full,
+    pytest.mark.timeout(2400),  # the first test may install vLLM (minutes)
+    pytest.mark.parallel,  # the peer's script and the testbed's engine, stepped: no time is checked
+]
 
 BLOCK_SIZE = 32
 RUNNER: dict[str, Any] = {"num_heads": 2, "num_kv_heads": 1}

@@ -61,7 +61,11 @@ from emulation.kv_cache import NUM_NULL_BLOCKS, cdiv
 from tests.test_vllm_conformance import EmulatedSide, _request, first_difference, step_until_done
 from tests.vllm_peer import Scenario, run_script, scheduler_scenario, vllm_version
 
-pytestmark = [pytest.mark.full, pytest.mark.timeout(2400)]  # the first test may install vLLM (minutes)
+pytestmark = [
+    pytest.mark.full,
+    pytest.mark.timeout(2400),  # the first test may install vLLM (minutes)
+    pytest.mark.parallel,  # the peer's script and the testbed's engine, stepped: no time is checked
+]
 
 Record = dict[str, Any]
 

@@ -33,6 +33,8 @@ from messages import ClientRequest
 from tests.factories import COLLOCATED, PD, make_config
 from tests.vllm_peer import run_script
 
+pytestmark = pytest.mark.parallel  # its `full` tests: the peer's run and a virtual one compared; no time
+
 LIMITS = {"max_model_len": 512, "block_size": 32, "num_gpu_blocks": 20, "max_num_seqs": 8,
           "max_num_batched_tokens": 512}  # fmt: skip
 """Both engines' limits: 20 blocks of 32 tokens (the null block among them) for 8 requests of 168 + 120
