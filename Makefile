@@ -32,9 +32,9 @@ demo: $(STAMP)
 # `ray up` cluster/ray-up/onprem.yaml over SSH on this host (as root; openssh-server and rsync installed
 # when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
 # It runs test-fast's tests and the `full` tests marked `parallel` (static checks, the vLLM peer's
-# scripts and server, browsers, servers on free ports, replays that time nothing) on both cores, then
-# the other `full` tests one at a time (live Ray, Prometheus, `ray up` and the timing checks hold ports
-# or host-wide state, or time their waits); both parts run, either failing fails.
+# scripts, browsers, servers on free ports, replays that time nothing) on both cores, then the other
+# `full` tests one at a time (live Ray, Prometheus, `ray up`, the vLLM server and the timing checks hold
+# ports or host-wide state, or time their waits); both parts run, either failing fails.
 # `--dist loadfile`: a module's tests on one core, so that its module-scoped fixtures are built once;
 # the modules that run the vLLM peer together (tests/conftest.py).
 test: $(STAMP) prometheus chromium ssh-tools

@@ -26,10 +26,9 @@ from cluster.cli import main
 from tests.factories import SWE_AGENT, ServeThread
 from tests.vllm_serve import MAX_NUM_QUEUED_REQS, VllmServe
 
-pytestmark = [
-    pytest.mark.full,  # a real vLLM server (about 100 s to start): `make test`, not `make test-fast`
-    pytest.mark.parallel,  # servers on free ports; the refusals hold on a busy machine (LONG_ANSWER_TOKENS)
-]
+pytestmark = pytest.mark.full  # a real vLLM server (about 100 s to start): `make test`, not `make test-fast`
+# Not `parallel`: its server's threads slow the tests beside it by more than the minute it takes alone,
+# and its refusals race its long answers.
 
 ASK = [{"role": "user", "content": "Tell me about prefill"}]
 SHORT = 5
