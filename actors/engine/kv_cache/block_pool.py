@@ -87,6 +87,18 @@ class BlockPool:
                 unused.append(block)
         return unused
 
+    def free_blocks(self, blocks: list[int]) -> None:
+        """Free `blocks` in eviction order (vLLM's `free_blocks`): those never cached to the front, reused
+        first and in order; cached ones (held, so counted) lose a hold, and those nobody holds go to the
+        LRU end, findable until reused."""
+        cached = [b for b in blocks if b in self.ref_cnt]
+        if not cached:
+            self.free_queue.push_front(blocks)
+            return
+        held = set(cached)
+        self.free_queue.push_front([b for b in blocks if b not in held])
+        self.release(cached)
+
     def release(self, blocks: list[int]) -> None:
         """Drop one hold on cached `blocks`; those nobody holds go to the free queue's LRU end."""
         self.free_queue.push(self.drop_holds(blocks))

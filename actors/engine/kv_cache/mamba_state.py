@@ -123,12 +123,11 @@ class MambaStateManager(KVCacheManager):
     def free(self, req: Request) -> None:
         """Its running states and a checkpoint not reached (never cached: reused first); a hit state it
         still holds is released."""
-        self.pool.free_queue.push_front(req.state_block_ids + (req.checkpoint[1] if req.checkpoint else []))
+        checkpoint = req.checkpoint[1] if req.checkpoint else []
+        self.pool.free_blocks(req.state_block_ids + checkpoint + req.state_hold)
         req.state_block_ids = []
         req.checkpoint = None
-        if req.state_hold:
-            self.pool.release(req.state_hold)
-            req.state_hold = []
+        req.state_hold = []
 
     def align_chunk(self, req: Request, num_new_tokens: int) -> int:
         """With prefix caching, chunks end on block boundaries and at the checkpoint (`mamba_align.py`)."""

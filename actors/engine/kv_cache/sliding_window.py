@@ -100,18 +100,7 @@ class SlidingWindowManager(KVCacheManager):
             freed.append(slot)
             table[i] = None
         if freed:
-            self._free_slots(freed)
-
-    def _free_slots(self, slots: list[list[int]]) -> None:
-        """Free `slots` in eviction order: uncached blocks to the front (reused first, in order), cached
-        ones nobody else holds to the LRU end (vLLM's `free_blocks`)."""
-        cached = [b for b in chain.from_iterable(slots) if b in self.pool.ref_cnt]
-        if cached:
-            held = set(cached)
-            self.pool.free_queue.push_front([b for b in chain.from_iterable(slots) if b not in held])
-            self.pool.free_queue.push(self.pool.drop_holds(cached))
-        else:
-            self.pool.free_queue.push_front(list(chain.from_iterable(slots)))
+            self.pool.free_blocks(list(chain.from_iterable(freed)))
 
     def _num_table_blocks(self, req: Request, hits: list[int], num_computed_tokens: int) -> int:
         """The length of `req`'s table once its hit is in (null entries counted)."""
@@ -191,7 +180,7 @@ class SlidingWindowManager(KVCacheManager):
         self._num_cached.pop(req, None)
         slots = [slot for slot in reversed(table) if slot is not None]
         if slots:
-            self._free_slots(slots)
+            self.pool.free_blocks(list(chain.from_iterable(slots)))
 
     def steps_changing(self, computed: list[int]) -> list[int]:
         """The steps whose window leaves a block behind (freed at their allocation)."""
