@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 import actors.engine.window.run as windows_module
+from actors.engine.kv_cache.step_blocks import new_block_runs
 from actors.engine.request import Request
-from actors.engine.window.plan import _new_blocks
 from cluster.config_load import load_designs
 from cluster.virtual import run_virtual
 from dashboards.exposition import sample_values
@@ -199,7 +199,7 @@ def test_window_blocks_come_in_the_order_single_steps_take_them() -> None:
             for r, req in enumerate(requests)
             for i in range(max(1, len(req.block_ids) * bs - req.num_computed_tokens), num_steps, bs)
         )
-        assert _new_blocks(requests, [], bs, num_steps) == [(i, r, 1) for i, r in expected]
+        assert new_block_runs(requests, [], bs, num_steps) == [(i, r, 1) for i, r in expected]
 
 
 def test_a_decode_step_ahead_keeps_every_field() -> None:

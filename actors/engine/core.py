@@ -57,7 +57,8 @@ Role = Literal["mixed", "prefill", "decode"]
 
 class EngineCore:
     """The step loop with the APIs it serves (clients, the KV source, push notices), each call a change
-    to what the next step schedules. Every concern is a collaborator; what stays is the order of events."""
+    to what the next step schedules, which first wakes the step loop (`StepClock.wake`: it ends a window
+    under way). Every concern is a collaborator; what stays is the order of events."""
 
     def __init__(
         self,
@@ -116,7 +117,7 @@ class EngineCore:
         check_request(request, self.max_model_len, vocab, self.encoder_roofline is not None)
         sent = request.arrival_time_s
         req = Request(request, self.clock.now() if sent is None else sent)
-        self.windows.settle()  # a change from outside: the next step sees it (admission sees its state)
+        self.step_clock.wake()  # (first: admission reads the state the steps begun by now made)
         if (refusal := self.admission.refusal(req.times.queued_s)) is not None:
             yield _refused(self, req, refusal)
             return
@@ -124,7 +125,6 @@ class EngineCore:
         self._requests[req.request_id] = req
         self.kv.on_added(req)
         self.scheduler.add(req)
-        self.step_clock.wake()
         try:
             async for out in stream.outputs(req.request_id, self._take_kv_events):
                 if self.health.dead is not None and out.finished_reason == "error":
@@ -140,11 +140,10 @@ class EngineCore:
         self.health.check()
 
     def abort(self, request_id: str, reason: FinishedReason = "abort", error: str | None = None) -> None:
-        self.windows.settle()  # a change from outside: the next step sees it
+        self.step_clock.wake()  # its blocks may admit a waiting request
         req = self._requests.get(request_id)
         if req is not None and req.status is not RequestStatus.FINISHED:
             self._finish(req, reason, self.clock.now(), error)
-            self.step_clock.wake()  # its blocks may admit a waiting request
 
     # ---- KV source side (prefill role) --------------------------------------------------------------
 
@@ -158,7 +157,7 @@ class EngineCore:
 
     async def kv_ready(self, request_id: str, kv_transfer_params: KVTransferParams) -> None:
         """Push, decode side: prefill finished `request_id`; its KV moves once this engine has blocks too."""
-        self.windows.settle()  # a change from outside: the next step sees it
+        self.step_clock.wake()
         self.pd.kv_ready(self._requests.get(request_id), request_id, kv_transfer_params)
 
     # ---- the step loop -----------------------------------------------------------------------------
@@ -169,9 +168,8 @@ class EngineCore:
 
     async def drain(self) -> None:
         """Stop the step loop, wait for it, and release KV nobody will pull (then `assert_empty`)."""
-        self._stopped = True
-        self.windows.settle()  # a change from outside: the next step sees it
         self.step_clock.wake()
+        self._stopped = True
         if self._loop_task is not None:
             await self._loop_task
         self.pd.drain()
@@ -194,9 +192,8 @@ class EngineCore:
         """A fault on purpose, met after the step under way. kill (`faults.engine_kills`): the loop stops
         as if it broke (`run`); hang (`engine_hangs`: a wedged GPU or process): no more steps, requests
         wait without an error (aborts are still heard: a client's timeout frees them) until `drain`."""
-        self.health.inject(fault, why)
-        self.windows.settle()  # a change from outside: the next step sees it
         self.step_clock.wake()
+        self.health.inject(fault, why)
 
     async def _step_loop(self) -> None:
         # The next step starts at the previous one's scheduled end (`StepClock`), or from the clock.

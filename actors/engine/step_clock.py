@@ -23,6 +23,10 @@ TIMER_RESOLUTION_S = time.get_clock_info("monotonic").resolution
 """How early asyncio may run a timer (its `_clock_resolution`), in loop seconds."""
 
 
+def _nothing() -> None:
+    pass
+
+
 class StepClock:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -31,28 +35,41 @@ class StepClock:
         self._idle: asyncio.Future[bool] | None = None
         """The idle engine's wait, which `wake` ends."""
         self._nap: asyncio.Future[bool] | None = None
+        self._settle: Callable[[], None] = _nothing
+        """What the nap under way calls when a `wake` ends it (`nap`'s `settle`)."""
 
     def wake(self) -> None:
-        """Something changed that may let the engine run (it re-schedules at its next boundary)."""
+        """Something is about to change that the engine's next step must see: every change from outside
+        the step loop (a request, an abort, a push notice, freed blocks, a fault) calls this first. An
+        idle engine re-schedules; a nap through a window of steps ends at once, its `settle` making the
+        engine's state what the steps begun by now made it, so the change and whoever reads the state
+        next meet the state a step at a time would have shown."""
         self._woken = True
         if self._idle is not None:
             _resolve(self._idle, True)
+        if self._nap is not None:
+            settle, self._settle = self._settle, _nothing
+            settle()
+            self.interrupt()
 
-    async def nap(self, sim_t: float) -> bool:
-        """Sleep until emulated `sim_t`; True if it came, False if `interrupt()` came first."""
+    async def nap(self, sim_t: float, settle: Callable[[], None]) -> bool:
+        """Sleep until emulated `sim_t`; True if it came, False if a `wake` (which calls `settle` before
+        it returns) or an `interrupt` came first."""
         if self.clock.skip_to(sim_t):  # nothing could come first
             return True
         loop = asyncio.get_running_loop()
         nap = self._nap = loop.create_future()
+        self._settle = settle
         due = loop.call_later(max(0.0, sim_t - self.clock.now()) * self.clock.time_scale, _resolve, nap, True)
         try:
             return await nap
         finally:
             due.cancel()
             self._nap = None
+            self._settle = _nothing
 
     def interrupt(self) -> None:
-        """End a `nap` early."""
+        """End a `nap` early (its `settle` not called: the napper settled)."""
         if self._nap is not None:
             _resolve(self._nap, False)
 

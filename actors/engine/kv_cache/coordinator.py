@@ -12,6 +12,7 @@ Managers take blocks in that order and free them in the reverse one.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Sequence
 
@@ -19,6 +20,7 @@ from actors.engine.kv_cache.block_hash import BlockHash
 from actors.engine.kv_cache.block_pool import BlockPool
 from actors.engine.kv_cache.full_attention import FullAttentionManager
 from actors.engine.kv_cache.manager import KVCacheManager, KVCacheSpec
+from actors.engine.kv_cache.step_blocks import new_block_runs, num_new_blocks
 from actors.engine.request import Request
 from messages import KVEvents
 
@@ -44,9 +46,9 @@ class KVCacheCoordinator:
         take can evict it)."""
         self._freeing = self.managers[::-1]
         self.keeps_hit_without_load = all(m.keeps_hit_without_load for m in self.managers)
+        """Whether a request whose remote KV failed to load keeps its local prefix hit."""
         self.num_blocks_per_position = 1 + sum(m.num_blocks_per_position for m in self._others)
         """Blocks a request takes for each block of new tokens, every kind's (a window of steps counts)."""
-        """Whether a request whose remote KV failed to load keeps its local prefix hit."""
         self.num_prefix_cache_queries = 0
         """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
         self.num_prefix_cache_hits = 0
@@ -150,21 +152,41 @@ class KVCacheCoordinator:
                 m.cache_blocks(req, end)
         return True
 
-    def allocate_step(self, req: Request, num_new_tokens: int) -> None:
-        """A running request's allocation for a step known to fit (a window of steps replaying it): as
-        `allocate_slots`, less the count."""
-        end = req.num_computed_tokens + num_new_tokens
-        for m in self._others:
-            m.remove_skipped_blocks(req, req.num_computed_tokens)
-        for m in self.managers:
-            m.allocate_new_blocks(req, end)
-        for m in self.managers:
-            m.cache_blocks(req, end)
+    def num_steps_with_blocks(self, requests: list[Request], chunks: list[int], num_steps: int) -> int:
+        """Of a window's next `num_steps` steps (`step_blocks`), how many the free blocks last for (a
+        step short of blocks would preempt): each new block of tokens takes a block of every kind
+        (`num_blocks_per_position`); blocks a sliding window frees meanwhile are not counted, so a
+        window may end before blocks would run short."""
+        bs, per_position = self.block_size, self.num_blocks_per_position
+        if num_new_blocks(requests, chunks, bs, num_steps) * per_position <= self.num_free_blocks:
+            return num_steps  # counted, not listed: the usual case
+        runs = new_block_runs(requests, chunks, bs, num_steps)
+        counts = list(itertools.accumulate(n * per_position for _, _, n in runs))
+        return runs[bisect.bisect_right(counts, self.num_free_blocks)][0]  # it misses a block: not run
 
-    def append_block_runs(self, runs: list[tuple[Request, int]]) -> None:
-        """Give each run's request its next `count` full-attention blocks, run after run (a window of
-        steps, where nothing but attention blocks change: `steady`)."""
-        self.attention.append_block_runs(runs)
+    def allocate_steps(self, requests: list[Request], chunks: list[int], num_steps: int) -> None:
+        """The allocations of a window's steps after its first (`step_blocks`), in the order a step at
+        a time makes them (they fit: `num_steps_with_blocks`). Where no kind of KV frees blocks meanwhile
+        the new blocks are taken at once; else each allocation that changes blocks is made as that
+        step's schedule made it: with the tokens computed before the step."""
+        runs = new_block_runs(requests, chunks, self.block_size, num_steps)
+        events = self._steps_changing_blocks(requests, chunks, num_steps)
+        if not events:
+            self.attention.append_block_runs([(requests[r], n) for _, r, n in runs])
+            return
+        for i, r in sorted(events.union((i, r) for i, r, _ in runs)):
+            req = requests[r]
+            computed = req.num_computed_tokens
+            chunked = bool(chunks) and r == len(requests) - 1
+            req.num_computed_tokens = computed + (sum(chunks[:i]) if chunked else i)
+            end = req.num_computed_tokens + (chunks[i] if chunked else 1)
+            for m in self._others:
+                m.remove_skipped_blocks(req, req.num_computed_tokens)
+            for m in self.managers:
+                m.allocate_new_blocks(req, end)
+            for m in self.managers:
+                m.cache_blocks(req, end)
+            req.num_computed_tokens = computed
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Publish the full blocks among `req`'s first `num_tokens` tokens to the prefix cache (every
@@ -189,12 +211,11 @@ class KVCacheCoordinator:
         their new tokens, the last one computing prompt chunks where `chunked` (a window of steps)."""
         return all(m.steady(requests, chunked) for m in self._others)
 
-    def window_events(
+    def _steps_changing_blocks(
         self, requests: list[Request], chunks: list[int], num_steps: int
     ) -> set[tuple[int, int]]:
         """(step, request index) of a window of `num_steps` steps at which a kind of KV changes a
-        request's blocks beyond taking new ones (a sliding window freeing): the window replays those
-        allocations one by one. `chunks`: the last request's prompt chunk each step (none: decodes)."""
+        request's blocks beyond taking new ones (a sliding window freeing)."""
         decodes = requests[:-1] if chunks else requests
         events: set[tuple[int, int]] = set()
         for manager in self._others:

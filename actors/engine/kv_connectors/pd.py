@@ -63,9 +63,9 @@ class PDConnector(KVConnector):
     def free_kv(self, request_id: str) -> None:
         """A peer is done with the KV held for `request_id`; a notice for KV no longer held (expired
         before the peer finished, as NIXL counts it) frees nothing."""
+        self.step_clock.wake()  # freed blocks may admit a waiting request
         if self.scheduler.release_held(request_id) is None:
             self.stats.on_kv_notification_after_expiry()
-        self.step_clock.wake()  # freed blocks may admit a waiting request
 
     def expire_held(self, now: float) -> None:
         """Release KV no decode engine pulled within kv_transfer.hold_timeout_s (its decode died)."""

@@ -12,6 +12,8 @@ keeps its blocks after finishing until the decode side has pulled them; a decode
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -206,7 +208,7 @@ class Scheduler:
     def schedule(self, now: float) -> ScheduledBatch:
         """The next step's batch; requests queued after `now` (emulated) are not seen yet."""
         batch = ScheduledBatch()
-        budget, cap = self.max_num_batched_tokens, self.max_num_new_tokens
+        budget = self.max_num_batched_tokens
         preempted = False
         for req in list(self.running):
             if budget == 0:
@@ -214,7 +216,7 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
             num_encoding = len(batch.encoder_inputs)
-            n = self._cut(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
+            n = self._cut(req, self.num_new_tokens(req.num_tokens - req.num_computed_tokens, budget), batch)
             if n == 0:
                 continue
             while not self.blocks.allocate_slots(req, n):
@@ -236,7 +238,6 @@ class Scheduler:
         return batch
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int, now: float) -> int:
-        cap = self.max_num_new_tokens
         while self.waiting and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.times.queued_s > now:
@@ -268,7 +269,7 @@ class Scheduler:
                     self._wait_for_kv(req, batch.new_offload_loads)
                     continue
             num_encoding = len(batch.encoder_inputs)
-            n = self._cut(req, min(req.num_tokens - req.num_computed_tokens, budget, cap), batch)
+            n = self._cut(req, self.num_new_tokens(req.num_tokens - req.num_computed_tokens, budget), batch)
             must_fit = self.reserve_full_isl
             allocate = self.blocks.allocate_slots
             if n == 0 or not self._allocate(allocate, req, n, hits, full_sequence_must_fit=must_fit):
@@ -287,6 +288,11 @@ class Scheduler:
             batch.add(req, n)
             budget -= n
         return budget
+
+    def num_new_tokens(self, num_left: int, budget: int) -> int:
+        """The tokens a request with `num_left` tokens to compute is given of the step's `budget` left
+        (before a kind of KV or an image cuts them: `_cut`)."""
+        return min(num_left, budget, self.max_num_new_tokens)
 
     def _allocate(self, allocate: Callable[..., bool], *args: Any, **kwargs: Any) -> bool:
         """`allocate(*args, **kwargs)`, tried again after each turn kept for a pull back is released,
@@ -356,6 +362,80 @@ class Scheduler:
             emitted.append((req, token, stop_reason(req, token)))
         self.blocks.on_step_done(computed)
         return emitted
+
+    def steady(self, batch: ScheduledBatch, now: float) -> bool:
+        """Whether the next schedules repeat `batch` until a request in it ends, but for one more token
+        each (a window of steps): every running request is in it, each decoding one token but the last,
+        which may compute a prompt chunk, all with forced answers (compute skip); nothing else happens
+        this step, and no waiting request is visible yet, or (beside a prompt chunk) one only the token
+        budget holds back."""
+        if (
+            batch.preempted
+            or batch.new_remote_requests
+            or batch.new_offload_loads
+            or batch.pull_backs_taking_nothing
+        ):
+            return False
+        if batch.encoder_inputs or len(batch.requests) != len(self.running):
+            return False
+        *decodes, last = batch.num_new_tokens
+        head = self.head_of_line(now)
+        if head is not None and (last == 1 or self.takes_blocks_first(head)):
+            return False
+        if any(n != 1 for n in decodes):
+            return False
+        if last == 1 and batch.shape.num_logits != batch.shape.num_new_tokens:
+            return False
+        if last > 1 and batch.requests[-1].mm_items:  # its chunks would stop at images to encode
+            return False
+        if not self.blocks.steady(batch.requests, chunked=last > 1):
+            return False  # a kind of KV changes its blocks otherwise (a hybrid's aligned chunks, states)
+        return all(r.forced_output_token_ids is not None for r in batch.requests)
+
+    def prompt_chunks(self, req: Request, budget: int) -> list[int]:
+        """The chunks the next steps give `req` of `budget` each until its prompt is computed (a
+        `steady` batch's last request, beside decodes that leave it `budget`); its last token is not
+        one (with one token left it is scheduled as a decode)."""
+        chunks: list[int] = []
+        num_left = req.num_tokens - req.num_computed_tokens
+        while num_left > 0 and not (chunks and num_left == 1):
+            chunks.append(self.num_new_tokens(num_left, budget))
+            num_left -= chunks[-1]
+        return chunks
+
+    def update_from_steps(
+        self,
+        batch: ScheduledBatch,
+        chunks: list[int],
+        start_s: float,
+        steps_s: list[float],
+        ends_s: list[float],
+    ) -> list[tuple[Request, list[int], list[float], FinishedReason | None]]:
+        """`update_from_output` for the next `len(steps_s)` steps of a `steady` batch at once (a window),
+        the first begun at `start_s`, each taking `steps_s` and ending at `ends_s`: blocks
+        (`allocate_steps`), computed tokens, compute time, tokens out; each request with its new tokens,
+        their stamps and the reason it now stops (None: it goes on). `chunks`: the last request's
+        prompt chunk each step (none: decodes)."""
+        k, requests = len(steps_s), batch.requests
+        self.blocks.allocate_steps(requests, chunks, k)
+        out = []
+        for i, req in enumerate(requests):
+            assert req.status is RequestStatus.RUNNING, "a window's requests run to its end"
+            if req.times.first_scheduled_s is None:
+                req.times.first_scheduled_s = start_s
+            chunked = bool(chunks) and i == len(requests) - 1
+            req.num_computed_tokens += sum(chunks[:k]) if chunked else k
+            req.compute_s = functools.reduce(operator.add, steps_s, req.compute_s)  # as one at a time
+            forced = req.forced_output_token_ids
+            assert forced is not None
+            n = len(req.output_token_ids)
+            num_out = (1 if req.num_computed_tokens >= req.num_tokens else 0) if chunked else k
+            tokens = list(forced[n : n + num_out])
+            req.output_token_ids += tokens
+            self.blocks.cache_blocks(req, req.num_computed_tokens)
+            if tokens:
+                out.append((req, tokens, ends_s[k - len(tokens) :], stop_reason(req, tokens[-1])))
+        return out
 
     def kv_received(self, req: Request) -> None:
         """The remote prompt KV is in this engine's blocks: all but the last prompt token are computed.

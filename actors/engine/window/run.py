@@ -13,7 +13,7 @@ from actors.engine.scheduling.scheduler import Scheduler
 from actors.engine.stats import EngineStats
 from actors.engine.step_clock import StepClock
 from actors.engine.streams import OutputStreams
-from actors.engine.window.plan import Window, commit, plan_window, steady
+from actors.engine.window.plan import Window, plan_window
 from emulation.time_model import StepTimeModel
 from messages import FinishedReason
 from messages.stats import NO_WORK
@@ -63,7 +63,7 @@ class Windows:
         self, batch: ScheduledBatch, start: float, upcoming: Callable[[float], list[float]]
     ) -> Window | None:
         """The window starting with `batch` at `start`, before the engine's `upcoming(start)` events."""
-        if not self.enabled or not steady(batch, self.scheduler, start):  # (before the horizon's work)
+        if not self.enabled or not self.scheduler.steady(batch, start):  # (before the horizon's work)
             return None
         horizon = min(upcoming(start), default=math.inf)
         return plan_window(batch, self.scheduler, self.time_model, start, horizon)
@@ -72,9 +72,8 @@ class Windows:
         """Sleep to the window's last step (unless it is cut short), commit its steps, sleep to their
         end; the end."""
         self._window = window
-        while not window.committed:
-            if await self.step_clock.nap(window.last_start):
-                self._commit(window)
+        if await self.step_clock.nap(window.last_start, self.settle):
+            self._commit(window)
         self._window = None
         await self.clock.sleep_until(window.end)
         k = window.num_steps
@@ -87,7 +86,8 @@ class Windows:
 
     def settle(self) -> None:
         """End the window under way with the steps begun by now (a step at a time, a change from
-        outside would reach the next step; a reader of the engine's state sees what those steps did)."""
+        outside would reach the next step; a reader of the engine's state sees what those steps did).
+        Its nap's `settle`: every change from outside wakes the step loop first (`StepClock.wake`)."""
         window = self._window
         if window is not None and not window.committed:
             window.cut_before(math.nextafter(self.clock.now(), math.inf))
@@ -95,7 +95,13 @@ class Windows:
             self.step_clock.interrupt()
 
     def _commit(self, window: Window) -> None:
-        emitted = commit(window, self.scheduler)
+        """Apply its steps to its requests (`Scheduler.update_from_steps`) and hand out their tokens."""
+        assert not window.committed
+        window.committed = True
+        k = window.num_steps
+        emitted = self.scheduler.update_from_steps(
+            window.batch, window.chunks, window.starts[0], window.step_s[:k], window.ends[:k]
+        )
         self.stats.on_window_tokens([(req, stamps) for req, _, stamps, _ in emitted])
         for req, tokens, stamps, stop in emitted:
             self.streams.push_many(req.request_id, tokens, stamps)
