@@ -6,6 +6,7 @@ import pytest
 
 from actors.engine.clock import Clock, DeadlockError, VirtualTimeLoop
 from actors.engine.runner.tiny_model import ensure_model
+from actors.engine.step_clock import StepClock
 from cluster.config_load import load_designs
 from cluster.virtual import build_deployment, run_virtual, serve
 from dashboards import metrics as m
@@ -396,3 +397,34 @@ def test_a_run_moves_time_without_timers_where_it_can():
         m.setattr(VirtualTimeLoop, "skip", counting)
         run_virtual(cfg, metrics=False)
     assert calls["skipped"] > 0 and calls["slept"] > 0
+
+
+def test_a_change_from_outside_settles_the_nap_before_it_changes_anything():
+    """A window's nap ends at the first wake, whose `settle` runs before the waker goes on (so what it
+    changes, and whoever reads the state next, meets the steps begun by then); a nap left alone runs
+    to its end without settling."""
+
+    async def main():
+        clock = Clock()
+        step_clock = StepClock(clock)
+        settled: list[float] = []
+        changed: list[list[float]] = []
+
+        async def outside() -> None:
+            await clock.sleep_until(3.0)
+            step_clock.wake()
+            changed.append(list(settled))  # what the change meets
+
+        task = asyncio.ensure_future(outside())
+        came = await step_clock.nap(10.0, lambda: settled.append(clock.now()))
+        await task
+        assert (came, settled, changed) == (False, [3.0], [[3.0]])
+        step_clock.wake()  # no nap under way: nothing to settle
+        assert await step_clock.nap(12.0, lambda: settled.append(-1.0)) is True
+        assert settled == [3.0] and clock.now() == 12.0
+
+    loop = VirtualTimeLoop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
