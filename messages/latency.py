@@ -75,8 +75,8 @@ def handoff_parts(prefill_done_s: float | None, times: RequestTimes | None) -> d
     token after a transfer."""
     if prefill_done_s is None or times is None:
         return None
-    t = times
-    marks = (t.kv_transfer_start_s, t.kv_wire_start_s, t.kv_transfer_done_s, t.kv_noticed_s, t.first_token_s)
+    t, h = times, times.handoff
+    marks = (h.kv_transfer_start_s, h.kv_wire_start_s, h.kv_transfer_done_s, h.kv_noticed_s, t.first_token_s)
     start, wire_start, done, noticed, first_token = marks
     if start is None or wire_start is None or done is None or noticed is None or first_token is None:
         return None
@@ -86,8 +86,8 @@ def handoff_parts(prefill_done_s: float | None, times: RequestTimes | None) -> d
         "proxy_hop": both - prefill_done_s,
         "admission_wait": start - both,
         "link_queue": wire_start - start,
-        "wire": t.kv_wire_s,
-        "fixed": done - (wire_start + t.kv_wire_s),
+        "wire": h.kv_wire_s,
+        "fixed": done - (wire_start + h.kv_wire_s),
         "notice_wait": noticed - done,
         "first_step": first_token - noticed,
     }

@@ -58,12 +58,80 @@ class EngineRequest:
 
 
 OFFLOAD_TIERS = ("host", "disk", "shared")
-"""An engine's KV offload tiers, in lookup order, as `RequestTimes` names them (`num_<tier>_tokens`)."""
+"""An engine's KV offload tiers, in lookup order, as `OffloadLoad` names them (`num_<tier>_tokens`)."""
+
+
+@dataclass
+class KVHandoffTimes:
+    """A request's KV handoff into this engine (decode's prompt from prefill; bidirectional, prefill's
+    pull back of decode's last turn), written by the engine's P/D connector alone: its scheduler half
+    stamps the plan and the notice, its worker half the move."""
+
+    kv_blocks_ready_s: float | None = None
+    """Blocks were allocated for the remote KV (no transfer starts before)."""
+    kv_transfer_start_s: float | None = None
+    """The handoff began: at blocks_ready (pull), or once prefill finished too (push)."""
+    kv_transfer_done_s: float | None = None
+    """The emulated transfer completed."""
+    kv_wire_start_s: float | None = None
+    """The sender's link began sending it (after the transfers queued before it)."""
+    kv_wire_s: float = 0.0
+    """Emulated seconds its bytes occupied the link."""
+    kv_noticed_s: float | None = None
+    """The engine noticed the completed transfer (a step boundary or push notification)."""
+    kv_bytes: int = 0
+    """Target-model KV bytes moved."""
+    state_bytes: int = 0
+    """Hybrid targets: the SSM state's bytes moved beside `kv_bytes` (a fixed size a request, whatever
+    its prompt's length; page padding not sent)."""
+    kv_pull_back_failed: bool = False
+    """Bidirectional: decode's blocks of the last turn were gone (expired, or its engine died), so
+    prefill computed those tokens again."""
+    kv_load_failed: bool = False
+    """Decode side: the prompt's KV failed to load, so this engine computed the prompt itself
+    (kv_transfer.load_failure_policy=recompute)."""
+
+
+@dataclass(frozen=True)
+class OffloadLoad:
+    """What a request's first admission loaded from the engine's offload tiers after its GPU prefix hit
+    (it waited meanwhile), written whole by the engine's offloading connector."""
+
+    num_host_tokens: int = 0
+    """Prompt tokens loaded from this engine's host-memory offload tier."""
+    num_disk_tokens: int = 0
+    """Prompt tokens loaded from this engine's disk offload tier."""
+    num_shared_tokens: int = 0
+    """Prompt tokens loaded from the deployment's shared KV store."""
+    offload_load_start_s: float | None = None
+    """Its blocks were allocated and the load began."""
+    offload_load_done_s: float | None = None
+    """The load completed (emulated; the engine notices it at a step boundary)."""
+    offload_load_bytes: int = 0
+    """Target-model KV bytes loaded."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt tokens loaded, every tier's."""
+        return self.num_host_tokens + self.num_disk_tokens + self.num_shared_tokens
+
+
+@dataclass(frozen=True)
+class OffloadStore:
+    """What the engine's offloading connector stored of a request's blocks when it ended, written whole
+    by it."""
+
+    offload_store_bytes: int = 0
+    """Target-model KV bytes of its blocks the tiers lacked, summed over the tiers."""
+    offload_store_done_s: float | None = None
+    """The last of those stores completed (emulated; its blocks are hits from then on)."""
 
 
 @dataclass
 class RequestTimes:
-    """engine -> proxy with the final output: the engine-side life of a request, for results."""
+    """engine -> proxy with the final output: the engine-side life of a request, for results. The step
+    loop and its scheduler write its own fields; each KV connector its record (`handoff`,
+    `offload_load`, `offload_store`)."""
 
     queued_s: float
     """Entered the engine's queue."""
@@ -81,47 +149,13 @@ class RequestTimes:
     num_external_tokens: int = 0
     """Prompt tokens whose KV came from another engine (decode: from prefill; prefill, bidirectional:
     pulled back from decode's last turn of the conversation)."""
-    kv_pull_back_failed: bool = False
-    """Bidirectional: decode's blocks of the last turn were gone (expired, or its engine died), so
-    prefill computed those tokens again."""
-    kv_load_failed: bool = False
-    """Decode side: the prompt's KV failed to load, so this engine computed the prompt itself
-    (kv_transfer.load_failure_policy=recompute)."""
     num_preemptions: int = 0
-    kv_blocks_ready_s: float | None = None
-    """Decode side: blocks were allocated for the remote KV (no transfer starts before)."""
-    kv_transfer_start_s: float | None = None
-    """Decode side: the handoff began: at blocks_ready (pull), or once prefill finished too (push)."""
-    kv_transfer_done_s: float | None = None
-    """Decode side: the emulated transfer completed."""
-    kv_wire_start_s: float | None = None
-    """Decode side: the sender's link began sending it (after the transfers queued before it)."""
-    kv_wire_s: float = 0.0
-    """Decode side: emulated seconds its bytes occupied the link."""
-    kv_noticed_s: float | None = None
-    """Decode side: the engine noticed the completed transfer (a step boundary or push notification)."""
-    kv_bytes: int = 0
-    """Target-model KV bytes moved by the handoff."""
-    state_bytes: int = 0
-    """Hybrid targets: the SSM state's bytes the handoff moved beside `kv_bytes` (a fixed size a
-    request, whatever its prompt's length; page padding not sent)."""
-    num_host_tokens: int = 0
-    """Prompt tokens loaded from this engine's host-memory offload tier (after its GPU prefix hit)."""
-    num_disk_tokens: int = 0
-    """Prompt tokens loaded from this engine's disk offload tier."""
-    num_shared_tokens: int = 0
-    """Prompt tokens loaded from the deployment's shared KV store."""
-    offload_load_start_s: float | None = None
-    """Its blocks were allocated and the load from the offload tiers began (it waited meanwhile)."""
-    offload_load_done_s: float | None = None
-    """The load from the offload tiers completed (emulated; the engine notices it at a step boundary)."""
-    offload_load_bytes: int = 0
-    """Target-model KV bytes loaded from the offload tiers."""
-    offload_store_bytes: int = 0
-    """Target-model KV bytes of its blocks stored into the offload tiers when it ended (those the tiers
-    lacked, summed over the tiers)."""
-    offload_store_done_s: float | None = None
-    """The last of those stores completed (emulated; its blocks are hits from then on)."""
+    handoff: KVHandoffTimes = field(default_factory=KVHandoffTimes)
+    """Its KV handoff into this engine (none: every field unset)."""
+    offload_load: OffloadLoad = OffloadLoad()
+    """What its first admission loaded from the offload tiers (none: every field unset)."""
+    offload_store: OffloadStore = OffloadStore()
+    """What the offload tiers stored of it when it ended (none: every field unset)."""
 
 
 @dataclass

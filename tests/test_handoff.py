@@ -41,9 +41,9 @@ def test_prefill_holds_its_kv_until_decode_noticed_the_transfer():
     cfg = make_config(PD, SKIP, kv_transfer={"link": "guide-testbox"})
     results, freed = serve_recording_frees(cfg, make_requests(3, 4096, 8, forced=True, gap_s=0.5))
     for r in results:
-        t = r.times
-        assert t.kv_transfer_done_s - t.kv_transfer_start_s > 0.5  # the testbox link: most of a second
-        assert freed[r.request_id] >= t.kv_noticed_s >= t.kv_transfer_done_s
+        h = r.times.handoff
+        assert h.kv_transfer_done_s - h.kv_transfer_start_s > 0.5  # the testbox link: most of a second
+        assert freed[r.request_id] >= h.kv_noticed_s >= h.kv_transfer_done_s
 
 
 def test_two_decodes_pulling_from_one_prefill_queue_on_its_link():
@@ -56,7 +56,7 @@ def test_two_decodes_pulling_from_one_prefill_queue_on_its_link():
     )
     (a, b), _ = serve_recording_frees(cfg, make_requests(2, 1008, 4, forced=True, gap_s=0.0))
     assert a.engine != b.engine and a.prefill_done_s == b.prefill_done_s
-    ta, tb = a.times, b.times
+    ta, tb = a.times.handoff, b.times.handoff
     assert ta.kv_transfer_start_s == tb.kv_transfer_start_s
     wire_s = 1008 * MODELS["qwen2.5-7b"].kv_bytes_per_token / LINKS["pcie4-x16"].bytes_per_s
     first, second = sorted((ta.kv_transfer_done_s, tb.kv_transfer_done_s))
@@ -71,7 +71,7 @@ def test_on_a_shared_fabric_pulls_from_two_prefill_engines_queue(link_scope):
     two_by_two = {"mixed": {"replicas": 0}, "prefill": {"replicas": 2}, "decode": {"replicas": 2}}
     cfg = make_config(SKIP, pools=two_by_two, kv_transfer={"link": "pcie4-x16", "link_scope": link_scope})
     (a, b), _ = serve_recording_frees(cfg, make_requests(2, 1008, 4, forced=True, gap_s=0.0))
-    ta, tb = a.times, b.times
+    ta, tb = a.times.handoff, b.times.handoff
     assert a.prefill_engine != b.prefill_engine and ta.kv_transfer_start_s == tb.kv_transfer_start_s
     wire_s = 1008 * MODELS["qwen2.5-7b"].kv_bytes_per_token / LINKS["pcie4-x16"].bytes_per_s
     first, second = sorted((ta.kv_wire_start_s, tb.kv_wire_start_s))
@@ -213,4 +213,4 @@ def test_a_push_notice_that_overtakes_its_request_is_kept_until_the_request_arri
         return outs[-1]
 
     last = run_async(main())
-    assert last.finished_reason == "length" and last.times.kv_bytes > 0
+    assert last.finished_reason == "length" and last.times.handoff.kv_bytes > 0

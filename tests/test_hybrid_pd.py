@@ -42,8 +42,8 @@ def test_pd_moves_the_state_beside_the_kv_and_prefill_leaves_the_last_token():
     assert all(r.finished_reason == "length" for r in results)
     for r in results:
         n = r.num_prompt_tokens
-        assert r.times.state_bytes == 36 * 806_400
-        assert r.times.kv_bytes == -(-(n - 1) // 400) * 400 * 4 * 2048
+        assert r.times.handoff.state_bytes == 36 * 806_400
+        assert r.times.handoff.kv_bytes == -(-(n - 1) // 400) * 400 * 4 * 2048
 
 
 def test_repeated_prompts_hit_where_a_state_is_cached():
@@ -94,7 +94,7 @@ def test_a_tp_change_moves_what_the_decode_ranks_hold():
     pools = {"mixed": {"replicas": 0}, "prefill": {"replicas": 1}, "decode": {"replicas": 1, "tp": 2}}
     cfg = make_config(HYBRID, SKIP, pools=pools)
     results, _ = run_requests(cfg, make_requests(3, [500, 900, 1300], 4, seed=2, forced=True))
-    assert [r.times.state_bytes for r in results] == [36 * 403_968 * 2] * 3
+    assert [r.times.handoff.state_bytes for r in results] == [36 * 403_968 * 2] * 3
 
 
 def test_a_multi_turn_chat_on_hybrid_pd_reuses_each_earlier_prompts_checkpoint():
@@ -118,7 +118,7 @@ def test_decode_never_computes_on_a_state_it_did_not_get(collocated_tokens):
     )
     results, dep = run_requests(make_config(PD, HYBRID, REAL), prompts + repeated(prompts, 10.0))
     assert [r.output_token_ids for r in results] == [r.output_token_ids for r in colo] * 2
-    assert all(r.times.state_bytes == 36 * 806_400 for r in results)
+    assert all(r.times.handoff.state_bytes == 36 * 806_400 for r in results)
     decode = next(e for e in dep.engines if e.role == "decode")
     assert len(decode.scheduler.blocks.pool.state_cache) == 0  # decode loads prompts: it caches no checkpoint
     shared = make_requests(3, [1000, 802, 802], 8, vocab=128, seed=11, gap_s=3.0)
@@ -132,7 +132,7 @@ def test_decode_never_computes_on_a_state_it_did_not_get(collocated_tokens):
         "faults": {"kv_transfer_failures": [2, 3]},
     }
     results, _ = run_requests(make_config(PD, HYBRID, REAL, failing), shared)
-    assert [r.times.kv_load_failed for r in results] == [False, True, True]
+    assert [r.times.handoff.kv_load_failed for r in results] == [False, True, True]
     assert [r.output_token_ids for r in results] == [r.output_token_ids for r in colo]
 
 

@@ -180,8 +180,8 @@ def test_greedy_tokens_with_offloaded_kv_equal_those_computed_again():
 
     computed, offloaded = chats(0.0), chats(1.0)
     assert computed.keys() == offloaded.keys() and len(computed) == 12
-    assert sum(r.times.num_host_tokens for r in offloaded.values()) > 0
-    assert sum(r.times.num_host_tokens for r in computed.values()) == 0
+    assert sum(r.times.offload_load.num_host_tokens for r in offloaded.values()) > 0
+    assert sum(r.times.offload_load.num_host_tokens for r in computed.values()) == 0
     for rid, r in computed.items():
         assert offloaded[rid].output_token_ids == r.output_token_ids, rid
 
@@ -229,9 +229,10 @@ def test_a_prompt_computed_on_one_engine_loads_on_another_from_the_shared_store(
     results, _ = run_requests(cfg, requests)  # engines checked empty
     a, b = sorted(results, key=lambda r: r.request_id)
     assert a.engine != b.engine
-    assert a.times.num_shared_tokens == 0 and b.times.num_cached_tokens == 0
-    assert b.times.num_shared_tokens == 2048 - 16  # all but its last block
-    assert b.times.offload_load_done_s - b.times.offload_load_start_s > 0.01  # 1 GB over 50 GB/s
+    assert a.times.offload_load.num_shared_tokens == 0 and b.times.num_cached_tokens == 0
+    assert b.times.offload_load.num_shared_tokens == 2048 - 16  # all but its last block
+    load = b.times.offload_load
+    assert load.offload_load_done_s - load.offload_load_start_s > 0.01  # 1 GB over 50 GB/s
 
 
 def test_greedy_tokens_through_the_shared_store_equal_those_computed_again():
@@ -244,7 +245,7 @@ def test_greedy_tokens_through_the_shared_store_equal_those_computed_again():
         return {r.request_id: r for r in results}
 
     computed, shared = chats({}), chats(SHARED_STORE)
-    assert sum(r.times.num_shared_tokens for r in shared.values()) > 0
+    assert sum(r.times.offload_load.num_shared_tokens for r in shared.values()) > 0
     for rid, r in computed.items():
         assert shared[rid].output_token_ids == r.output_token_ids, rid
 
@@ -316,7 +317,7 @@ def test_a_load_from_the_shared_store_stops_where_the_store_evicted_since_the_lo
 
     hashes, noticed = run_async(main())
     assert noticed == [req]
-    assert req.num_offload_tokens == 0 and req.times.num_shared_tokens == 0
+    assert req.num_offload_tokens == 0 and req.times.offload_load.num_shared_tokens == 0
     assert tiers["b"].num_ready(hashes, now=2.0) == 0  # it heard of the eviction
     offload.assert_empty()
 

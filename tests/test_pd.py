@@ -118,12 +118,13 @@ def test_pull_handoff_timing_follows_the_link():
     cfg = make_config(PD, runner={"compute": "skip"}, kv_transfer={"link": "guide-testbox"})
     (r,), _ = run_requests(cfg, make_requests(1, 8192, 8, forced=True))
     expected = handoff_time(8192 * MODELS["qwen2.5-7b"].kv_bytes_per_token, 512, LINKS["guide-testbox"])
-    assert r.times.kv_transfer_done_s - r.times.kv_transfer_start_s == pytest.approx(expected.total_s)
-    assert r.times.kv_transfer_start_s == pytest.approx(r.prefill_done_s)  # idle decode admits at once
-    assert r.times.kv_noticed_s >= r.times.kv_transfer_done_s
-    first_step = r.token_times_s[0] - r.times.kv_noticed_s
+    h = r.times.handoff
+    assert h.kv_transfer_done_s - h.kv_transfer_start_s == pytest.approx(expected.total_s)
+    assert h.kv_transfer_start_s == pytest.approx(r.prefill_done_s)  # idle decode admits at once
+    assert h.kv_noticed_s >= h.kv_transfer_done_s
+    first_step = r.token_times_s[0] - h.kv_noticed_s
     assert 0.02 < first_step < 0.03  # one memory-bound decode step computes the last prompt token
-    assert r.times.kv_bytes == 8192 * 57344
+    assert r.times.handoff.kv_bytes == 8192 * 57344
 
 
 def test_busy_decode_notices_only_at_a_step_boundary():
@@ -132,8 +133,8 @@ def test_busy_decode_notices_only_at_a_step_boundary():
     results, _ = run_requests(cfg, reqs)
     second = results[1]
     boundaries = set(results[0].token_times_s)
-    assert second.times.kv_noticed_s in boundaries
-    assert second.times.kv_noticed_s > second.times.kv_transfer_done_s
+    assert second.times.handoff.kv_noticed_s in boundaries
+    assert second.times.handoff.kv_noticed_s > second.times.handoff.kv_transfer_done_s
 
 
 def test_push_starts_at_prefill_end_and_layerwise_hides_transfer():
@@ -143,9 +144,9 @@ def test_push_starts_at_prefill_end_and_layerwise_hides_transfer():
     (lw,), _ = run_requests(
         make_config(PD, base, kv_transfer={"link": "pcie4-x16", "mode": "push", "layerwise": True}), reqs
     )
-    assert push.times.kv_transfer_start_s == pytest.approx(push.prefill_done_s)
-    full = push.times.kv_transfer_done_s - push.times.kv_transfer_start_s
-    hidden = lw.times.kv_transfer_done_s - lw.times.kv_transfer_start_s
+    assert push.times.handoff.kv_transfer_start_s == pytest.approx(push.prefill_done_s)
+    full = push.times.handoff.kv_transfer_done_s - push.times.handoff.kv_transfer_start_s
+    hidden = lw.times.handoff.kv_transfer_done_s - lw.times.handoff.kv_transfer_start_s
     assert hidden == pytest.approx(full / 28)  # prefill compute (>0.7 s) covers the whole transfer
     assert lw.token_times_s[0] < push.token_times_s[0]
 

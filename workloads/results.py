@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
+import typing
 from typing import Any
 
 import numpy as np
@@ -11,7 +13,21 @@ import pandas as pd
 from messages import OFFLOAD_TIERS, RequestResult, RequestTimes
 from messages.latency import HANDOFF_PARTS, LATENCY_COLUMNS
 
-_TIMES_FIELDS = [f.name for f in dataclasses.fields(RequestTimes)]
+
+def _columns(record: type, path: str = "") -> dict[str, str]:
+    """A record's fields as columns, those of its records inlined: column -> its attribute path."""
+    out: dict[str, str] = {}
+    hints = typing.get_type_hints(record)
+    for f in dataclasses.fields(record):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out |= _columns(hints[f.name], f"{path}{f.name}.")
+        else:
+            out[f.name] = path + f.name
+    return out
+
+
+_TIMES_COLUMNS = _columns(RequestTimes)
+"""The engines' times, one column each (a record's fields under their own names)."""
 _PREFILL_COLUMNS = {
     "queued_s": "prefill_queued_s",
     "scheduled_s": "prefill_scheduled_s",
@@ -47,10 +63,12 @@ def results_frame(
         cols[name] = [getattr(r, name) for r in results]
     prefill = [r.prefill_times for r in results]
     for name, col in _PREFILL_COLUMNS.items():
-        cols[col] = [getattr(t, name) if t else None for t in prefill]
+        get = operator.attrgetter(_TIMES_COLUMNS[name])
+        cols[col] = [get(t) if t else None for t in prefill]
     times = [r.times for r in results]
-    for name in _TIMES_FIELDS:
-        cols[name] = [getattr(t, name) if t is not None else None for t in times]
+    for name, path in _TIMES_COLUMNS.items():
+        get = operator.attrgetter(path)
+        cols[name] = [get(t) if t is not None else None for t in times]
     cols["decode_cached_tokens"] = [
         c if r.prefill_engine is not None else None
         for c, r in zip(cols["num_cached_tokens"], results, strict=True)

@@ -196,15 +196,14 @@ class Request:
     def kv_load_failed(self) -> bool:
         """Its remote KV failed to load (`PDConnectorScheduler.recompute_instead`): it computes those
         tokens here instead, none are external."""
-        return self.times.kv_load_failed or self.times.kv_pull_back_failed
+        return self.times.handoff.kv_load_failed or self.times.handoff.kv_pull_back_failed
 
     @property
     def num_external_computed_tokens(self) -> int:
         """Prompt tokens whose KV comes from outside this engine's GPU prefix cache: another engine's,
         up to `remote_kv_end`, less what this engine's own prefix cache held; or its offload tiers'."""
         if not self.is_remote_prefill:  # its tiers', as of its first admission (as num_cached_tokens)
-            t = self.times
-            return t.num_host_tokens + t.num_disk_tokens + t.num_shared_tokens
+            return self.times.offload_load.num_tokens
         if self.kv_load_failed:
             return 0
         return max(0, self.remote_kv_end - self.times.num_cached_tokens)

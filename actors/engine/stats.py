@@ -190,9 +190,9 @@ class EngineStats(EngineCounters):
                     if req.is_remote_prefill
                     # vLLM names no source for a store shared across instances
                     else {
-                        "host": t.num_host_tokens,
-                        "disk": t.num_disk_tokens,
-                        "external_unspecified": t.num_shared_tokens,
+                        "host": t.offload_load.num_host_tokens,
+                        "disk": t.offload_load.num_disk_tokens,
+                        "external_unspecified": t.offload_load.num_shared_tokens,
                     }
                 )
                 self.recorder.on_first_token(

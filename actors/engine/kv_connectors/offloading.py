@@ -31,7 +31,7 @@ from actors.engine.request import Request
 from actors.engine.runner.executor import Executor
 from actors.engine.scheduling.scheduled_batch import ScheduledBatch
 from actors.engine.stats import EngineStats
-from messages import OFFLOAD_TIERS, BlockRemoved, BlockStored, FinishedReason, KVTransferParams
+from messages import BlockRemoved, BlockStored, FinishedReason, KVTransferParams, OffloadLoad, OffloadStore
 
 
 @dataclass(frozen=True)
@@ -175,12 +175,13 @@ class OffloadingConnector(KVConnector):
         req.num_offload_tokens = sum(seg.num_blocks for seg in load.segments) * bs
         if t.first_scheduled_s is not None:
             return
-        for medium in OFFLOAD_TIERS:
-            setattr(t, f"num_{medium}_tokens", 0)
-        for seg in load.segments:
-            setattr(t, f"num_{seg.tier.medium}_tokens", seg.num_blocks * bs)
-        t.offload_load_bytes = sum(seg.num_blocks * seg.tier.block_bytes for seg in load.segments)
-        t.offload_load_start_s, t.offload_load_done_s = load.start_s, load.done_s
+        num_tokens = {f"num_{seg.tier.medium}_tokens": seg.num_blocks * bs for seg in load.segments}
+        t.offload_load = OffloadLoad(
+            **num_tokens,
+            offload_load_start_s=load.start_s,
+            offload_load_done_s=load.done_s,
+            offload_load_bytes=sum(seg.num_blocks * seg.tier.block_bytes for seg in load.segments),
+        )
 
     def _write(self, load: _Load, kvs: list[np.ndarray | None]) -> None:
         """Real compute: the loaded KV into the request's blocks after its GPU hit."""
@@ -235,14 +236,17 @@ class OffloadingConnector(KVConnector):
             return
         hashes = self.blocks.block_hashes(req, num_full)
         kvs = self._read(req, num_full)
+        stored = req.times.offload_store
+        total_bytes, done_s = stored.offload_store_bytes, stored.offload_store_done_s
         for tier in self.tiers:
             num_stored, ready_s = tier.store(hashes, kvs, now)
             if num_stored:
                 num_bytes = num_stored * tier.block_bytes
-                req.times.offload_store_bytes += num_bytes
-                req.times.offload_store_done_s = max(req.times.offload_store_done_s or ready_s, ready_s)
+                total_bytes += num_bytes
+                done_s = max(done_s or ready_s, ready_s)
                 self.stats.on_kv_offload("store", tier.medium, num_bytes, ready_s - now)
             tier.report(self.stats.on_kv_offload_tier)
+        req.times.offload_store = OffloadStore(total_bytes, done_s)
 
     def _read(self, req: Request, num_blocks: int) -> list[np.ndarray | None]:
         """The runner's KV of `req`'s first `num_blocks` blocks, a copy each (None each: compute skip)."""

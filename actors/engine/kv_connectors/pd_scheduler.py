@@ -58,7 +58,7 @@ class PDConnectorScheduler:
         """`req` got its blocks at `now`: when its KV moves, in emulated time (stamped on its times);
         None for a push whose prefill has not finished yet (`push_ready` plans it then)."""
         assert req.kv_transfer_params is not None
-        req.times.kv_blocks_ready_s = now
+        req.times.handoff.kv_blocks_ready_s = now
         self._holding.add(req.request_id)
         if req.kv_transfer_params.kv_push and req.kv_transfer_params.kv_sent_s is None:
             return None
@@ -74,12 +74,14 @@ class PDConnectorScheduler:
             kv_push=req.kv_transfer_params.kv_push,
             prompt_token_ids=None,  # decode has the prompt already
         )
-        if req.times.kv_blocks_ready_s is None or req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
+        blocks_ready = req.times.handoff.kv_blocks_ready_s is not None
+        if not blocks_ready or req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             return None
         return self._plan(req)
 
     def _plan(self, req: Request) -> TransferPlan:
-        assert req.kv_transfer_params is not None and req.times.kv_blocks_ready_s is not None
+        handoff = req.times.handoff
+        assert req.kv_transfer_params is not None and handoff.kv_blocks_ready_s is not None
         bs = self.scheduler.blocks.block_size
         first_block = req.times.num_cached_tokens // bs
         params = req.kv_transfer_params
@@ -87,10 +89,10 @@ class PDConnectorScheduler:
             end = max(first_block, req.pull_back_tokens // bs)
             assert params.remote_block_ids is not None
             params = dataclasses.replace(params, remote_block_ids=params.remote_block_ids[:end])
-        plan = self.receiver.plan(params, req.times.kv_blocks_ready_s, first_block)
-        req.times.kv_transfer_start_s = plan.start_s
-        req.times.kv_bytes = plan.kv_bytes
-        req.times.state_bytes = plan.state_bytes
+        plan = self.receiver.plan(params, handoff.kv_blocks_ready_s, first_block)
+        handoff.kv_transfer_start_s = plan.start_s
+        handoff.kv_bytes = plan.kv_bytes
+        handoff.state_bytes = plan.state_bytes
         return plan
 
     def on_load_failed(self, req: Request) -> bool:
@@ -103,11 +105,12 @@ class PDConnectorScheduler:
 
     def recompute_instead(self, req: Request) -> None:
         """A load failed: `req` computes the tokens it meant to take (recorded on its times)."""
+        handoff = req.times.handoff
         if req.is_pull_back:
-            req.times.kv_pull_back_failed = True
+            handoff.kv_pull_back_failed = True
         else:
-            req.times.kv_load_failed = True
-        req.times.kv_bytes = req.times.state_bytes = 0
+            handoff.kv_load_failed = True
+        handoff.kv_bytes = handoff.state_bytes = 0
         if not self.scheduler.blocks.keeps_hit_without_load:  # (a hybrid's hit had no state of its own)
             req.times.num_cached_tokens = 0
         self.scheduler.kv_received(req)
@@ -121,9 +124,9 @@ class PDConnectorScheduler:
         noticed = []
         for rid in sorted(self._loaded):
             req = self._loaded[rid]
-            if (req.times.kv_transfer_done_s or 0.0) <= now + 1e-12:
+            if (req.times.handoff.kv_transfer_done_s or 0.0) <= now + 1e-12:
                 del self._loaded[rid]
-                req.times.kv_noticed_s = now
+                req.times.handoff.kv_noticed_s = now
                 self._holding.discard(rid)
                 noticed.append(req)
         return noticed
@@ -194,7 +197,7 @@ class PDConnectorScheduler:
         times = [
             done
             for req in self._loaded.values()
-            if (done := req.times.kv_transfer_done_s) is not None and done >= since
+            if (done := req.times.handoff.kv_transfer_done_s) is not None and done >= since
         ]
         # (some expired by `since` are still held, until the next step: those are not to come)
         if later := [t for t in map(self._expires_s, self.scheduler.held.values()) if t > since]:

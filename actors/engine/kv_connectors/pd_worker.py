@@ -121,9 +121,9 @@ class PDConnectorWorker:
         """Put fetched KV into `req`'s blocks; counts the transfer (late if the real move ended after
         the emulated one)."""
         assert req.kv_transfer_params is not None
-        req.times.kv_transfer_done_s = plan.done_s
-        req.times.kv_wire_start_s = plan.wire_start_s
-        req.times.kv_wire_s = plan.time.wire_s
+        req.times.handoff.kv_transfer_done_s = plan.done_s
+        req.times.handoff.kv_wire_start_s = plan.wire_start_s
+        req.times.handoff.kv_wire_s = plan.time.wire_s
         self.executor.write_kv(req.block_ids[plan.first_block :], payload.kv)
         if req.state_block_ids:  # a hybrid's state, as of the last token prefill computed
             self.executor.write_state(req.state_block_ids[0], payload.state)
