@@ -13,7 +13,7 @@ from actors.engine.clock import Clock
 from actors.engine.health import EngineDeadError
 from actors.router import Router
 from emulation.config import RouterConfig
-from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, KVTransferParams, RequestResult
+from messages import ClientRequest, EngineOutput, EngineRequest, KVEvents, KVTransferParams, PrefillLeg
 
 
 class EngineClient(Protocol):
@@ -90,33 +90,40 @@ class EnginePool:
         i: int,
         creq: ClientRequest,
         ereq: EngineRequest,
-        result: RequestResult,
+        leg: PrefillLeg,
     ) -> list[EngineOutput]:
         """A prefill's outputs on engine `i`, or, each time the engine it is on dies or gives no final
         output within `prefill_timeout_s`, on another one (at most `max_prefill_retries` times): a
         retry starts the prompt over. The request is aborted on an engine that timed out, and that
         engine taken out of routing until it answers again; unless no other could be picked (an
         overloaded pool is slow, not gone; outlier detection never ejects every host): then the request
-        fails there. `result` says where it ran and how many times it was retried or timed out."""
+        fails there. `leg` says where it ran, how many times it was retried or timed out, and (once
+        it ran to its end) when its token came and the engine's record of it."""
         timeout_s = self.cfg.prefill_timeout_s
         timeout_wall_s = timeout_s * self.time_scale() if timeout_s is not None else None
         while True:
-            result.prefill_engine = self.engines[i].engine_id
+            leg.prefill_engine = self.engines[i].engine_id
             try:
                 async with asyncio.timeout(timeout_wall_s):  # (prefill streams one or two outputs)
-                    return [out async for out in self.outputs(i, ereq)]
+                    outs = [out async for out in self.outputs(i, ereq)]
             except TimeoutError:
                 why = f"engine {self.engines[i].engine_id} gave no answer within router.prefill_timeout_s"
-                result.num_prefill_timeouts += 1
+                leg.num_prefill_timeouts += 1
                 others = set(range(len(self.engines))) - {i, *self.router.excluded}
                 if others:
                     self.router.excluded[i] = why
-                if not others or result.num_prefill_retries == self.cfg.max_prefill_retries:
+                if not others or leg.num_prefill_retries == self.cfg.max_prefill_retries:
                     raise EngineUnresponsiveError(why) from None
             except EngineDeadError:
-                if result.num_prefill_retries == self.cfg.max_prefill_retries:
+                if leg.num_prefill_retries == self.cfg.max_prefill_retries:
                     raise
-            result.num_prefill_retries += 1
+            else:
+                for out in outs:
+                    if out.token_times_s:
+                        leg.prefill_done_s = out.token_times_s[-1]
+                leg.prefill_times = outs[-1].times if outs else None
+                return outs
+            leg.num_prefill_retries += 1
             i = self.router.pick(creq)
 
 

@@ -174,8 +174,9 @@ class Proxy:
         params = dataclasses.replace(final.kv_transfer_params, prompt_token_ids=None)
         ids = final.kv_transfer_params.prompt_token_ids
         prompt, rerender_s = await decode_prompt(creq, ids, self._render, self.clock)
-        assert result.prefill_done_s is not None
-        sent_s = result.prefill_done_s + rerender_s  # a re-render delays decode (the handoff's proxy hop)
+        prefill_done_s = result.prefill.prefill_done_s
+        assert prefill_done_s is not None
+        sent_s = prefill_done_s + rerender_s  # a re-render delays decode (the handoff's proxy hop)
         if sid is not None:  # decode keeps this turn's blocks for the next one
             params = dataclasses.replace(params, do_remote_decode=True)
         decode_req = engine_request(for_decode(creq), prompt, creq.max_tokens, sent_s, params)
@@ -255,20 +256,16 @@ class Proxy:
         decode holds the conversation's last turn); its final output, or None with the failure
         recorded in `result`."""
         assert self._prefill is not None
-        final = None
         params = dataclasses.replace(pull_back or KVTransferParams(), do_remote_decode=True)
         ereq = engine_request(creq, creq.prompt_token_ids, 1, engine_arrival_s(creq), params)
         ereq.stop_token_ids = []  # prefill's token is only a by-product: decode samples the first one
-        for out in await self._prefill.prefill_on_a_live_engine(p, creq, ereq, result):
-            if out.token_times_s:
-                result.prefill_done_s = out.token_times_s[-1]
-            final = out
-        result.prefill_times = final.times if final is not None else None
+        outs = await self._prefill.prefill_on_a_live_engine(p, creq, ereq, result.prefill)
+        final = outs[-1] if outs else None
         if final is None or final.finished_reason != "length" or not final.kv_transfer_params:
             result.finished_reason = final.finished_reason if final else "error"
             result.error = (final.error if final else None) or "prefill ended without KV to hand off"
             result.rejected_by = final.rejected_by if final else None
-            result.times = result.prefill_times  # where it ended
+            result.times = result.prefill.prefill_times  # where it ended
             return None
         return final
 

@@ -21,7 +21,7 @@ from messages.requests import (
     RequestTimes,
     token_ids_valid,
 )
-from messages.result import RequestResult
+from messages.result import PrefillLeg, RequestResult, ServerRecord
 from messages.token_ids import PromptIds, TokenIds
 
 __all__ = [
@@ -43,11 +43,13 @@ __all__ = [
     "MultiModalItem",
     "OffloadLoad",
     "OffloadStore",
+    "PrefillLeg",
     "PromptIds",
     "RenderSpec",
     "RenderedPrompt",
     "RequestResult",
     "RequestTimes",
+    "ServerRecord",
     "SsmState",
     "TokenIds",
     "token_ids_valid",

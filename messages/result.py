@@ -11,6 +11,40 @@ from messages.requests import ClientRequest, FinishedReason, RequestTimes
 
 
 @dataclass
+class PrefillLeg:
+    """P/D: a request's prompt on the prefill pool, written by the pool alone
+    (`EnginePool.prefill_on_a_live_engine`)."""
+
+    prefill_engine: str | None = None
+    """The prefill engine it last ran on."""
+    num_prefill_retries: int = 0
+    """Prefill engines that died or timed out under it before one finished its prompt."""
+    num_prefill_timeouts: int = 0
+    """Prefill engines that gave no answer within router.prefill_timeout_s (aborted there)."""
+    prefill_done_s: float | None = None
+    """The prefill engine emitted its token (its KV is ready to move)."""
+    prefill_times: RequestTimes | None = None
+    """The prefill engine's record of the request (its prefix-cache hits among them)."""
+
+
+@dataclass
+class ServerRecord:
+    """Replayed against a server (`replay --target`): what it said of a request, written by the replay
+    client alone (`workloads.openai_target`)."""
+
+    server_request_id: str | None = None
+    """The id it gave the request, to match its records."""
+    server_num_output_tokens: int | None = None
+    """The tokens it says it generated (`usage.completion_tokens`; a streamed chunk may carry several)."""
+    server_num_cached_tokens: int | None = None
+    """The prompt tokens it served from its prefix cache (`usage.prompt_tokens_details.cached_tokens`;
+    vLLM sends it with --enable-prompt-tokens-details)."""
+    answer_message: dict[str, Any] | None = None
+    """The assistant message it streamed (content, reasoning_content, tool_calls), which the client
+    sends back as history (`replay.history=model`)."""
+
+
+@dataclass
 class RequestResult:
     """proxy -> driver: one request's whole story as the client saw it (a row of the results table)."""
 
@@ -27,18 +61,10 @@ class RequestResult:
     """Emulated time each output token reached the client."""
     engine: str | None = None
     """The engine that produced the output (the decode engine in P/D)."""
-    prefill_engine: str | None = None
-    prefill_done_s: float | None = None
-    """P/D: the prefill engine emitted its token (its KV is ready to move)."""
-    num_prefill_retries: int = 0
-    """P/D: prefill engines that died or timed out under it before one finished its prompt
-    (`prefill_engine`)."""
-    num_prefill_timeouts: int = 0
-    """P/D: prefill engines that gave no answer within router.prefill_timeout_s (aborted there)."""
-    prefill_times: RequestTimes | None = None
-    """P/D: the prefill engine's record of the request (its prefix-cache hits among them)."""
     times: RequestTimes | None = None
     """The producing engine's record of the request (None if it never finished there)."""
+    prefill: PrefillLeg = field(default_factory=PrefillLeg)
+    """P/D: its prompt on the prefill pool."""
     render_s: float = 0.0
     """Emulated seconds of rendering before any engine saw it (part of TTFT)."""
     encode_s: float = 0.0
@@ -49,17 +75,8 @@ class RequestResult:
     turn: int | None = None
     parent_session_id: str | None = None
     """The request's place in a replayed trace (`ClientRequest`'s fields of the same names)."""
-    server_request_id: str | None = None
-    """Replayed against a server (`replay --target`): the id it gave the request, to match its records."""
-    server_num_output_tokens: int | None = None
-    """Replayed against a server: the tokens it says it generated (`usage.completion_tokens`; a streamed
-    chunk may carry several)."""
-    server_num_cached_tokens: int | None = None
-    """Replayed against a server: the prompt tokens it served from its prefix cache
-    (`usage.prompt_tokens_details.cached_tokens`; vLLM sends it with --enable-prompt-tokens-details)."""
-    answer_message: dict[str, Any] | None = None
-    """Replayed against a server: the assistant message it streamed (content, reasoning_content,
-    tool_calls), which the client sends back as history (`replay.history=model`)."""
+    server: ServerRecord = field(default_factory=ServerRecord)
+    """Replayed against a server (`replay --target`): what it said of the request."""
 
     @cached_property
     def latencies(self) -> dict[str, float]:
@@ -71,7 +88,7 @@ class RequestResult:
     @cached_property
     def handoff_parts(self) -> dict[str, float] | None:
         """P/D: the finished request's KV handoff in parts (`messages.latency.HANDOFF_PARTS`), once."""
-        return handoff_parts(self.prefill_done_s, self.times)
+        return handoff_parts(self.prefill.prefill_done_s, self.times)
 
     def fail(self, error: str) -> None:
         """The request failed (`error` says why): recorded, never raised, so it is reported, not lost."""

@@ -99,7 +99,7 @@ def test_positional_reuse_gives_wrong_tokens_after_an_edited_history_and_verifie
     bidi = make_config(PD, REAL, kv_transfer={"bidirectional": True, "reuse": reuse})
     _, two = two_turns(bidi, first, follow_up, edited)
     _, reference = two_turns(make_config(COLLOCATED, REAL), first, follow_up, edited)
-    pulled = two.prefill_times.num_external_tokens
+    pulled = two.prefill.prefill_times.num_external_tokens
     if reuse == "verified":
         # prefill's cache holds turn 1's prompt (144 of its 150 tokens: full blocks); a rewrite keeps
         # the answer's head, whose full blocks come back: (150 + 128 - 64) // 16 * 16 - 144

@@ -55,7 +55,7 @@ def test_two_decodes_pulling_from_one_prefill_queue_on_its_link():
         kv_transfer={"link": "pcie4-x16"},
     )
     (a, b), _ = serve_recording_frees(cfg, make_requests(2, 1008, 4, forced=True, gap_s=0.0))
-    assert a.engine != b.engine and a.prefill_done_s == b.prefill_done_s
+    assert a.engine != b.engine and a.prefill.prefill_done_s == b.prefill.prefill_done_s
     ta, tb = a.times.handoff, b.times.handoff
     assert ta.kv_transfer_start_s == tb.kv_transfer_start_s
     wire_s = 1008 * MODELS["qwen2.5-7b"].kv_bytes_per_token / LINKS["pcie4-x16"].bytes_per_s
@@ -72,7 +72,8 @@ def test_on_a_shared_fabric_pulls_from_two_prefill_engines_queue(link_scope):
     cfg = make_config(SKIP, pools=two_by_two, kv_transfer={"link": "pcie4-x16", "link_scope": link_scope})
     (a, b), _ = serve_recording_frees(cfg, make_requests(2, 1008, 4, forced=True, gap_s=0.0))
     ta, tb = a.times.handoff, b.times.handoff
-    assert a.prefill_engine != b.prefill_engine and ta.kv_transfer_start_s == tb.kv_transfer_start_s
+    assert a.prefill.prefill_engine != b.prefill.prefill_engine
+    assert ta.kv_transfer_start_s == tb.kv_transfer_start_s
     wire_s = 1008 * MODELS["qwen2.5-7b"].kv_bytes_per_token / LINKS["pcie4-x16"].bytes_per_s
     first, second = sorted((ta.kv_wire_start_s, tb.kv_wire_start_s))
     assert second - first == pytest.approx(wire_s if link_scope == "fabric" else 0.0)

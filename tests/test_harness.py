@@ -3,7 +3,7 @@ templates and harnesses make."""
 
 import json
 
-from messages import RequestResult
+from messages import RequestResult, ServerRecord
 from tests.factories import make_config
 from workloads.harness import Harness, answer_in_history, reserialized
 from workloads.openai_target import _add_delta
@@ -51,7 +51,7 @@ def test_reserialized_tool_calls_are_compact_and_other_messages_untouched():
 def answered(harness, prompt, message):
     """`prompt` sent, `message` the answer; the messages sent."""
     sent = harness.messages(prompt)
-    harness.answered([], RequestResult("r", 0.0, 1, 1, answer_message=message), None)
+    harness.answered([], RequestResult("r", 0.0, 1, 1, server=ServerRecord(answer_message=message)), None)
     return sent
 
 
@@ -88,7 +88,7 @@ def test_streamed_deltas_add_up_to_the_answer_message():
         {"tool_calls": [{"index": 0, "function": {"arguments": '"ls"}'}}]},
     ]:
         _add_delta(result, delta)
-    assert result.answer_message == MODEL_ANSWER
+    assert result.server.answer_message == MODEL_ANSWER
 
 
 def test_an_edit_without_model_history_is_refused_naming_the_field():

@@ -103,7 +103,7 @@ def test_a_multi_turn_chat_on_hybrid_pd_reuses_each_earlier_prompts_checkpoint()
     cfg = make_config(PD, HYBRID, SKIP, workload={"kind": "multi_turn"}, multi_turn=SIX_TURN)
     results, _ = run_requests(cfg, None)
     assert len(results) == 6 and all(r.finished_reason == "length" for r in results)
-    hits = [r.prefill_times.num_cached_tokens for r in results]
+    hits = [r.prefill.prefill_times.num_cached_tokens for r in results]
     assert hits[0] == 0 and all(h > 0 and h % 400 == 0 for h in hits[1:])
 
 

@@ -203,7 +203,8 @@ def test_actors_record_without_importing_pandas_or_transformers():
         "from messages import RequestResult\n"
         "from dashboards.recorders import ProxyMetrics\n"
         "from cluster.config_load import load_designs\n"
-        "result = RequestResult('r', 0.0, 8, 2, 'length', None, [1, 2], [0.1, 0.2])\n"
+        "result = RequestResult('r', 0.0, 8, 2, 'length')\n"
+        "result.output_token_ids, result.token_times_s = [1, 2], [0.1, 0.2]\n"
         "ProxyMetrics(load_designs('guide-l40s', ['pd-fast'], [])[0]).on_request_done(result)\n"
         "print(sorted(m for m in ('pandas', 'transformers', 'torch') if m in sys.modules))\n"
     )

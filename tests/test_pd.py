@@ -120,7 +120,7 @@ def test_pull_handoff_timing_follows_the_link():
     expected = handoff_time(8192 * MODELS["qwen2.5-7b"].kv_bytes_per_token, 512, LINKS["guide-testbox"])
     h = r.times.handoff
     assert h.kv_transfer_done_s - h.kv_transfer_start_s == pytest.approx(expected.total_s)
-    assert h.kv_transfer_start_s == pytest.approx(r.prefill_done_s)  # idle decode admits at once
+    assert h.kv_transfer_start_s == pytest.approx(r.prefill.prefill_done_s)  # idle decode admits at once
     assert h.kv_noticed_s >= h.kv_transfer_done_s
     first_step = r.token_times_s[0] - h.kv_noticed_s
     assert 0.02 < first_step < 0.03  # one memory-bound decode step computes the last prompt token
@@ -144,7 +144,7 @@ def test_push_starts_at_prefill_end_and_layerwise_hides_transfer():
     (lw,), _ = run_requests(
         make_config(PD, base, kv_transfer={"link": "pcie4-x16", "mode": "push", "layerwise": True}), reqs
     )
-    assert push.times.handoff.kv_transfer_start_s == pytest.approx(push.prefill_done_s)
+    assert push.times.handoff.kv_transfer_start_s == pytest.approx(push.prefill.prefill_done_s)
     full = push.times.handoff.kv_transfer_done_s - push.times.handoff.kv_transfer_start_s
     hidden = lw.times.handoff.kv_transfer_done_s - lw.times.handoff.kv_transfer_start_s
     assert hidden == pytest.approx(full / 28)  # prefill compute (>0.7 s) covers the whole transfer

@@ -56,7 +56,7 @@ def test_replayed_requests_are_rendered_before_an_engine_sees_them_and_ttft_coun
     slow, _ = run_requests(make_config(design, SKIP, SLOW_RENDER), requests)
     for f, s in zip(free, slow, strict=True):
         assert f.render_s == 0.0 and s.render_s == pytest.approx(0.06)
-        engine_times = s.prefill_times or s.times  # the first engine to see the request
+        engine_times = s.prefill.prefill_times or s.times  # the first engine to see the request
         assert engine_times.queued_s == pytest.approx(s.arrival_s + 0.06)
         # Idle engines 2 s apart: rendering adds to TTFT exactly.
         assert s.token_times_s[0] - f.token_times_s[0] == pytest.approx(0.06)

@@ -203,7 +203,7 @@ def test_rendering_is_on_the_emulated_path(server, client):
     client.chat.completions.create(model=MODEL, messages=long_chat, max_tokens=4)
     result = server.served.frontend.results[-1]
     assert result.render_s > 0
-    assert result.prefill_times.queued_s == pytest.approx(result.arrival_s + result.render_s)
+    assert result.prefill.prefill_times.queued_s == pytest.approx(result.arrival_s + result.render_s)
     assert result.token_times_s[0] - result.arrival_s > result.render_s
     image = [{"role": "user", "content": [{"type": "text", "text": "see " * 400}, IMAGE]}]
     client.chat.completions.create(model=MODEL, messages=image, max_tokens=4)

@@ -86,4 +86,4 @@ class Harness:
         if isinstance(next_prompt, FollowUp):
             answer = answer_in_history(result.output_token_ids, next_prompt, self.vocab_size)
             self.token_ids = prompt_ids + answer
-        self._answer = result.answer_message
+        self._answer = result.server.answer_message

@@ -79,7 +79,8 @@ class OpenAITarget:
         ):  # an error event (vLLM: a refusal after its stream began)
             _failed(result, int(error.get("code") or 500), f"error event: {json.dumps(error)[:300]}")
             return
-        result.server_request_id = chunk.get("id", result.server_request_id)
+        server = result.server
+        server.server_request_id = chunk.get("id", server.server_request_id)
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             text = delta.get("content") or _reasoning(delta) or delta.get("tool_calls") or choice.get("text")
@@ -93,16 +94,17 @@ class OpenAITarget:
         if usage:  # the server's counts: a chunk may carry several tokens, and only it knows its cache
             result.num_prompt_tokens = int(usage.get("prompt_tokens") or result.num_prompt_tokens)
             if usage.get("completion_tokens") is not None:
-                result.server_num_output_tokens = int(usage["completion_tokens"])
+                server.server_num_output_tokens = int(usage["completion_tokens"])
             details = usage.get("prompt_tokens_details") or {}  # vLLM: --enable-prompt-tokens-details
             if details.get("cached_tokens") is not None:
-                result.server_num_cached_tokens = int(details["cached_tokens"])
+                server.server_num_cached_tokens = int(details["cached_tokens"])
 
 
 def _add_delta(result: RequestResult, delta: dict[str, Any]) -> None:
-    """Grow `result.answer_message` by a streamed chat delta (tool calls arrive as pieces by index: the
-    first with id and name, later ones with more of the arguments)."""
-    msg = result.answer_message = result.answer_message or {"role": "assistant", "content": ""}
+    """Grow `result.server.answer_message` by a streamed chat delta (tool calls arrive as pieces by
+    index: the first with id and name, later ones with more of the arguments)."""
+    server = result.server
+    msg = server.answer_message = server.answer_message or {"role": "assistant", "content": ""}
     msg["content"] += delta.get("content") or ""
     if reasoning := _reasoning(delta):  # kept as chat templates read it back
         msg["reasoning_content"] = msg.get("reasoning_content", "") + reasoning

@@ -15,13 +15,14 @@ from messages.latency import HANDOFF_PARTS, LATENCY_COLUMNS
 
 
 def _columns(record: type, path: str = "") -> dict[str, str]:
-    """A record's fields as columns, those of its records inlined: column -> its attribute path."""
+    """A record's fields as columns, those of its records inlined, an engine's times left out (they
+    have columns of their own): column -> its attribute path."""
     out: dict[str, str] = {}
     hints = typing.get_type_hints(record)
     for f in dataclasses.fields(record):
         if dataclasses.is_dataclass(hints[f.name]):
             out |= _columns(hints[f.name], f"{path}{f.name}.")
-        else:
+        elif hints[f.name] != RequestTimes | None:
             out[f.name] = path + f.name
     return out
 
@@ -44,9 +45,7 @@ _PREFILL_COLUMNS = {
 """P/D: the prefill engine's times kept beside the producing (decode) engine's."""
 
 
-_RESULT_FIELDS = [
-    f.name for f in dataclasses.fields(RequestResult) if f.name not in ("times", "prefill_times")
-]
+_RESULT_COLUMNS = _columns(RequestResult)
 """A result's own columns, ahead of the engines' times."""
 
 
@@ -59,9 +58,10 @@ def results_frame(
     out."""
     n = len(results)
     cols: dict[str, Any] = {"design": [design] * n, "rate": [rate] * n, "seed": [seed] * n}
-    for name in _RESULT_FIELDS:
-        cols[name] = [getattr(r, name) for r in results]
-    prefill = [r.prefill_times for r in results]
+    for name, path in _RESULT_COLUMNS.items():
+        get = operator.attrgetter(path)
+        cols[name] = [get(r) for r in results]
+    prefill = [r.prefill.prefill_times for r in results]
     for name, col in _PREFILL_COLUMNS.items():
         get = operator.attrgetter(_TIMES_COLUMNS[name])
         cols[col] = [get(t) if t else None for t in prefill]
@@ -70,7 +70,7 @@ def results_frame(
         get = operator.attrgetter(path)
         cols[name] = [get(t) if t is not None else None for t in times]
     cols["decode_cached_tokens"] = [
-        c if r.prefill_engine is not None else None
+        c if r.prefill.prefill_engine is not None else None
         for c, r in zip(cols["num_cached_tokens"], results, strict=True)
     ]
     cols["num_output_tokens"] = [  # a server's own count where it gave one (replay --target)

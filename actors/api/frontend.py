@@ -68,7 +68,7 @@ class PromptCache:
     @classmethod
     def of(cls, result: RequestResult, block_size: int, enable_prefix_caching: bool) -> PromptCache:
         """Without prefix caching no block is hashed, so none is written to the cache (vLLM: 0)."""
-        times = result.prefill_times or result.times
+        times = result.prefill.prefill_times or result.times
         cached = times.num_cached_tokens if times is not None else 0
         full = result.num_prompt_tokens // block_size * block_size
         return cls(cached, max(0, full - cached) if enable_prefix_caching else 0)
