@@ -30,6 +30,7 @@ from emulation.config import TestbedConfig
 from messages import RequestResult
 from workloads.divergence import diverged_at
 from workloads.replay import LoadedWorkload, load_workload
+from workloads.run_summary import LagFigures
 from workloads.traces.session import Trace, TraceError
 
 if TYPE_CHECKING:
@@ -412,7 +413,7 @@ def _run_one(
             return run_virtual(cfg, loaded, on_result=on_result)
         from cluster.live import run_live
 
-        def on_tick(sim_s: float, lag: dict[str, Any]) -> None:
+        def on_tick(sim_s: float, lag: LagFigures) -> None:
             progress.describe(f"{cfg.design}: t={sim_s:.1f} s emulated, lag {lag['lag_fraction']:.1%}")
 
         return run_live(cfg, args.address, loaded, on_result=on_result, on_tick=on_tick)

@@ -40,6 +40,7 @@ from emulation.config import TestbedConfig, replica_id
 from messages import ClientRequest, RequestResult
 from workloads.render_tier import render_tier_for
 from workloads.replay import LoadedWorkload, Workload, load_workload, run_workload
+from workloads.run_summary import DeploymentFigures, LagFigures
 from workloads.summary import lag_summary
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ async def drive(
     cfg: TestbedConfig,
     requests: Workload,
     on_result: Callable[[RequestResult], None] | None = None,
-    on_tick: Callable[[float, dict[str, Any]], None] | None = None,
+    on_tick: Callable[[float, LagFigures], None] | None = None,
 ) -> list[RequestResult]:
     """Send each request at its emulated arrival time through the proxy actor; collect every result.
 
@@ -285,7 +286,7 @@ def run_live(
     address: str | None = None,
     requests: Workload | LoadedWorkload | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
-    on_tick: Callable[[float, dict[str, Any]], None] | None = None,
+    on_tick: Callable[[float, LagFigures], None] | None = None,
     on_deployed: Callable[[LiveDeployment], None] | None = None,
 ) -> RunOutput:
     """One live run: join or start Ray, deploy, replay, drain; a Ray started here is stopped again."""
@@ -302,7 +303,10 @@ def run_live(
         results = asyncio.run(drive(dep, cfg, loaded.workload, on_result, on_tick))
         time.sleep(cfg.metrics.linger_s)
         reports, metrics, encoder_stats = shutdown(dep, cfg)
-        info = {"num_proxy_restarts": dep.num_proxy_restarts, "clock_sync": sync_summary(dep.clock_offsets)}
+        info: DeploymentFigures = {
+            "num_proxy_restarts": dep.num_proxy_restarts,
+            "clock_sync": sync_summary(dep.clock_offsets),
+        }
         dep = None
         return run_output(cfg, results, reports, metrics, loaded.info, info, encoder_stats)
     finally:

@@ -18,6 +18,7 @@ from emulation.trust import Trust, trust_of
 from messages import RequestResult
 from messages.stats import EncoderStats, EngineReport, LostEngine
 from workloads.results import results_frame
+from workloads.run_summary import DeploymentFigures, EncoderFigures, MeasuredFigures, RunSummary, WorkloadInfo
 from workloads.summary import fault_summary, lag_summary, moe_summary, summarize
 
 
@@ -25,8 +26,8 @@ from workloads.summary import fault_summary, lag_summary, moe_summary, summarize
 class RunOutput:
     results: pd.DataFrame
     """One row per request (workloads.results)."""
-    summary: dict[str, Any]
-    """The run's record: bench-serve keys, ours, lag."""
+    summary: RunSummary
+    """The run's record: bench-serve keys, ours, lag (`workloads.run_summary`)."""
     engine_reports: Mapping[str, EngineReport | LostEngine]
     """engine id -> its report (EngineCore.report), or why it could not give one."""
     metrics: Mapping[str, str]
@@ -38,31 +39,32 @@ def run_output(
     results: list[RequestResult],
     reports: Mapping[str, EngineReport | LostEngine],
     metrics: Mapping[str, str],
-    workload_info: dict[str, Any] | None = None,
-    deployment_info: dict[str, Any] | None = None,
+    workload_info: WorkloadInfo | None = None,
+    deployment_info: DeploymentFigures | None = None,
     encoder_stats: Sequence[EncoderStats] = (),
 ) -> RunOutput:
     """`workload_info`: what the workload says of itself (a trace's nominal rate, its theoretical
     prefix-hit rate), overriding `workload.rate` where it has one; `deployment_info`: what the
     deployment says of itself (proxy restarts; live: its clocks' offsets); `encoder_stats`: each
     encoder's final totals (E/P/D)."""
-    info = workload_info or {}
+    info: WorkloadInfo = workload_info or {}
     rate = info.get("rate", cfg.workload.rate)
     df = results_frame(results, cfg.design, rate, cfg.seed, cfg.workload.num_warmup_requests)
     num_gpus = None if "target" in info else cfg.pools.num_gpus  # (a server's: unknown)
-    summary = {
+    serve = summarize(df, cfg.slos, num_gpus)
+    summary: RunSummary = {
         "design": cfg.design,
         "rate": rate,
-        **summarize(df, cfg.slos, num_gpus),
+        **serve,
         **info,
         "time_scale": cfg.clock.time_scale,
         **lag_summary(reports),
         **fault_summary(reports),
         **moe_summary(reports),
+        **encoder_summary(encoder_stats, serve["duration_s"] or 0.0),
+        "cpu_overhead_share": cpu_overhead_share(reports),
+        **measured_summary(cfg, reports),
     }
-    summary.update(encoder_summary(encoder_stats, summary.get("duration_s") or 0.0))
-    summary["cpu_overhead_share"] = cpu_overhead_share(reports)
-    summary.update(measured_summary(cfg, reports))
     if "target" not in info:  # an emulated target's figures: how far the silicon rows say to trust them
         summary["trust"] = trust_for(cfg).line
     summary.update(deployment_info or {})
@@ -76,7 +78,7 @@ def cpu_overhead_share(reports: Mapping[str, EngineReport | LostEngine]) -> floa
     return sum(c.cpu_s for c in counters) / busy_s if busy_s > 0 else 0.0
 
 
-def measured_summary(cfg: TestbedConfig, reports: Mapping[str, EngineReport | LostEngine]) -> dict[str, Any]:
+def measured_summary(cfg: TestbedConfig, reports: Mapping[str, EngineReport | LostEngine]) -> MeasuredFigures:
     """`target.time_model: measured`: per engine role, the share of its GPU step time that kernels
     measured on silicon priced, and which tables (the rest: the operators roofline), with one line
     saying so (`measured_coverage`); empty for the other time models."""
@@ -90,7 +92,9 @@ def measured_summary(cfg: TestbedConfig, reports: Mapping[str, EngineReport | Lo
             measured[report.role] = measured.get(report.role, 0.0) + c.measured_s
             gpu[report.role] = gpu.get(report.role, 0.0) + c.busy_s - c.cpu_s
     shares = {role: measured[role] / gpu[role] for role in gpu if gpu[role] > 0}
-    tables = {role: tables_line(cfg, pool) for role, pool in cfg.pools.by_role() if pool.replicas}
+    tables: dict[str, str] = {
+        role: tables_line(cfg, pool) for role, pool in cfg.pools.by_role() if pool.replicas
+    }
     parts = [
         f"{role} {100 * shares[role]:.0f} % ({tables[role]})" if role in shares else f"{role}: no steps"
         for role in tables
@@ -121,7 +125,7 @@ def tables_line(cfg: TestbedConfig, pool: PoolConfig) -> str:
     return f"{tables.backend} {tables.version} tables, {pool.gpu}"
 
 
-def encoder_summary(encoder_stats: Sequence[EncoderStats], duration_s: float) -> dict[str, float]:
+def encoder_summary(encoder_stats: Sequence[EncoderStats], duration_s: float) -> EncoderFigures:
     """E/P/D: the encoder pool's busy share of the run and its cache's hit rate, from the encoders'
     final totals (nothing without an encoder pool)."""
     if not encoder_stats or duration_s <= 0:

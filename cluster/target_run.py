@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 
@@ -17,6 +16,7 @@ from emulation.config import TestbedConfig
 from messages import RequestResult
 from workloads.openai_target import OpenAITarget
 from workloads.replay import LoadedWorkload, load_workload, run_workload
+from workloads.run_summary import WorkloadInfo
 
 
 def _served_model(url: str, api_key: str | None) -> str:
@@ -57,5 +57,5 @@ def run_against_target(
             await target.close()
 
     results = asyncio.run(main())
-    info: dict[str, Any] = {**loaded.info, "target": url, "model": model}
+    info: WorkloadInfo = {**loaded.info, "target": url, "model": model}
     return run_output(cfg, results, {}, {}, info)

@@ -38,6 +38,7 @@ from emulation.config import TestbedConfig, replica_id
 from messages import RenderSpec, RequestResult
 from workloads.render_tier import RenderTier, render_tier_for
 from workloads.replay import LoadedWorkload, Workload, load_workload, run_workload
+from workloads.run_summary import DeploymentFigures
 
 
 @dataclass
@@ -237,10 +238,9 @@ def run_virtual(
         finally:
             loop.close()
         reports = {e.engine_id: e.report() for e in dep.engines}
-        info = loaded.info
-        restarts = {"num_proxy_restarts": dep.num_proxy_restarts}
+        restarts: DeploymentFigures = {"num_proxy_restarts": dep.num_proxy_restarts}
         encoder_stats = [e.stats() for e in dep.encoders]
-        return run_output(cfg, results, reports, dep.expositions(), info, restarts, encoder_stats)
+        return run_output(cfg, results, reports, dep.expositions(), loaded.info, restarts, encoder_stats)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from workloads.run_summary import RunSummary
 from workloads.slo import parse_slo
 
 if TYPE_CHECKING:  # the CLI has pandas loaded by then; importing this module needs none
@@ -213,7 +214,7 @@ def _narrow(table: Table, console: Console) -> None:
         column.width = low + room * (high - low) // wanted
 
 
-def lag_warning(summary: dict[str, Any]) -> None:
+def lag_warning(summary: RunSummary) -> None:
     """Say loudly that a live run's timing figures are invalid: its host could not keep up."""
     from rich.panel import Panel
 

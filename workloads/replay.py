@@ -14,6 +14,7 @@ from emulation.vision import vision_encoder_of
 from messages import ClientRequest, RequestResult
 from workloads.closed_loop import ClosedLoop
 from workloads.render_tier import RenderTier
+from workloads.run_summary import WorkloadInfo
 from workloads.session_replay import Clock, SessionReplay
 from workloads.synthetic import synthetic_requests
 from workloads.traces import load_trace
@@ -32,7 +33,7 @@ class LoadedWorkload:
     measures it once for all its designs."""
 
     workload: Workload
-    info: dict[str, Any]
+    info: WorkloadInfo
 
 
 def load_workload(cfg: TestbedConfig, requests: Workload | LoadedWorkload | None = None) -> LoadedWorkload:
@@ -46,15 +47,15 @@ def load_workload(cfg: TestbedConfig, requests: Workload | LoadedWorkload | None
     return LoadedWorkload(workload, {**workload_info(workload, cfg.replay.speedup), **load_info(cfg)})
 
 
-def load_info(cfg: TestbedConfig) -> dict[str, Any]:
+def load_info(cfg: TestbedConfig) -> WorkloadInfo:
     """Summary keys of how the load is sent, where it is not the default: the closed loop's
     `max_concurrency` (vLLM's key) and its rate, inf (as `vllm bench serve --max-concurrency` at its
     default `--request-rate inf`: every request ready at the start, `workload.rate` unused), and the
     warm-up's size (none for a default run)."""
     w = cfg.workload
-    info: dict[str, Any] = {}
+    info: WorkloadInfo = {}
     if w.max_concurrency is not None:
-        info.update(max_concurrency=w.max_concurrency, rate=math.inf)
+        info["max_concurrency"], info["rate"] = w.max_concurrency, math.inf
     if w.num_warmup_requests:
         info["num_warmup_requests"] = w.num_warmup_requests
     return info
@@ -84,7 +85,7 @@ def needs_render(workload: Workload) -> bool:
     )
 
 
-def workload_info(workload: Workload, speedup: float = 1.0) -> dict[str, Any]:
+def workload_info(workload: Workload, speedup: float = 1.0) -> WorkloadInfo:
     """Summary keys the workload contributes: a trace's nominal rate (its requests over its time span
     as the trace paces them, sped up: the same for every design, though closed loop sends as the
     system answers), size, and theoretical prefix-hit rate (an infinite cache's; compare

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -17,6 +17,15 @@ from messages import OFFLOAD_TIERS
 from messages.latency import HANDOFF_PARTS
 from messages.stats import EngineReport, LostEngine
 from workloads.latency import gaps, percentiles
+from workloads.run_summary import (
+    FaultFigures,
+    HandoffBytes,
+    HandoffFigures,
+    LagFigures,
+    MoeFigures,
+    ServeFigures,
+    SloFigures,
+)
 from workloads.slo_targets import TermCount, parse_slo_target
 
 
@@ -50,7 +59,7 @@ def measured(df: pd.DataFrame) -> pd.DataFrame:
 
 def summarize(
     df: pd.DataFrame, slos: tuple[str, ...] | list[str], num_gpus: int | None = None
-) -> dict[str, Any]:
+) -> ServeFigures:
     """One record: bench-serve keys (ms, req/s, tok/s), worst gap, handoff, and per SLO set
     (`slo_figures`) attainment, goodput and what decides whether it holds. Warm-up requests (the
     results' `warmup` column, `workload.num_warmup_requests`) are left out (`measured`).
@@ -69,7 +78,16 @@ def summarize(
     median_e2el, p99_e2el = _percentiles_ms(ok["e2el_s"], 50, 99)
     median_handoff, p99_handoff = _percentiles_ms(ok["handoff_s"], 50, 99)
     output_throughput = output_tps(ok, duration)
-    record: dict[str, Any] = {
+    handoff_parts = {
+        key: v
+        for part in HANDOFF_PARTS
+        for key, v in zip(
+            (f"median_handoff_{part}_ms", f"p99_handoff_{part}_ms"),
+            _percentiles_ms(ok[f"handoff_{part}_s"], 50, 99),
+            strict=True,
+        )
+    }
+    record: ServeFigures = {
         "completed": len(ok),
         "failed": int((~df["ok"] & ~rejected).sum()),
         "rejected": int(rejected.sum()),  # completed + failed + rejected: every request sent but warm-ups
@@ -95,11 +113,7 @@ def summarize(
         "median_ec_transfer_ms": _percentiles_ms(ok["ec_transfer_s"], 50)[0],
         "median_handoff_ms": median_handoff,
         "p99_handoff_ms": p99_handoff,
-        **{
-            f"{q}_handoff_{part}_ms": v
-            for part in HANDOFF_PARTS
-            for q, v in zip(("median", "p99"), _percentiles_ms(ok[f"handoff_{part}_s"], 50, 99), strict=True)
-        },
+        **cast(HandoffFigures, handoff_parts),  # (its keys, as a test checks)
         "num_preemptions": int(df["num_preemptions"].sum()),
         "num_prefill_retries": int(df["num_prefill_retries"].sum()),
         "num_prefill_timeouts": int(df["num_prefill_timeouts"].sum()),
@@ -121,11 +135,11 @@ def output_tps(ok: pd.DataFrame, duration_s: float) -> float:
     return float(ok["num_output_tokens"].sum()) / duration_s if duration_s > 0 else 0.0
 
 
-def slo_figures(df: pd.DataFrame, slos: Sequence[str], duration_s: float) -> dict[str, dict[str, Any]]:
+def slo_figures(df: pd.DataFrame, slos: Sequence[str], duration_s: float) -> SloFigures:
     """Per SLO set (by name): `slo_attainment`, the share of requests within every bound on their own;
     `goodput`, those requests a second; and `slo_term_counts`, each term's `TermCount` (as JSON), which
     say whether the set holds over the run's requests (`slo_verdicts`)."""
-    figures: dict[str, dict[str, Any]] = {"slo_attainment": {}, "goodput": {}, "slo_term_counts": {}}
+    figures: SloFigures = {"slo_attainment": {}, "goodput": {}, "slo_term_counts": {}}
     for text in slos:
         target = parse_slo_target(text)
         met = target.within_every_bound(df)
@@ -167,7 +181,7 @@ def handoffs(results: pd.DataFrame) -> pd.DataFrame:
     return ok[ok["kv_bytes"] + ok["state_bytes"] > 0]
 
 
-def handoff_bytes(moved: pd.DataFrame) -> dict[str, Any]:
+def handoff_bytes(moved: pd.DataFrame) -> HandoffBytes:
     """What `moved` (`handoffs`) moved: how many, each one's mean attention KV and SSM state (a hybrid
     target's; 0 for another's) in bytes, and the state's share of all the bytes (None without a
     handoff)."""
@@ -212,7 +226,7 @@ def moe_means(log: Mapping[str, Sequence[float]]) -> dict[str, float]:
     }
 
 
-def moe_summary(reports: Mapping[str, EngineReport | LostEngine]) -> dict[str, Any]:
+def moe_summary(reports: Mapping[str, EngineReport | LostEngine]) -> MoeFigures:
     """A MoE target's steps per engine role (`mixed`, `prefill`, `decode`): `moe_means` of all its
     engines' step logs together (each step weighs the same, whichever engine took it); empty for a
     dense target."""
@@ -275,7 +289,7 @@ def sweep_goodput(records: list[dict[str, Any]]) -> dict[str, dict[str, float | 
     return out
 
 
-def fault_summary(reports: Mapping[str, EngineReport | LostEngine]) -> dict[str, int]:
+def fault_summary(reports: Mapping[str, EngineReport | LostEngine]) -> FaultFigures:
     """Faults over all engines: KV loads that failed (injected on purpose among them) and those whose
     request computed the KV instead; engines hung on purpose."""
     reported = [r for r in reports.values() if isinstance(r, EngineReport)]
@@ -288,7 +302,7 @@ def fault_summary(reports: Mapping[str, EngineReport | LostEngine]) -> dict[str,
     }
 
 
-def lag_summary(reports: Mapping[str, EngineReport | LostEngine]) -> dict[str, Any]:
+def lag_summary(reports: Mapping[str, EngineReport | LostEngine]) -> LagFigures:
     """Lag over all engines: the share of steps and handoffs whose real work overran its budget."""
     counters = [r.counters for r in reports.values() if isinstance(r, EngineReport)]
     events = sum(c.num_steps + c.num_transfers for c in counters)
