@@ -272,7 +272,9 @@ def build_engine(
     blocks = kv_cache_for(cfg, pool, role)
     encoder_roofline = encoder_roofline_for(cfg, pool)
     vision = vision_for(cfg) if runner is not None and encoder_roofline is not None else None
-    executor = Executor(runner, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision)
+    executor = Executor(
+        runner, blocks, vocab_size=cfg.runner.vocab_size, in_thread=compute_in_thread, vision=vision
+    )
     moe = cfg.target.profile.moe is not None
     # P, D and engines with offload tiers load KV
     stats = EngineStats(
@@ -297,7 +299,7 @@ def build_engine(
         peers=peers,
         stats=stats,
         clock=clock,
-        block_size=s.block_size,
+        kv_cache=blocks,
         link=link,
         faults=faults,
     )

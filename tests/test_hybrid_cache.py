@@ -11,7 +11,7 @@ import pytest
 
 from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.kv_cache.mamba_align import block_aligned_split
-from actors.engine.kv_cache.mamba_state import MambaStateSpec
+from actors.engine.kv_cache.mamba_state import MambaStateManager, MambaStates, MambaStateSpec
 from actors.engine.request import Request
 from cluster.config_load import ConfigError
 from emulation.kv_cache import num_gpu_blocks
@@ -26,6 +26,12 @@ G = 4  # Nemotron-3-Nano's Mamba groups
 
 def req(tokens, rid="a", max_tokens=4):
     return Request(EngineRequest(rid, list(tokens), max_tokens), 0.0)
+
+
+def states(bm: KVCacheCoordinator, r: Request) -> MambaStates:
+    """What `r` holds of the SSM states (the coordinator's Mamba manager's record of it)."""
+    (mamba,) = [m for m in bm.managers if isinstance(m, MambaStateManager)]
+    return mamba.held(r)
 
 
 def compute(bm: KVCacheCoordinator, r: Request, n: int | None = None) -> None:
@@ -73,14 +79,14 @@ def test_each_request_holds_a_state_block_in_each_mamba_group_and_gives_them_bac
     bm = KVCacheCoordinator(64, BS, False, specs=[MambaStateSpec(G, False, 8192)])
     a = req(range(40))
     compute(bm, a, 20)
-    assert len(a.state_block_ids) == G and len(a.block_ids) == 2 and bm.num_free_blocks == 64 - 2 - G
+    assert len(states(bm, a).block_ids) == G and len(a.block_ids) == 2 and bm.num_free_blocks == 64 - 2 - G
     compute(bm, a)  # the rest of the prompt: no new state block
-    assert len(a.state_block_ids) == G and bm.num_free_blocks == 64 - 3 - G
+    assert len(states(bm, a).block_ids) == G and bm.num_free_blocks == 64 - 3 - G
     bm.free(a)
     bm.assert_empty()
     b = req(range(40), "b")
     assert not bm.allocate_slots(b, 61 * 16)  # 61 KV blocks fit, not with 4 state blocks: nothing taken
-    assert not b.state_block_ids and bm.num_free_blocks == 64
+    assert not states(bm, b).block_ids and bm.num_free_blocks == 64
 
 
 def test_a_state_is_cached_only_at_a_prompts_checkpoint_and_hits_end_there():
@@ -91,7 +97,7 @@ def test_a_state_is_cached_only_at_a_prompts_checkpoint_and_hits_end_there():
     bm = KVCacheCoordinator(64, BS, True, specs=[MambaStateSpec(G, False, 8192)])
     a = req(range(72), "a")
     compute(bm, a)
-    assert a.checkpoint is None and len(bm.pool.state_cache) == 1
+    assert states(bm, a).checkpoint is None and len(bm.pool.state_cache) == 1
     bm.free(a)
     b = req(range(72), "b")
     assert len(bm.get_computed_blocks(b)) == 4
@@ -116,9 +122,10 @@ def test_a_hit_holds_the_cached_state_until_its_first_step_and_eviction_forgets_
     hits = bm.get_computed_blocks(b)
     b.num_computed_tokens = 32
     assert bm.allocate_slots(b, 8, hits)
-    assert len(b.state_hold) == G and all(block in bm.pool.ref_cnt for block in b.state_hold)
+    hold = states(bm, b).hold
+    assert len(hold) == G and all(block in bm.pool.ref_cnt for block in hold)
     bm.on_step_done([b])
-    assert not b.state_hold
+    assert not states(bm, b).hold
     bm.free(b)
     bm.assert_empty()
     big = req(range(2000, 2200), "big")  # 12 KV and 4 state blocks: all 16, the cached state's too

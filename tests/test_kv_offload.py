@@ -279,7 +279,7 @@ def _store_and_engine_b(store_client=None):
     offload = OffloadingConnector(
         [tiers["b"]],
         blocks=blocks,
-        executor=Executor(None, vocab_size=8192),
+        executor=Executor(None, blocks, vocab_size=8192),
         stats=EngineStats(),
         wake=lambda: None,
     )

@@ -101,8 +101,25 @@ class EngineCore:
         self._stopped = False
         self.health = EngineHealth(engine_id)
         self.streams = OutputStreams()
-        self.windows = _windows(self, allowed=macro_steps and clock.virtual and executor.runner is None)
-        self.pd = _pd_connector(self)
+        self.windows = Windows(
+            clock=clock,
+            step_clock=step_clock,
+            scheduler=scheduler,
+            time_model=time_model,
+            stats=stats,
+            streams=self.streams,
+            finish=self._finish,
+            allowed=macro_steps and clock.virtual and executor.runner is None,
+        )
+        self.pd = PDConnector(
+            engine_id,
+            scheduler=scheduler,
+            kv_scheduler=kv_scheduler,
+            kv_worker=kv_worker,
+            stats=stats,
+            step_clock=step_clock,
+            abort=self.abort,
+        )
         """Its handoffs with peer engines (prefill and decode, pulls back)."""
         self.kv = MultiConnector([self.pd, *kv_connectors])
 
@@ -119,7 +136,7 @@ class EngineCore:
         req = Request(request, self.clock.now() if sent is None else sent)
         self.step_clock.wake()  # (first: admission reads the state the steps begun by now made)
         if (refusal := self.admission.refusal(req.times.queued_s)) is not None:
-            yield _refused(self, req, refusal)
+            yield self._refused(req, refusal)
             return
         stream = self.streams.open(req.request_id)
         self._requests[req.request_id] = req
@@ -300,6 +317,14 @@ class EngineCore:
             )
             self.streams.finish(out)
 
+    def _refused(self, req: Request, refusal: Refusal) -> EngineOutput:
+        """`req` refused on arrival (`admission`): nothing computed; its prefill engine may free its KV."""
+        self.stats.on_admission_rejected(refusal.limit)
+        if req.is_remote_prefill:
+            self.pd.notify_done(req)
+        why, limit = refusal.why, refusal.limit
+        return EngineOutput(req.request_id, [], [], "rejected", None, req.times, why, rejected_by=limit)
+
     def report(self) -> EngineReport:
         """Counters of this engine's life so far (steps, lag, preemptions, prefix cache, handoffs)."""
         return self.stats.report(self.role, self.scheduler, len(self._requests), self.health)
@@ -313,41 +338,3 @@ class EngineCore:
         self.scheduler.assert_empty()
         self.executor.assert_empty()
         self.kv.assert_empty()
-
-
-# The rooms the core builds around its collaborators (they call back into it: `_finish`, `abort`), and
-# its answer to a request refused on arrival.
-
-
-def _windows(core: EngineCore, allowed: bool) -> Windows:
-    return Windows(
-        clock=core.clock,
-        step_clock=core.step_clock,
-        scheduler=core.scheduler,
-        time_model=core.time_model,
-        stats=core.stats,
-        streams=core.streams,
-        finish=core._finish,
-        allowed=allowed,
-    )
-
-
-def _refused(core: EngineCore, req: Request, refusal: Refusal) -> EngineOutput:
-    """`req` refused on arrival (`admission`): nothing computed; its prefill engine may free its KV."""
-    core.stats.on_admission_rejected(refusal.limit)
-    if req.is_remote_prefill:
-        core.pd.notify_done(req)
-    why, limit = refusal.why, refusal.limit
-    return EngineOutput(req.request_id, [], [], "rejected", None, req.times, why, rejected_by=limit)
-
-
-def _pd_connector(core: EngineCore) -> PDConnector:
-    return PDConnector(
-        core.engine_id,
-        scheduler=core.scheduler,
-        kv_scheduler=core.kv_scheduler,
-        kv_worker=core.kv_worker,
-        stats=core.stats,
-        step_clock=core.step_clock,
-        abort=core.abort,
-    )

@@ -52,7 +52,6 @@ class Request:
     __slots__ = (
         "block_hashes",
         "block_ids",
-        "checkpoint",
         "compute_s",
         "finished_reason",
         "forced_output_token_ids",
@@ -69,8 +68,6 @@ class Request:
         "pull_back_tokens",
         "remote_kv_loaded",
         "request_id",
-        "state_block_ids",
-        "state_hold",
         "status",
         "stop_token_ids",
         "times",
@@ -101,14 +98,6 @@ class Request:
         """Chained hashes of the full blocks of tokens, extended as they are needed."""
         self.num_published_blocks = 0
         """Leading blocks of `block_ids` already in the prefix cache."""
-        self.state_block_ids: list[int] = []
-        """Hybrid models: its running SSM state, a block in each Mamba group (as of its last computed
-        token)."""
-        self.state_hold: list[int] = []
-        """Hybrid models: the cached state its prefix hit starts from, held until its first step."""
-        self.checkpoint: tuple[int, list[int]] | None = None
-        """Hybrid models, prefix caching: (position, blocks) where the step reaching its prompt's
-        checkpoint saves the state there, to be cached (`state_cache.py`)."""
         self.pull_back_tokens = 0
         """Pull back: the tokens of decode's leading blocks this request takes (set when admitted)."""
         self.num_offload_tokens = 0

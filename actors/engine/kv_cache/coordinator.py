@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 from actors.engine.kv_cache.block_hash import BlockHash
 from actors.engine.kv_cache.block_pool import BlockPool
@@ -199,6 +200,19 @@ class KVCacheCoordinator:
         for manager in self._others:
             manager.on_step_done(requests)
 
+    def state_block(self, req: Request) -> int | None:
+        """The block of `req`'s running recurrent state, where a kind keeps one (a hybrid's SSM state:
+        what a P/D handoff moves beside its KV); None otherwise."""
+        return next((b for m in self._others if (b := m.state_block(req)) is not None), None)
+
+    def runner_fields(self, req: Request, num_new_tokens: int) -> dict[str, Any]:
+        """What the runner needs of every kind for `req`'s step of `num_new_tokens` beyond its
+        full-attention blocks (`RunnerInput`'s fields: a hybrid's state blocks)."""
+        fields: dict[str, Any] = {}
+        for manager in self._others:
+            fields |= manager.runner_fields(req, num_new_tokens)
+        return fields
+
     def align_chunk(self, req: Request, num_new_tokens: int) -> int:
         """Of `num_new_tokens` the budget gives `req` this step, those every kind lets it compute (a
         hybrid's prompt chunks end on block boundaries)."""
@@ -236,4 +250,6 @@ class KVCacheCoordinator:
             manager.free(req)
 
     def assert_empty(self) -> None:
+        for manager in self.managers:
+            manager.assert_empty()
         self.pool.assert_empty()

@@ -20,7 +20,7 @@ A request's full-attention blocks are its `block_ids` (every model has full-atte
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Protocol
+from typing import Any, Protocol
 
 from actors.engine.kv_cache.block_pool import BlockPool
 from actors.engine.request import Request
@@ -84,6 +84,20 @@ class KVCacheManager(ABC):
     def align_chunk(self, req: Request, num_new_tokens: int) -> int:
         """Of `num_new_tokens` the budget gives `req` this step, those this kind lets it compute."""
         return num_new_tokens
+
+    def state_block(self, req: Request) -> int | None:
+        """The block of `req`'s running recurrent state as of its last computed token (what a P/D
+        handoff moves beside its KV), for a kind that keeps one; None otherwise."""
+        return None
+
+    def runner_fields(self, req: Request, num_new_tokens: int) -> dict[str, Any]:
+        """What the runner needs of this kind for `req`'s step of `num_new_tokens` beyond its
+        full-attention blocks (`RunnerInput`'s fields): none by default."""
+        return {}
+
+    def assert_empty(self) -> None:
+        """No request holds anything of this kind (its blocks are the pool's to check)."""
+        return
 
     def steps_changing(self, computed: list[int]) -> list[int]:
         """Of steps allocating with `computed` tokens each (one a step, in order), those at which this

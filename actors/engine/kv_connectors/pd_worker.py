@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from actors.engine.clock import Clock
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.kv_connectors.faults import KVLoadFaults
 from actors.engine.kv_connectors.transfer import Link, LinkQueue, TransferPlan
 from actors.engine.request import Request, RequestStatus
@@ -42,11 +43,12 @@ class PDConnectorWorker:
         peers: Mapping[str, KVSource],
         stats: EngineStats,
         clock: Clock,
-        block_size: int,
+        kv_cache: KVCacheCoordinator,
         link: Link | None = None,
         faults: KVLoadFaults | None = None,
     ) -> None:
-        """`peers`: the prefill engines by id (the engines, or clients of their actors); `link`: the
+        """`peers`: the prefill engines by id (the engines, or clients of their actors); `kv_cache`: the
+        engine's (where a request's blocks and recurrent state are); `link`: the
         link this engine sends on (kv_transfer.link_scope=fabric: shared; None: its own, one wire);
         `faults`: which of this engine's loads fail on purpose (None: none)."""
         self.engine_id = engine_id
@@ -57,7 +59,8 @@ class PDConnectorWorker:
         self.peers = peers
         self.stats = stats
         self.clock = clock
-        self.block_size = block_size
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
 
     async def read(self, req: Request, pull: KVPull) -> KVPayload:
         """A held request's KV from the pull's first block (its prompt's; a pull back: the blocks it
@@ -71,7 +74,7 @@ class PDConnectorWorker:
                 pull.num_blocks * self.block_size,
             )
         kv = self.executor.read_kv(block_ids, num_tokens)
-        state = self.executor.read_state(req.state_block_ids[0]) if req.state_block_ids else None
+        state = self.executor.read_state(self.kv_cache.state_block(req))
         return KVPayload(req.request_id, kv, await self.link.reserve(pull.start_s, pull.wire_s), state)
 
     async def load(self, req: Request, plan: TransferPlan) -> bool:
@@ -125,8 +128,8 @@ class PDConnectorWorker:
         req.times.handoff.kv_wire_start_s = plan.wire_start_s
         req.times.handoff.kv_wire_s = plan.time.wire_s
         self.executor.write_kv(req.block_ids[plan.first_block :], payload.kv)
-        if req.state_block_ids:  # a hybrid's state, as of the last token prefill computed
-            self.executor.write_state(req.state_block_ids[0], payload.state)
+        # a recurrent state (a hybrid's SSM state), as of the last token prefill computed
+        self.executor.write_state(self.kv_cache.state_block(req), payload.state)
         xfer_s = plan.done_s - plan.start_s
         overrun_s = self.clock.now() - plan.done_s
         self.stats.on_kv_transfer_done(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from actors.engine.kv_cache.coordinator import KVCacheCoordinator
 from actors.engine.request import Request
 from actors.engine.scheduling.encoder_cache import EncoderCache
 from actors.engine.scheduling.scheduled_batch import ScheduledBatch
@@ -23,14 +24,22 @@ if TYPE_CHECKING:  # torch loads only where a runner computes (compute skip engi
 
 class Executor:
     def __init__(
-        self, runner: ModelRunner | None, *, vocab_size: int, in_thread: bool = False, vision: Any = None
+        self,
+        runner: ModelRunner | None,
+        kv_cache: KVCacheCoordinator,
+        *,
+        vocab_size: int,
+        in_thread: bool = False,
+        vision: Any = None,
     ) -> None:
-        """`vocab_size`: token IDs the engine accepts; the loaded model's own when there is one.
+        """`kv_cache`: the engine's, which says what each kind of KV gives a request's step (a hybrid's
+        state blocks). `vocab_size`: token IDs the engine accepts; the loaded model's own when there is one.
         `in_thread` (live mode): run the forward pass off the event loop, so a decode engine's KV pull
         is served while this engine computes (torch releases the GIL). Not on a virtual loop, whose
         time would jump while the thread works. `vision`: the vision encoder (`vision_model`), with
         the runner."""
         self.runner = runner
+        self.kv_cache = kv_cache
         self.vision = vision
         self.vocab_size = runner.vocab_size if runner is not None else vocab_size
         self.in_thread = in_thread
@@ -43,7 +52,7 @@ class Executor:
         """The token sampled for each request of `batch` (None where it needs no logits, or skip)."""
         if self.runner is None:
             return [None] * len(batch.requests)
-        items = runner_inputs(batch)  # read here: an abort changes its request while the thread runs
+        items = runner_inputs(batch, self.kv_cache)  # read here: an abort changes them while it runs
         if not self.in_thread:
             return self.runner.execute(items)
         self._stepping = True
@@ -80,12 +89,13 @@ class Executor:
         if self.runner is not None and kv is not None:
             self.runner.write_kv(block_ids, kv)
 
-    def read_state(self, block: int) -> SsmState | None:
-        """A hybrid model's SSM state saved to `block` (None: compute skip, or no SSM layers)."""
-        return self.runner.read_state(block) if self.runner is not None else None
+    def read_state(self, block: int | None) -> SsmState | None:
+        """The recurrent state saved to `block` (`KVCacheCoordinator.state_block`; None: compute skip,
+        or no such state)."""
+        return self.runner.read_state(block) if self.runner is not None and block is not None else None
 
-    def write_state(self, block: int, state: SsmState | None) -> None:
-        if self.runner is not None and state is not None:
+    def write_state(self, block: int | None, state: SsmState | None) -> None:
+        if self.runner is not None and block is not None and state is not None:
             self.runner.write_state(block, state)
 
     def assert_empty(self) -> None:
@@ -93,8 +103,9 @@ class Executor:
             self.runner.assert_empty()
 
 
-def runner_inputs(batch: ScheduledBatch) -> list[RunnerInput]:
-    """What the runner computes for each request of `batch`: its new tokens, where its KV goes."""
+def runner_inputs(batch: ScheduledBatch, kv_cache: KVCacheCoordinator) -> list[RunnerInput]:
+    """What the runner computes for each request of `batch`: its new tokens, where its KV goes (and
+    what each other kind of KV gives it: `KVCacheCoordinator.runner_fields`)."""
     from actors.engine.runner.model_runner import RunnerInput
 
     return [
@@ -106,25 +117,10 @@ def runner_inputs(batch: ScheduledBatch) -> list[RunnerInput]:
             capacity=req.num_prompt_tokens + req.max_tokens,
             needs_logits=req.num_computed_tokens + n == req.num_tokens,
             embeds=image_rows(req, req.num_computed_tokens, n),
-            **state_fields(req, n),
+            **kv_cache.runner_fields(req, n),
         )
         for req, n in zip(batch.requests, batch.num_new_tokens, strict=True)
     ]
-
-
-def state_fields(req: Request, n: int) -> dict[str, Any]:
-    """A hybrid model's request's state blocks for a step of `n` tokens (none otherwise): its running
-    state saved to its first state block (one block stands for every Mamba group's: the runner keeps
-    the whole state), read from the hit's cached state it holds, else from its own block (a received
-    handoff's); its prompt's checkpoint, when this step reaches it."""
-    if not req.state_block_ids:
-        return {}
-    own = req.state_block_ids[0]
-    checkpoint = None
-    if req.checkpoint is not None and req.checkpoint[0] <= req.num_computed_tokens + n:
-        checkpoint = (req.checkpoint[0], req.checkpoint[1][0])
-    source = req.state_hold[0] if req.state_hold else own
-    return {"state_block": own, "state_source_block": source, "state_checkpoint": checkpoint}
 
 
 async def encoded(vision: Any, items: list[MultiModalItem], in_thread: bool) -> list[np.ndarray | None]:
