@@ -102,3 +102,28 @@ def test_gpt_oss_blocks_hold_one_group_of_layers_so_the_pool_doubles():
     pool = cfg.pools.mixed
     all_layers = kv_capacity_tokens(model, GPUS[pool.gpu], pool, cfg.target.gpu_memory_utilization) // BS
     assert abs(num_gpu_blocks(cfg, pool) - 2 * all_layers) <= 2
+
+
+def test_a_handoff_moves_the_sliding_layers_kv_for_the_window_only():
+    """vLLM's NIXL connector clips a sliding-window group's blocks to its last cdiv(W, bs) + 1
+    (`blocks_per_sw`): gpt-oss (18 full and 18 sliding layers, W = 128) moves its full layers' KV for
+    the whole prompt and its sliding layers' for 9 blocks of 16; a dense model all of it."""
+    from actors.engine.kv_connectors.transfer import KVReceiver
+    from emulation.profiles import LINKS
+    from emulation.transfer import handoff_time
+    from messages import KVTransferParams
+    from tests.factories import PD
+
+    cfg, link = make_config(PD), LINKS["rdma-400g"]
+    params = KVTransferParams(remote_block_ids=tuple(range(512)), remote_engine_id="prefill-0")
+    gpt_oss = MODELS["gpt-oss-120b"]
+    plan = KVReceiver(cfg.kv_transfer, link=link, model=gpt_oss, block_size=16).plan(params, 0.0)
+    per_layer = gpt_oss.kv_bytes_per_token // 36
+    assert plan.kv_bytes == 16 * per_layer * 18 * (512 + 9)
+    assert plan.time == handoff_time(plan.kv_bytes, 512 + 9, link, 1)
+    short = KVTransferParams(remote_block_ids=(0, 1, 2), remote_engine_id="prefill-0")  # inside the window
+    plan = KVReceiver(cfg.kv_transfer, link=link, model=gpt_oss, block_size=16).plan(short, 0.0)
+    assert plan.kv_bytes == 3 * 16 * gpt_oss.kv_bytes_per_token
+    dense = MODELS["qwen2.5-7b"]
+    plan = KVReceiver(cfg.kv_transfer, link=link, model=dense, block_size=16).plan(params, 0.0)
+    assert plan.kv_bytes == 512 * 16 * dense.kv_bytes_per_token

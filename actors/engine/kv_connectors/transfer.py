@@ -80,7 +80,17 @@ class KVReceiver:
         self.model = model
         self.block_size = block_size
         self.split = tp_transfer(peer_tp, tp)
-        self.kv_bytes_per_token = round(model.kv_bytes_per_token_per_gpu(tp) * tp)
+        kv_bytes_per_token = round(model.kv_bytes_per_token_per_gpu(tp) * tp)
+        self.sliding_kv_bytes_per_token = round(
+            kv_bytes_per_token * model.num_sliding_layers / max(1, model.num_attention_layers)
+        )
+        """Of a token's KV, the sliding-window layers' (gpt-oss: half), which moves for the window only."""
+        self.full_kv_bytes_per_token = kv_bytes_per_token - self.sliding_kv_bytes_per_token
+        window = model.sliding_window if model.num_sliding_layers else None
+        self.max_sliding_blocks = -(-window // block_size) + 1 if window else 0
+        """The sliding-window group's blocks a handoff moves at most: vLLM's NIXL connector clips that
+        group's block list to its last cdiv(window, block_size) + 1 (`blocks_per_sw`; the blocks before
+        left the window, freed on prefill)."""
         self.state_bytes = model.state_bytes_per_gpu(tp) * tp
         """A hybrid's state as this side holds it: each rank reads its slice of each sub-projection
         (vLLM's DS conv layout), so a TP change moves the same bytes."""
@@ -96,10 +106,15 @@ class KVReceiver:
         blocks existed: at most min(own compute, kv_sent - blocks_ready)."""
         assert params.remote_block_ids is not None
         num_blocks = len(params.remote_block_ids) - first_block
-        kv_bytes = num_blocks * self.block_size * self.kv_bytes_per_token
+        num_sliding_blocks = min(num_blocks, self.max_sliding_blocks)
+        bs = self.block_size
+        kv_bytes = bs * (
+            num_blocks * self.full_kv_bytes_per_token + num_sliding_blocks * self.sliding_kv_bytes_per_token
+        )
         state_bytes = self.state_bytes if not params.remote_block_hashes else 0  # (no pull back's)
         lanes = self.split.lanes
-        descriptors = (num_blocks + self.num_state_blocks * bool(state_bytes)) * self.split.transfers_per_lane
+        num_regions = num_blocks + num_sliding_blocks + self.num_state_blocks * bool(state_bytes)
+        descriptors = num_regions * self.split.transfers_per_lane
         if self.cfg.mode == "pull":
             start_s = blocks_ready_s
         else:
