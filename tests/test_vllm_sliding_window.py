@@ -27,7 +27,11 @@ from emulation.kv_cache import NUM_NULL_BLOCKS, max_window_blocks
 from messages import EngineRequest
 from tests.vllm_peer import run_script
 
-pytestmark = [pytest.mark.full, pytest.mark.timeout(2400)]  # the first test may install vLLM (minutes)
+pytestmark = [
+    pytest.mark.full,
+    pytest.mark.timeout(2400),  # the first test may install vLLM (minutes)
+    pytest.mark.parallel,  # the peer's script and the testbed's manager, op by op: no time is checked
+]
 
 Op = dict[str, Any]
 
