@@ -197,4 +197,4 @@ class MambaStateManager(KVCacheManager):
         """Not while a chunk would stop at a block boundary, a hit state is held or a checkpoint is due."""
         if chunked and self.enable_prefix_caching:
             return False
-        return not any(self.held(r).hold or self.held(r).checkpoint for r in requests)
+        return not any(s.hold or s.checkpoint for s in map(self.held, requests))
