@@ -31,16 +31,24 @@ demo: $(STAMP)
 # (Debian's packages, installed when missing), and
 # `ray up` cluster/ray-up/onprem.yaml over SSH on this host (as root; openssh-server and rsync installed
 # when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
-# It runs test-fast's tests and the `full` tests marked `parallel` (static checks, the vLLM peer's
-# scripts, browsers, servers on free ports, replays that time nothing) on both cores, then the other
-# `full` tests one at a time (live Ray, Prometheus, `ray up`, the vLLM server and the timing checks hold
-# ports or host-wide state, or time their waits); both parts run, either failing fails.
+# Three parts:
+# - the `ray up` tests (marked `cluster`: Ray, Prometheus and an SSH server on this host, mostly waiting
+#   on them) in the background, their output shown when they end;
+# - beside them, on both cores, test-fast's tests and the `full` tests marked `parallel` (static
+#   checks, the vLLM peer's scripts, browsers, servers on free ports, replays that time nothing: none
+#   starts Ray, Prometheus or sshd, so the `ray up` tests' host-wide state is theirs alone);
+# - then the other `full` tests one at a time (live Ray, Prometheus, the vLLM server and the timing
+#   checks hold ports or host-wide state, or time their waits).
+# All three run; any failing fails.
 # `--dist loadfile`: a module's tests on one core, so that its module-scoped fixtures are built once;
 # the modules that run the vLLM peer together (tests/conftest.py).
 test: $(STAMP) prometheus chromium ssh-tools
+	@log=$$(mktemp /tmp/testbed-ray-up-tests.XXXXXX); echo "the ray up tests run in the background: $$log"; \
+	$(PY) -m pytest -p no:cacheprovider -m 'cluster and not slow and not bench' >$$log 2>&1 & ray_up=$$!; \
 	$(PY) -m pytest -m 'not slow and not bench and (not full or parallel)' -n 2 --dist loadfile; both=$$?; \
-	$(PY) -m pytest -m 'full and not parallel and not slow and not bench'; alone=$$?; \
-	[ $$both = 0 ] && [ $$alone = 0 ]
+	wait $$ray_up; cluster=$$?; cat $$log; rm -f $$log; \
+	$(PY) -m pytest -m 'full and not parallel and not cluster and not slow and not bench'; alone=$$?; \
+	[ $$both = 0 ] && [ $$cluster = 0 ] && [ $$alone = 0 ]
 
 # The developer loop: unit, engine, scheduler, P/D and KV handoff in virtual time, real-compute
 # correctness, config, trace loaders, sessions and routers, on both cores; no live Ray, Prometheus,
