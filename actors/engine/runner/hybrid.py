@@ -42,35 +42,23 @@ class HybridRunner(ModelRunner):
         self, model: PreTrainedModel, *, num_blocks: int, block_size: int, num_threads: int = 1
     ) -> None:
         """`model`: a NemotronHForCausalLM (`runner_arch.py` admits it). No attention-FFN disaggregation."""
-        torch.set_num_threads(num_threads)
-        self.ffn = None
+        super().__init__(model, num_blocks=num_blocks, block_size=block_size, num_threads=num_threads)
         cfg = model.config
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.block_size = block_size
-        kinds = list(cfg.layers_block_type)
-        attention = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
-        self._attention_index = {layer: j for j, layer in enumerate(attention)}
+        self._attention_index = {layer: j for j, layer in enumerate(self.attention_layers)}
         """Model layer -> its index among the attention layers (the pool's and working copies' L)."""
-        self.ssm_layers = [i for i, kind in enumerate(kinds) if kind == "linear_attention"]
-        self.num_layers = len(attention)
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = cfg.head_dim
+        self.ssm_layers = [i for i, kind in enumerate(cfg.layers_block_type) if kind == "linear_attention"]
         self.num_experts = 0  # the router's choices are not counted: last_expert_counts stays None
-        self.last_expert_counts = None
         self._conv_shape = (
             cfg.conv_kernel - 1,
             cfg.mamba_num_heads * cfg.mamba_head_dim + 2 * cfg.n_groups * cfg.ssm_state_size,
         )
         self._ssm_shape = (cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.ssm_state_size)
-        self._pool_np = np.zeros(
-            (num_blocks * block_size, self.num_layers, 2, self.num_kv_heads, self.head_dim), np.float32
-        )
-        self._pool = torch.from_numpy(self._pool_np)
-        self._working: dict[str, torch.Tensor] = {}
         self._states: dict[str, DynamicCache] = {}
         self._saved: dict[int, SsmState] = {}
+
+    @staticmethod
+    def _attention_layers(model: PreTrainedModel) -> list[int]:
+        return [i for i, kind in enumerate(model.config.layers_block_type) if kind == "full_attention"]
 
     @property
     def state_bytes(self) -> int:

@@ -21,6 +21,7 @@ and every step writes new KV to both.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ import torch
 from torch.nn.functional import scaled_dot_product_attention
 from transformers import PreTrainedModel
 
-from actors.engine.runner.layers import attention_inputs, is_sparse, mlp, rotary_of
+from actors.engine.runner.layers import Rotary, attention_inputs, is_sparse, mlp, rotary_of
 
 if TYPE_CHECKING:
     from actors.engine.runner.ffn_client import AfdConnector
@@ -79,11 +80,12 @@ class ModelRunner:
         self.model = model
         self.device = next(model.parameters()).device
         self.block_size = block_size
-        self.num_layers = cfg.num_hidden_layers
+        self.attention_layers = self._attention_layers(model)
+        """The model's layers with KV, in order: the pool's and working copies' L (every layer here)."""
+        self.num_layers = len(self.attention_layers)
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self._rotary = rotary_of(cfg.model_type)
         self.num_experts = int(getattr(cfg, "num_experts", 0) or 0)
         self.last_expert_counts: np.ndarray | None = None
         """Tokens the router sent to each expert of each layer in the last `execute` ([L, num_experts],
@@ -94,6 +96,15 @@ class ModelRunner:
         )
         self._pool = torch.from_numpy(self._pool_np)
         self._working: dict[str, torch.Tensor] = {}
+
+    @staticmethod
+    def _attention_layers(model: PreTrainedModel) -> list[int]:
+        return list(range(model.config.num_hidden_layers))
+
+    @functools.cached_property
+    def _rotary(self) -> Rotary:
+        """The architecture's rotary embedding, looked up when first applied."""
+        return rotary_of(self.model.config.model_type)
 
     @property
     def vocab_size(self) -> int:
