@@ -3,7 +3,8 @@ job runs on it, Prometheus on the head scrapes its actors, its run directory com
 `ray down` leaves nothing running.
 
 One host plays every node: an SSH server of the test's own (a throwaway key, loopback addresses only)
-answers at 127.0.0.1 (head), 127.0.0.2 (prefill) and 127.0.0.3 (decode). The test's copy of
+answers at 127.0.0.1 (head), 127.0.0.2 (prefill) and 127.0.0.3 (decode); a third worker's address,
+127.0.0.9, answers nothing (a typo'd address), and the wait for it must end naming it. The test's copy of
 `cluster/ray-up/onprem.yaml` changes what a user would (addresses, SSH user and key, the project path:
 this checkout) and what sharing one host needs: no `ray stop` before a worker starts (it would stop
 every node here), and ports and a temp dir of each worker's own.
@@ -116,6 +117,7 @@ def cluster_file(tmp: Path, key: Path, workers: tuple[str, ...]) -> Path:
     cfg = yaml.safe_load(text.replace("--object-store-memory=2000000000", "--object-store-memory=200000000"))
     cfg["cluster_name"] = f"testbed-e2e-{os.getpid()}"
     cfg["provider"].update(head_ip=HEAD, worker_ips=list(workers))
+    cfg["max_workers"] = len(workers)
     cfg["auth"] = {"ssh_user": getpass.getuser(), "ssh_private_key": str(key)}
     cfg["file_mounts"] = {str(ROOT): str(ROOT)}
     # Each worker gets ports and a temp dir of its own: the workers start at once, and two nodes in one
@@ -132,18 +134,30 @@ def cluster_file(tmp: Path, key: Path, workers: tuple[str, ...]) -> Path:
     return path
 
 
-@pytest.fixture
-def cluster(request, sshd, tmp_path):
-    """The test's cluster file (on `request.param`'s worker addresses, if given); after the test,
-    `ray down` and a check that nothing is left, pass or fail (the login shell's ~/.bashrc, which the
-    cluster file's setup extends, is restored)."""
+BOGUS = "127.0.0.9"
+"""A worker address nothing answers at (the test's SSH server listens on 127.0.0.1-3 only)."""
+BOGUS_WAIT_S = 30
+"""How long the test waits for it. The head's autoscaler starts every worker's update (the address's
+status `waiting-for-ssh`, kept while its SSH retries go on: 900 s) at its first pass, seconds after
+`ray up` returns; a worker that answers has joined 20 s after that on two busy cores."""
+
+
+@pytest.fixture(scope="module")
+def cluster(sshd, tmp_path_factory):
+    """`ray up` of the test's cluster file, with a prefill and a decode worker and one at BOGUS (a
+    typo'd address, say); its path. After the module's tests, `ray down` and a check that nothing is
+    left, pass or fail (the login shell's ~/.bashrc, which the cluster file's setup extends, is
+    restored)."""
     running = _leftovers()
     assert not running, f"Ray or Prometheus already runs on this host (ray up would stop it): {running}"
     bashrc = Path.home() / ".bashrc"
     saved = bashrc.read_text() if bashrc.exists() else None
-    path = cluster_file(tmp_path, sshd, getattr(request, "param", (PREFILL, DECODE)))
+    path = cluster_file(tmp_path_factory.mktemp("cluster"), sshd, (PREFILL, DECODE, BOGUS))
     name = yaml.safe_load(path.read_text())["cluster_name"]
     try:
+        up = run(RAY, "up", "-y", "-v", "--no-config-cache", str(path), timeout=600)
+        steps = [line for line in up.stdout.splitlines() if line.startswith("20") and "INFO" in line]
+        print(*steps, sep="\n")  # ray up's steps with their times, shown with a failure
         yield path
     finally:
         run(RAY, "down", "-y", str(path), timeout=180, check=False)
@@ -170,12 +184,11 @@ def _leftovers() -> list[str]:
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
-def ray_up(path: Path, workers: tuple[str, ...], join_timeout_s: float) -> dict[str, dict[str, float]]:
-    """`ray up` and wait for every worker to join; each node's resources by address. A worker that has
-    not joined in `join_timeout_s` ends the test with its address."""
-    up = run(RAY, "up", "-y", "-v", "--no-config-cache", str(path), timeout=600)
-    steps = [line for line in up.stdout.splitlines() if line.startswith("20") and "INFO" in line]
-    print(*steps, sep="\n")  # ray up's steps with their times, shown with a failure
+def wait_for_workers(
+    path: Path, workers: tuple[str, ...], join_timeout_s: float
+) -> dict[str, dict[str, float]]:
+    """Wait for every worker of `workers` to join; each node's resources by address. A worker that has
+    not joined in `join_timeout_s` ends the test with its address and what the head says of it."""
     deadline = time.monotonic() + join_timeout_s
     while True:
         nodes = dict(_nodes())
@@ -206,11 +219,19 @@ def _prometheus(query: str) -> list[dict]:
         return json.loads(r.read())["data"]["result"]
 
 
-def test_ray_up_runs_a_live_job_across_three_nodes_and_ray_down_leaves_nothing(cluster, tmp_path):
+def test_a_worker_nobody_answers_at_ends_the_wait_in_bounded_time_naming_it(cluster):
+    """(First: its wait is also the other workers' time to join.)"""
     started = time.monotonic()
-    nodes = ray_up(cluster, (PREFILL, DECODE), join_timeout_s=240)
+    with pytest.raises(AssertionError) as failed:
+        wait_for_workers(cluster, (PREFILL, DECODE, BOGUS), join_timeout_s=BOGUS_WAIT_S)
+    assert "never joined the cluster" in str(failed.value) and f"'{BOGUS}'" in str(failed.value)
+    assert f"{BOGUS}: local.cluster.node, waiting-for-ssh" in str(failed.value)  # the reason, from the head
+    assert time.monotonic() - started < BOGUS_WAIT_S + 120  # the wait, then ray status
+
+
+def test_ray_up_runs_a_live_job_across_three_nodes_and_ray_down_leaves_nothing(cluster, tmp_path):
+    nodes = wait_for_workers(cluster, (PREFILL, DECODE), join_timeout_s=240)
     assert nodes[PREFILL].get("prefill") == 4 and nodes[DECODE].get("decode") == 4
-    print(f"ray up and three nodes joined in {time.monotonic() - started:.0f} s")
 
     run_dir = f"/tmp/testbed-e2e-run-{os.getpid()}"
     testbed = ROOT / ".venv" / "bin" / "testbed"
@@ -238,21 +259,3 @@ def test_ray_up_runs_a_live_job_across_three_nodes_and_ray_down_leaves_nothing(c
         assert isinstance(resolved["clock"]["time_scale"], float)  # auto, resolved (where: test_live)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-BOGUS = "127.0.0.9"
-"""A worker address nothing answers at (the test's SSH server listens on 127.0.0.1-3 only)."""
-BOGUS_WAIT_S = 30
-"""How long the test waits for it. The head's autoscaler starts every worker's update (the address's
-status `waiting-for-ssh`, kept while its SSH retries go on: 900 s) at its first pass, seconds after
-`ray up` returns; a worker that answers has joined 20 s after that on two busy cores."""
-
-
-@pytest.mark.parametrize("cluster", [(PREFILL, BOGUS)], indirect=True)
-def test_a_worker_nobody_answers_at_ends_the_wait_in_bounded_time_naming_it(cluster):
-    started = time.monotonic()
-    with pytest.raises(AssertionError) as failed:
-        ray_up(cluster, (PREFILL, BOGUS), join_timeout_s=BOGUS_WAIT_S)
-    assert "never joined the cluster" in str(failed.value) and f"'{BOGUS}'" in str(failed.value)
-    assert f"{BOGUS}: local.cluster.node, waiting-for-ssh" in str(failed.value)  # the reason, from the head
-    assert time.monotonic() - started < 600 + BOGUS_WAIT_S + 120  # the limits of ray up, the wait, ray status
