@@ -39,14 +39,16 @@ demo: $(STAMP)
 #   starts Ray, Prometheus or sshd, so the `ray up` tests' host-wide state is theirs alone);
 # - then the other `full` tests one at a time (live Ray, Prometheus, the vLLM server and the timing
 #   checks hold ports or host-wide state, or time their waits).
-# All three run; any failing fails.
+# All three run; any failing fails. Ctrl-C waits for the `ray up` tests' teardown (`ray down`) and
+# shows their output (tests/conftest.py: a background job would otherwise not see Ctrl-C).
 # `--dist loadfile`: a module's tests on one core, so that its module-scoped fixtures are built once;
 # the modules that run the vLLM peer together (tests/conftest.py).
 test: $(STAMP) prometheus chromium ssh-tools
 	@log=$$(mktemp /tmp/testbed-ray-up-tests.XXXXXX); echo "the ray up tests run in the background: $$log"; \
 	$(PY) -m pytest -p no:cacheprovider -m 'cluster and not slow and not bench' >$$log 2>&1 & ray_up=$$!; \
+	trap 'wait $$ray_up; cat $$log; rm -f $$log; exit 130' INT; \
 	$(PY) -m pytest -m 'not slow and not bench and (not full or parallel)' -n 2 --dist loadfile; both=$$?; \
-	wait $$ray_up; cluster=$$?; cat $$log; rm -f $$log; \
+	wait $$ray_up; cluster=$$?; trap - INT; cat $$log; rm -f $$log; \
 	$(PY) -m pytest -m 'full and not parallel and not cluster and not slow and not bench'; alone=$$?; \
 	[ $$both = 0 ] && [ $$cluster = 0 ] && [ $$alone = 0 ]
 

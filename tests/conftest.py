@@ -1,8 +1,10 @@
-"""How `make test` and `make test-fast` share their tests out between the two cores (pytest-xdist)."""
+"""How `make test` and `make test-fast` share their tests out between the two cores (pytest-xdist), and
+Ctrl-C for the tests `make test` runs in the background."""
 
 from __future__ import annotations
 
 import functools
+import signal
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadFil
     if config.getvalue("dist") != "loadfile":
         return None
     return ModulesAndPeer(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C interrupts a run in the background too. `make test` starts the `ray up` tests as a shell's
+    background job, which the shell starts with SIGINT ignored, and Python then installs no handler:
+    Ctrl-C would leave them running. With Python's own handler back, it interrupts them as it does a
+    run in the foreground, and their fixtures' teardown takes the cluster down."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -36,7 +36,9 @@ HEAD, PREFILL, DECODE = "127.0.0.1", "127.0.0.2", "127.0.0.3"
 NUM_REQUESTS = 12
 OWN_PORTS = ("node-manager", "object-manager", "dashboard-agent-listen", "dashboard-agent-grpc",
              "metrics-export", "runtime-env-agent")  # fmt: skip
-LEFTOVERS = ("raylet", "gcs_server", "/usr/bin/prometheus", "follow-head.sh")
+FOLLOWERS = f"follow-head.sh {HEAD}:6379"
+"""The cluster's `follow-head.sh` processes (not another test's, following a port of its own)."""
+LEFTOVERS = ("raylet", "gcs_server", "/usr/bin/prometheus", FOLLOWERS)
 """What `ray down` must leave no process of."""
 
 pytestmark = [
@@ -166,7 +168,7 @@ def cluster(sshd, tmp_path_factory):
             time.sleep(1)
         run(RAY, "stop", "--force", timeout=60, check=False)  # (so that a failure here leaves nothing)
         subprocess.run(["pkill", "-f", "/usr/bin/prometheus"], check=False)
-        subprocess.run(["pkill", "-f", "follow-head.sh"], check=False)
+        subprocess.run(["pkill", "-f", FOLLOWERS], check=False)
         # Ray's files of this cluster: the head's copy of its config, the local provider's node states,
         # the CLI's cache of its resolved config.
         for leftover in [*Path.home().glob("ray_bootstrap_*"), *Path("/tmp/ray").glob(f"cluster-{name}.*")]:
