@@ -33,8 +33,7 @@ demo: $(STAMP)
 # when missing): a live job on three nodes, Prometheus, rsync-down, `ray down` leaving nothing.
 # Three parts:
 # - the `ray up` tests (marked `cluster`: Ray, Prometheus and an SSH server on this host, mostly waiting
-#   on them) in the background, their output shown when they end; niced, so that they take the cores
-#   the tests beside them leave and slow those little;
+#   on them) in the background, their output shown when they end;
 # - beside them, on both cores, test-fast's tests and the `full` tests marked `parallel` (static
 #   checks, the vLLM peer's scripts, browsers, servers on free ports, replays that time nothing: none
 #   starts Ray, Prometheus or sshd, so the `ray up` tests' host-wide state is theirs alone);
@@ -46,7 +45,7 @@ demo: $(STAMP)
 # the modules that run the vLLM peer together (tests/conftest.py).
 test: $(STAMP) prometheus chromium ssh-tools
 	@log=$$(mktemp /tmp/testbed-ray-up-tests.XXXXXX); echo "the ray up tests run in the background: $$log"; \
-	nice -n 10 $(PY) -m pytest -p no:cacheprovider -m 'cluster and not slow and not bench' >$$log 2>&1 & ray_up=$$!; \
+	$(PY) -m pytest -p no:cacheprovider -m 'cluster and not slow and not bench' >$$log 2>&1 & ray_up=$$!; \
 	trap 'wait $$ray_up; cat $$log; rm -f $$log; exit 130' INT; \
 	$(PY) -m pytest -m 'not slow and not bench and (not full or parallel)' -n 2 --dist loadfile; both=$$?; \
 	wait $$ray_up; cluster=$$?; trap - INT; cat $$log; rm -f $$log; \
