@@ -58,7 +58,7 @@ test: $(STAMP) prometheus chromium ssh-tools
 test-fast: $(STAMP)
 	$(PY) -m pytest -m 'not slow and not bench and not full' -n 2 --dist loadfile
 
-# The `ray up` tests alone (~4 min).
+# The `ray up` tests alone (~2 min).
 test-cluster: $(STAMP) prometheus ssh-tools
 	$(PY) -m pytest -m cluster tests/test_ray_up_cluster.py
 
