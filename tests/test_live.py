@@ -24,9 +24,9 @@ GREEDY = [
     "workload.rate=2",
     "workload.prompt_len=300",
     "workload.output_len=12",
-    "clock.mode=live",
-    "clock.time_scale=2",
 ]
+"""Six short requests, computed for real, greedy: the tokens the live runs across nodes must emit."""
+LIVE = ["clock.mode=live", "clock.time_scale=2"]
 
 
 @pytest.fixture(scope="module")
@@ -46,24 +46,31 @@ def design(name, *overrides):
     return load_designs("guide-l40s", [name], ["metrics.linger_s=0", *overrides])[0]
 
 
+def collocated_tokens(*overrides):
+    """Each request's greedy tokens from one collocated engine in virtual time: the reference the live
+    runs across nodes are checked against (in process: the same engine and runner, no actors, no
+    waiting)."""
+    return tokens(run_virtual(design("collocated", *overrides)))
+
+
+def tokens(out):
+    return out.results["output_token_ids"].map(list).tolist()
+
+
 @pytest.fixture(scope="module")
 def pd_greedy(cluster):
     """A P/D run of GREEDY (KV pulled across the nodes) and the node of each engine: what collocated's
     tokens and push's are checked against (one run for both)."""
     nodes = {}
-    pd = run_live(design("pd-fast", *GREEDY), on_deployed=lambda d: nodes.update(d.nodes))
+    pd = run_live(design("pd-fast", *GREEDY, *LIVE), on_deployed=lambda d: nodes.update(d.nodes))
     return pd, nodes
 
 
 def test_pd_across_nodes_emits_the_collocated_greedy_tokens(pd_greedy):
     pd, nodes = pd_greedy
     assert nodes["prefill-0"] != nodes["decode-0"]
-    colo = run_live(design("collocated", *GREEDY))
-    assert pd.summary["completed"] == colo.summary["completed"] == 6
-    assert (
-        pd.results["output_token_ids"].map(list).tolist()
-        == colo.results["output_token_ids"].map(list).tolist()
-    )
+    assert pd.summary["completed"] == 6
+    assert tokens(pd) == collocated_tokens(*GREEDY)
     assert (pd.results["kv_bytes"] > 0).all()
 
 
@@ -71,11 +78,9 @@ def test_pd_across_nodes_with_the_moe_runner_emits_the_collocated_greedy_tokens(
     """The same check with the tiny Qwen3-MoE runner model (its KV crosses the nodes alike); the tokens
     are not the dense model's, so the actors did load it."""
     moe = (*GREEDY, "runner.architecture=qwen3_moe")
-    pd, colo = run_live(design("pd-fast", *moe)), run_live(design("collocated", *moe))
-    dense = run_virtual(design("collocated", *GREEDY[:-2]))  # (GREEDY less its live clock)
-    assert pd.summary["completed"] == colo.summary["completed"] == 6
-    tokens = [r.results["output_token_ids"].map(list).tolist() for r in (pd, colo, dense)]
-    assert tokens[0] == tokens[1] != tokens[2]
+    pd = run_live(design("pd-fast", *moe, *LIVE))
+    assert pd.summary["completed"] == 6
+    assert tokens(pd) == collocated_tokens(*moe) != collocated_tokens(*GREEDY)
 
 
 def test_pd_across_nodes_with_the_hybrid_runner_hands_over_the_ssm_state(cluster):
@@ -85,10 +90,9 @@ def test_pd_across_nodes_with_the_hybrid_runner_hands_over_the_ssm_state(cluster
     collocated's."""
     hybrid = (*GREEDY, "runner.architecture=nemotron_h", "target.model=granite-4.0-h-tiny")
     hybrid += ("scheduler.block_size=400",)  # (the guide's base sets 16)
-    pd, colo = run_live(design("pd-fast", *hybrid)), run_live(design("collocated", *hybrid))
-    assert pd.summary["completed"] == colo.summary["completed"] == 6
-    tokens = [r.results["output_token_ids"].map(list).tolist() for r in (pd, colo)]
-    assert tokens[0] == tokens[1]
+    pd = run_live(design("pd-fast", *hybrid, *LIVE))
+    assert pd.summary["completed"] == 6
+    assert tokens(pd) == collocated_tokens(*hybrid)
     assert (pd.results["state_bytes"] == 36 * 806_400).all()
 
 
@@ -103,16 +107,13 @@ def test_an_expert_parallel_replica_spans_nodes_and_pd_gives_the_collocated_toke
     try:
         ranks: dict[str, list[str]] = {}
         pd = run_live(
-            design("pd-fast", *moe, "pools.decode.tp=2"), on_deployed=lambda d: ranks.update(d.rank_nodes)
+            design("pd-fast", *moe, *LIVE, "pools.decode.tp=2"),
+            on_deployed=lambda d: ranks.update(d.rank_nodes),
         )
-        colo = run_live(design("collocated", *moe, "pools.mixed.replicas=1"))
         assert len(ranks["decode-0"]) == 2 and len(set(ranks["decode-0"])) == 2
         assert len(ranks["prefill-0"]) == 2
-        assert pd.summary["completed"] == colo.summary["completed"] == 6
-        assert (
-            pd.results["output_token_ids"].map(list).tolist()
-            == colo.results["output_token_ids"].map(list).tolist()
-        )
+        assert pd.summary["completed"] == 6
+        assert tokens(pd) == collocated_tokens(*moe, "pools.mixed.replicas=1")
         assert ray.available_resources().get("decode") == 4
     finally:
         cluster.remove_node(node)
@@ -120,14 +121,11 @@ def test_an_expert_parallel_replica_spans_nodes_and_pd_gives_the_collocated_toke
 
 def test_push_across_nodes_reserves_decode_blocks_first_and_emits_the_pull_tokens(pd_greedy):
     """Decode-first push through the actors (`kv_ready` crosses them): the same greedy tokens as pull."""
-    push = run_live(design("pd-fast", *GREEDY, "kv_transfer.mode=push"))
+    push = run_live(design("pd-fast", *GREEDY, *LIVE, "kv_transfer.mode=push"))
     pull, _ = pd_greedy
     assert push.summary["completed"] == 6
     assert (push.results["kv_blocks_ready_s"] <= push.results["kv_transfer_start_s"]).all()
-    assert (
-        push.results["output_token_ids"].map(list).tolist()
-        == pull.results["output_token_ids"].map(list).tolist()
-    )
+    assert tokens(push) == tokens(pull)
 
 
 def test_live_timing_matches_virtual(cluster):
@@ -175,7 +173,7 @@ def test_a_shared_fabric_queues_live_transfers_as_in_virtual_time(cluster):
 
 
 def test_lag_is_counted_when_the_host_cannot_keep_up(cluster):
-    cfg = design("collocated", *GREEDY[:-1], "clock.time_scale=0.02", "workload.num_requests=3")
+    cfg = design("collocated", *GREEDY, "clock.mode=live", "clock.time_scale=0.02", "workload.num_requests=3")
     out = run_live(cfg)
     assert out.summary["completed"] == 3
     assert out.summary["lag_fraction"] > 0.5 and out.summary["max_overrun_ms"] > 0
@@ -393,13 +391,10 @@ def test_e_p_d_across_nodes_emits_the_tokens_of_an_engine_encoding_locally(clust
               "workload.image_tokens=16", "workload.num_requests=4", "workload.prompt_len=100",
               "workload.output_len=8", "workload.rate=2", "runner.compute=real",
               "workload.output_policy=greedy"]  # fmt: skip
-    live = run_live(
-        design("pd-fast", *images, "pools.encoder.replicas=1", "clock.mode=live", "clock.time_scale=2")
-    )
+    live = run_live(design("pd-fast", *images, *LIVE, "pools.encoder.replicas=1"))
     local = run_virtual(design("collocated", *images))
     assert live.summary["completed"] == local.summary["completed"] == 4
-    tokens = [r.results["output_token_ids"].map(list).tolist() for r in (live, local)]
-    assert tokens[0] == tokens[1]
+    assert tokens(live) == tokens(local)
     assert (live.results["encode_s"] > 0).all() and (local.results["encode_s"] == 0).all()
 
 
