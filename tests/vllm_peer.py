@@ -148,6 +148,10 @@ def run_script(name: str, *args: str, timeout: float = 900.0) -> str:
     py = require_vllm_python()
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)  # the project's packages stay out of vLLM's interpreter
+    # One OpenMP thread, bound to no core: the tiny model gains nothing from two, and beside other
+    # tests on both cores vLLM's two threads bound to the two cores spin against them. Measured with
+    # step_engine.py beside two busy loops: 65 s (47 s of CPU) as vLLM sets itself up, 42 s (26 s).
+    env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
     proc = subprocess.run(
         [str(py), str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=timeout, env=env
     )
