@@ -334,8 +334,7 @@ def test_bidirectional_pulls_back_across_nodes(cluster):
         "multi_turn.user_tokens=constant:40",
         "multi_turn.output_tokens=constant:48",
         "multi_turn.think_s=constant:0.2",
-        "clock.mode=live",
-        "clock.time_scale=2",
+        *LIVE,
     ]
     cfg = design("pd-fast", *overrides, "kv_transfer.bidirectional=true")
     live = run_live(cfg).results
@@ -419,8 +418,7 @@ def test_the_shared_kv_store_is_an_actor_every_engine_loads_from(cluster):
         "router.policy=round_robin",
         "kv_offload.shared_gb=8",
         "kv_offload.shared_link=rdma-400g",
-        "clock.mode=live",
-        "clock.time_scale=2",
+        *LIVE,
     ]
     cfg = design("collocated", *overrides)
     live = run_live(cfg).results
